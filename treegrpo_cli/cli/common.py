@@ -1,0 +1,60 @@
+"""Shared CLI plumbing: one-line errors, rich progress on stderr, JSON output."""
+
+from __future__ import annotations
+
+import json
+import sys
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from ..errors import TreegrpoError
+
+err = Console(stderr=True)
+out = Console()
+
+
+def fail(message: str, code: int = 1) -> None:
+    """Print one error line on stderr and exit non-zero."""
+    err.print(f"[bold red]Error:[/] {message}", highlight=False, markup=True, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+@contextmanager
+def guarded() -> Iterator[None]:
+    """Turn library errors into one line and an exit code; never a traceback."""
+    try:
+        yield
+    except TreegrpoError as e:
+        fail(str(e), e.exit_code)
+    except KeyboardInterrupt:
+        fail("interrupted", 130)
+
+
+@contextmanager
+def progress_bar(enabled: bool = True) -> Iterator[Callable[[str, int, int], None]]:
+    """A callback (phase, done, total) that drives one rich bar per phase."""
+    if not enabled:
+        yield lambda phase, done, total: None
+        return
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn(), TimeRemainingColumn())
+    tasks: dict[str, int] = {}
+    with Progress(*columns, console=err, transient=False, disable=not err.is_terminal) as bar:
+        def update(phase: str, done: int, total: int) -> None:
+            if phase not in tasks:
+                tasks[phase] = bar.add_task(phase, total=total)
+            bar.update(tasks[phase], completed=done, total=total)
+        yield update
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=1, allow_nan=False, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def command_line() -> str:
+    return " ".join(["treegrpo", *sys.argv[1:]])

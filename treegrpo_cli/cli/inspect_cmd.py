@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from ..inspect import inspect_trees
+from .common import guarded, out, print_json
+
+
+def inspect(
+    trees: Annotated[Path, typer.Argument(help="A tree folder written by `treegrpo rollout`.")],
+    json_: Annotated[bool, typer.Option("--json", help="Every node of every tree as JSON.")] = False,
+) -> None:
+    """Summarise a tree folder: shape, model evaluations, rewards, advantages, trained edges.
+
+    Example: treegrpo inspect runs/trees --json
+    """
+    with guarded():
+        report = inspect_trees(trees, with_nodes=json_)
+    if json_:
+        print_json({"trees": report["trees"], "meta": report["meta"]})
+        return
+    _render(report)
+
+
+def _render(report: dict) -> None:
+    meta = report["meta"]
+    cfg = meta["config"]
+    n = meta["num_trees"]
+    head = Table(title=f"{meta.get('command') or 'trees'}", show_header=False, box=None)
+    head.add_row("preset", str(cfg["name"]))
+    head.add_row("model", str(meta["model"]["name"]))
+    head.add_row("trees", f"{n} ({meta['num_prompts']} prompts x {meta['trees_per_prompt']})")
+    head.add_row("model evaluations", f"{meta.get('nfe', 0)} ({meta.get('nfe', 0) / max(n, 1):.1f} per tree)")
+    head.add_row("sampler", f"{cfg['sampler']['steps']} steps, {cfg['sampler']['noise']} noise eta={cfg['sampler']['eta']}, "
+                 f"decode {cfg['sampler']['decode']}")
+    scoring = meta.get("scoring")
+    if scoring:
+        a = scoring["advantage"]
+        head.add_row("rewards", ", ".join(f"{k} x{v}" for k, v in scoring["rewards"].items()) + f" ({scoring['combine']})")
+        head.add_row("advantages", f"{a['estimator']} (ddof {a['ddof']}, clamp {a['clamp']})")
+    else:
+        head.add_row("rewards", "not scored yet: run `treegrpo score`")
+    out.print(head)
+    table = Table(title="per depth (denoising step)")
+    for col in ("depth", "sigma", "nodes", "sde edges", "trained"):
+        table.add_column(col, justify="right")
+    for d in report["depths"]:
+        table.add_row(str(d["depth"]), f"{d['sigma']:.3f}", str(d["nodes"]), str(d["sde_edges"]), str(d["trained"]))
+    out.print(table)

@@ -1,0 +1,48 @@
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from ..config import load_config
+from ..prompts import load_prompts
+from ..stages import RolloutRequest, run_rollout
+from .common import command_line, err, guarded, print_json, progress_bar
+
+
+def rollout(
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder to write the tree shards to.")],
+    preset: Annotated[str, typer.Option(help="Method preset (see `treegrpo presets`).")] = "branch",
+    config: Annotated[Optional[Path], typer.Option("--config", help="A TOML config file layered over the preset.")] = None,
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override one key, e.g. --set tree.branch=3 (repeatable).")] = None,
+    prompts: Annotated[Optional[Path], typer.Option(help="Prompts: .txt one per line or .jsonl with a 'prompt' field; default: the embedded prompts.")] = None,
+    num_prompts: Annotated[int, typer.Option("--num-prompts", "-n", min=1, help="How many prompts to roll out (the file is cycled).")] = 4,
+    seed: Annotated[Optional[int], typer.Option(help="Seed of every node's noise (default: the config's).")] = None,
+    model: Annotated[Optional[str], typer.Option(help="Model name or path (default: the preset's).")] = None,
+    max_batch: Annotated[Optional[int], typer.Option("--max-batch", min=1, help="Rows per model forward.")] = None,
+    prompts_per_shard: Annotated[int, typer.Option("--prompts-per-shard", min=1, help="Prompts per tree shard.")] = 8,
+    save_images: Annotated[bool, typer.Option("--save-images", help="Also write every leaf image as a PNG.")] = False,
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing tree folder.")] = False,
+    device: Annotated[str, typer.Option(help="Torch device for the model.")] = "cpu",
+    json_: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+) -> None:
+    """Roll out trees with a method preset and write them as safetensors shards.
+
+    Example: treegrpo rollout --preset branch --num-prompts 4 --out runs/trees
+    """
+    with guarded():
+        sets = list(set_ or [])
+        sets += [f"seed={seed}"] if seed is not None else []
+        sets += [f'model="{model}"'] if model else []
+        sets += [f"rollout.max_batch={max_batch}"] if max_batch else []
+        cfg = load_config(preset, config, sets)
+        req = RolloutRequest(cfg, load_prompts(prompts), out, num_prompts, prompts_per_shard,
+                             save_images, overwrite, device, command_line())
+        with progress_bar() as bar:
+            summary = run_rollout(req, bar)
+    if json_:
+        print_json(summary)
+    else:
+        err.print(f"wrote {summary['trees']} trees ({summary['leaves_per_tree']} leaves each, "
+                  f"{summary['nfe_per_tree']:.0f} model evaluations per tree) to {summary['out']}")

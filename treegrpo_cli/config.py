@@ -1,0 +1,225 @@
+"""Run configuration: presets (TOML files), a config file and `--set key=value` compose into one Config.
+
+Precedence: preset < --config FILE < --set (the command line wins). Unknown keys are an error
+naming the key and the closest valid one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .engine.advantages import AdvantageConfig
+from .engine.pruning import PruneConfig
+from .engine.rollout import TreeConfig
+from .engine.sde import SamplerConfig
+from .errors import ConfigError
+
+PRESET_DIRS = (Path(__file__).parent / "presets", Path(__file__).resolve().parents[1] / "presets")
+COMBINES = ("rewards", "advantages")
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    names: tuple[str, ...] = ("jpeg-compressibility",)
+    weights: tuple[float, ...] = ()       # empty: 1 for each reward
+    combine: str = "rewards"              # "rewards": weighted sum of scores; "advantages": of per-reward advantages (MixGRPO)
+
+    def weight_map(self) -> dict[str, float]:
+        w = self.weights or tuple(1.0 for _ in self.names)
+        if len(w) != len(self.names):
+            raise ConfigError(f"reward.weights has {len(w)} values for {len(self.names)} rewards")
+        if self.combine not in COMBINES:
+            raise ConfigError(f"reward.combine must be one of {', '.join(COMBINES)}; got {self.combine!r}")
+        return dict(zip(self.names, map(float, w)))
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    num_prompts: int = 4      # prompts per rollout (per training iteration)
+    max_batch: int = 64       # rows per model forward
+
+
+SECTIONS: dict[str, type] = {
+    "sampler": SamplerConfig,
+    "tree": TreeConfig,
+    "advantage": AdvantageConfig,
+    "pruning": PruneConfig,
+    "reward": RewardConfig,
+    "rollout": RolloutConfig,
+}
+TOP_LEVEL = {"name": str, "description": str, "model": str, "seed": int}
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str = "custom"
+    description: str = ""
+    model: str = "pixel"
+    seed: int = 0
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    tree: TreeConfig = field(default_factory=TreeConfig)
+    advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
+    pruning: PruneConfig = field(default_factory=PruneConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+
+    def validate(self) -> "Config":
+        self.sampler.validate()
+        self.tree.validate(self.sampler.steps, self.sampler.decode)
+        self.advantage.validate()
+        self.pruning.validate()
+        self.reward.weight_map()
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return _jsonable(dataclasses.asdict(self))
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {k: _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, float) and math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return x
+
+
+# --- presets ---------------------------------------------------------------------------------
+
+def preset_path(name: str) -> Path:
+    for d in PRESET_DIRS:
+        p = d / f"{name}.toml"
+        if p.is_file():
+            return p
+    names = preset_names()
+    close = difflib.get_close_matches(name, names, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise ConfigError(f"unknown preset {name!r} (available: {', '.join(names)}){hint}")
+
+
+def preset_names() -> list[str]:
+    for d in PRESET_DIRS:
+        if d.is_dir() and any(d.glob("*.toml")):
+            return sorted(p.stem for p in d.glob("*.toml"))
+    return []
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        return tomllib.loads(path.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: not valid TOML ({e})") from None
+
+
+# --- composing -------------------------------------------------------------------------------
+
+def _valid_keys() -> list[str]:
+    keys = list(TOP_LEVEL)
+    for sec, cls in SECTIONS.items():
+        keys += [f"{sec}.{f.name}" for f in dataclasses.fields(cls)]
+    return keys
+
+
+def _unknown(key: str) -> ConfigError:
+    close = difflib.get_close_matches(key, _valid_keys(), n=1, cutoff=0.5)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return ConfigError(f"unknown config key {key!r}{hint}")
+
+
+def flatten(d: dict[str, Any]) -> dict[str, Any]:
+    """{'tree': {'branch': 2}, 'name': 'x'} -> {'tree.branch': 2, 'name': 'x'}, checking every key."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if k in SECTIONS:
+            if not isinstance(v, dict):
+                raise ConfigError(f"config section [{k}] must be a table")
+            for kk, vv in v.items():
+                out[f"{k}.{kk}"] = vv
+        else:
+            out[k] = v
+    valid = set(_valid_keys())
+    for k in out:
+        if k not in valid:
+            raise _unknown(k)
+    return out
+
+
+def parse_set(item: str) -> tuple[str, Any]:
+    """'tree.branch=3' -> ('tree.branch', 3); values are TOML literals, bare words are strings."""
+    if "=" not in item:
+        raise ConfigError(f"--set expects key=value, got {item!r}")
+    key, raw = (s.strip() for s in item.split("=", 1))
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    if key not in set(_valid_keys()):
+        raise _unknown(key)
+    return key, value
+
+
+def _coerce(cls: type, name: str, value: Any) -> Any:
+    f = {f.name: f for f in dataclasses.fields(cls)}[name]
+    typ = str(f.type)
+    if isinstance(value, str) and value.lower() in ("none", "all") and f.default is None:
+        return None
+    if isinstance(value, list):
+        return tuple(value)
+    if "float" in typ and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if "tuple" in typ and value is not None and not isinstance(value, tuple):
+        return (value,)
+    return value
+
+
+def build(flat: dict[str, Any]) -> Config:
+    top = {k: v for k, v in flat.items() if "." not in k}
+    sections = {}
+    for sec, cls in SECTIONS.items():
+        vals = {k.split(".", 1)[1]: v for k, v in flat.items() if k.startswith(sec + ".")}
+        try:
+            sections[sec] = cls(**{k: _coerce(cls, k, v) for k, v in vals.items()})
+        except TypeError as e:
+            raise ConfigError(f"[{sec}]: {e}") from None
+    for k, typ in TOP_LEVEL.items():
+        if k in top and not isinstance(top[k], typ):
+            raise ConfigError(f"{k} must be a {typ.__name__}, got {top[k]!r}")
+    return Config(**top, **sections).validate()
+
+
+def load_config(preset: str | None = None, config_file: Path | None = None,
+                sets: list[str] | tuple[str, ...] = ()) -> Config:
+    flat: dict[str, Any] = {}
+    if preset:
+        flat.update(flatten(read_toml(preset_path(preset))))
+        flat.setdefault("name", preset)
+    if config_file:
+        flat.update(flatten(read_toml(config_file)))
+    for item in sets:
+        k, v = parse_set(item)
+        flat[k] = v
+    return build(flat)
+
+
+def config_from_dict(d: dict[str, Any], sets: list[str] | tuple[str, ...] = (),
+                     overrides: dict[str, Any] | None = None) -> Config:
+    """Rebuild a Config from Config.to_dict() output (as stored in shard metadata), then override."""
+    flat = flatten(d)
+    for k, v in flat.items():
+        if v in ("inf", "-inf"):
+            flat[k] = float(v)
+    for item in sets:
+        k, v = parse_set(item)
+        flat[k] = v
+    flat.update(overrides or {})
+    return build(flat)

@@ -1,0 +1,232 @@
+"""Tree rollout: every method is a tree of some shape.
+
+Flat GRPO (DanceGRPO) is a root that splits into G independent children at step 0; Flow-GRPO is
+G single-chain trees per prompt; MixGRPO is a flat tree whose steps outside a window are ODE;
+BranchGRPO splits every frontier node into K children at a few steps; TreeGRPO splits at every
+step of an SDE window inside an ODE trajectory.
+
+The frontier of one denoising step, across all trees of the batch, goes through the model in one
+batched forward (chunked by max_batch). One forward per parent gives the mean of all its children.
+Every node's noise comes from its own generator, seeded by a hash of (seed, prompt id, tree, path),
+so trees do not depend on batching, chunking or the number of processes.
+
+Correlated branching (BranchGRPO): siblings share xi_0, child b adds its own eta_b,
+    xi_b = (xi_0 + s*eta_b) / sqrt(1 + s^2)
+so each child has exactly the one-step SDE marginal and siblings correlate by 1/(1+s^2).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from ..errors import ConfigError
+from ..models.base import Policy, select
+from .sde import FlowSDE
+from .tree import Tree
+
+BRANCH_NOISES = ("correlated", "scaled")
+MASK63 = (1 << 63) - 1
+SHARED = -1  # child slot of the noise that siblings share
+
+Progress = Callable[[str, int, int], None]  # (phase, done, total)
+
+
+@dataclass(frozen=True)
+class TreeConfig:
+    split_steps: tuple[int, ...] = ()  # steps at which every frontier node gets `branch` children
+    branch: int = 2                    # K children per split
+    branch_noise: str = "correlated"   # "correlated" (paper) | "scaled" (released BranchGRPO code)
+    branch_s: float = 4.0              # s of correlated branching; inf = independent children
+    split_noise_scale: float = 4.0     # "scaled" only: independent noise times this, log-prob with the unscaled std
+    sde_steps: tuple[int, ...] | None = None  # stochastic steps (None = all); split steps are always SDE
+    trees_per_prompt: int = 1          # trees per prompt, each with its own root noise
+    init_same_noise: bool = False      # one root noise for every tree of the rollout
+
+    def validate(self, steps: int, decode: str) -> None:
+        bad = [s for s in self.split_steps if not 0 <= s < steps]
+        if bad:
+            raise ConfigError(f"tree.split_steps {bad} outside the {steps} denoising steps 0..{steps - 1}")
+        if len(set(self.split_steps)) != len(self.split_steps):
+            raise ConfigError(f"tree.split_steps has repeated steps: {list(self.split_steps)}")
+        if self.split_steps and self.branch < 2:
+            raise ConfigError(f"tree.branch must be >= 2 when splitting, got {self.branch}")
+        if decode == "x0" and steps - 1 in self.split_steps:
+            raise ConfigError(f"a split at the last step {steps - 1} yields identical images when decoding "
+                              "the x0-prediction; move it earlier or set sampler.decode = 'final'")
+        if self.branch_noise not in BRANCH_NOISES:
+            raise ConfigError(f"tree.branch_noise must be one of {', '.join(BRANCH_NOISES)}; got {self.branch_noise!r}")
+        if self.branch_s < 0 or self.trees_per_prompt < 1:
+            raise ConfigError("tree.branch_s must be >= 0 and tree.trees_per_prompt >= 1")
+        if self.sde_steps is not None and any(not 0 <= s < steps for s in self.sde_steps):
+            raise ConfigError(f"tree.sde_steps {list(self.sde_steps)} outside 0..{steps - 1}")
+
+    def is_sde(self, step: int) -> bool:
+        return self.sde_steps is None or step in self.sde_steps or step in self.split_steps
+
+    def children(self, step: int) -> int:
+        return self.branch if step in self.split_steps else 1
+
+    def model_evals(self, steps: int) -> int:
+        """Forwards per tree: one per node at depths 0..T-1."""
+        total, width = 0, 1
+        for i in range(steps):
+            total += width
+            width *= self.children(i)
+        return total
+
+    def leaves(self, steps: int) -> int:
+        return math.prod(self.children(i) for i in range(steps))
+
+
+# --- seeds -----------------------------------------------------------------------------------
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return x ^ (x >> 31)
+
+
+def mix_seed(*values: int) -> int:
+    """A 63-bit seed from a sequence of integers (order matters)."""
+    h = 0x5EED
+    for v in values:
+        h = _splitmix64(h ^ (v & 0xFFFFFFFFFFFFFFFF))
+    return h & MASK63
+
+
+def node_noise(seed: int, shape: tuple[int, ...]) -> Tensor:
+    """Standard normal noise [*shape] from the node's own CPU generator."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=g, dtype=torch.float32)
+
+
+def branch_noise(cfg: TreeConfig, parent_seed: int, child_seeds: list[int], shape: tuple[int, ...]) -> Tensor:
+    """[K, *shape] unit-variance noise for the K children of one parent."""
+    eta = torch.stack([node_noise(s, shape) for s in child_seeds])
+    if len(child_seeds) == 1:
+        return eta
+    if cfg.branch_noise == "scaled":
+        return eta * cfg.split_noise_scale
+    if math.isinf(cfg.branch_s):
+        return eta
+    xi0 = node_noise(mix_seed(parent_seed, SHARED), shape)
+    return (xi0 + cfg.branch_s * eta) / math.sqrt(1 + cfg.branch_s**2)
+
+
+# --- rollout ---------------------------------------------------------------------------------
+
+@dataclass
+class _Level:
+    """The nodes of one depth, built up before they are concatenated into the Tree."""
+    parent: list[int] = field(default_factory=list)
+    tree: list[int] = field(default_factory=list)
+    child: list[int] = field(default_factory=list)
+    seed: list[int] = field(default_factory=list)
+    latent: list[Tensor] = field(default_factory=list)
+    log_prob: list[Tensor] = field(default_factory=list)
+    x0: list[Tensor] = field(default_factory=list)
+
+
+def _roots(cfg: TreeConfig, prompt_ids: list[int], seed: int, shape: tuple[int, ...]) -> _Level:
+    lvl = _Level()
+    for p, pid in enumerate(prompt_ids):
+        for j in range(cfg.trees_per_prompt):
+            s = mix_seed(seed, SHARED, 0) if cfg.init_same_noise else mix_seed(seed, pid, j)
+            lvl.parent.append(-1)
+            lvl.tree.append(p * cfg.trees_per_prompt + j)
+            lvl.child.append(0)
+            lvl.seed.append(s)
+            lvl.latent.append(node_noise(s, shape))
+            lvl.log_prob.append(torch.tensor(float("nan")))
+    return lvl
+
+
+def _forward(policy: Policy, x: Tensor, sigma: Tensor, cond, rows: Tensor, max_batch: int) -> Tensor:
+    """Velocity of every frontier node, in chunks of at most max_batch rows."""
+    out = []
+    with torch.no_grad():
+        for a in range(0, x.shape[0], max_batch):
+            sl = slice(a, a + max_batch)
+            out.append(policy.velocity(x[sl], sigma[sl], select(cond, rows[sl])).float())
+    return torch.cat(out)
+
+
+def _expand(cfg: TreeConfig, sde: FlowSDE, step: int, lvl: _Level, first_id: int, v: Tensor, x: Tensor) -> _Level:
+    """Children of every node of one frontier, from the batched velocity v [F, C, H, W]."""
+    n = x.shape[0]
+    is_sde = cfg.is_sde(step)
+    res = sde.step(x, v, torch.full((n,), step, dtype=torch.long), torch.full((n,), is_sde))
+    K, nxt = cfg.children(step), _Level()
+    for f in range(n):
+        kids = [mix_seed(lvl.seed[f], c) for c in range(K)]
+        mean = res.mean[f].cpu()
+        if is_sde:
+            xi = branch_noise(cfg, lvl.seed[f], kids, tuple(x.shape[1:]))
+            std = res.std[f].cpu()
+            lat = mean[None] + std * xi
+            lp = sde.log_prob(lat, mean.expand_as(lat), std.expand(K))
+        else:
+            lat, lp = mean[None].expand(K, *mean.shape), torch.full((K,), float("nan"))
+        for c in range(K):
+            nxt.parent.append(first_id + f)
+            nxt.tree.append(lvl.tree[f])
+            nxt.child.append(c)
+            nxt.seed.append(kids[c])
+            nxt.latent.append(lat[c])
+            nxt.log_prob.append(lp[c])
+            if step == sde.cfg.steps - 1:
+                nxt.x0.append(res.x0[f].cpu())
+    return nxt
+
+
+def rollout(policy: Policy, prompts: list[str], prompt_ids: list[int], sde: FlowSDE, cfg: TreeConfig,
+            seed: int, max_batch: int = 64, progress: Progress | None = None) -> tuple[Tree, int]:
+    """Roll out trees_per_prompt trees for every prompt. Returns the tree batch and its model evaluations."""
+    T = sde.cfg.steps
+    cfg.validate(T, sde.cfg.decode)
+    if max_batch < 1:
+        raise ConfigError(f"max_batch must be >= 1, got {max_batch}")
+    shape = tuple(policy.latent_shape)
+    device = next(iter(policy.trainable_parameters())).device
+    cond = policy.encode(prompts)
+    levels = [_roots(cfg, prompt_ids, seed, shape)]
+    first_ids, nfe = [0], 0
+    for i in range(T):
+        lvl = levels[-1]
+        x = torch.stack(lvl.latent).to(device)
+        rows = torch.tensor(lvl.tree, device=device) // cfg.trees_per_prompt
+        sigma = torch.full((x.shape[0],), float(sde.sigmas[i]), device=device)
+        v = _forward(policy, x, sigma, cond, rows, max_batch)
+        nfe += x.shape[0] * policy.evals_per_row
+        first_ids.append(first_ids[-1] + len(lvl.parent))
+        levels.append(_expand(cfg, sde, i, lvl, first_ids[-2], v, x))
+        if progress:
+            progress("rollout", i + 1, T)
+    return _assemble(levels, cfg, sde, prompt_ids), nfe
+
+
+def _assemble(levels: list[_Level], cfg: TreeConfig, sde: FlowSDE, prompt_ids: list[int]) -> Tree:
+    depth = torch.cat([torch.full((len(l.parent),), d, dtype=torch.long) for d, l in enumerate(levels)])
+    sde_edge = torch.tensor([d > 0 and cfg.is_sde(d - 1) for d in depth.tolist()])
+    last = levels[-1]
+    image = torch.stack(last.x0) if sde.cfg.decode == "x0" else torch.stack(last.latent)
+    tree_prompt = torch.tensor(prompt_ids, dtype=torch.long).repeat_interleave(cfg.trees_per_prompt)
+    return Tree(
+        parent=torch.tensor([p for l in levels for p in l.parent], dtype=torch.long),
+        depth=depth,
+        tree=torch.tensor([t for l in levels for t in l.tree], dtype=torch.long),
+        child=torch.tensor([c for l in levels for c in l.child], dtype=torch.long),
+        sigma=sde.sigmas[depth].float(),
+        sde=sde_edge,
+        log_prob=torch.stack([lp for l in levels for lp in l.log_prob]).float(),
+        seed=torch.tensor([s for l in levels for s in l.seed], dtype=torch.long),
+        latent=torch.stack([x for l in levels for x in l.latent]).float(),
+        image_latent=image.float(),
+        tree_prompt=tree_prompt,
+    )

@@ -1,0 +1,122 @@
+"""Flow-matching transitions for RL: sigma grids, the Euler ODE step, the SDE step and its log-prob.
+
+One self-contained sampler, in the spirit of a diffusers scheduler. Notation (methods.md 1.2):
+state x at noise level sigma, next level sigma', d = sigma' - sigma < 0, velocity v = v_theta(x, sigma, c).
+
+    ODE:   x' = x + d*v
+    SDE:   mean = x + d*v + (g^2 / (2*sigma)) * (x + (1 - sigma)*v) * d,   std = g*sqrt(-d)
+
+The diffusion coefficient g is either a constant eta (DanceGRPO, BranchGRPO; "dance") or
+a*sqrt(sigma/(1-sigma)) (Flow-GRPO, MixGRPO, TreeGRPO; "flow"), where at sigma = 1 the
+denominator uses the grid's second value instead (as Flow-GRPO does).
+
+All arithmetic is fp32 whatever the model dtype.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..errors import ConfigError
+
+GRIDS = ("shifted", "flow-match-euler")
+NOISES = ("dance", "flow")
+REDUCTIONS = ("mean", "sum")
+DECODES = ("x0", "final")
+
+
+@dataclass(frozen=True)
+class SamplerConfig:
+    steps: int = 20                 # T denoising steps
+    shift: float = 3.0              # time shift s of the sigma grid
+    grid: str = "shifted"           # "shifted": s*u/(1+(s-1)*u) on u = linspace(1, 0, T+1); "flow-match-euler": diffusers' SD3 grid
+    noise: str = "dance"            # "dance": g = eta; "flow": g = eta*sqrt(sigma/(1-sigma))
+    eta: float = 0.3                # the noise level (eta for dance, a for flow)
+    log_prob_reduction: str = "mean"  # "mean" over latent elements (every reference) or "sum"
+    decode: str = "x0"              # "x0": decode the last step's x0-prediction (references); "final": the final sample
+    num_train_timesteps: int = 1000  # only for the flow-match-euler grid
+
+    def validate(self) -> None:
+        if self.steps < 1:
+            raise ConfigError(f"sampler.steps must be >= 1, got {self.steps}")
+        if self.shift <= 0:
+            raise ConfigError(f"sampler.shift must be > 0, got {self.shift}")
+        if self.eta < 0:
+            raise ConfigError(f"sampler.eta must be >= 0, got {self.eta}")
+        for name, value, allowed in (("grid", self.grid, GRIDS), ("noise", self.noise, NOISES),
+                                     ("log_prob_reduction", self.log_prob_reduction, REDUCTIONS),
+                                     ("decode", self.decode, DECODES)):
+            if value not in allowed:
+                raise ConfigError(f"sampler.{name} must be one of {', '.join(allowed)}; got {value!r}")
+
+
+def time_shift(u: Tensor, shift: float) -> Tensor:
+    return shift * u / (1 + (shift - 1) * u)
+
+
+def sigma_grid(cfg: SamplerConfig) -> Tensor:
+    """[T+1] float64 noise levels from 1 (pure noise) down to 0."""
+    T = cfg.steps
+    if cfg.grid == "shifted":
+        u = torch.linspace(1.0, 0.0, T + 1, dtype=torch.float64)
+        return time_shift(u, cfg.shift)
+    # diffusers FlowMatchEulerDiscreteScheduler (static shift): the training sigmas are shifted
+    # once at construction, their min and max span the inference grid, which is shifted again.
+    n = cfg.num_train_timesteps
+    train = time_shift(torch.arange(n, 0, -1, dtype=torch.float64) / n, cfg.shift)
+    u = torch.linspace(float(train[0]), float(train[-1]), T, dtype=torch.float64)
+    return torch.cat([time_shift(u, cfg.shift), torch.zeros(1, dtype=torch.float64)])
+
+
+def diffusion_coefficient(cfg: SamplerConfig, sigma: Tensor, sigma_max_below_one: float) -> Tensor:
+    """g(sigma), elementwise over a [B] tensor of noise levels."""
+    if cfg.noise == "dance":
+        return torch.full_like(sigma, cfg.eta)
+    denom = 1 - torch.where(sigma >= 1, torch.full_like(sigma, sigma_max_below_one), sigma)
+    return cfg.eta * torch.sqrt(sigma / denom)
+
+
+@dataclass
+class StepResult:
+    mean: Tensor      # [B, C, H, W] fp32 mean of the next state (the ODE step when std is 0)
+    std: Tensor       # [B] fp32 per-sample std of the transition (0 for an ODE step)
+    x0: Tensor        # [B, C, H, W] fp32 clean-image prediction x - sigma*v
+
+
+class FlowSDE:
+    """The transition kernel of a flow-matching sampler on one sigma grid."""
+
+    def __init__(self, cfg: SamplerConfig):
+        cfg.validate()
+        self.cfg = cfg
+        self.sigmas = sigma_grid(cfg)  # [T+1] float64
+
+    def step(self, x: Tensor, v: Tensor, i: Tensor, sde: Tensor) -> StepResult:
+        """One transition from step i for a batch: x, v [B, ...]; i [B] int64 step index; sde [B] bool."""
+        x, v = x.float(), v.float()
+        sigma = self.sigmas[i].float()              # [B]
+        d = (self.sigmas[i + 1] - self.sigmas[i]).float()   # [B], < 0
+        g = diffusion_coefficient(self.cfg, sigma, float(self.sigmas[1]))
+        g = torch.where(sde, g, torch.zeros_like(g))
+        shape = (-1,) + (1,) * (x.dim() - 1)
+        sb, db, gb = sigma.view(shape), d.view(shape), g.view(shape)
+        mean = x + db * v + (gb**2 / (2 * sb)) * (x + (1 - sb) * v) * db
+        std = g * torch.sqrt(-d)
+        return StepResult(mean=mean, std=std, x0=x - sb * v)
+
+    def log_prob(self, x_next: Tensor, mean: Tensor, std: Tensor) -> Tensor:
+        """[B] Gaussian log-density of x_next under N(mean, std^2 I), reduced over latent elements."""
+        return gaussian_log_prob(x_next, mean, std, self.cfg.log_prob_reduction)
+
+
+def gaussian_log_prob(x: Tensor, mean: Tensor, std: Tensor, reduction: str = "mean") -> Tensor:
+    """[B] log N(x; mean, std^2) per element, then mean or sum over all but the batch dim (fp32)."""
+    x, mean = x.float(), mean.float()
+    s = std.float().view((-1,) + (1,) * (x.dim() - 1))
+    lp = -((x - mean) ** 2) / (2 * s**2) - torch.log(s) - 0.5 * math.log(2 * math.pi)
+    lp = lp.flatten(1)
+    return lp.mean(1) if reduction == "mean" else lp.sum(1)

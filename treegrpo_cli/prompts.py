@@ -1,0 +1,45 @@
+"""Prompt files: `.txt` (one prompt per line) or `.jsonl` (a `prompt` field per line)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .errors import TreegrpoError
+
+DEFAULT_PROMPTS = Path(__file__).parent / "data" / "prompts.txt"
+
+
+def load_prompts(path: Path | None = None) -> list[str]:
+    """The prompts of a file, or the embedded default prompts when path is None."""
+    path = Path(path) if path is not None else DEFAULT_PROMPTS
+    if not path.is_file():
+        raise TreegrpoError(f"prompts file not found: {path}")
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError:
+        raise TreegrpoError(f"{path}: not a UTF-8 text file") from None
+    if path.suffix == ".jsonl":
+        prompts = [_jsonl_prompt(line, path, n) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+    else:
+        prompts = [line.strip() for line in text.splitlines() if line.strip()]
+    if not prompts:
+        raise TreegrpoError(f"{path}: no prompts in the file")
+    return prompts
+
+
+def _jsonl_prompt(line: str, path: Path, n: int) -> str:
+    try:
+        row = json.loads(line)
+    except ValueError:
+        raise TreegrpoError(f"{path}:{n}: not valid JSON") from None
+    if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or not row["prompt"].strip():
+        raise TreegrpoError(f"{path}:{n}: expected an object with a non-empty \"prompt\" string")
+    return row["prompt"].strip()
+
+
+def take(prompts: list[str], n: int) -> list[int]:
+    """Prompt ids of the first n prompts, cycling through the list when n exceeds it."""
+    if n < 1:
+        raise TreegrpoError(f"--num-prompts must be >= 1, got {n}")
+    return [i % len(prompts) for i in range(n)]

@@ -1,0 +1,169 @@
+"""The staged pipeline as library calls: rollout -> trees on disk, score -> rewards and advantages.
+
+Each command of the CLI calls one function here. Nothing here prints: progress goes through a
+callback `progress(phase, done, total)`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from PIL import Image
+
+from .config import Config, config_from_dict
+from .engine.advantages import AdvantageConfig, combine
+from .engine.pruning import PruneConfig, base_mask, prune
+from .engine.rollout import rollout
+from .engine.sde import FlowSDE
+from .models.registry import load_policy
+from .prompts import take
+from .rewards.base import get_reward
+from .store.shards import ShardStore
+from .store.trees import KIND, TreeShard, open_trees, read_tree_shard, shard_name, to_uint8, write_tree_shard
+
+Progress = Callable[[str, int, int], None]
+
+
+def _noop(phase: str, done: int, total: int) -> None:
+    pass
+
+
+# --- rollout ---------------------------------------------------------------------------------
+
+@dataclass
+class RolloutRequest:
+    config: Config
+    prompts: list[str]
+    out: Path
+    num_prompts: int = 4
+    prompts_per_shard: int = 8
+    save_images: bool = False
+    overwrite: bool = False
+    device: str = "cpu"
+    command: str = ""
+
+
+def run_rollout(req: RolloutRequest, progress: Progress = _noop) -> dict[str, Any]:
+    """Roll out trees for num_prompts prompts and write them as shards under req.out."""
+    cfg = req.config
+    policy = load_policy(cfg.model, req.device)
+    sde = FlowSDE(cfg.sampler)
+    ids = take(req.prompts, req.num_prompts)
+    meta = {"command": req.command, "config": cfg.to_dict(), "model": policy.describe(),
+            "seed": cfg.seed, "num_prompts": len(ids), "trees_per_prompt": cfg.tree.trees_per_prompt,
+            "evals_per_tree": cfg.tree.model_evals(cfg.sampler.steps), "complete": False}
+    store = ShardStore.create(req.out, KIND, meta, overwrite=req.overwrite)
+    store.remove("trees"), store.remove("rewards"), store.remove("advantages")
+    nfe, offset, chunks = 0, 0, range(0, len(ids), req.prompts_per_shard)
+    for k, a in enumerate(chunks):
+        chunk = ids[a:a + req.prompts_per_shard]
+        tree, n = rollout(policy, [req.prompts[i] for i in chunk], chunk, sde, cfg.tree, cfg.seed,
+                          cfg.rollout.max_batch, lambda ph, d, t: progress(f"rollout {k + 1}/{len(chunks)}", d, t))
+        images = to_uint8(policy.decode(tree.image_latent))
+        shard = TreeShard(k, tree, images, {i: req.prompts[i] for i in chunk}, offset, n)
+        write_tree_shard(store, shard)
+        if req.save_images:
+            _save_images(req.out / "images", shard)
+        nfe, offset = nfe + n, offset + tree.num_trees
+    store.update_meta(nfe=nfe, num_trees=offset, complete=True)
+    return {"out": str(req.out), "trees": offset, "shards": len(chunks), "nfe": nfe,
+            "nfe_per_tree": nfe / max(offset, 1), "leaves_per_tree": cfg.tree.leaves(cfg.sampler.steps)}
+
+
+def _save_images(folder: Path, s: TreeShard) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    leaves = s.tree.leaves()
+    for j, node in enumerate(leaves.tolist()):
+        t = s.tree_offset + int(s.tree.tree[node])
+        Image.fromarray(s.leaf_image[j].permute(1, 2, 0).numpy()).save(folder / f"tree{t:05d}-node{node:05d}.png")
+
+
+# --- score -----------------------------------------------------------------------------------
+
+@dataclass
+class ScoreRequest:
+    root: Path
+    rewards: dict[str, float]               # name -> weight
+    combine: str = "rewards"
+    advantage: AdvantageConfig | None = None  # None: the rollout preset's estimator
+    pruning: PruneConfig | None = None
+    iteration: int = 0
+    max_iterations: int = 1
+    batch_size: int = 64
+
+
+def run_score(req: ScoreRequest, progress: Progress = _noop) -> dict[str, Any]:
+    """Score every leaf, then write rewards, advantages and trained-edge masks beside the trees."""
+    store = open_trees(req.root)
+    cfg = config_from_dict(store.meta["config"])
+    adv_cfg, prune_cfg = req.advantage or cfg.advantage, req.pruning or cfg.pruning
+    adv_cfg.validate(), prune_cfg.validate()
+    rewards = {name: get_reward(name) for name in req.rewards}
+    shards = [read_tree_shard(store, n) for n in store.names("trees")]
+    scores = [_score_shard(s, rewards, req.batch_size, progress) for s in shards]
+    store.remove("rewards"), store.remove("advantages")
+    for s, sc in zip(shards, scores):
+        total = sum(w * sc[name] for name, w in req.rewards.items())
+        tensors = {f"reward/{k}": v for k, v in sc.items()} | {"reward": total}
+        store.write(shard_name("rewards", s.index), "rewards", tensors, {"weights": req.rewards})
+    adv = _advantages(shards, scores, req, adv_cfg, prune_cfg, cfg)
+    for s, a in zip(shards, adv):
+        store.write(shard_name("advantages", s.index), "advantages", a)
+    scoring = {"rewards": req.rewards, "combine": req.combine, "advantage": _asdict(adv_cfg),
+               "pruning": _asdict(prune_cfg), "iteration": req.iteration, "max_iterations": req.max_iterations}
+    store.update_meta(scoring=scoring)
+    leaf_r = torch.cat([sum(w * sc[n] for n, w in req.rewards.items())[s.tree.leaves()] for s, sc in zip(shards, scores)])
+    trained = sum(int(a["trained"].sum()) for a in adv)
+    return {"leaves": int(leaf_r.numel()), "reward_mean": float(leaf_r.mean()),
+            "reward_std": float(leaf_r.std()) if leaf_r.numel() > 1 else 0.0,
+            "trained_edges": trained, "estimator": adv_cfg.estimator}
+
+
+def _asdict(x: Any) -> dict[str, Any]:
+    from .config import _jsonable
+    return _jsonable(dataclasses.asdict(x))
+
+
+def _score_shard(s: TreeShard, rewards: dict, batch: int, progress: Progress) -> dict[str, torch.Tensor]:
+    """{name: [N] float32 with the score on leaves and NaN elsewhere}."""
+    leaves, prompts = s.tree.leaves(), s.leaf_prompts()
+    out = {}
+    for name, fn in rewards.items():
+        vals = []
+        for a in range(0, len(leaves), batch):
+            images = s.leaf_image[a:a + batch].float() / 255.0
+            vals.append(fn(images, prompts[a:a + batch]).float().cpu())
+            progress(f"score {name}", min(a + batch, len(leaves)), len(leaves))
+        full = torch.full((s.tree.num_nodes,), float("nan"))
+        full[leaves] = torch.cat(vals)
+        out[name] = full
+    return out
+
+
+def _advantages(shards: list[TreeShard], scores: list[dict], req: ScoreRequest, adv_cfg: AdvantageConfig,
+                prune_cfg: PruneConfig, cfg: Config) -> list[dict[str, torch.Tensor]]:
+    """Advantages over all shards at once (groups and global statistics span the folder)."""
+    parent, depth, tree, group, lp, sde, sizes = [], [], [], [], [], [], []
+    node_off = 0
+    for s in shards:
+        t = s.tree
+        parent.append(torch.where(t.parent >= 0, t.parent + node_off, t.parent))
+        depth.append(t.depth), tree.append(t.tree + s.tree_offset), group.append(t.group())
+        lp.append(t.log_prob), sde.append(t.sde), sizes.append(t.num_nodes)
+        node_off += t.num_nodes
+    P, D, TR, G, LP, SDE = (torch.cat(x) for x in (parent, depth, tree, group, lp, sde))
+    R = {name: torch.cat([sc[name] for sc in scores]) for name in req.rewards}
+    A = combine(adv_cfg, P, D, TR, G, R, req.rewards, LP, req.combine)
+    base = base_mask(P, SDE, D, cfg.sampler.steps, cfg.sampler.decode) & A.valid
+    trained = prune(prune_cfg, base, P, D, TR, A.fused, A.leaf, req.iteration, req.max_iterations)
+    out, a = [], 0
+    for n in sizes:
+        sl = slice(a, a + n)
+        out.append({"advantage": A.edge[sl], "valid": A.valid[sl], "trained": trained[sl],
+                    "fused": A.fused[sl], "leaf_advantage": A.leaf[sl]})
+        a += n
+    return out
