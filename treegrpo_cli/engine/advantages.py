@@ -61,17 +61,17 @@ class AdvantageConfig:
                                      ("treepo_weight", self.treepo_weight, TREEPO_WEIGHTS),
                                      ("shared_edge", self.shared_edge, SHARED_EDGES)):
             if value not in allowed:
-                raise ConfigError(f"advantages.{name} must be one of {', '.join(allowed)}; got {value!r}")
+                raise ConfigError(f"advantage.{name} must be one of {', '.join(allowed)}; got {value!r}")
         if self.ddof not in (0, 1):
-            raise ConfigError(f"advantages.ddof must be one of 0, 1; got {self.ddof!r}")
+            raise ConfigError(f"advantage.ddof must be one of 0, 1; got {self.ddof!r}")
         for name, value, ok, rule in (("eps", self.eps, self.eps >= 0, ">= 0"),
                                       ("beta", self.beta, self.beta >= 0, ">= 0"),
                                       ("min_std", self.min_std, self.min_std >= 0, ">= 0"),
                                       ("temperature", self.temperature, self.temperature > 0, "> 0")):
             if not (ok and math.isfinite(value)):
-                raise ConfigError(f"advantages.{name} must be finite and {rule}; got {value!r}")
+                raise ConfigError(f"advantage.{name} must be finite and {rule}; got {value!r}")
         if self.clamp is not None and not (self.clamp > 0):
-            raise ConfigError(f"advantages.clamp must be > 0 or None (off); got {self.clamp!r}")
+            raise ConfigError(f"advantage.clamp must be > 0 or None (off); got {self.clamp!r}")
 
 
 @dataclass
@@ -297,9 +297,9 @@ def combine(cfg: AdvantageConfig, parent: Tensor, depth: Tensor, tree: Tensor, g
     """Several rewards: "rewards" = estimate on sum_k w_k r_k; "advantages" (MixGRPO, TreeGRPO
     multi-reward) = sum_k w_k estimate(r_k), valid from the first reward, clamped after summing."""
     if mode not in COMBINE_MODES:
-        raise ConfigError(f"advantages.combine must be one of {', '.join(COMBINE_MODES)}; got {mode!r}")
+        raise ConfigError(f"reward.combine must be one of {', '.join(COMBINE_MODES)}; got {mode!r}")
     if not rewards:
-        raise ConfigError("advantages.combine needs at least one reward")
+        raise ConfigError("at least one reward is needed")
     if set(rewards) != set(weights):
         raise ConfigError(f"reward weights name {sorted(weights)} but the rewards are {sorted(rewards)}")
     names = list(rewards)

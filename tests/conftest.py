@@ -1,0 +1,16 @@
+import pytest
+import torch
+
+from treegrpo_cli.models.pixel import PixelConfig, PixelPolicy
+
+
+@pytest.fixture(autouse=True)
+def _threads():
+    torch.set_num_threads(1)  # deterministic CPU kernels, and fair to the 2-core CI machine
+    yield
+
+
+@pytest.fixture
+def tiny_policy():
+    """A very small pixel policy (8x8 images) that keeps engine tests fast."""
+    return PixelPolicy(PixelConfig(image_size=8, width=8, blocks=1, text_dim=16), name="pixel-test")

@@ -1,0 +1,133 @@
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from treegrpo_cli.cli.app import app
+
+runner = CliRunner()
+
+
+def run(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def one_line_error(result, *needles):
+    assert result.exit_code != 0, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+@pytest.fixture(scope="module")
+def branch_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("trees") / "branch"
+    r = run("rollout", "--preset", "branch", "-n", 2, "--seed", 5, "--out", out)
+    assert r.exit_code == 0, r.output
+    r = run("score", out, "--reward", "jpeg-compressibility")
+    assert r.exit_code == 0, r.output
+    return out
+
+
+def test_dense_branch_inspect_json(branch_dir):
+    r = run("inspect", branch_dir, "--json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    meta = data["meta"]
+    assert meta["evals_per_tree"] == 203 and meta["nfe"] == 2 * 203 and meta["num_trees"] == 2
+    assert meta["scoring"]["advantage"]["estimator"] == "branch"
+    assert {"ddof", "beta", "clamp", "weighting"} <= set(meta["scoring"]["advantage"])
+    tree = data["trees"][0]
+    nodes = tree["nodes"]
+    assert tree["prompt"] and len(nodes) == 219
+    assert set(nodes[0]) == {"id", "parent", "depth", "sigma", "sde", "log_prob", "reward", "advantage", "trained"}
+    root = nodes[0]
+    assert root["parent"] is None and root["depth"] == 0 and root["log_prob"] is None and root["advantage"] is None
+    leaves = [n for n in nodes if n["depth"] == 20]
+    assert len(leaves) == 16 and all(n["reward"] is not None for n in leaves)
+    assert all(n["reward"] is None for n in nodes if n["depth"] < 20)
+    assert not any(n["trained"] for n in leaves)  # decoded from x0: the last edge carries no information
+    assert all(n["advantage"] is not None and n["log_prob"] is not None for n in nodes[1:])
+
+
+def test_inspect_table(branch_dir):
+    r = run("inspect", branch_dir)
+    assert r.exit_code == 0 and "203.0 per tree" in r.stdout and "jpeg-compressibility" in r.stdout
+
+
+def test_treegrpo_preset_counts(tmp_path):
+    r = run("rollout", "--preset", "tree-grpo", "-n", 1, "--out", tmp_path / "t", "--json")
+    assert r.exit_code == 0, r.output
+    summary = json.loads(r.stdout)
+    assert summary["nfe"] == 202 and summary["leaves_per_tree"] == 27
+    assert run("score", tmp_path / "t").exit_code == 0
+    nodes = json.loads(run("inspect", tmp_path / "t", "--json").stdout)["trees"][0]["nodes"]
+    assert sum(n["trained"] for n in nodes) == 3 + 9 + 27  # the window's edges
+    assert all(n["log_prob"] is None for n in nodes if not n["sde"])
+
+
+def test_same_seed_same_shards(tmp_path, branch_dir):
+    out = tmp_path / "again"
+    assert run("rollout", "--preset", "branch", "-n", 2, "--seed", 5, "--out", out).exit_code == 0
+    a = json.loads((branch_dir / "index.json").read_text())["shards"]["trees-00000"]["sha256"]
+    b = json.loads((out / "index.json").read_text())["shards"]["trees-00000"]["sha256"]
+    assert a == b
+
+
+def test_save_images_and_jsonl_prompts(tmp_path):
+    p = tmp_path / "p.jsonl"
+    p.write_text('{"prompt": "a red circle"}\n\n{"prompt": "a blue square"}\n')
+    out = tmp_path / "imgs"
+    r = run("rollout", "--preset", "dance-grpo", "--prompts", p, "-n", 2, "--out", out, "--save-images",
+            "--set", "tree.branch=3", "--set", "sampler.steps=4")
+    assert r.exit_code == 0, r.output
+    assert len(list((out / "images").glob("tree*-node*.png"))) == 6
+
+
+def test_flipped_byte_fails_score_and_inspect(tmp_path):
+    out = tmp_path / "t"
+    assert run("rollout", "--preset", "flow-grpo", "-n", 1, "--set", "tree.trees_per_prompt=2", "--out", out).exit_code == 0
+    f = out / "trees-00000.safetensors"
+    data = bytearray(f.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    f.write_bytes(bytes(data))
+    one_line_error(run("score", out), "trees-00000.safetensors", "corrupt")
+    one_line_error(run("inspect", out), "trees-00000.safetensors", "corrupt")
+
+
+def test_bad_inputs_are_one_line(tmp_path):
+    one_line_error(run("rollout", "--out", tmp_path / "a", "--prompts", tmp_path / "none.txt"), "not found")
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n  \n")
+    one_line_error(run("rollout", "--out", tmp_path / "b", "--prompts", empty), "no prompts")
+    one_line_error(run("rollout", "--out", tmp_path / "c", "--preset", "brnch"), "unknown preset", "branch")
+    one_line_error(run("rollout", "--out", tmp_path / "d", "--set", "tree.brnch=2"), "tree.branch")
+    one_line_error(run("score", tmp_path), "not a folder written by treegrpo")
+    one_line_error(run("inspect", tmp_path / "missing"), "no such folder")
+
+
+def test_unknown_reward_and_refuse_overwrite(tmp_path):
+    out = tmp_path / "t"
+    assert run("rollout", "--preset", "flow-grpo", "-n", 1, "--set", "tree.trees_per_prompt=2", "--out", out).exit_code == 0
+    one_line_error(run("score", out, "--reward", "hps-v9"), "unknown reward")
+    one_line_error(run("rollout", "--preset", "flow-grpo", "-n", 1, "--out", out), "already")
+    r = run("score", out, "--reward", "jpeg-compressibility,jpeg-incompressibility", "--weights", "1,0.5",
+            "--combine", "advantages", "--estimator", "flat", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["estimator"] == "flat"
+
+
+def test_presets_json():
+    r = run("presets", "--json")
+    assert r.exit_code == 0
+    rows = {p["name"]: p for p in json.loads(r.stdout)}
+    assert rows["branch"]["evals_per_tree"] == 203 and rows["tree-grpo"]["leaves_per_tree"] == 27
+
+
+@pytest.mark.parametrize("cmd", ["train", "eval", "diversity"])
+def test_later_commands_have_help(cmd):
+    assert run(cmd, "--help").exit_code == 0
+    r = run(cmd, "--preset", "branch")
+    assert r.exit_code == 2 and "not available" in r.stderr
