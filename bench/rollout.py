@@ -41,26 +41,30 @@ def cpu_name() -> str:
     return name or platform.machine()
 
 
-def time_case(policy, prompts: list[str], sets: list[str], max_batch: int, repeats: int) -> dict:
-    """Warm up once, then `repeats` timed rollouts of all prompts in one batch."""
+def make_case(policy, prompts: list[str], sets: list[str], max_batch: int):
+    """A no-argument rollout of all prompts in one batch, and the counts it reports (after a warm-up)."""
     cfg = load_config("branch", sets=sets)
-    sde, ids = FlowSDE(cfg.sampler), list(range(len(prompts)))
-    T = cfg.sampler.steps
-    tree, nfe = rollout(policy, prompts, ids, sde, cfg.tree, cfg.seed, max_batch)  # warm-up
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        tree, nfe = rollout(policy, prompts, ids, sde, cfg.tree, cfg.seed, max_batch)
-        times.append(time.perf_counter() - t0)
+    sde, ids, T = FlowSDE(cfg.sampler), list(range(len(prompts))), cfg.sampler.steps
+    run = lambda: rollout(policy, prompts, ids, sde, cfg.tree, cfg.seed, max_batch)
+    tree, nfe = run()  # warm-up
     leaves = int(tree.leaves().numel())  # P * trees_per_prompt * leaves per tree
     assert leaves == len(prompts) * cfg.tree.trees_per_prompt * cfg.tree.leaves(T)
     assert nfe == len(prompts) * cfg.tree.trees_per_prompt * cfg.tree.model_evals(T) * policy.evals_per_row
-    med = statistics.median(times)
-    return {"sets": sets, "steps": T, "prompts": len(prompts), "trees": tree.num_trees,
+    info = {"sets": sets, "steps": T, "prompts": len(prompts), "trees": tree.num_trees,
             "leaves_per_prompt": leaves // len(prompts), "leaves": leaves, "nodes": tree.num_nodes,
-            "model_evals": nfe, "evals_per_prompt": nfe // len(prompts), "max_batch": max_batch,
-            "times_s": [round(t, 4) for t in times], "median_s": round(med, 4),
-            "min_s": round(min(times), 4), "s_per_leaf": round(med / leaves, 6)}
+            "model_evals": nfe, "evals_per_prompt": nfe // len(prompts), "max_batch": max_batch}
+    return run, info
+
+
+def time_cases(runs: dict, repeats: int) -> dict[str, list[float]]:
+    """Round-robin over the cases, so that load from other processes hits them all alike."""
+    times = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, run in runs.items():
+            t0 = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - t0)
+    return times
 
 
 def print_table(res: dict) -> None:
@@ -72,7 +76,22 @@ def print_table(res: dict) -> None:
         print(f"{name:<9} {c['max_batch']:>9} {c['leaves']:>6} {c['model_evals']:>6} {c['evals_per_prompt']:>7} "
               f"{c['median_s']:>9.3f} {c['min_s']:>8.3f} {1000 * c['s_per_leaf']:>8.2f}")
     for k, v in res["ratios"].items():
-        print(f"{k:<16} {v:.2f}x")
+        print(f"{k:<16} {v:.2f}x median   {res['ratios_min'][k]:.2f}x min")
+
+
+def results(args, cases: dict, load0: tuple) -> dict:
+    ratio = lambda a, b, key: round(cases[a][key] / cases[b][key], 3)
+    pairs = (("flat", "tree"), ("chains", "tree"), ("tree-mb1", "tree"))
+    return {
+        "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "torch": torch.__version__, "python": platform.python_version(),
+        "cpu": {"processor": cpu_name(), "machine": platform.machine(), "count": os.cpu_count()},
+        "threads": torch.get_num_threads(), "repeats": args.repeats, "model": "pixel", "device": "cpu",
+        "loadavg_1m": {"start": round(load0[0], 2), "end": round(os.getloadavg()[0], 2)},  # other processes
+        "cases": cases,
+        "ratios": {f"{a}/{b}": ratio(a, b, "median_s") for a, b in pairs},      # of the medians
+        "ratios_min": {f"{a}/{b}": ratio(a, b, "min_s") for a, b in pairs},     # of the minima
+    }
 
 
 def main() -> None:
@@ -88,20 +107,15 @@ def main() -> None:
     policy = load_policy("pixel")
     prompts = load_prompts()[:args.prompts]
     assert len(prompts) == args.prompts, f"only {len(prompts)} embedded prompts"
-    cases = {name: time_case(policy, prompts, sets, mb, args.repeats) for name, sets, mb in (
-        ("tree", [], args.max_batch), ("flat", FLAT, args.max_batch),
-        ("chains", CHAINS, args.max_batch), ("tree-mb1", [], 1))}
-    med = {k: c["median_s"] for k, c in cases.items()}
-    res = {
-        "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "torch": torch.__version__, "python": platform.python_version(),
-        "cpu": {"processor": cpu_name(), "machine": platform.machine(), "count": os.cpu_count()},
-        "threads": torch.get_num_threads(), "repeats": args.repeats, "model": "pixel", "device": "cpu",
-        "cases": cases,
-        "ratios": {"flat/tree": round(med["flat"] / med["tree"], 3),
-                   "chains/tree": round(med["chains"] / med["tree"], 3),
-                   "tree-mb1/tree": round(med["tree-mb1"] / med["tree"], 3)},
-    }
+    runs, cases, load0 = {}, {}, os.getloadavg()
+    for name, sets, mb in (("tree", [], args.max_batch), ("flat", FLAT, args.max_batch),
+                           ("chains", CHAINS, args.max_batch), ("tree-mb1", [], 1)):
+        runs[name], cases[name] = make_case(policy, prompts, sets, mb)
+    for name, ts in time_cases(runs, args.repeats).items():
+        med = statistics.median(ts)
+        cases[name] |= {"times_s": [round(t, 4) for t in ts], "median_s": round(med, 4),
+                        "min_s": round(min(ts), 4), "s_per_leaf": round(med / cases[name]["leaves"], 6)}
+    res = results(args, cases, load0)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(res, indent=1) + "\n")
     print_table(res)

@@ -4,7 +4,7 @@ import torch
 from treegrpo_cli.models.pixel import PixelConfig, PixelPolicy
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(autouse=True, scope="session")
 def _threads():
     torch.set_num_threads(1)  # deterministic CPU kernels, and fair to the 2-core CI machine
     yield

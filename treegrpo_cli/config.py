@@ -15,8 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from .engine.advantages import AdvantageConfig
+from .engine.grpo import TrainConfig
 from .engine.pruning import PruneConfig
 from .engine.rollout import TreeConfig
+from .engine.schedules import ScheduleConfig
 from .engine.sde import SamplerConfig
 from .errors import ConfigError
 
@@ -52,6 +54,8 @@ SECTIONS: dict[str, type] = {
     "pruning": PruneConfig,
     "reward": RewardConfig,
     "rollout": RolloutConfig,
+    "schedule": ScheduleConfig,
+    "train": TrainConfig,
 }
 TOP_LEVEL = {"name": str, "description": str, "model": str, "seed": int}
 
@@ -68,6 +72,8 @@ class Config:
     pruning: PruneConfig = field(default_factory=PruneConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
 
     def validate(self) -> "Config":
         self.sampler.validate()
@@ -75,6 +81,8 @@ class Config:
         self.advantage.validate()
         self.pruning.validate()
         self.reward.weight_map()
+        self.schedule.validate(self.sampler.steps)
+        self.train.validate()
         return self
 
     def to_dict(self) -> dict[str, Any]:
@@ -199,15 +207,17 @@ def build(flat: dict[str, Any]) -> Config:
 
 def load_config(preset: str | None = None, config_file: Path | None = None,
                 sets: list[str] | tuple[str, ...] = ()) -> Config:
+    from .models.registry import model_defaults
+
     flat: dict[str, Any] = {}
     if preset:
         flat.update(flatten(read_toml(preset_path(preset))))
         flat.setdefault("name", preset)
-    if config_file:
-        flat.update(flatten(read_toml(config_file)))
-    for item in sets:
-        k, v = parse_set(item)
-        flat[k] = v
+    later = flatten(read_toml(config_file)) if config_file else {}
+    later.update(parse_set(item) for item in sets)
+    model = later.get("model", flat.get("model", Config.model))
+    flat.update(model_defaults(str(model)))
+    flat.update(later)
     return build(flat)
 
 

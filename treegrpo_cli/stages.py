@@ -14,14 +14,21 @@ from typing import Any, Callable
 import torch
 from PIL import Image
 
+from . import rundir
 from .config import Config, config_from_dict
-from .engine.advantages import AdvantageConfig, combine
-from .engine.pruning import PruneConfig, base_mask, prune
+from .engine.advantages import AdvantageConfig
+from .engine.credit import assign_credit
+from .engine.grpo import Batch, grpo_update
+from .engine.tree import cat_trees
+from .errors import TreegrpoError
+from .loop import Trainer
+from .engine.pruning import PruneConfig
 from .engine.rollout import rollout
 from .engine.sde import FlowSDE
 from .models.registry import load_policy
 from .prompts import take
-from .rewards.base import get_reward
+from .rewards.base import get_reward, score_leaves
+from .store.checkpoint import save_checkpoint
 from .store.shards import ShardStore
 from .store.trees import KIND, TreeShard, open_trees, read_tree_shard, shard_name, to_uint8, write_tree_shard
 
@@ -130,16 +137,12 @@ def _asdict(x: Any) -> dict[str, Any]:
 
 def _score_shard(s: TreeShard, rewards: dict, batch: int, progress: Progress) -> dict[str, torch.Tensor]:
     """{name: [N] float32 with the score on leaves and NaN elsewhere}."""
-    leaves, prompts = s.tree.leaves(), s.leaf_prompts()
+    leaves = s.tree.leaves()
+    scores = score_leaves(rewards, s.leaf_image, s.leaf_prompts(), batch, progress)
     out = {}
-    for name, fn in rewards.items():
-        vals = []
-        for a in range(0, len(leaves), batch):
-            images = s.leaf_image[a:a + batch].float() / 255.0
-            vals.append(fn(images, prompts[a:a + batch]).float().cpu())
-            progress(f"score {name}", min(a + batch, len(leaves)), len(leaves))
+    for name, vals in scores.items():
         full = torch.full((s.tree.num_nodes,), float("nan"))
-        full[leaves] = torch.cat(vals)
+        full[leaves] = vals
         out[name] = full
     return out
 
@@ -157,9 +160,8 @@ def _advantages(shards: list[TreeShard], scores: list[dict], req: ScoreRequest, 
         node_off += t.num_nodes
     P, D, TR, G, LP, SDE = (torch.cat(x) for x in (parent, depth, tree, group, lp, sde))
     R = {name: torch.cat([sc[name] for sc in scores]) for name in req.rewards}
-    A = combine(adv_cfg, P, D, TR, G, R, req.rewards, LP, req.combine)
-    base = base_mask(P, SDE, D, cfg.sampler.steps, cfg.sampler.decode) & A.valid
-    trained = prune(prune_cfg, base, P, D, TR, A.fused, A.leaf, req.iteration, req.max_iterations)
+    A, trained = assign_credit(P, D, TR, G, SDE, LP, R, req.rewards, req.combine, adv_cfg, prune_cfg,
+                               cfg.sampler.steps, cfg.sampler.decode, req.iteration, req.max_iterations)
     out, a = [], 0
     for n in sizes:
         sl = slice(a, a + n)
@@ -167,3 +169,41 @@ def _advantages(shards: list[TreeShard], scores: list[dict], req: ScoreRequest, 
                     "fused": A.fused[sl], "leaf_advantage": A.leaf[sl]})
         a += n
     return out
+
+
+# --- one staged update -----------------------------------------------------------------------
+
+@dataclass
+class StagedRequest:
+    trees: Path              # a scored tree folder
+    run_dir: Path
+    sets: list[str]
+    device: str = "cpu"
+    command: str = ""
+
+
+def train_from_trees(req: StagedRequest, progress: Progress = _noop) -> dict[str, Any]:
+    """One GRPO update from scored shards (rollout + score), written as checkpoint step-1 of a run."""
+    store = open_trees(req.trees)
+    if "scoring" not in store.meta:
+        raise TreegrpoError(f"{req.trees} is not scored yet; run `treegrpo score {req.trees}` first")
+    cfg = config_from_dict(store.meta["config"], req.sets)
+    shards = [read_tree_shard(store, n) for n in store.names("trees")]
+    adv = [store.read(shard_name("advantages", s.index))[0] for s in shards]
+    tree = cat_trees([s.tree for s in shards])
+    prompts = [s.prompts[int(p)] for s in shards for p in s.tree.tree_prompt]
+    trainer = Trainer(cfg, req.device)
+    rundir.create(req.run_dir, cfg, req.command)
+    batch = Batch(tree, torch.cat([a["trained"] for a in adv]), torch.cat([a["advantage"] for a in adv]),
+                  trainer.policy.encode(prompts))
+    gen = torch.Generator().manual_seed(cfg.seed)
+    progress("update", 0, 1)
+    metrics = grpo_update(trainer.policy, trainer.opt, trainer.sde, batch, cfg.train, gen,
+                          cfg.rollout.max_batch, trainer.ref, trainer.update_ema)
+    progress("update", 1, 1)
+    trainer.step = 1
+    leaves = int(tree.is_leaf().sum())
+    rundir.append_metrics(req.run_dir, {"iteration": 0, "source": str(req.trees), "leaves": leaves,
+                                        "train_evals_per_leaf": metrics.get("train_evals", 0) / leaves, **metrics})
+    path = save_checkpoint(req.run_dir / "checkpoints", trainer.checkpoint({"config": cfg.to_dict()}), cfg.train.keep_last)
+    return {"run_dir": str(req.run_dir), "checkpoint": str(path), **metrics}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from .. import __version__
-from . import inspect_cmd, later, presets_cmd, rollout_cmd, score_cmd
+from . import inspect_cmd, later, presets_cmd, rollout_cmd, score_cmd, train_cmd
 
 app = typer.Typer(
     name="treegrpo",
@@ -31,6 +31,7 @@ def root(version: bool = typer.Option(False, "--version", callback=_version, is_
 
 app.command("rollout")(rollout_cmd.rollout)
 app.command("score")(score_cmd.score)
+app.command("train")(train_cmd.train)
 app.command("inspect")(inspect_cmd.inspect)
 app.command("presets")(presets_cmd.presets)
 for name, fn in later.COMMANDS.items():

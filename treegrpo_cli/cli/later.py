@@ -9,11 +9,6 @@ from .common import fail
 _PENDING = "is not available in this release yet (see CHANGELOG.md); use `treegrpo rollout` and `treegrpo score`"
 
 
-def train(ctx: typer.Context) -> None:
-    """Train a model online with a method preset (rollout, score, advantages, GRPO update)."""
-    fail(f"`treegrpo train` {_PENDING}", 2)
-
-
 def eval_(ctx: typer.Context) -> None:
     """Evaluate a model or checkpoint with reward metrics (ODE sampling)."""
     fail(f"`treegrpo eval` {_PENDING}", 2)
@@ -24,4 +19,4 @@ def diversity(ctx: typer.Context) -> None:
     fail(f"`treegrpo diversity` {_PENDING}", 2)
 
 
-COMMANDS = {"train": train, "eval": eval_, "diversity": diversity}
+COMMANDS = {"eval": eval_, "diversity": diversity}

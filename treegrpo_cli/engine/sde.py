@@ -98,10 +98,11 @@ class FlowSDE:
     def step(self, x: Tensor, v: Tensor, i: Tensor, sde: Tensor) -> StepResult:
         """One transition from step i for a batch: x, v [B, ...]; i [B] int64 step index; sde [B] bool."""
         x, v = x.float(), v.float()
-        sigma = self.sigmas[i].float()              # [B]
-        d = (self.sigmas[i + 1] - self.sigmas[i]).float()   # [B], < 0
+        i = i.cpu()
+        sigma = self.sigmas[i].float().to(x.device)                       # [B]
+        d = (self.sigmas[i + 1] - self.sigmas[i]).float().to(x.device)    # [B], < 0
         g = diffusion_coefficient(self.cfg, sigma, float(self.sigmas[1]))
-        g = torch.where(sde, g, torch.zeros_like(g))
+        g = torch.where(sde.to(x.device), g, torch.zeros_like(g))
         shape = (-1,) + (1,) * (x.dim() - 1)
         sb, db, gb = sigma.view(shape), d.view(shape), g.view(shape)
         mean = x + db * v + (gb**2 / (2 * sb)) * (x + (1 - sb) * v) * db

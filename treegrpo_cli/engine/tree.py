@@ -71,6 +71,21 @@ class Tree:
         return cls(**{f.name: t[f.name] for f in fields(cls)})
 
 
+def cat_trees(trees: list[Tree]) -> Tree:
+    """One batch from several: node ids, parents and tree ids are offset; order is kept."""
+    parts: dict[str, list[Tensor]] = {f.name: [] for f in fields(Tree)}
+    nodes = n_trees = 0
+    for t in trees:
+        for k, v in t.tensors().items():
+            if k == "parent":
+                v = torch.where(v >= 0, v + nodes, v)
+            elif k == "tree":
+                v = v + n_trees
+            parts[k].append(v)
+        nodes, n_trees = nodes + t.num_nodes, n_trees + t.num_trees
+    return Tree(**{k: torch.cat(v) for k, v in parts.items()})
+
+
 def leaf_mask(parent: Tensor) -> Tensor:
     """[N] bool: True where no node names this one as its parent."""
     has_child = torch.zeros(parent.numel(), dtype=torch.bool)

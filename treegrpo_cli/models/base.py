@@ -34,6 +34,15 @@ class Policy(Protocol):
     def describe(self) -> dict[str, Any]:
         """JSON-able identity of the model (name, source, config) for shard metadata."""
 
+    def trainable_state(self) -> dict[str, Tensor]:
+        """Named tensors of the trainable parameters (what a checkpoint stores)."""
+
+    def load_trainable_state(self, state: dict[str, Tensor]) -> None:
+        """Load what trainable_state() returned (strict: every key, no extra)."""
+
+    def reference(self) -> "Policy":
+        """A frozen copy of the current policy (the KL reference), sharing nothing trainable."""
+
 
 def select(cond: Conditions, rows: Tensor) -> Conditions:
     """Pick condition rows, e.g. the prompt of every frontier node."""

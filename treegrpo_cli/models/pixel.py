@@ -7,6 +7,7 @@ adapter interface.
 
 from __future__ import annotations
 
+import copy
 import math
 import re
 import zlib
@@ -23,8 +24,8 @@ from .base import Conditions
 class PixelConfig:
     image_size: int = 32
     channels: int = 3
-    width: int = 32          # conv channels
-    blocks: int = 3          # residual blocks
+    width: int = 16          # conv channels
+    blocks: int = 2          # residual blocks
     buckets: int = 512       # hashed word vocabulary (bucket 0 is padding)
     text_dim: int = 64
     max_words: int = 16
@@ -115,3 +116,13 @@ class PixelPolicy:
 
     def describe(self) -> dict:
         return {"name": self.name, "adapter": "pixel", "config": asdict(self.cfg)}
+
+    def trainable_state(self) -> dict[str, Tensor]:
+        return {k: v.detach() for k, v in self.net.named_parameters()}
+
+    def load_trainable_state(self, state: dict[str, Tensor]) -> None:
+        self.net.load_state_dict(state, strict=True)
+
+    def reference(self) -> "PixelPolicy":
+        net = copy.deepcopy(self.net).requires_grad_(False)
+        return PixelPolicy(self.cfg, name=f"{self.name}-reference", net=net)

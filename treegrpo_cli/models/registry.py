@@ -15,6 +15,19 @@ MODELS = {
 }
 
 
+# Settings a model needs on top of a method preset (the presets hold the papers' values, sized for
+# 12B-parameter FLUX). Layered as: preset < model defaults < --config file < --set.
+MODEL_DEFAULTS: dict[str, dict[str, object]] = {
+    # a 56k-parameter network from random weights: a larger step size and small batches so that a
+    # CPU run shows learning in minutes
+    "pixel": {"train.lr": 3e-4, "train.clip_range": 1e-2, "rollout.num_prompts": 2, "train.iterations": 40},
+}
+
+
+def model_defaults(name: str) -> dict[str, object]:
+    return dict(MODEL_DEFAULTS.get(name, {}))
+
+
 def load_policy(name: str, device: str | torch.device = "cpu") -> Policy:
     if name == "pixel":
         policy = PixelPolicy(PixelConfig(), name="pixel")

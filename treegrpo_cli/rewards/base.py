@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 from typing import Callable, Protocol, runtime_checkable
 
+import torch
 from torch import Tensor
 
 from ..errors import ConfigError
@@ -61,6 +62,22 @@ def parse_rewards(names: str, weights: str | None = None) -> dict[str, float]:
     for k in keys:
         get_reward(k)  # fail early on an unknown name
     return dict(zip(keys, w))
+
+
+def score_leaves(rewards: dict[str, Reward], images: Tensor, prompts: list[str], batch: int = 64,
+                 progress: Callable[[str, int, int], None] | None = None) -> dict[str, Tensor]:
+    """{name: [L] float32} for images [L, 3, H, W] (float in [0, 1] or uint8), scored in batches."""
+    out = {}
+    for name, fn in rewards.items():
+        vals = []
+        for a in range(0, len(prompts), batch):
+            x = images[a:a + batch]
+            x = x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
+            vals.append(fn(x, prompts[a:a + batch]).float().cpu())
+            if progress:
+                progress(f"score {name}", min(a + batch, len(prompts)), len(prompts))
+        out[name] = torch.cat(vals) if vals else torch.zeros(0)
+    return out
 
 
 def _load_builtins() -> None:

@@ -2,7 +2,7 @@
 
     DIR/index.json               {"format": "treegrpo", "version": 1, "kind": ..., "meta": {...},
                                   "shards": {"trees-00000": {"file", "sha256", "bytes", "role"}, ...}}
-    DIR/trees-00000.safetensors  tensors + __metadata__ (every value a JSON string)
+    DIR/trees-00000.safetensors  tensors + __metadata__ {"treegrpo": "<JSON object>"}
 
 Every write goes to a temporary file in the same folder, is flushed to disk and renamed over the
 target, so a crash leaves either the old file or the new one. Every read checks the sha256 that the
@@ -27,6 +27,7 @@ from ..errors import CorruptFileError, TreegrpoError
 FORMAT = "treegrpo"
 VERSION = 1
 INDEX = "index.json"
+META_KEY = "treegrpo"  # the one __metadata__ entry: a JSON object
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -54,7 +55,7 @@ def _parse_meta(data: bytes, path: Path) -> dict[str, Any]:
         n = int.from_bytes(data[:8], "little")
         header = json.loads(data[8:8 + n])
         raw = header.get("__metadata__", {}) or {}
-        return {k: json.loads(v) for k, v in raw.items()}
+        return json.loads(raw[META_KEY]) if META_KEY in raw else {}
     except (ValueError, UnicodeDecodeError) as e:
         raise CorruptFileError(f"{path}: unreadable safetensors header ({e})") from None
 
@@ -117,7 +118,9 @@ class ShardStore:
     def write(self, name: str, role: str, tensors: dict[str, torch.Tensor], meta: dict[str, Any] | None = None) -> None:
         """Write one shard (replacing any shard of that name) and record its hash in the index."""
         tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
-        data = st_save(tensors, metadata={k: json.dumps(v) for k, v in (meta or {}).items()})
+        # one metadata key holding sorted JSON: safetensors' own metadata map has no stable order,
+        # and the same trees must give the same bytes (and sha256)
+        data = st_save(tensors, metadata={META_KEY: json.dumps(meta or {}, sort_keys=True)})
         file = f"{name}.safetensors"
         atomic_write(self.root / file, data)
         self.index["shards"][name] = {"file": file, "sha256": sha256(data), "bytes": len(data), "role": role}

@@ -1,0 +1,107 @@
+"""Pillow-only figures: line charts, panels, captioned grids, atomic PNG writes."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from treegrpo_cli import plots
+
+
+def variance(img: Image.Image) -> float:
+    return float(np.asarray(img.convert("RGB"), dtype=np.float64).var())
+
+
+def test_line_chart_size_and_content():
+    xs = list(range(50))
+    img = plots.line_chart({"reward": (xs, [math.sin(x / 5) for x in xs]),
+                            "baseline": (xs, [0.1 * x for x in xs])},
+                           "Reward", "iteration", "mean reward", size=(500, 300))
+    assert img.size == (500, 300) and img.mode == "RGB"
+    assert variance(img) > 0
+    # both series colours appear somewhere on the canvas
+    pixels = {c for _, c in img.getcolors(1 << 20)}
+    assert plots.PALETTE[0] in pixels and plots.PALETTE[1] in pixels
+
+
+@pytest.mark.parametrize("series", [
+    {"one": ([3.0], [1.5])},                                    # a single point
+    {"flat": ([0, 1, 2], [2.0, 2.0, 2.0])},                     # constant values
+    {"zero": ([0, 1, 2], [0.0, 0.0, 0.0])},
+    {"nan": ([0, 1, 2, 3, 4], [1.0, float("nan"), 2.0, float("inf"), 3.0])},
+    {"all-nan": ([0, 1], [float("nan"), float("nan")])},
+    {},
+    {"tiny": ([0, 1], [1e-9, 2e-9]), "big": ([0, 1e7], [5e6, 1e6])},
+])
+def test_line_chart_degenerate_inputs(series):
+    img = plots.line_chart(series, "t", "x", "y")
+    assert img.size == (640, 400)
+    assert variance(img) > 0
+
+
+def test_line_chart_rejects_ragged_series():
+    with pytest.raises(ValueError, match="ragged|x values"):
+        plots.line_chart({"s": ([0, 1], [1.0])}, "t", "x", "y")
+
+
+def test_side_by_side():
+    a, b = Image.new("RGB", (30, 20), (255, 0, 0)), Image.new("RGB", (10, 40), (0, 0, 255))
+    out = plots.side_by_side([a, b])
+    assert out.size == (40, 40)
+    assert out.getpixel((0, 0)) == (255, 0, 0) and out.getpixel((35, 39)) == (0, 0, 255)
+
+
+@pytest.mark.parametrize("b, ncol, expect", [(5, None, (3, 2)), (4, None, (2, 2)), (1, None, (1, 1)),
+                                             (6, 6, (6, 1)), (3, 10, (3, 1))])
+def test_image_grid_dimensions(b, ncol, expect):
+    imgs = torch.rand(b, 3, 8, 6, generator=torch.Generator().manual_seed(0))
+    caps = [f"prompt {i} " + "with a long caption that has to wrap " * 3 for i in range(b)]
+    out = plots.image_grid(imgs, caps, ncol=ncol, scale=4)
+    cols, rows = expect
+    assert out.size == (cols * (6 * 4 + 2 * plots.PAD),
+                        rows * (8 * 4 + 2 * plots.PAD + plots.caption_height()))
+    assert variance(out) > 0
+
+
+def test_image_grid_pixels_and_uint8():
+    imgs = torch.zeros(2, 3, 2, 2, dtype=torch.uint8)
+    imgs[0, 0] = 255  # first image pure red
+    imgs[1, 2, 0, 0] = 255
+    out = plots.image_grid(imgs, ["red", "blue corner"], scale=3)
+    p = plots.PAD
+    assert out.getpixel((p, p)) == (255, 0, 0) and out.getpixel((p + 5, p + 5)) == (255, 0, 0)
+    cw = 2 * 3 + 2 * p
+    assert out.getpixel((cw + p + 2, p + 2)) == (0, 0, 255)   # upscaled nearest: a 3x3 block
+    assert out.getpixel((cw + p + 3, p)) == (0, 0, 0)
+
+
+def test_image_grid_float_nan_and_bad_input():
+    imgs = torch.full((1, 3, 4, 4), float("nan"))
+    assert plots.image_grid(imgs, [""]).size[0] == 4 * 4 + 2 * plots.PAD
+    with pytest.raises(ValueError):
+        plots.image_grid(torch.rand(2, 3, 4, 4), ["only one"])
+    with pytest.raises(ValueError):
+        plots.image_grid(torch.rand(3, 4, 4), ["x"])
+
+
+def test_caption_wraps_to_at_most_three_lines():
+    lines = plots._wrap("word " * 200 + "x" * 300, 40)
+    assert 1 <= len(lines) <= plots.CAPTION_LINES and lines[-1].endswith("...")
+    assert all(plots._width(line) <= 40 for line in lines)
+    assert plots._wrap("y" * 30, 40)  # a long word is broken, not dropped
+
+
+def test_save_png_is_atomic(tmp_path):
+    img = plots.line_chart({"a": ([0, 1], [0, 1])}, "t", "x", "y", size=(200, 150))
+    path = tmp_path / "sub" / "chart.png"
+    plots.save_png(img, path)
+    plots.save_png(img, path)  # overwrite in place
+    assert os.listdir(tmp_path / "sub") == ["chart.png"]
+    with Image.open(path) as back:
+        assert back.size == (200, 150)
+        assert np.array_equal(np.asarray(back.convert("RGB")), np.asarray(img))

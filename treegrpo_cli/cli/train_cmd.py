@@ -1,0 +1,119 @@
+from __future__ import annotations
+
+import signal
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Iterator, Optional
+
+import typer
+from rich.table import Table
+
+from .. import rundir
+from ..config import config_from_dict, load_config
+from ..loop import Hooks, TrainRequest, train as train_loop
+from ..prompts import load_prompts
+from ..stages import StagedRequest, train_from_trees
+from .common import command_line, err, guarded, out, print_json, progress_bar
+
+
+@contextmanager
+def graceful_stop() -> Iterator[dict]:
+    """SIGTERM or a first Ctrl-C asks the loop to stop after the current iteration and checkpoint."""
+    flag = {"stop": False}
+
+    def ask(signum, frame):
+        if flag["stop"] and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        flag["stop"] = True
+        err.print("stopping after this iteration (checkpoint follows); Ctrl-C again to abort")
+
+    old = {s: signal.signal(s, ask) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield flag
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _sets(set_, model, reward, weights, iterations, seed, max_batch) -> list[str]:
+    sets = list(set_ or [])
+    sets += [f'model="{model}"'] if model else []
+    if reward:
+        names = [n.strip() for n in reward.split(",") if n.strip()]
+        sets.append("reward.names=[" + ", ".join(f'"{n}"' for n in names) + "]")
+    sets += [f"reward.weights=[{weights}]"] if weights else []
+    sets += [f"train.iterations={iterations}"] if iterations else []
+    sets += [f"seed={seed}"] if seed is not None else []
+    sets += [f"rollout.max_batch={max_batch}"] if max_batch else []
+    return sets
+
+
+def train(
+    preset: Annotated[str, typer.Option(help="Method preset (see `treegrpo presets`).")] = "branch",
+    config: Annotated[Optional[Path], typer.Option("--config", help="A TOML config file layered over the preset.")] = None,
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override one key, e.g. --set train.lr=1e-4 (repeatable).")] = None,
+    model: Annotated[Optional[str], typer.Option(help="Model name or path (default: the preset's).")] = None,
+    reward: Annotated[Optional[str], typer.Option(help="Reward name(s), comma separated.")] = None,
+    weights: Annotated[Optional[str], typer.Option(help="Reward weights, comma separated.")] = None,
+    prompts: Annotated[Optional[Path], typer.Option(help="Training prompts (.txt or .jsonl); default: the embedded prompts.")] = None,
+    iterations: Annotated[Optional[int], typer.Option(min=1, help="Online iterations.")] = None,
+    seed: Annotated[Optional[int], typer.Option(help="Run seed.")] = None,
+    run_dir: Annotated[Optional[Path], typer.Option("--run-dir", help="Run folder (default runs/<preset>-<time>).")] = None,
+    resume: Annotated[Optional[Path], typer.Option(help="Continue the run in this folder from its last complete checkpoint.")] = None,
+    trees: Annotated[Optional[Path], typer.Option(help="One update from scored tree shards (rollout + score), then a checkpoint.")] = None,
+    max_batch: Annotated[Optional[int], typer.Option("--max-batch", min=1, help="Rows per model forward.")] = None,
+    device: Annotated[str, typer.Option(help="Torch device.")] = "cpu",
+    json_: Annotated[bool, typer.Option("--json", help="Print the final summary as JSON.")] = False,
+) -> None:
+    """Train online: roll out trees, score, compute advantages, prune, update; checkpoints and exact resume.
+
+    Example: treegrpo train --preset branch-mix --iterations 50
+    """
+    with guarded():
+        sets = _sets(set_, model, reward, weights, iterations, seed, max_batch)
+        if trees is not None:
+            summary = _staged(trees, run_dir, sets, device)
+        else:
+            summary = _online(preset, config, sets, prompts, run_dir, resume, device)
+    _report(summary, json_)
+
+
+def _online(preset, config, sets, prompts, run_dir, resume, device) -> dict:
+    if resume is not None:
+        cfg = rundir.load_config(resume)
+        if sets:
+            cfg = config_from_dict(cfg.to_dict(), sets)
+        run = resume
+    else:
+        cfg = load_config(preset, config, sets)
+        run = run_dir or Path("runs") / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    train_prompts = load_prompts(prompts)
+    req = TrainRequest(cfg, train_prompts, train_prompts, run, resume is not None, device, command_line())
+    err.print(f"run folder: {run}")
+    with graceful_stop() as flag, progress_bar() as bar:
+        def on_row(row: dict) -> None:
+            bar("iterations", row["iteration"] + 1, cfg.train.iterations)
+            if not err.is_terminal:
+                err.print(f"iteration {row['iteration']}: reward {row['reward_mean']:.4f} ± {row['reward_std']:.4f}, "
+                          f"{row['seconds']['total']:.1f}s", highlight=False)
+        return train_loop(req, Hooks(progress=bar, on_row=on_row, should_stop=lambda: flag["stop"]))
+
+
+def _staged(trees: Path, run_dir, sets, device) -> dict:
+    run = run_dir or Path("runs") / f"staged-{time.strftime('%Y%m%d-%H%M%S')}"
+    with progress_bar() as bar:
+        return train_from_trees(StagedRequest(trees, run, sets, device, command_line()), bar)
+
+
+def _report(summary: dict, as_json: bool) -> None:
+    if as_json:
+        print_json(summary)
+        return
+    table = Table(title="training summary", show_header=False)
+    for k, v in summary.items():
+        table.add_row(k, f"{v:.4f}" if isinstance(v, float) else str(v))
+    out.print(table)
+    if "reward_first_tenth" in summary:
+        out.print(f"mean reward, first tenth of the iterations: {summary['reward_first_tenth']:.4f}; "
+                  f"last tenth: {summary['reward_last_tenth']:.4f}")

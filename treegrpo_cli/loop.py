@@ -1,0 +1,178 @@
+"""The online training loop: rollout -> score -> advantages -> pruning -> GRPO update, with exact resume.
+
+Everything random in an iteration is seeded by (seed, iteration): the prompts, the window, every
+node's noise and the minibatch order. A checkpoint therefore only needs the weights, the EMA, the
+optimizer and the iteration counter for a resumed run to repeat an uninterrupted one bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from . import rundir
+from .config import Config
+from .engine.credit import assign_credit
+from .engine.grpo import Batch, grpo_update, make_optimizer
+from .engine.rollout import TreeConfig, mix_seed, rollout
+from .engine.schedules import tree_for_iteration
+from .engine.sde import FlowSDE
+from .models.base import Policy
+from .models.registry import load_policy
+from .rewards.base import get_reward, score_leaves
+from .store.checkpoint import Checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
+
+Progress = Callable[[str, int, int], None]
+
+
+@dataclass
+class TrainRequest:
+    config: Config
+    prompts: list[str]             # training prompts
+    eval_prompts: list[str]        # prompts of the sample grids
+    run_dir: Path
+    resume: bool = False
+    device: str = "cpu"
+    command: str = ""
+
+
+@dataclass
+class Hooks:
+    progress: Progress = lambda phase, done, total: None
+    on_row: Callable[[dict[str, Any]], None] = lambda row: None
+    should_stop: Callable[[], bool] = lambda: False
+
+
+class Trainer:
+    """Holds the policy, optimizer and EMA of one run."""
+
+    def __init__(self, cfg: Config, device: str):
+        cfg.train.validate()
+        self.cfg, self.device = cfg, device
+        self.policy: Policy = load_policy(cfg.model, device)
+        self.sde = FlowSDE(cfg.sampler)
+        self.opt = make_optimizer(list(self.policy.trainable_parameters()), cfg.train)
+        self.ema = ({k: v.detach().clone() for k, v in self.policy.trainable_state().items()}
+                    if cfg.train.ema_decay > 0 else None)
+        self.ref = self.policy.reference() if cfg.train.kl_beta > 0 else None
+        self.rewards = {n: get_reward(n) for n in cfg.reward.names}
+        self.weights = cfg.reward.weight_map()
+        self.step = 0
+
+    def update_ema(self) -> None:
+        if self.ema is None:
+            return
+        d = self.cfg.train.ema_decay
+        with torch.no_grad():
+            for k, v in self.policy.trainable_state().items():
+                self.ema[k].mul_(d).add_(v.to(self.ema[k].device), alpha=1 - d)
+
+    def checkpoint(self, extra: dict[str, Any]) -> Checkpoint:
+        return Checkpoint(self.step, self.policy.trainable_state(), self.ema, self.opt.state_dict(),
+                          torch.get_rng_state(), {"step": self.step, "seed": self.cfg.seed, **extra})
+
+    def restore(self, ck: Checkpoint) -> None:
+        self.policy.load_trainable_state(ck.model)
+        self.opt.load_state_dict(ck.optimizer)
+        if self.ema is not None and ck.ema is not None:
+            self.ema = {k: v.clone() for k, v in ck.ema.items()}
+        torch.set_rng_state(ck.rng)
+        self.step = ck.step
+
+    # -- one iteration -------------------------------------------------------------------
+    def iteration(self, prompts: list[str], progress: Progress) -> dict[str, Any]:
+        cfg, it = self.cfg, self.step
+        T = cfg.sampler.steps
+        t0 = time.perf_counter()
+        ids = sample_prompt_ids(len(prompts), cfg.rollout.num_prompts, cfg.seed, it)
+        tree_cfg = tree_for_iteration(cfg.tree, cfg.schedule, T, it, cfg.seed)
+        tree, nfe = rollout(self.policy, [prompts[i] for i in ids], ids, self.sde, tree_cfg,
+                            mix_seed(cfg.seed, it), cfg.rollout.max_batch, progress)
+        t1 = time.perf_counter()
+        with torch.no_grad():
+            images = self.policy.decode(tree.image_latent.to(self.device)).cpu()
+        leaves = tree.leaves()
+        leaf_prompts = [prompts[int(p)] for p in tree.tree_prompt[tree.tree[leaves]]]
+        scores = score_leaves(self.rewards, images, leaf_prompts)
+        full = {n: torch.full((tree.num_nodes,), float("nan")).index_put_((leaves,), s) for n, s in scores.items()}
+        adv, trained = assign_credit(tree.parent, tree.depth, tree.tree, tree.group(), tree.sde, tree.log_prob,
+                                     full, self.weights, cfg.reward.combine, cfg.advantage, cfg.pruning,
+                                     T, cfg.sampler.decode, it, cfg.train.iterations)
+        t2 = time.perf_counter()
+        tree_prompts = [prompts[int(p)] for p in tree.tree_prompt]
+        batch = Batch(tree, trained, adv.edge, self.policy.encode(tree_prompts))
+        gen = torch.Generator().manual_seed(mix_seed(cfg.seed, it, 0xB47C))
+        upd = grpo_update(self.policy, self.opt, self.sde, batch, cfg.train, gen, cfg.rollout.max_batch,
+                          self.ref, self.update_ema)
+        t3 = time.perf_counter()
+        self.step += 1
+        row = _row(it, scores, self.weights, adv.edge[trained], len(leaves), nfe, upd, tree_cfg, self.opt)
+        row["seconds"] = {"rollout": t1 - t0, "score": t2 - t1, "update": t3 - t2, "total": t3 - t0}
+        return row
+
+
+def sample_prompt_ids(n: int, k: int, seed: int, iteration: int) -> list[int]:
+    """k prompt ids for one iteration: a seeded permutation, cycled when k > n."""
+    g = torch.Generator().manual_seed(mix_seed(seed, iteration, 0x9A11))
+    perm = torch.randperm(n, generator=g).tolist()
+    return [perm[i % n] for i in range(k)]
+
+
+def _row(it, scores, weights, adv_trained, leaves, nfe, upd, tree_cfg: TreeConfig, opt) -> dict[str, Any]:
+    total = sum(w * scores[n] for n, w in weights.items())
+    row: dict[str, Any] = {"iteration": it, "reward_mean": float(total.mean()),
+                           "reward_std": float(total.std()) if total.numel() > 1 else 0.0}
+    for n, s in scores.items():
+        row[f"rewards/{n}/mean"], row[f"rewards/{n}/std"] = float(s.mean()), float(s.std()) if s.numel() > 1 else 0.0
+    a = adv_trained.float()
+    row.update({"adv_mean": float(a.mean()) if a.numel() else 0.0, "adv_std": float(a.std()) if a.numel() > 1 else 0.0,
+                "adv_abs_max": float(a.abs().max()) if a.numel() else 0.0, "trained_edges": int(a.numel()),
+                "leaves": leaves, "rollout_evals": nfe, "rollout_evals_per_leaf": nfe / leaves,
+                "train_evals_per_leaf": upd.get("train_evals", 0) / leaves, "lr": opt.param_groups[0]["lr"],
+                "sde_steps": list(tree_cfg.sde_steps) if tree_cfg.sde_steps is not None else "all"})
+    row.update(upd)
+    return row
+
+
+# --- the run ---------------------------------------------------------------------------------
+
+def train(req: TrainRequest, hooks: Hooks = Hooks()) -> dict[str, Any]:
+    """Train online until cfg.train.iterations; resumable from the last complete checkpoint."""
+    cfg = req.config
+    trainer = Trainer(cfg, req.device)
+    ck_dir = req.run_dir / "checkpoints"
+    if req.resume:
+        done = list_checkpoints(ck_dir)
+        if done:
+            trainer.restore(load_checkpoint(done[-1]))
+        rundir.truncate_metrics(req.run_dir, trainer.step)
+    else:
+        rundir.create(req.run_dir, cfg, req.command)
+    done_rows = rundir.read_metrics(req.run_dir)
+    start, wall0 = trainer.step, time.perf_counter() - (done_rows[-1]["wall"] if done_rows else 0.0)
+    stopped = False
+    while trainer.step < cfg.train.iterations:
+        row = trainer.iteration(req.prompts, lambda ph, d, t: hooks.progress("rollout", d, t))
+        row["wall"] = time.perf_counter() - wall0
+        rundir.append_metrics(req.run_dir, row)
+        hooks.on_row(row)
+        stopped = hooks.should_stop()
+        last = trainer.step == cfg.train.iterations
+        if last or stopped or trainer.step % cfg.train.save_every == 0:
+            _save(trainer, req, ck_dir)
+        if cfg.train.sample_every and (last or trainer.step % cfg.train.sample_every == 0):
+            rundir.sample_grid(req.run_dir, trainer.policy, trainer.sde, req.eval_prompts, trainer.rewards,
+                               cfg, trainer.step)
+        if stopped:
+            break
+    return rundir.summary(req.run_dir, start, stopped)
+
+
+def _save(trainer: Trainer, req: TrainRequest, ck_dir: Path) -> None:
+    save_checkpoint(ck_dir, trainer.checkpoint({"config": trainer.cfg.to_dict()}), trainer.cfg.train.keep_last)
+    rundir.reward_plot(req.run_dir)

@@ -1,0 +1,241 @@
+"""Figures drawn with Pillow only: line charts, side-by-side panels and captioned image grids.
+
+Every function returns a PIL image; save_png writes one atomically. Non-finite data points are
+skipped (a NaN breaks a line into segments), and nothing here prints.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import math
+from pathlib import Path
+
+import torch
+from PIL import Image, ImageDraw, ImageFont
+from torch import Tensor
+
+from .store.shards import atomic_write
+
+PAD = 4                 # image_grid: pixels around every image
+CAPTION_LINES = 3       # image_grid: the most lines of caption under an image
+BACKGROUND = (255, 255, 255)
+INK = (40, 40, 40)
+GRID = (228, 228, 228)
+PALETTE = ((31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189),
+           (140, 86, 75), (227, 119, 194), (127, 127, 127), (188, 189, 34), (23, 190, 207))
+
+Series = dict[str, tuple[list[float], list[float]]]
+
+
+@functools.lru_cache(maxsize=1)
+def _font() -> ImageFont.ImageFont | ImageFont.FreeTypeFont:
+    return ImageFont.load_default()
+
+
+def _text(s: str) -> str:
+    """The bitmap fallback font (Pillow without FreeType) only encodes latin-1."""
+    if isinstance(_font(), ImageFont.FreeTypeFont):
+        return s
+    return s.encode("latin-1", "replace").decode("latin-1")
+
+
+def _width(s: str) -> float:
+    return _font().getlength(_text(s))
+
+
+def line_height() -> int:
+    return int(_font().getbbox("Ag")[3]) + 3
+
+
+def caption_height() -> int:
+    """Pixels reserved for the caption under every image of image_grid."""
+    return CAPTION_LINES * line_height() + PAD
+
+
+# --- line chart --------------------------------------------------------------------------------
+
+def _nice_ticks(lo: float, hi: float, target: int = 5) -> tuple[float, float, list[float]]:
+    """(axis low, axis high, ticks) with a 1/2/5 x 10^k step that covers [lo, hi]."""
+    if hi - lo <= 0:
+        d = abs(lo) * 0.05 or 1.0
+        lo, hi = lo - d, hi + d
+    raw = (hi - lo) / target
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
+    a, b = math.floor(lo / step + 1e-9), math.ceil(hi / step - 1e-9)
+    return a * step, b * step, [i * step for i in range(a, b + 1)]
+
+
+def _fmt(v: float, step: float) -> str:
+    if abs(v) < step * 1e-6:
+        v = 0.0
+    if abs(v) >= 1e6 or step < 1e-5:
+        return f"{v:.3g}"
+    return f"{v:.{max(0, -math.floor(math.log10(step) + 1e-9))}f}"
+
+
+def _finite(xs: list[float], ys: list[float]) -> list[list[tuple[float, float]]]:
+    """Runs of consecutive points where both coordinates are finite."""
+    runs, cur = [], []
+    for x, y in zip(xs, ys):
+        if math.isfinite(float(x)) and math.isfinite(float(y)):
+            cur.append((float(x), float(y)))
+        elif cur:
+            runs, cur = runs + [cur], []
+    return runs + [cur] if cur else runs
+
+
+def _legend(draw: ImageDraw.ImageDraw, names: list[str], left: int, right: int, top: int) -> int:
+    """Legend entries in rows from (left, top); returns the y below the legend."""
+    x, y, lh = left, top, line_height()
+    for i, name in enumerate(names):
+        w = 18 + _width(name) + 14
+        if x > left and x + w > right:
+            x, y = left, y + lh
+        colour = PALETTE[i % len(PALETTE)]
+        draw.line([(x, y + lh // 2), (x + 14, y + lh // 2)], fill=colour, width=3)
+        draw.text((x + 18, y), _text(name), fill=INK, font=_font())
+        x += int(w)
+    return y + lh if names else top
+
+
+def _ylabel(img: Image.Image, label: str, x: int, ymid: int) -> None:
+    tw, lh = int(_width(label)) + 2, line_height()
+    strip = Image.new("RGB", (max(tw, 1), lh), BACKGROUND)
+    ImageDraw.Draw(strip).text((0, 0), _text(label), fill=INK, font=_font())
+    strip = strip.rotate(90, expand=True)
+    img.paste(strip, (x, max(0, ymid - strip.height // 2)))
+
+
+def _axes(draw: ImageDraw.ImageDraw, box: tuple[int, int, int, int], xt: tuple, yt: tuple) -> None:
+    """Grid lines, frame and tick labels; xt and yt are _nice_ticks results."""
+    left, top, right, bottom = box
+    lh = line_height()
+    for v in xt[2]:
+        px = left + (v - xt[0]) / (xt[1] - xt[0]) * (right - left)
+        draw.line([(px, top), (px, bottom)], fill=GRID)
+        s = _fmt(v, xt[2][1] - xt[2][0])
+        draw.text((px - _width(s) / 2, bottom + 4), _text(s), fill=INK, font=_font())
+    for v in yt[2]:
+        py = bottom - (v - yt[0]) / (yt[1] - yt[0]) * (bottom - top)
+        draw.line([(left, py), (right, py)], fill=GRID)
+        s = _fmt(v, yt[2][1] - yt[2][0])
+        draw.text((left - 5 - _width(s), py - lh / 2), _text(s), fill=INK, font=_font())
+    draw.rectangle(box, outline=INK)
+
+
+def line_chart(series: Series, title: str, xlabel: str, ylabel: str,
+               size: tuple[int, int] = (640, 400)) -> Image.Image:
+    """One line per series (NaN points skipped), with ticks, axis labels, a title and a legend."""
+    for name, (xs, ys) in series.items():
+        if len(xs) != len(ys):
+            raise ValueError(f"series {name!r} has {len(xs)} x values and {len(ys)} y values")
+    runs = {name: _finite(xs, ys) for name, (xs, ys) in series.items()}
+    pts = [p for rs in runs.values() for r in rs for p in r]
+    xt = _nice_ticks(min((p[0] for p in pts), default=0.0), max((p[0] for p in pts), default=1.0))
+    yt = _nice_ticks(min((p[1] for p in pts), default=0.0), max((p[1] for p in pts), default=1.0))
+    img = Image.new("RGB", size, BACKGROUND)
+    draw = ImageDraw.Draw(img)
+    w, h, lh = size[0], size[1], line_height()
+    draw.text(((w - _width(title)) / 2, 6), _text(title), fill=INK, font=_font())
+    ywidth = max(_width(_fmt(v, yt[2][1] - yt[2][0])) for v in yt[2])
+    left, right = int(8 + lh + 6 + ywidth + 6), w - 14
+    top = _legend(draw, list(series), left, right, 6 + lh + 4) + 6
+    bottom = h - (8 + lh + 4 + lh + 4)
+    box = (left, top, right, max(bottom, top + 1))
+    _axes(draw, box, xt, yt)
+    draw.text(((left + right - _width(xlabel)) / 2, h - 8 - lh), _text(xlabel), fill=INK, font=_font())
+    _ylabel(img, ylabel, 8, (top + bottom) // 2)
+
+    def at(p: tuple[float, float]) -> tuple[float, float]:
+        return (left + (p[0] - xt[0]) / (xt[1] - xt[0]) * (right - left),
+                box[3] - (p[1] - yt[0]) / (yt[1] - yt[0]) * (box[3] - top))
+
+    for i, rs in enumerate(runs.values()):
+        colour = PALETTE[i % len(PALETTE)]
+        for r in rs:
+            xy = [at(p) for p in r]
+            if len(xy) == 1:
+                draw.ellipse([xy[0][0] - 3, xy[0][1] - 3, xy[0][0] + 3, xy[0][1] + 3], fill=colour)
+            else:
+                draw.line(xy, fill=colour, width=2, joint="curve")
+    return img
+
+
+# --- panels and grids --------------------------------------------------------------------------
+
+def side_by_side(images: list[Image.Image]) -> Image.Image:
+    """The images left to right, top-aligned, on a white canvas as tall as the tallest."""
+    if not images:
+        raise ValueError("side_by_side needs at least one image")
+    out = Image.new("RGB", (sum(i.width for i in images), max(i.height for i in images)), BACKGROUND)
+    x = 0
+    for im in images:
+        out.paste(im.convert("RGB"), (x, 0))
+        x += im.width
+    return out
+
+
+def _wrap(caption: str, width: int) -> list[str]:
+    """Greedy word wrap to `width` pixels (long words broken), at most CAPTION_LINES lines."""
+    lines: list[str] = []
+    for word in caption.split():
+        cur = f"{lines[-1]} {word}" if lines else word
+        if lines and _width(cur) <= width:
+            lines[-1] = cur
+            continue
+        while _width(word) > width and len(word) > 1:
+            cut = 1
+            while _width(word[:cut + 1]) <= width:
+                cut += 1
+            lines.append(word[:cut])
+            word = word[cut:]
+        lines.append(word)
+    if len(lines) > CAPTION_LINES:
+        last = lines[CAPTION_LINES - 1]
+        while last and _width(last + "...") > width:
+            last = last[:-1]
+        lines = lines[:CAPTION_LINES - 1] + [last + "..."]
+    return lines
+
+
+def _to_uint8(images: Tensor) -> Tensor:
+    """[B, H, W, 3] uint8 from [B, 3 or 1, H, W] float in [0, 1] or uint8."""
+    x = images.detach().cpu()
+    if x.ndim != 4 or x.shape[1] not in (1, 3):
+        raise ValueError(f"image_grid expects images [B, 3, H, W]; got {tuple(x.shape)}")
+    if x.dtype != torch.uint8:
+        x = (torch.nan_to_num(x.float(), nan=0.0).clamp(0, 1) * 255).round().to(torch.uint8)
+    return x.expand(-1, 3, -1, -1).permute(0, 2, 3, 1).contiguous()
+
+
+def image_grid(images: Tensor, captions: list[str], ncol: int | None = None, scale: int = 4) -> Image.Image:
+    """A captioned grid: every image upscaled by `scale` (nearest), ncol default ceil(sqrt(B))."""
+    pix = _to_uint8(images)
+    b, h, w = pix.shape[0], pix.shape[1] * scale, pix.shape[2] * scale
+    if b == 0 or len(captions) != b:
+        raise ValueError(f"image_grid needs one caption per image; got {b} images, {len(captions)} captions")
+    if scale < 1 or (ncol is not None and ncol < 1):
+        raise ValueError("image_grid needs scale >= 1 and ncol >= 1")
+    ncol = min(ncol or math.ceil(math.sqrt(b)), b)
+    nrow = math.ceil(b / ncol)
+    cw, ch = w + 2 * PAD, h + 2 * PAD + caption_height()
+    out = Image.new("RGB", (ncol * cw, nrow * ch), BACKGROUND)
+    draw = ImageDraw.Draw(out)
+    for k in range(b):
+        x, y = (k % ncol) * cw, (k // ncol) * ch
+        im = Image.fromarray(pix[k].numpy(), "RGB").resize((w, h), Image.Resampling.NEAREST)
+        out.paste(im, (x + PAD, y + PAD))
+        for j, line in enumerate(_wrap(captions[k], w)):
+            draw.text((x + PAD, y + 2 * PAD + h + j * line_height()), _text(line), fill=INK, font=_font())
+    return out
+
+
+def save_png(image: Image.Image, path: str | Path) -> None:
+    """Write a PNG atomically: a temporary file in the same folder, then os.replace."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    atomic_write(path, buf.getvalue())
