@@ -52,6 +52,23 @@ def test_dense_branch_inspect_json(branch_dir):
     assert all(n["advantage"] is not None and n["log_prob"] is not None for n in nodes[1:])
 
 
+def test_inspect_ids_are_dense_per_tree(branch_dir):
+    data = json.loads(run("inspect", branch_dir, "--json").stdout)
+    for tree in data["trees"]:
+        ids = [n["id"] for n in tree["nodes"]]
+        assert ids == list(range(219))
+        assert all(n["parent"] is None or n["parent"] < n["id"] for n in tree["nodes"])
+
+
+def test_overwrite_removes_old_shards(tmp_path):
+    out = tmp_path / "t"
+    args = ("rollout", "--preset", "flow-grpo", "--set", "tree.trees_per_prompt=2", "--out", out)
+    assert run(*args, "-n", 3, "--prompts-per-shard", 1).exit_code == 0
+    assert len(list(out.glob("trees-*.safetensors"))) == 3
+    assert run(*args, "-n", 1, "--overwrite").exit_code == 0
+    assert [p.name for p in out.glob("*.safetensors")] == ["trees-00000.safetensors"]
+
+
 def test_inspect_table(branch_dir):
     r = run("inspect", branch_dir)
     assert r.exit_code == 0 and "203.0 per tree" in r.stdout and "jpeg-compressibility" in r.stdout

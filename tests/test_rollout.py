@@ -139,3 +139,21 @@ def test_rollout_on_pixel_policy_has_expected_shapes(tiny_policy):
     assert tree.latent.shape == (1 + 1 + 3 + 3 + 3, 3, 8, 8)
     assert nfe == 1 + 1 + 3 + 3
     assert tree.tree_prompt.tolist() == [5]
+
+
+def test_shared_root_noise_still_gives_distinct_trees(tiny_policy):
+    """init_same_noise shares the root latent only; everything below differs per tree."""
+    tree, _ = _roll(tiny_policy, "flow-grpo", sets=["tree.trees_per_prompt=3", "tree.init_same_noise=true"],
+                    prompts=PROMPTS[:1])
+    roots = tree.latent[tree.parent < 0]
+    assert torch.equal(roots[0], roots[1])
+    leaves = tree.image_latent
+    assert not torch.equal(leaves[0], leaves[1]) and not torch.equal(leaves[1], leaves[2])
+    assert len(set(tree.seed.tolist())) == tree.num_nodes
+
+
+def test_repeated_prompt_gets_new_trees(tiny_policy):
+    tree, _ = _roll(tiny_policy, "branch", ids=[0, 0], sets=["tree.init_same_noise=false"])
+    a, b = tree.latent[tree.tree == 0], tree.latent[tree.tree == 1]
+    assert not torch.equal(a, b)
+    assert tree.tree_prompt.tolist() == [0, 0]

@@ -38,22 +38,22 @@ def _tree_rows(s, reward, adv, with_nodes: bool) -> list[dict[str, Any]]:
     rows = []
     for b in range(t.num_trees):
         ids = torch.nonzero(t.tree == b).flatten().tolist()
-        first = ids[0]
+        local = {n: i for i, n in enumerate(ids)}  # shard node id -> tree-local id (root 0, breadth-first)
         entry: dict[str, Any] = {"tree": s.tree_offset + b, "prompt": s.prompts[int(t.tree_prompt[b])],
                                  "num_nodes": len(ids)}
         if with_nodes:
-            entry["nodes"] = [_node(t, n, first, reward, adv) for n in ids]
+            entry["nodes"] = [_node(t, n, local, reward, adv) for n in ids]
         rows.append(entry)
     return rows
 
 
-def _node(t, n: int, first: int, reward, adv) -> dict[str, Any]:
-    """One node; ids are local to the tree (root 0, breadth-first)."""
+def _node(t, n: int, local: dict[int, int], reward, adv) -> dict[str, Any]:
+    """One node; ids are local to the tree (root 0, breadth-first, dense)."""
     p = int(t.parent[n])
     has_adv = adv is not None and bool(adv["valid"][n])
     return {
-        "id": n - first,
-        "parent": None if p < 0 else p - first,
+        "id": local[n],
+        "parent": None if p < 0 else local[p],
         "depth": int(t.depth[n]),
         "sigma": round(float(t.sigma[n]), 6),
         "sde": bool(t.sde[n]),

@@ -62,9 +62,8 @@ def run_rollout(req: RolloutRequest, progress: Progress = _noop) -> dict[str, An
     ids = take(req.prompts, req.num_prompts)
     meta = {"command": req.command, "config": cfg.to_dict(), "model": policy.describe(),
             "seed": cfg.seed, "num_prompts": len(ids), "trees_per_prompt": cfg.tree.trees_per_prompt,
-            "evals_per_tree": cfg.tree.model_evals(cfg.sampler.steps), "complete": False}
+            "evals_per_tree": cfg.tree.model_evals(cfg.sampler.steps) * policy.evals_per_row, "complete": False}
     store = ShardStore.create(req.out, KIND, meta, overwrite=req.overwrite)
-    store.remove("trees"), store.remove("rewards"), store.remove("advantages")
     nfe, offset, chunks = 0, 0, range(0, len(ids), req.prompts_per_shard)
     for k, a in enumerate(chunks):
         chunk = ids[a:a + req.prompts_per_shard]

@@ -134,15 +134,19 @@ class _Level:
 
 
 def _roots(cfg: TreeConfig, prompt_ids: list[int], seed: int, shape: tuple[int, ...]) -> _Level:
-    lvl = _Level()
+    """One root per tree. Its seed (which all its descendants' seeds derive from) is unique per
+    (prompt id, tree); with init_same_noise only the root *latent* is shared by every tree."""
+    lvl, seen = _Level(), {}
+    shared = node_noise(mix_seed(seed, SHARED, 0), shape) if cfg.init_same_noise else None
     for p, pid in enumerate(prompt_ids):
+        rep = seen[pid] = seen.get(pid, -1) + 1        # a prompt listed twice gets further trees
         for j in range(cfg.trees_per_prompt):
-            s = mix_seed(seed, SHARED, 0) if cfg.init_same_noise else mix_seed(seed, pid, j)
+            s = mix_seed(seed, pid, rep * cfg.trees_per_prompt + j)
             lvl.parent.append(-1)
             lvl.tree.append(p * cfg.trees_per_prompt + j)
             lvl.child.append(0)
             lvl.seed.append(s)
-            lvl.latent.append(node_noise(s, shape))
+            lvl.latent.append(shared.clone() if shared is not None else node_noise(s, shape))
             lvl.log_prob.append(torch.tensor(float("nan")))
     return lvl
 

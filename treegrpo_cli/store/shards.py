@@ -74,6 +74,9 @@ class ShardStore:
             raise TreegrpoError(f"{root} already holds a treegrpo {INDEX}; choose another --out or pass --overwrite")
         if root.exists() and not root.is_dir():
             raise TreegrpoError(f"{root} exists and is not a folder")
+        if (root / INDEX).exists():  # overwrite: delete the old folder's shards, not just forget them
+            for entry in cls.open(root).index["shards"].values():
+                (root / entry["file"]).unlink(missing_ok=True)
         root.mkdir(parents=True, exist_ok=True)
         store = cls(root, {"format": FORMAT, "version": VERSION, "kind": kind, "meta": meta, "shards": {}})
         store._write_index()
