@@ -31,11 +31,16 @@ RUN_JSON = "run.json"
 METRICS = "metrics.jsonl"
 
 
-def create(run: Path, cfg: Config, command: str) -> None:
+def check_new(run: Path) -> None:
+    """A new run may not reuse a folder that holds another run (or is a file)."""
     if (run / RUN_JSON).exists() or (run / METRICS).exists():
         raise TreegrpoError(f"{run} already holds a run; pass --resume {run} to continue it, or choose another --run-dir")
     if run.exists() and not run.is_dir():
         raise TreegrpoError(f"{run} exists and is not a folder")
+
+
+def create(run: Path, cfg: Config, command: str) -> None:
+    check_new(run)
     run.mkdir(parents=True, exist_ok=True)
     info = {"format": FORMAT, "version": VERSION, "command": command, "created": time.time(), "config": cfg.to_dict()}
     atomic_write(run / RUN_JSON, (json.dumps(info, indent=1) + "\n").encode())

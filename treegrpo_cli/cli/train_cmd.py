@@ -88,6 +88,7 @@ def _online(preset, config, sets, prompts, run_dir, resume, device) -> dict:
     else:
         cfg = load_config(preset, config, sets)
         run = run_dir or Path("runs") / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        rundir.check_new(run)
     train_prompts = load_prompts(prompts)
     req = TrainRequest(cfg, train_prompts, train_prompts, run, resume is not None, device, command_line())
     err.print(f"run folder: {run}")

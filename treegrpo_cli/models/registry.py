@@ -12,7 +12,9 @@ from .pixel import PixelConfig, PixelPolicy
 
 MODELS = {
     "pixel": "a small pixel-space flow network with seeded random weights (engine tests and benchmarks)",
+    "pixel-tiny": "the same network at 8x8 pixels and 8 channels (smoke tests)",
 }
+_PIXEL = {"pixel": PixelConfig(), "pixel-tiny": PixelConfig(image_size=8, width=8, blocks=1, text_dim=16)}
 
 
 # Settings a model needs on top of a method preset (the presets hold the papers' values, sized for
@@ -20,7 +22,8 @@ MODELS = {
 MODEL_DEFAULTS: dict[str, dict[str, object]] = {
     # a 56k-parameter network from random weights: a larger step size and small batches so that a
     # CPU run shows learning in minutes
-    "pixel": {"train.lr": 3e-4, "train.clip_range": 1e-2, "rollout.num_prompts": 2, "train.iterations": 40},
+    "pixel": {"train.lr": 1e-3, "train.clip_range": 1e-2, "rollout.num_prompts": 2, "train.iterations": 300},
+    "pixel-tiny": {"train.lr": 3e-4, "train.clip_range": 1e-2, "rollout.num_prompts": 2, "train.iterations": 2},
 }
 
 
@@ -29,8 +32,8 @@ def model_defaults(name: str) -> dict[str, object]:
 
 
 def load_policy(name: str, device: str | torch.device = "cpu") -> Policy:
-    if name == "pixel":
-        policy = PixelPolicy(PixelConfig(), name="pixel")
+    if name in _PIXEL:
+        policy = PixelPolicy(_PIXEL[name], name=name)
         policy.net.to(device)
         return policy
     close = difflib.get_close_matches(name, MODELS, n=1)

@@ -82,3 +82,4 @@ def score_leaves(rewards: dict[str, Reward], images: Tensor, prompts: list[str],
 
 def _load_builtins() -> None:
     from . import jpeg  # noqa: F401  (registers on import)
+    from . import shapes  # noqa: F401

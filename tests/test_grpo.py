@@ -1,0 +1,92 @@
+import pytest
+import torch
+
+from treegrpo_cli.config import load_config
+from treegrpo_cli.engine.credit import assign_credit
+from treegrpo_cli.engine.grpo import Batch, TrainConfig, clipped_loss, grpo_update, make_optimizer
+from treegrpo_cli.engine.rollout import rollout
+from treegrpo_cli.engine.sde import FlowSDE
+from treegrpo_cli.models.registry import load_policy
+from treegrpo_cli.rewards.base import get_reward, score_leaves
+
+PROMPTS = ["a red circle", "two blue squares"]
+
+
+def scored_batch(preset, sets=(), prompts=PROMPTS, seed=3):
+    cfg = load_config(preset, sets=["model=\"pixel-tiny\"", *sets])
+    policy = load_policy(cfg.model)
+    sde = FlowSDE(cfg.sampler)
+    tree, nfe = rollout(policy, prompts, list(range(len(prompts))), sde, cfg.tree, seed)
+    leaves = tree.leaves()
+    images = policy.decode(tree.image_latent)
+    r = score_leaves({"jpeg": get_reward("jpeg-incompressibility")}, images, [prompts[int(p)] for p in tree.tree_prompt[tree.tree[leaves]]])["jpeg"]
+    full = torch.full((tree.num_nodes,), float("nan")).index_put_((leaves,), r)
+    adv, trained = assign_credit(tree.parent, tree.depth, tree.tree, tree.group(), tree.sde, tree.log_prob,
+                                 {"jpeg": full}, {"jpeg": 1.0}, "rewards", cfg.advantage, cfg.pruning,
+                                 cfg.sampler.steps, cfg.sampler.decode)
+    cond = policy.encode([prompts[int(p)] for p in tree.tree_prompt])
+    return cfg, policy, sde, Batch(tree, trained, adv.edge, cond), nfe
+
+
+def test_clipped_loss_golden():
+    new, old = torch.log(torch.tensor([1.5, 0.5, 1.0005])), torch.zeros(3)
+    adv = torch.tensor([1.0, -1.0, 2.0])
+    loss, ratio = clipped_loss(new, old, adv, 1e-3)
+    # A>0, rho 1.5 -> clipped at 1.001; A<0, rho 0.5 -> clipped at 0.999; inside the range -> -A*rho
+    assert loss.tolist() == pytest.approx([-1.001, 0.999, -2.001], abs=1e-5)
+    assert ratio.tolist() == pytest.approx([1.5, 0.5, 1.0005], abs=1e-6)
+
+
+@pytest.mark.parametrize("preset", ["branch", "tree-grpo", "dance-grpo", "mix-grpo"])
+def test_ratio_is_one_before_the_first_update(preset):
+    cfg, policy, sde, batch, _ = scored_batch(preset)
+    opt = make_optimizer(list(policy.trainable_parameters()), cfg.train)
+    m = grpo_update(policy, opt, sde, batch, cfg.train, torch.Generator().manual_seed(0), max_batch=7)
+    assert m["edges"] > 0
+    assert abs(m["ratio_min"] - 1) < 1e-5 and abs(m["ratio_max"] - 1) < 1e-5
+
+
+def test_training_evaluations_match_the_tree_shape():
+    cfg, policy, sde, batch, nfe = scored_batch("branch", prompts=PROMPTS[:1])
+    opt = make_optimizer(list(policy.trainable_parameters()), cfg.train)
+    m = grpo_update(policy, opt, sde, batch, cfg.train, torch.Generator().manual_seed(0))
+    assert nfe == 203
+    assert m["train_evals"] == 203 - 16  # every parent except the last step's (x0 decode: not trained)
+    assert m["edges"] == 218 - 16        # every edge except the last step's
+    _, policy, sde, pruned, _ = scored_batch("branch-widpru", prompts=PROMPTS[:1])
+    m2 = grpo_update(policy, make_optimizer(list(policy.trainable_parameters()), cfg.train), sde, pruned,
+                     cfg.train, torch.Generator().manual_seed(0))
+    # Parent-Top1 keeps 8 of the 16 chains below the last split (steps 10..18 -> 9 parents each)
+    assert m2["train_evals"] == 187 - 8 * 9  # the 8 dropped chains own no trained edge at depths 10..18
+    _, policy, sde, deep, _ = scored_batch("branch-deppru", prompts=PROMPTS[:1])
+    m3 = grpo_update(policy, make_optimizer(list(policy.trainable_parameters()), cfg.train), sde, deep,
+                     cfg.train, torch.Generator().manual_seed(0))
+    assert m3["edges"] == 202 - 4 * 16  # depths 15..18 left out
+
+
+def test_update_moves_log_probs_toward_the_advantage():
+    cfg, policy, sde, batch, _ = scored_batch("branch", sets=["train.lr=1e-3"])
+    tcfg = cfg.train
+    opt = make_optimizer(list(policy.trainable_parameters()), tcfg)
+    gen = torch.Generator().manual_seed(0)
+    before = grpo_update(policy, opt, sde, batch, tcfg, gen)
+    after = grpo_update(policy, opt, sde, batch, tcfg, gen)  # ratios now measure the first step
+    assert after["loss"] < before["loss"]
+    assert after["ratio_max"] > 1 + 1e-7
+
+
+def test_minibatches_and_per_transition_modes():
+    cfg, policy, sde, batch, _ = scored_batch("tree-grpo", prompts=PROMPTS[:1])
+    for tc in (TrainConfig(minibatches=3), TrainConfig(loss_norm="per-transition", accum_edges=10)):
+        opt = make_optimizer(list(policy.trainable_parameters()), tc)
+        m = grpo_update(policy, opt, sde, batch, tc, torch.Generator().manual_seed(1))
+        assert m["edges"] == 3 + 9 + 27
+    assert m["optimizer_steps"] == 4  # 39 edges in steps of 10
+
+
+def test_kl_to_reference_starts_at_zero():
+    cfg, policy, sde, batch, _ = scored_batch("branch")
+    tc = TrainConfig(kl_beta=0.04)
+    m = grpo_update(policy, make_optimizer(list(policy.trainable_parameters()), tc), sde, batch, tc,
+                    torch.Generator().manual_seed(0), ref=policy.reference())
+    assert m["kl_ref"] == pytest.approx(0.0, abs=1e-10)

@@ -1,0 +1,102 @@
+"""The `shapes` reward: high on the world's own renders, low on other prompts, noise and blanks, partial credit."""
+
+import random
+import time
+
+import torch
+
+from treegrpo_cli.rewards.base import get_reward
+from treegrpo_cli.world.shapes import Obj, all_prompts, render, render_prompts
+
+PROMPTS = all_prompts()
+reward = get_reward("shapes")
+
+
+def _sample(n: int, seed: int) -> list[str]:
+    return random.Random(seed).sample(PROMPTS, n)
+
+
+def score(scene: list[Obj], prompt: str) -> float:
+    return float(reward(render(scene)[None], [prompt])[0])
+
+
+def test_registered_and_shaped():
+    assert reward.name == "shapes"
+    out = reward(render_prompts(PROMPTS[:4], 0), PROMPTS[:4])
+    assert out.shape == (4,) and out.dtype == torch.float32
+
+
+def test_own_renders_score_high():
+    prompts = _sample(200, 0)
+    s = reward(render_prompts(prompts, 1), prompts)
+    assert s.mean() >= 0.95 and s.min() >= 0.9
+
+
+def test_renders_of_other_prompts_score_low():
+    prompts = _sample(200, 0)
+    rng = random.Random(1)
+    others = [rng.choice([q for q in PROMPTS if q != p]) for p in prompts]
+    assert reward(render_prompts(others, 2), prompts).mean() <= 0.3
+
+
+def test_blank_and_noise_images_score_near_zero():
+    prompts = _sample(64, 3)
+    gen = torch.Generator().manual_seed(0)
+    for fill in (0.0, 1.0, 0.5, 215 / 255):
+        assert reward(torch.full((64, 3, 32, 32), fill), prompts).max() == 0
+    assert reward(torch.rand(64, 3, 32, 32, generator=gen), prompts).mean() < 0.05
+    red = torch.tensor([220, 40, 40]) / 255.0                 # a whole image of one colour is no shape
+    assert reward(red[None, :, None, None].expand(2, 3, 32, 32), ["a red square"] * 2).max() == 0
+
+
+def test_mildly_noisy_renders_still_score_high():
+    prompts = _sample(200, 4)
+    x = render_prompts(prompts, 5)
+    noisy = (x + 0.05 * torch.randn(x.shape, generator=torch.Generator().manual_seed(0))).clamp(0, 1)
+    assert reward(noisy, prompts).mean() >= 0.9
+
+
+def test_partial_credit_orders_the_attributes():
+    one, two = Obj("circle", "red", "small", 8, 8), Obj("circle", "red", "small", 22, 8)
+    assert score([one, two], "two red circles") == 1.0
+    wrong_count = score([one], "two red circles")
+    too_many = score([one, two], "a red circle")
+    wrong_kind = score([Obj("square", "red", "small", 8, 8)], "a red circle")
+    wrong_colour = score([Obj("circle", "blue", "small", 8, 8)], "a red circle")
+    assert 0.3 < wrong_count < 1.0 and 0.3 < too_many < 1.0
+    assert wrong_kind < 0.2 and wrong_colour < 0.05
+    extra = score([one, Obj("triangle", "blue", "big", 22, 22)], "a red circle")
+    assert 0.5 < extra < 1.0
+    big = Obj("circle", "red", "big", 12, 12)
+    assert score([big], "a big red circle") == 1.0 > score([one], "a big red circle") > wrong_kind
+
+
+def test_flipped_relation_loses_the_relation_credit():
+    a, b = Obj("triangle", "green", "small", 8, 16), Obj("circle", "yellow", "big", 22, 16)
+    assert score([a, b], "a green triangle left of a yellow circle") == 1.0
+    flipped = score([a, b], "a green triangle right of a yellow circle")
+    assert 0.5 < flipped < 0.75
+    assert score([a, b], "a yellow circle right of a green triangle") == 1.0
+    assert score([a, b], "a green triangle above a yellow circle") == flipped   # sideways is not above
+    assert score([a], "a green triangle left of a yellow circle") < 0.4         # missing object: no relation
+
+
+def test_unparseable_prompts_score_zero():
+    x = render_prompts(["a red circle"] * 3, 0)
+    assert reward(x, ["a red cat", "", "a red circle"]).tolist() == [0.0, 0.0, 1.0]
+
+
+def test_uint8_and_larger_images():
+    prompts = _sample(16, 6)
+    x = render_prompts(prompts, 7, size=64)
+    assert reward(x, prompts).min() == 1.0
+    assert reward((x * 255).round().to(torch.uint8), prompts).min() == 1.0
+
+
+def test_speed_256_images():
+    prompts = _sample(256, 8)
+    x = render_prompts(prompts, 9)
+    reward(x[:8], prompts[:8])
+    t = time.perf_counter()
+    reward(x, prompts)
+    assert time.perf_counter() - t < 3.0

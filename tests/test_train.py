@@ -1,0 +1,127 @@
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from treegrpo_cli.cli.app import app
+from treegrpo_cli.config import preset_names
+from treegrpo_cli.rundir import read_metrics
+from treegrpo_cli.store.checkpoint import list_checkpoints, load_checkpoint
+
+runner = CliRunner()
+TINY = ["--set", 'model="pixel-tiny"']
+TIMINGS = ("seconds", "wall")
+
+
+def run(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def comparable(rows):
+    return [{k: v for k, v in r.items() if k not in TIMINGS} for r in rows]
+
+
+@pytest.mark.parametrize("preset", preset_names())
+def test_every_preset_trains_two_iterations(tmp_path, preset):
+    r = run("train", "--preset", preset, *TINY, "--iterations", 2, "--run-dir", tmp_path / "run", "--json")
+    assert r.exit_code == 0, r.output
+    rows = read_metrics(tmp_path / "run")
+    assert [row["iteration"] for row in rows] == [0, 1]
+    assert all(row["edges"] > 0 and row["train_evals"] > 0 for row in rows)
+    assert abs(rows[0]["ratio_min"] - 1) < 1e-5 and abs(rows[0]["ratio_max"] - 1) < 1e-5
+    assert [p.name for p in list_checkpoints(tmp_path / "run" / "checkpoints")] == ["step-2"]
+    assert (tmp_path / "run" / "reward.png").is_file()
+    summary = json.loads(r.stdout)
+    assert summary["iterations"] == 2
+
+
+def test_metrics_count_model_evaluations(tmp_path):
+    assert run("train", "--preset", "branch", *TINY, "--iterations", 1, "--run-dir", tmp_path / "r").exit_code == 0
+    row = read_metrics(tmp_path / "r")[0]
+    assert row["rollout_evals_per_leaf"] == pytest.approx(203 / 16)
+    assert row["train_evals_per_leaf"] == pytest.approx(187 / 16)
+    for key in ("reward_mean", "reward_std", "adv_mean", "adv_std", "ratio_mean", "clip_frac", "approx_kl",
+                "grad_norm", "lr", "rewards/jpeg-compressibility/mean"):
+        assert key in row
+
+
+def test_same_seed_same_curve(tmp_path):
+    for d in ("a", "b"):
+        assert run("train", "--preset", "tree-grpo", *TINY, "--iterations", 3, "--seed", 4,
+                   "--run-dir", tmp_path / d).exit_code == 0
+    assert comparable(read_metrics(tmp_path / "a")) == comparable(read_metrics(tmp_path / "b"))
+
+
+def _train_proc(run_dir: Path, *extra: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "treegrpo_cli", "train", "--preset", "tree-grpo", *TINY, "--iterations", "30",
+           "--seed", "11", "--set", "train.save_every=4", "--run-dir", str(run_dir), *extra]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def _wait_rows(run_dir: Path, n: int, proc: subprocess.Popen, timeout: float = 120) -> None:
+    t0 = time.time()
+    while len(read_metrics(run_dir)) < n:
+        assert proc.poll() is None, proc.stderr.read().decode()
+        assert time.time() - t0 < timeout
+        time.sleep(0.05)
+
+
+def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path):
+    ref = _train_proc(tmp_path / "ref")
+    assert ref.wait(timeout=300) == 0, ref.stderr.read().decode()
+    p = _train_proc(tmp_path / "killed")
+    _wait_rows(tmp_path / "killed", 10, p)  # then kill at once: inside iteration 10 or a little later
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    assert len(read_metrics(tmp_path / "killed")) < 30
+    q = subprocess.run([sys.executable, "-m", "treegrpo_cli", "train", "--resume", str(tmp_path / "killed")],
+                       env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, timeout=300)
+    assert q.returncode == 0, q.stderr.decode()
+    assert comparable(read_metrics(tmp_path / "killed")) == comparable(read_metrics(tmp_path / "ref"))
+
+
+def test_sigterm_checkpoints_and_resumes(tmp_path):
+    p = _train_proc(tmp_path / "run")
+    _wait_rows(tmp_path / "run", 1, p)
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=120) == 0
+    done = read_metrics(tmp_path / "run")
+    ck = list_checkpoints(tmp_path / "run" / "checkpoints")
+    assert ck and load_checkpoint(ck[-1]).step == len(done) < 30
+    assert not [x for x in (tmp_path / "run" / "checkpoints").iterdir() if x.name.startswith(".")]
+
+
+def test_staged_update_from_trees(tmp_path):
+    trees = tmp_path / "trees"
+    assert run("rollout", "--preset", "branch", *TINY, "-n", 2, "--out", trees).exit_code == 0
+    r = run("train", "--trees", trees, "--run-dir", tmp_path / "run")
+    assert "score" in r.stderr and r.exit_code != 0
+    assert run("score", trees).exit_code == 0
+    r = run("train", "--trees", trees, "--run-dir", tmp_path / "run", "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert abs(out["ratio_min"] - 1) < 1e-5 and out["train_evals"] == 2 * 187
+    assert load_checkpoint(Path(out["checkpoint"])).step == 1
+
+
+def one_line(r, needle):
+    assert r.exit_code != 0 and len(r.stderr.strip().splitlines()) == 1 and needle in r.stderr, r.output
+
+
+def test_bad_train_inputs(tmp_path):
+    one_line(run("train", "--preset", "nope", "--run-dir", tmp_path / "a"), "unknown preset")
+    one_line(run("train", "--set", "train.lr", "--run-dir", tmp_path / "b"), "key=value")
+    one_line(run("train", "--set", "train.lrr=1", "--run-dir", tmp_path / "b"), "train.lr")
+    one_line(run("train", *TINY, "--prompts", tmp_path / "none.txt", "--run-dir", tmp_path / "c"), "not found")
+    trees = tmp_path / "trees"
+    assert run("rollout", "--preset", "branch", *TINY, "-n", 1, "--out", trees).exit_code == 0
+    one_line(run("train", "--resume", trees), "not a treegrpo run")
+    assert run("train", *TINY, "--iterations", 1, "--run-dir", tmp_path / "d").exit_code == 0
+    one_line(run("train", *TINY, "--iterations", 1, "--run-dir", tmp_path / "d"), "--resume")

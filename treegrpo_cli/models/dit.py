@@ -1,0 +1,162 @@
+"""A tiny text-conditioned diffusion transformer (DiT) for the embedded shapes world.
+
+Pixel space, 32x32x3 images in [-1, 1], 4x4 patches -> 64 image tokens. The prompt's words (a
+closed vocabulary from the shapes grammar) are embedded and prepended to the image tokens, so
+every block attends jointly over text and image (in-context conditioning); the noise level enters
+through adaLN-zero modulation. About 1.2M parameters with the default sizes.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .base import Conditions
+from .pixel import sigma_embedding
+
+VOCAB = ("<pad>", "<unk>", "a", "one", "two", "three", "small", "big", "red", "green", "blue", "yellow",
+         "purple", "orange", "circle", "circles", "square", "squares", "triangle", "triangles", "left",
+         "right", "of", "above", "below", "an")
+
+
+@dataclass(frozen=True)
+class DiTConfig:
+    image_size: int = 32
+    channels: int = 3
+    patch: int = 4
+    dim: int = 128
+    depth: int = 5
+    heads: int = 4
+    mlp_ratio: float = 2.5
+    max_words: int = 12
+    vocab: tuple[str, ...] = field(default=VOCAB)
+
+
+def tokenize(prompts: list[str], vocab: tuple[str, ...], max_words: int) -> tuple[Tensor, Tensor]:
+    """-> ids [P, W] int64 (0 = pad, 1 = unknown word), mask [P, W] bool."""
+    index = {w: i for i, w in enumerate(vocab)}
+    ids = torch.zeros(len(prompts), max_words, dtype=torch.long)
+    for p, text in enumerate(prompts):
+        for w, word in enumerate(re.findall(r"[a-z]+", text.lower())[:max_words]):
+            ids[p, w] = index.get(word, 1)
+    return ids, ids > 0
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block with adaLN-zero: shift, scale and gate from the condition."""
+
+    def __init__(self, dim: int, heads: int, mlp_ratio: float):
+        super().__init__()
+        self.heads = heads
+        self.norm1 = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.norm2 = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
+        hidden = int(dim * mlp_ratio)
+        self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
+        self.ada = nn.Linear(dim, 6 * dim)
+        nn.init.zeros_(self.ada.weight)
+        nn.init.zeros_(self.ada.bias)
+
+    def forward(self, h: Tensor, c: Tensor, key_mask: Tensor) -> Tensor:
+        # h [B, S, D], c [B, D], key_mask [B, S] bool (True = attend)
+        B, S, D = h.shape
+        s1, b1, g1, s2, b2, g2 = self.ada(F.silu(c))[:, None].chunk(6, dim=-1)
+        x = self.norm1(h) * (1 + s1) + b1
+        q, k, v = self.qkv(x).view(B, S, 3, self.heads, D // self.heads).permute(2, 0, 3, 1, 4)
+        att = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask[:, None, None, :])
+        h = h + g1 * self.proj(att.transpose(1, 2).reshape(B, S, D))
+        x = self.norm2(h) * (1 + s2) + b2
+        return h + g2 * self.mlp(x)
+
+
+class TinyDiT(nn.Module):
+    def __init__(self, cfg: DiTConfig):
+        super().__init__()
+        _check_sizes(cfg)
+        self.cfg = cfg
+        D, p = cfg.dim, cfg.patch
+        n = (cfg.image_size // p) ** 2
+        self.patch_in = nn.Linear(cfg.channels * p * p, D)
+        self.pos = nn.Parameter(torch.randn(1, n, D) * 0.02)
+        self.words = nn.Embedding(len(cfg.vocab), D, padding_idx=0)
+        self.word_pos = nn.Parameter(torch.randn(1, cfg.max_words, D) * 0.02)
+        self.time = nn.Sequential(nn.Linear(D, D), nn.SiLU(), nn.Linear(D, D))
+        self.blocks = nn.ModuleList(Block(D, cfg.heads, cfg.mlp_ratio) for _ in range(cfg.depth))
+        self.norm_out = nn.LayerNorm(D, elementwise_affine=False, eps=1e-6)
+        self.ada_out = nn.Linear(D, 2 * D)
+        self.patch_out = nn.Linear(D, cfg.channels * p * p)
+        for layer in (self.ada_out, self.patch_out):
+            nn.init.zeros_(layer.weight)
+            nn.init.zeros_(layer.bias)
+
+    def forward(self, x: Tensor, sigma: Tensor, ids: Tensor, mask: Tensor) -> Tensor:
+        # x [B, C, H, W], sigma [B], ids/mask [B, W] -> v [B, C, H, W]
+        B, C, H, W = x.shape
+        p = self.cfg.patch
+        patches = x.unfold(2, p, p).unfold(3, p, p)                       # [B, C, H/p, W/p, p, p]
+        patches = patches.permute(0, 2, 3, 1, 4, 5).reshape(B, -1, C * p * p)
+        img = self.patch_in(patches) + self.pos                            # [B, N, D]
+        txt = self.words(ids) + self.word_pos[:, : ids.shape[1]]           # [B, W, D]
+        h = torch.cat([txt, img], dim=1)
+        key_mask = torch.cat([mask, torch.ones(B, img.shape[1], dtype=torch.bool, device=x.device)], dim=1)
+        c = self.time(sigma_embedding(sigma, self.cfg.dim))                # [B, D]
+        for block in self.blocks:
+            h = block(h, c, key_mask)
+        shift, scale = self.ada_out(F.silu(c))[:, None].chunk(2, dim=-1)
+        out = self.patch_out(self.norm_out(h[:, ids.shape[1]:]) * (1 + scale) + shift)  # [B, N, C*p*p]
+        g = H // p
+        out = out.view(B, g, g, C, p, p).permute(0, 3, 1, 4, 2, 5)
+        return out.reshape(B, C, H, W)
+
+
+class DiTPolicy:
+    """Policy adapter for TinyDiT: pixel latents in [-1, 1], closed-vocabulary word conditions."""
+
+    evals_per_row = 1
+
+    def __init__(self, cfg: DiTConfig, net: TinyDiT, name: str = "tiny-shapes", source: str = ""):
+        self.cfg, self.net, self.name, self.source = cfg, net, name, source
+        self.latent_shape = (cfg.channels, cfg.image_size, cfg.image_size)
+
+    def encode(self, prompts: list[str]) -> Conditions:
+        ids, mask = tokenize(prompts, self.cfg.vocab, self.cfg.max_words)
+        dev = next(self.net.parameters()).device
+        return {"ids": ids.to(dev), "mask": mask.to(dev)}
+
+    def velocity(self, x: Tensor, sigma: Tensor, cond: Conditions) -> Tensor:
+        return self.net(x, sigma, cond["ids"], cond["mask"])
+
+    def decode(self, latents: Tensor) -> Tensor:
+        return (latents.float().clamp(-1, 1) + 1) / 2
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return list(self.net.parameters())
+
+    def trainable_state(self) -> dict[str, Tensor]:
+        return {k: v.detach() for k, v in self.net.named_parameters()}
+
+    def load_trainable_state(self, state: dict[str, Tensor]) -> None:
+        self.net.load_state_dict(state, strict=True)
+
+    def reference(self) -> "DiTPolicy":
+        return DiTPolicy(self.cfg, copy.deepcopy(self.net).requires_grad_(False), f"{self.name}-reference", self.source)
+
+    def describe(self) -> dict:
+        cfg = asdict(self.cfg)
+        cfg["vocab"] = list(cfg["vocab"])
+        return {"name": self.name, "adapter": "dit", "source": self.source, "config": cfg}
+
+
+def num_params(net: nn.Module) -> int:
+    return sum(p.numel() for p in net.parameters())
+
+
+def _check_sizes(cfg: DiTConfig) -> None:
+    if cfg.image_size % cfg.patch or cfg.dim % cfg.heads:
+        raise ValueError(f"image_size must be a multiple of patch and dim of heads: {cfg}")
