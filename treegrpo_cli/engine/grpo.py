@@ -120,8 +120,8 @@ def grpo_update(policy: Policy, opt: torch.optim.Optimizer, sde: FlowSDE, b: Bat
                 after_step: UpdateHook | None = None) -> dict[str, float]:
     """One iteration's GRPO update; returns metrics (ratios before each step, grad norms, model evaluations)."""
     params = list(policy.trainable_parameters())
-    ratios, losses, norms, kls, evals = [], [], [], [], 0
-    for mb in _minibatches(b, cfg, gen):
+    ratios, losses, norms, kls, evals, first = [], [], [], [], 0, 0
+    for k, mb in enumerate(_minibatches(b, cfg, gen)):
         opt.zero_grad(set_to_none=True)
         denom = len(mb) if cfg.loss_norm == "mean" else cfg.accum_edges
         for chunk in _parent_chunks(b.tree.parent, mb, max_batch):
@@ -133,13 +133,14 @@ def grpo_update(policy: Policy, opt: torch.optim.Optimizer, sde: FlowSDE, b: Bat
                 kls.append(kl.detach().cpu())
             (loss_e.sum() / denom).backward()
             ratios.append(ratio.detach().cpu())
+            first += len(chunk) if k == 0 else 0
             losses.append(loss_e.detach().cpu())
             evals += n
         norms.append(float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)))
         opt.step()
         if after_step:
             after_step()
-    return _metrics(ratios, losses, norms, kls, evals, b, cfg)
+    return _metrics(ratios, losses, norms, kls, evals, first, cfg)
 
 
 def _parent_chunks(parent: Tensor, edges: Tensor, max_batch: int) -> list[Tensor]:
@@ -149,13 +150,14 @@ def _parent_chunks(parent: Tensor, edges: Tensor, max_batch: int) -> list[Tensor
     return [edges[torch.isin(owner, g)] for g in parents.split(max_batch)]
 
 
-def _metrics(ratios, losses, norms, kls, evals, b: Batch, cfg: TrainConfig) -> dict[str, float]:
+def _metrics(ratios, losses, norms, kls, evals, first: int, cfg: TrainConfig) -> dict[str, float]:
     if not ratios:
         return {"edges": 0, "train_evals": 0}
     r, lo = torch.cat(ratios), torch.cat(losses)
     logr = torch.log(r)
     out = {"edges": int(r.numel()), "loss": float(lo.mean()), "ratio_mean": float(r.mean()),
            "ratio_min": float(r.min()), "ratio_max": float(r.max()),
+           "ratio_first_dev": float((r[:first] - 1).abs().max()),  # before this iteration's first step: 0 on-policy
            "clip_frac": float(((r - 1).abs() > cfg.clip_range).float().mean()),
            "approx_kl": float(0.5 * (logr**2).mean()), "grad_norm": sum(norms) / len(norms),
            "optimizer_steps": len(norms), "train_evals": evals}

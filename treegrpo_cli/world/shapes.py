@@ -185,7 +185,7 @@ def sample_scene(prompt: Prompt | str, generator: torch.Generator | int | None =
 
 
 def _place(radii: list[int], relation: str | None, gen: torch.Generator,
-           tries: int = 256, rounds: int = 64) -> list[tuple[int, int]]:
+           tries: int = 256, rounds: int = 2048) -> list[tuple[int, int]]:
     """Centres for objects of these radii, boxes GAP apart; objects 0 REL 1 when relation is given."""
     grids = [torch.arange(r + MARGIN, WORLD - MARGIN - r, GRID) for r in radii]
     for _ in range(rounds):
