@@ -12,6 +12,8 @@ import torch
 from treegrpo_cli.engine.advantages import AdvantageConfig, Advantages, combine, estimate
 from treegrpo_cli.errors import ConfigError
 
+from treeshapes import dense_tree
+
 NAN = math.nan
 TOL = 1e-3
 
@@ -41,20 +43,6 @@ def one_hot_reward(leaf: int) -> torch.Tensor:
 
 
 # --- dense BranchGRPO trees ---------------------------------------------------------------------
-
-
-def dense_tree(steps=20, k=2, splits=(0, 3, 6, 9)):
-    """(parent, depth) of one breadth-first tree: k children at each split step, else one."""
-    parent, depth, frontier = [-1], [0], [0]
-    for d in range(steps):
-        nxt = []
-        for node in frontier:
-            for _ in range(k if d in splits else 1):
-                nxt.append(len(parent))
-                parent.append(node)
-                depth.append(d + 1)
-        frontier = nxt
-    return torch.tensor(parent), torch.tensor(depth)
 
 
 def batch(trees, groups, rewards, seed=0):

@@ -45,6 +45,8 @@ class RewardConfig:
 class RolloutConfig:
     num_prompts: int = 4      # prompts per rollout (per training iteration)
     max_batch: int = 64       # rows per model forward
+    prompts: str = "default"  # training prompts: a file, or a built-in list (default, shapes-train, shapes-test, shapes-pretrain)
+    eval_prompts: str = "default"  # prompts of the sample grids
 
 
 SECTIONS: dict[str, type] = {

@@ -7,12 +7,17 @@ from pathlib import Path
 
 from .errors import TreegrpoError
 
-DEFAULT_PROMPTS = Path(__file__).parent / "data" / "prompts.txt"
+DATA = Path(__file__).parent / "data"
+DEFAULT_PROMPTS = DATA / "prompts.txt"
+BUILTIN = {"default": DEFAULT_PROMPTS, "shapes-train": DATA / "shapes_train.txt",
+           "shapes-test": DATA / "shapes_test.txt", "shapes-pretrain": DATA / "shapes_pretrain.txt"}
 
 
-def load_prompts(path: Path | None = None) -> list[str]:
-    """The prompts of a file, or the embedded default prompts when path is None."""
-    path = Path(path) if path is not None else DEFAULT_PROMPTS
+def load_prompts(path: Path | str | None = None) -> list[str]:
+    """The prompts of a file or of a built-in list (see BUILTIN); the default list when None."""
+    if path is None or str(path) in BUILTIN:
+        path = BUILTIN[str(path or "default")]
+    path = Path(path)
     if not path.is_file():
         raise TreegrpoError(f"prompts file not found: {path}")
     try:

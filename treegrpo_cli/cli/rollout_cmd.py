@@ -16,7 +16,7 @@ def rollout(
     preset: Annotated[str, typer.Option(help="Method preset (see `treegrpo presets`).")] = "branch",
     config: Annotated[Optional[Path], typer.Option("--config", help="A TOML config file layered over the preset.")] = None,
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override one key, e.g. --set tree.branch=3 (repeatable).")] = None,
-    prompts: Annotated[Optional[Path], typer.Option(help="Prompts: .txt one per line or .jsonl with a 'prompt' field; default: the embedded prompts.")] = None,
+    prompts: Annotated[Optional[str], typer.Option(help="Prompts: .txt one per line, .jsonl with a 'prompt' field, or a built-in list (shapes-train, shapes-test, ...); default: the model's.")] = None,
     num_prompts: Annotated[int, typer.Option("--num-prompts", "-n", min=1, help="How many prompts to roll out (the file is cycled).")] = 4,
     seed: Annotated[Optional[int], typer.Option(help="Seed of every node's noise (default: the config's).")] = None,
     model: Annotated[Optional[str], typer.Option(help="Model name or path (default: the preset's).")] = None,
@@ -37,7 +37,7 @@ def rollout(
         sets += [f'model="{model}"'] if model else []
         sets += [f"rollout.max_batch={max_batch}"] if max_batch else []
         cfg = load_config(preset, config, sets)
-        req = RolloutRequest(cfg, load_prompts(prompts), out, num_prompts, prompts_per_shard,
+        req = RolloutRequest(cfg, load_prompts(prompts or cfg.rollout.prompts), out, num_prompts, prompts_per_shard,
                              save_images, overwrite, device, command_line())
         with progress_bar() as bar:
             summary = run_rollout(req, bar)

@@ -14,7 +14,7 @@ from .common import err, guarded, print_json, progress_bar
 
 def score(
     trees: Annotated[Path, typer.Argument(help="A tree folder written by `treegrpo rollout`.")],
-    reward: Annotated[str, typer.Option(help="Reward name(s), comma separated.")] = "jpeg-compressibility",
+    reward: Annotated[Optional[str], typer.Option(help="Reward name(s), comma separated (default: the rollout config's).")] = None,
     weights: Annotated[Optional[str], typer.Option(help="Weights of the rewards, comma separated (default 1 each).")] = None,
     combine: Annotated[Optional[str], typer.Option(help="'rewards' (weighted sum of scores) or 'advantages' (of per-reward advantages).")] = None,
     estimator: Annotated[Optional[str], typer.Option(help="flat | branch | treegrpo | treepo (default: the rollout preset's).")] = None,
@@ -31,7 +31,10 @@ def score(
         store = open_trees(trees)
         overrides = {"advantage.estimator": estimator} if estimator else {}
         cfg = config_from_dict(store.meta["config"], set_ or [], overrides)
-        req = ScoreRequest(trees, parse_rewards(reward, weights), combine or cfg.reward.combine,
+        names = reward or ",".join(cfg.reward.names)
+        if weights is None and reward is None and cfg.reward.weights:
+            weights = ",".join(str(w) for w in cfg.reward.weights)
+        req = ScoreRequest(trees, parse_rewards(names, weights), combine or cfg.reward.combine,
                            cfg.advantage, cfg.pruning, iteration, max_iterations)
         with progress_bar() as bar:
             summary = run_score(req, bar)

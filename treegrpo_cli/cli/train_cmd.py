@@ -56,7 +56,7 @@ def train(
     model: Annotated[Optional[str], typer.Option(help="Model name or path (default: the preset's).")] = None,
     reward: Annotated[Optional[str], typer.Option(help="Reward name(s), comma separated.")] = None,
     weights: Annotated[Optional[str], typer.Option(help="Reward weights, comma separated.")] = None,
-    prompts: Annotated[Optional[Path], typer.Option(help="Training prompts (.txt or .jsonl); default: the embedded prompts.")] = None,
+    prompts: Annotated[Optional[str], typer.Option(help="Training prompts: a .txt/.jsonl file or a built-in list (shapes-train, ...); default: the model's.")] = None,
     iterations: Annotated[Optional[int], typer.Option(min=1, help="Online iterations.")] = None,
     seed: Annotated[Optional[int], typer.Option(help="Run seed.")] = None,
     run_dir: Annotated[Optional[Path], typer.Option("--run-dir", help="Run folder (default runs/<preset>-<time>).")] = None,
@@ -89,8 +89,9 @@ def _online(preset, config, sets, prompts, run_dir, resume, device) -> dict:
         cfg = load_config(preset, config, sets)
         run = run_dir or Path("runs") / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
         rundir.check_new(run)
-    train_prompts = load_prompts(prompts)
-    req = TrainRequest(cfg, train_prompts, train_prompts, run, resume is not None, device, command_line())
+    train_prompts = load_prompts(prompts or cfg.rollout.prompts)
+    req = TrainRequest(cfg, train_prompts, load_prompts(cfg.rollout.eval_prompts), run, resume is not None, device,
+                       command_line())
     err.print(f"run folder: {run}")
     with graceful_stop() as flag, progress_bar() as bar:
         def on_row(row: dict) -> None:

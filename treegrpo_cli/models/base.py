@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
+import torch
 from torch import Tensor, nn
 
 Conditions = dict[str, Tensor]  # every tensor has the prompt batch as its first dim
@@ -47,3 +48,29 @@ class Policy(Protocol):
 def select(cond: Conditions, rows: Tensor) -> Conditions:
     """Pick condition rows, e.g. the prompt of every frontier node."""
     return {k: v[rows] for k, v in cond.items()}
+
+
+class PixelNetPolicy:
+    """Shared plumbing of the adapters whose latents are pixels in [-1, 1] and whose whole
+    network (self.net, taking x, sigma and the condition tensors) is trained."""
+
+    evals_per_row = 1
+    net: nn.Module
+
+    def velocity(self, x: Tensor, sigma: Tensor, cond: Conditions) -> Tensor:
+        return self.net(x, sigma, cond["ids"], cond["mask"])
+
+    def decode(self, latents: Tensor) -> Tensor:
+        return (latents.float().clamp(-1, 1) + 1) / 2
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return list(self.net.parameters())
+
+    def trainable_state(self) -> dict[str, Tensor]:
+        return {k: v.detach() for k, v in self.net.named_parameters()}
+
+    def load_trainable_state(self, state: dict[str, Tensor]) -> None:
+        self.net.load_state_dict(state, strict=True)
+
+    def _device(self) -> torch.device:
+        return next(self.net.parameters()).device

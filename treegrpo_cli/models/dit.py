@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .base import Conditions
+from .base import Conditions, PixelNetPolicy
 from .pixel import sigma_embedding
 
 VOCAB = ("<pad>", "<unk>", "a", "one", "two", "three", "small", "big", "red", "green", "blue", "yellow",
@@ -115,10 +115,8 @@ class TinyDiT(nn.Module):
         return out.reshape(B, C, H, W)
 
 
-class DiTPolicy:
+class DiTPolicy(PixelNetPolicy):
     """Policy adapter for TinyDiT: pixel latents in [-1, 1], closed-vocabulary word conditions."""
-
-    evals_per_row = 1
 
     def __init__(self, cfg: DiTConfig, net: TinyDiT, name: str = "tiny-shapes", source: str = ""):
         self.cfg, self.net, self.name, self.source = cfg, net, name, source
@@ -126,23 +124,7 @@ class DiTPolicy:
 
     def encode(self, prompts: list[str]) -> Conditions:
         ids, mask = tokenize(prompts, self.cfg.vocab, self.cfg.max_words)
-        dev = next(self.net.parameters()).device
-        return {"ids": ids.to(dev), "mask": mask.to(dev)}
-
-    def velocity(self, x: Tensor, sigma: Tensor, cond: Conditions) -> Tensor:
-        return self.net(x, sigma, cond["ids"], cond["mask"])
-
-    def decode(self, latents: Tensor) -> Tensor:
-        return (latents.float().clamp(-1, 1) + 1) / 2
-
-    def trainable_parameters(self) -> list[nn.Parameter]:
-        return list(self.net.parameters())
-
-    def trainable_state(self) -> dict[str, Tensor]:
-        return {k: v.detach() for k, v in self.net.named_parameters()}
-
-    def load_trainable_state(self, state: dict[str, Tensor]) -> None:
-        self.net.load_state_dict(state, strict=True)
+        return {"ids": ids.to(self._device()), "mask": mask.to(self._device())}
 
     def reference(self) -> "DiTPolicy":
         return DiTPolicy(self.cfg, copy.deepcopy(self.net).requires_grad_(False), f"{self.name}-reference", self.source)

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .base import Conditions
+from .base import Conditions, PixelNetPolicy
 
 
 @dataclass(frozen=True)
@@ -86,10 +86,8 @@ class PixelFlowNet(nn.Module):
         return self.conv_out(F.silu(h))
 
 
-class PixelPolicy:
+class PixelPolicy(PixelNetPolicy):
     """Policy adapter: pixel latents in [-1, 1], hashed-word conditions."""
-
-    evals_per_row = 1
 
     def __init__(self, cfg: PixelConfig = PixelConfig(), name: str = "pixel", net: PixelFlowNet | None = None):
         self.cfg, self.name = cfg, name
@@ -102,26 +100,10 @@ class PixelPolicy:
 
     def encode(self, prompts: list[str]) -> Conditions:
         ids, mask = tokenize(prompts, self.cfg.buckets, self.cfg.max_words)
-        dev = next(self.net.parameters()).device
-        return {"ids": ids.to(dev), "mask": mask.to(dev)}
-
-    def velocity(self, x: Tensor, sigma: Tensor, cond: Conditions) -> Tensor:
-        return self.net(x, sigma, cond["ids"], cond["mask"])
-
-    def decode(self, latents: Tensor) -> Tensor:
-        return ((latents.float().clamp(-1, 1) + 1) / 2)
-
-    def trainable_parameters(self) -> list[nn.Parameter]:
-        return list(self.net.parameters())
+        return {"ids": ids.to(self._device()), "mask": mask.to(self._device())}
 
     def describe(self) -> dict:
         return {"name": self.name, "adapter": "pixel", "config": asdict(self.cfg)}
-
-    def trainable_state(self) -> dict[str, Tensor]:
-        return {k: v.detach() for k, v in self.net.named_parameters()}
-
-    def load_trainable_state(self, state: dict[str, Tensor]) -> None:
-        self.net.load_state_dict(state, strict=True)
 
     def reference(self) -> "PixelPolicy":
         net = copy.deepcopy(self.net).requires_grad_(False)

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import difflib
+from pathlib import Path
 
 import torch
 
-from ..errors import ConfigError
+from ..errors import ConfigError, TreegrpoError
 from .base import Policy
 from .pixel import PixelConfig, PixelPolicy
 
+TINY_SHAPES = Path(__file__).resolve().parents[1] / "data" / "tiny-shapes.safetensors"
+
 MODELS = {
+    "tiny-shapes": "the embedded 1.3M-parameter DiT pretrained on the 32x32 shapes world (the default)",
     "pixel": "a small pixel-space flow network with seeded random weights (engine tests and benchmarks)",
     "pixel-tiny": "the same network at 8x8 pixels and 8 channels (smoke tests)",
 }
@@ -24,6 +28,9 @@ MODEL_DEFAULTS: dict[str, dict[str, object]] = {
     # CPU run shows learning in minutes
     "pixel": {"train.lr": 1e-3, "train.clip_range": 1e-2, "rollout.num_prompts": 2, "train.iterations": 300},
     "pixel-tiny": {"train.lr": 3e-4, "train.clip_range": 1e-2, "rollout.num_prompts": 2, "train.iterations": 2},
+    # the embedded world: its own prompts and verifiable reward, and a step size for a 1.3M model
+    "tiny-shapes": {"reward.names": ["shapes"], "rollout.prompts": "shapes-train", "rollout.eval_prompts": "shapes-test",
+                    "train.lr": 1e-4, "train.clip_range": 1e-2, "rollout.num_prompts": 4, "train.iterations": 100},
 }
 
 
@@ -36,6 +43,21 @@ def load_policy(name: str, device: str | torch.device = "cpu") -> Policy:
         policy = PixelPolicy(_PIXEL[name], name=name)
         policy.net.to(device)
         return policy
+    if name == "tiny-shapes" or name.endswith(".safetensors"):
+        return _load_dit(name, device)
     close = difflib.get_close_matches(name, MODELS, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
     raise ConfigError(f"unknown model {name!r} (available: {', '.join(MODELS)}){hint}")
+
+
+def _load_dit(name: str, device: str | torch.device) -> Policy:
+    from ..world.pretrain import load_weights
+    from .dit import DiTPolicy
+
+    path = TINY_SHAPES if name == "tiny-shapes" else Path(name)
+    if not path.is_file():
+        how = ("reinstall treegrpo, or rebuild them with `python scripts/pretrain_shapes.py`" if name == "tiny-shapes"
+               else "pass --model with a file written by scripts/pretrain_shapes.py")
+        raise TreegrpoError(f"model weights not found: {path}; {how}")
+    net, _ = load_weights(path)
+    return DiTPolicy(net.cfg, net.to(device), name="tiny-shapes" if name == "tiny-shapes" else path.stem, source=str(path))
