@@ -83,7 +83,7 @@ class Config:
         self.advantage.validate()
         self.pruning.validate()
         self.reward.weight_map()
-        self.schedule.validate(self.sampler.steps)
+        self.schedule.validate(self.sampler.steps, self.sampler.decode)
         self.train.validate()
         return self
 

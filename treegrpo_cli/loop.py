@@ -90,7 +90,7 @@ class Trainer:
         T = cfg.sampler.steps
         t0 = time.perf_counter()
         ids = sample_prompt_ids(len(prompts), cfg.rollout.num_prompts, cfg.seed, it)
-        tree_cfg = tree_for_iteration(cfg.tree, cfg.schedule, T, it, cfg.seed)
+        tree_cfg = tree_for_iteration(cfg.tree, cfg.schedule, T, it, cfg.seed, cfg.sampler.decode)
         tree, nfe = rollout(self.policy, [prompts[i] for i in ids], ids, self.sde, tree_cfg,
                             mix_seed(cfg.seed, it), cfg.rollout.max_batch, progress)
         t1 = time.perf_counter()

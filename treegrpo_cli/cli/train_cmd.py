@@ -92,9 +92,12 @@ def _online(preset, config, sets, prompts, run_dir, resume, device) -> dict:
     train_prompts = load_prompts(prompts or cfg.rollout.prompts)
     req = TrainRequest(cfg, train_prompts, load_prompts(cfg.rollout.eval_prompts), run, resume is not None, device,
                        command_line())
-    err.print(f"run folder: {run}")
+    shown: list[bool] = []
     with graceful_stop() as flag, progress_bar() as bar:
         def on_row(row: dict) -> None:
+            if not shown:
+                shown.append(True)
+                err.print(f"run folder: {run}")
             bar("iterations", row["iteration"] + 1, cfg.train.iterations)
             if not err.is_terminal:
                 err.print(f"iteration {row['iteration']}: reward {row['reward_mean']:.4f} ± {row['reward_std']:.4f}, "
