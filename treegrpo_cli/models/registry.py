@@ -14,7 +14,7 @@ from .pixel import PixelConfig, PixelPolicy
 TINY_SHAPES = Path(__file__).resolve().parents[1] / "data" / "tiny-shapes.safetensors"
 
 MODELS = {
-    "tiny-shapes": "the embedded 1.3M-parameter DiT pretrained on the 32x32 shapes world (the default)",
+    "tiny-shapes": "a 1.3M-parameter DiT for the 32x32 shapes world (weights built by scripts/pretrain_shapes.py)",
     "pixel": "a small pixel-space flow network with seeded random weights (engine tests and benchmarks)",
     "pixel-tiny": "the same network at 8x8 pixels and 8 channels (smoke tests)",
 }
