@@ -43,6 +43,7 @@ class PretrainConfig:
     weight_decay: float = 0.01
     shift: float = 3.0          # noise-level sampling matches the sampler's time shift
     eval_every: int = 1000
+    ema: float = 0.999          # EMA of the weights, which is what gets evaluated and saved (0 = off)
     eval_steps: int = 20        # ODE steps of the evaluation sampler
     seed: int = 0
 
@@ -107,6 +108,9 @@ def pretrain(cfg: PretrainConfig, out: Path, init: Path | None = None, dit: DiTC
     net = load_weights(init)[0] if init else TinyDiT(dit)
     policy = DiTPolicy(net.cfg, net)
     opt = torch.optim.AdamW(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    ema = torch.optim.swa_utils.AveragedModel(net, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(cfg.ema)) \
+        if cfg.ema else None
+    shown = DiTPolicy(net.cfg, ema.module) if ema else policy
     g = torch.Generator().manual_seed(cfg.seed)
     train_prompts, test_prompts = load_split("pretrain"), load_split("test")
     t0, ema_loss, row = time.perf_counter(), None, {}
@@ -120,6 +124,8 @@ def pretrain(cfg: PretrainConfig, out: Path, init: Path | None = None, dit: DiTC
         loss.backward()
         torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
         opt.step()
+        if ema:
+            ema.update_parameters(net)
         value = loss.item()
         ema_loss = value if ema_loss is None else 0.98 * ema_loss + 0.02 * value
         minutes = (time.perf_counter() - t0) / 60
@@ -127,9 +133,9 @@ def pretrain(cfg: PretrainConfig, out: Path, init: Path | None = None, dit: DiTC
         if (step + 1) % cfg.eval_every == 0 or last:
             row = {"step": step + 1, "loss": ema_loss, "lr": lr_at(cfg, step), "minutes": minutes,
                    "images": (step + 1) * cfg.batch,
-                   "test_reward": evaluate(policy, test_prompts, cfg.eval_steps),
-                   "pretrain_reward": evaluate(policy, train_prompts[::13][:56], cfg.eval_steps)}
-            save_weights(out, net, {"pretrain": asdict(cfg), "log": row})
+                   "test_reward": evaluate(shown, test_prompts, cfg.eval_steps),
+                   "pretrain_reward": evaluate(shown, train_prompts[::13][:56], cfg.eval_steps)}
+            save_weights(out, shown.net, {"pretrain": asdict(cfg), "log": row})
             log(row)
         elif (step + 1) % 50 == 0:
             log({"step": step + 1, "loss": ema_loss, "lr": lr_at(cfg, step), "minutes": minutes})
