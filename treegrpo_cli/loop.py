@@ -7,7 +7,6 @@ optimizer and the iteration counter for a resumed run to repeat an uninterrupted
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
