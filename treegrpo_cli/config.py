@@ -88,7 +88,12 @@ class Config:
         return self
 
     def to_dict(self) -> dict[str, Any]:
-        return _jsonable(dataclasses.asdict(self))
+        return as_json(self)
+
+
+def as_json(obj: Any) -> dict[str, Any]:
+    """A config dataclass as JSON-able values (tuples -> lists, inf -> "inf")."""
+    return _jsonable(dataclasses.asdict(obj))
 
 
 def _jsonable(x: Any) -> Any:

@@ -18,15 +18,13 @@ from . import rundir
 from .config import Config
 from .engine.credit import assign_credit
 from .engine.grpo import Batch, grpo_update, make_optimizer
-from .engine.rollout import TreeConfig, mix_seed, rollout
+from .engine.rollout import Progress, TreeConfig, mix_seed, rollout
 from .engine.schedules import tree_for_iteration
 from .engine.sde import FlowSDE
 from .models.base import Policy
 from .models.registry import load_policy
 from .rewards.base import get_reward, score_leaves
 from .store.checkpoint import Checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
-
-Progress = Callable[[str, int, int], None]
 
 
 @dataclass

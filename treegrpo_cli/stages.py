@@ -6,16 +6,15 @@ callback `progress(phase, done, total)`.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from PIL import Image
 
 from . import rundir
-from .config import Config, config_from_dict
+from .config import Config, as_json, config_from_dict
 from .engine.advantages import AdvantageConfig
 from .engine.credit import assign_credit
 from .engine.grpo import Batch, grpo_update
@@ -23,7 +22,7 @@ from .engine.tree import cat_trees
 from .errors import TreegrpoError
 from .loop import Trainer
 from .engine.pruning import PruneConfig
-from .engine.rollout import rollout
+from .engine.rollout import Progress, rollout
 from .engine.sde import FlowSDE
 from .models.registry import load_policy
 from .prompts import take
@@ -32,7 +31,6 @@ from .store.checkpoint import save_checkpoint
 from .store.shards import ShardStore
 from .store.trees import KIND, TreeShard, open_trees, read_tree_shard, shard_name, to_uint8, write_tree_shard
 
-Progress = Callable[[str, int, int], None]
 
 
 def _noop(phase: str, done: int, total: int) -> None:
@@ -119,19 +117,14 @@ def run_score(req: ScoreRequest, progress: Progress = _noop) -> dict[str, Any]:
     adv = _advantages(shards, scores, req, adv_cfg, prune_cfg, cfg)
     for s, a in zip(shards, adv):
         store.write(shard_name("advantages", s.index), "advantages", a)
-    scoring = {"rewards": req.rewards, "combine": req.combine, "advantage": _asdict(adv_cfg),
-               "pruning": _asdict(prune_cfg), "iteration": req.iteration, "max_iterations": req.max_iterations}
+    scoring = {"rewards": req.rewards, "combine": req.combine, "advantage": as_json(adv_cfg),
+               "pruning": as_json(prune_cfg), "iteration": req.iteration, "max_iterations": req.max_iterations}
     store.update_meta(scoring=scoring)
     leaf_r = torch.cat([sum(w * sc[n] for n, w in req.rewards.items())[s.tree.leaves()] for s, sc in zip(shards, scores)])
     trained = sum(int(a["trained"].sum()) for a in adv)
     return {"leaves": int(leaf_r.numel()), "reward_mean": float(leaf_r.mean()),
             "reward_std": float(leaf_r.std()) if leaf_r.numel() > 1 else 0.0,
             "trained_edges": trained, "estimator": adv_cfg.estimator}
-
-
-def _asdict(x: Any) -> dict[str, Any]:
-    from .config import _jsonable
-    return _jsonable(dataclasses.asdict(x))
 
 
 def _score_shard(s: TreeShard, rewards: dict, batch: int, progress: Progress) -> dict[str, torch.Tensor]:

@@ -33,7 +33,7 @@ BRANCH_NOISES = ("correlated", "scaled")
 MASK63 = (1 << 63) - 1
 SHARED = -1  # child slot of the noise that siblings share
 
-Progress = Callable[[str, int, int], None]  # (phase, done, total)
+Progress = Callable[[str, int, int], None]  # (phase, done, total); the one progress callback type
 
 
 @dataclass(frozen=True)
@@ -163,29 +163,29 @@ def _forward(policy: Policy, x: Tensor, sigma: Tensor, cond, rows: Tensor, max_b
 
 def _expand(cfg: TreeConfig, sde: FlowSDE, step: int, lvl: _Level, first_id: int, v: Tensor, x: Tensor) -> _Level:
     """Children of every node of one frontier, from the batched velocity v [F, C, H, W]."""
-    n = x.shape[0]
+    n, K = x.shape[0], cfg.children(step)
     is_sde = cfg.is_sde(step)
     res = sde.step(x, v, torch.full((n,), step, dtype=torch.long), torch.full((n,), is_sde))
-    K, nxt = cfg.children(step), _Level()
+    mean = res.mean.cpu().repeat_interleave(K, dim=0)                 # [F*K, C, H, W]
+    kids = [[mix_seed(s, c) for c in range(K)] for s in lvl.seed]      # per node, its K child seeds
+    if is_sde:   # noise per node from its own generators, then one batched Gaussian step and log-prob
+        xi = torch.cat([branch_noise(cfg, s, k, tuple(x.shape[1:])) for s, k in zip(lvl.seed, kids)])
+        std = res.std.cpu().repeat_interleave(K)                        # [F*K]
+        lat = mean + std.view(-1, *([1] * (mean.dim() - 1))) * xi
+        lp = sde.log_prob(lat, mean, std)
+    else:
+        lat, lp = mean, torch.full((n * K,), float("nan"))
+    last = step == sde.cfg.steps - 1
+    x0 = res.x0.cpu().repeat_interleave(K, dim=0) if last else None
+    nxt = _Level()
     for f in range(n):
-        kids = [mix_seed(lvl.seed[f], c) for c in range(K)]
-        mean = res.mean[f].cpu()
-        if is_sde:
-            xi = branch_noise(cfg, lvl.seed[f], kids, tuple(x.shape[1:]))
-            std = res.std[f].cpu()
-            lat = mean[None] + std * xi
-            lp = sde.log_prob(lat, mean.expand_as(lat), std.expand(K))
-        else:
-            lat, lp = mean[None].expand(K, *mean.shape), torch.full((K,), float("nan"))
         for c in range(K):
             nxt.parent.append(first_id + f)
             nxt.tree.append(lvl.tree[f])
             nxt.child.append(c)
-            nxt.seed.append(kids[c])
-            nxt.latent.append(lat[c])
-            nxt.log_prob.append(lp[c])
-            if step == sde.cfg.steps - 1:
-                nxt.x0.append(res.x0[f].cpu())
+            nxt.seed.append(kids[f][c])
+    nxt.latent, nxt.log_prob = list(lat.unbind(0)), list(lp.unbind(0))
+    nxt.x0 = list(x0.unbind(0)) if last else []
     return nxt
 
 
