@@ -22,25 +22,21 @@ from pathlib import Path
 
 import torch
 
-from treegrpo_cli.engine.rollout import TreeConfig, rollout
 from treegrpo_cli.engine.sde import FlowSDE, SamplerConfig
+from treegrpo_cli.evaluate import heldout_reward
 from treegrpo_cli.models.registry import TINY_SHAPES, load_policy
-from treegrpo_cli.rewards.shapes import shapes_scores
+from treegrpo_cli.rewards.base import get_reward
 from treegrpo_cli.store.checkpoint import list_checkpoints, load_checkpoint
 from treegrpo_cli.world.pretrain import PretrainConfig, load_weights, pretrain
 from treegrpo_cli.world.shapes import load_split
 
 
 def test_reward(policy, samples: int, steps: int = 20, seed: int = 777) -> dict:
-    """Mean and standard error of the shapes reward over test prompts x samples ODE draws."""
-    prompts = load_split("test")
-    cfg = TreeConfig(sde_steps=(), trees_per_prompt=samples)
-    tree, _ = rollout(policy, prompts, list(range(len(prompts))), FlowSDE(SamplerConfig(steps=steps)), cfg, seed)
-    with torch.no_grad():
-        images = policy.decode(tree.image_latent)
-    per_tree = [prompts[i // samples] for i in range(len(prompts) * samples)]
-    r = shapes_scores(images, per_tree)
-    return {"mean": float(r.mean()), "sem": float(r.std() / len(r) ** 0.5), "n": len(r)}
+    """Mean and standard error of the shapes reward over test prompts x samples ODE draws (the same
+    root noises for every policy evaluated: paired comparisons)."""
+    r = heldout_reward(policy, FlowSDE(SamplerConfig(steps=steps)), load_split("test"),
+                       {"shapes": get_reward("shapes")}, {"shapes": 1.0}, samples, seed)
+    return {"mean": r["reward_mean"], "sem": r["reward_sem"], "n": r["prompts"] * samples}
 
 
 def run_rl(preset: str, run_dir: Path, extra: list[str]) -> float:

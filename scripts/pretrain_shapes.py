@@ -20,7 +20,7 @@ import torch
 
 from treegrpo_cli.engine.rollout import TreeConfig, rollout
 from treegrpo_cli.engine.sde import FlowSDE, SamplerConfig
-from treegrpo_cli.models.dit import DiTPolicy
+from treegrpo_cli.models.dit import DiTConfig, DiTPolicy
 from treegrpo_cli.plots import image_grid, line_chart, save_png, side_by_side
 from treegrpo_cli.rewards.shapes import shapes_scores
 from treegrpo_cli.world.pretrain import PretrainConfig, load_weights, pretrain
@@ -35,6 +35,7 @@ def main() -> None:
     ap.add_argument("--init", type=Path, default=None, help="continue from these weights")
     ap.add_argument("--log", type=Path, default=Path("docs/pretrain/log.jsonl"))
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--refine", type=int, default=DiTConfig().refine, help="refiner channels (0 = none)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -49,7 +50,7 @@ def main() -> None:
         print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
 
     args.log.write_text("")
-    final = pretrain(cfg, args.out, args.init, log=log)
+    final = pretrain(cfg, args.out, args.init, DiTConfig(refine=args.refine), log=log)
     figures(rows, args.out, args.log.parent)
     print(json.dumps(final))
 

@@ -6,6 +6,7 @@ from typer.testing import CliRunner
 from treegrpo_cli.cli.app import app
 
 runner = CliRunner()
+PIXEL = ("--model", "pixel")  # engine checks on the small random pixel network (jpeg rewards)
 
 
 def run(*args):
@@ -24,7 +25,7 @@ def one_line_error(result, *needles):
 @pytest.fixture(scope="module")
 def branch_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("trees") / "branch"
-    r = run("rollout", "--preset", "branch", "-n", 2, "--seed", 5, "--out", out)
+    r = run("rollout", *PIXEL, "--preset", "branch", "-n", 2, "--seed", 5, "--out", out)
     assert r.exit_code == 0, r.output
     r = run("score", out, "--reward", "jpeg-compressibility")
     assert r.exit_code == 0, r.output
@@ -75,7 +76,7 @@ def test_inspect_table(branch_dir):
 
 
 def test_treegrpo_preset_counts(tmp_path):
-    r = run("rollout", "--preset", "tree-grpo", "-n", 1, "--out", tmp_path / "t", "--json")
+    r = run("rollout", *PIXEL, "--preset", "tree-grpo", "-n", 1, "--out", tmp_path / "t", "--json")
     assert r.exit_code == 0, r.output
     summary = json.loads(r.stdout)
     assert summary["nfe"] == 202 and summary["leaves_per_tree"] == 27
@@ -87,7 +88,7 @@ def test_treegrpo_preset_counts(tmp_path):
 
 def test_same_seed_same_shards(tmp_path, branch_dir):
     out = tmp_path / "again"
-    assert run("rollout", "--preset", "branch", "-n", 2, "--seed", 5, "--out", out).exit_code == 0
+    assert run("rollout", *PIXEL, "--preset", "branch", "-n", 2, "--seed", 5, "--out", out).exit_code == 0
     a = json.loads((branch_dir / "index.json").read_text())["shards"]["trees-00000"]["sha256"]
     b = json.loads((out / "index.json").read_text())["shards"]["trees-00000"]["sha256"]
     assert a == b
@@ -97,7 +98,7 @@ def test_save_images_and_jsonl_prompts(tmp_path):
     p = tmp_path / "p.jsonl"
     p.write_text('{"prompt": "a red circle"}\n\n{"prompt": "a blue square"}\n')
     out = tmp_path / "imgs"
-    r = run("rollout", "--preset", "dance-grpo", "--prompts", p, "-n", 2, "--out", out, "--save-images",
+    r = run("rollout", *PIXEL, "--preset", "dance-grpo", "--prompts", p, "-n", 2, "--out", out, "--save-images",
             "--set", "tree.branch=3", "--set", "sampler.steps=4")
     assert r.exit_code == 0, r.output
     assert len(list((out / "images").glob("tree*-node*.png"))) == 6
@@ -105,7 +106,7 @@ def test_save_images_and_jsonl_prompts(tmp_path):
 
 def test_flipped_byte_fails_score_and_inspect(tmp_path):
     out = tmp_path / "t"
-    assert run("rollout", "--preset", "flow-grpo", "-n", 1, "--set", "tree.trees_per_prompt=2", "--out", out).exit_code == 0
+    assert run("rollout", *PIXEL, "--preset", "flow-grpo", "-n", 1, "--set", "tree.trees_per_prompt=2", "--out", out).exit_code == 0
     f = out / "trees-00000.safetensors"
     data = bytearray(f.read_bytes())
     data[len(data) // 2] ^= 0x01
@@ -115,21 +116,21 @@ def test_flipped_byte_fails_score_and_inspect(tmp_path):
 
 
 def test_bad_inputs_are_one_line(tmp_path):
-    one_line_error(run("rollout", "--out", tmp_path / "a", "--prompts", tmp_path / "none.txt"), "not found")
+    one_line_error(run("rollout", *PIXEL, "--out", tmp_path / "a", "--prompts", tmp_path / "none.txt"), "not found")
     empty = tmp_path / "empty.txt"
     empty.write_text("\n  \n")
-    one_line_error(run("rollout", "--out", tmp_path / "b", "--prompts", empty), "no prompts")
-    one_line_error(run("rollout", "--out", tmp_path / "c", "--preset", "brnch"), "unknown preset", "branch")
-    one_line_error(run("rollout", "--out", tmp_path / "d", "--set", "tree.brnch=2"), "tree.branch")
+    one_line_error(run("rollout", *PIXEL, "--out", tmp_path / "b", "--prompts", empty), "no prompts")
+    one_line_error(run("rollout", *PIXEL, "--out", tmp_path / "c", "--preset", "brnch"), "unknown preset", "branch")
+    one_line_error(run("rollout", *PIXEL, "--out", tmp_path / "d", "--set", "tree.brnch=2"), "tree.branch")
     one_line_error(run("score", tmp_path), "not a folder written by treegrpo")
     one_line_error(run("inspect", tmp_path / "missing"), "no such folder")
 
 
 def test_unknown_reward_and_refuse_overwrite(tmp_path):
     out = tmp_path / "t"
-    assert run("rollout", "--preset", "flow-grpo", "-n", 1, "--set", "tree.trees_per_prompt=2", "--out", out).exit_code == 0
+    assert run("rollout", *PIXEL, "--preset", "flow-grpo", "-n", 1, "--set", "tree.trees_per_prompt=2", "--out", out).exit_code == 0
     one_line_error(run("score", out, "--reward", "hps-v9"), "unknown reward")
-    one_line_error(run("rollout", "--preset", "flow-grpo", "-n", 1, "--out", out), "already")
+    one_line_error(run("rollout", *PIXEL, "--preset", "flow-grpo", "-n", 1, "--out", out), "already")
     r = run("score", out, "--reward", "jpeg-compressibility,jpeg-incompressibility", "--weights", "1,0.5",
             "--combine", "advantages", "--estimator", "flat", "--json")
     assert r.exit_code == 0, r.output

@@ -28,9 +28,10 @@ def test_weights_round_trip_and_bad_files(tmp_path):
 
 
 def test_tiny_shapes_defaults_select_the_world():
-    cfg = load_config("branch", sets=['model="tiny-shapes"'])
-    assert cfg.reward.names == ("shapes",)
-    assert cfg.rollout.prompts == "shapes-train" and cfg.rollout.eval_prompts == "shapes-test"
+    for cfg in (load_config("branch", sets=['model="tiny-shapes"']), load_config("branch"), load_config()):
+        assert cfg.model == "tiny-shapes" and cfg.reward.names == ("shapes",)
+        assert cfg.rollout.prompts == "shapes-train" and cfg.rollout.eval_prompts == "shapes-test"
+    assert load_config("branch", sets=['model="pixel"']).reward.names == ("jpeg-compressibility",)
 
 
 def test_pretraining_lowers_the_loss_and_writes_weights(tmp_path):
@@ -47,3 +48,25 @@ def test_pretraining_lowers_the_loss_and_writes_weights(tmp_path):
 def test_missing_weights_is_one_line(tmp_path):
     r = CliRunner().invoke(app, ["rollout", "--model", str(tmp_path / "nope.safetensors"), "--out", tmp_path / "t"])
     assert r.exit_code == 1 and len(r.stderr.strip().splitlines()) == 1 and "not found" in r.stderr
+
+
+def test_shipped_weights_load_and_draw_the_world():
+    """The packaged weights load through the Policy protocol, carry their pretraining log, and their
+    ODE samples of pretraining prompts earn a clearly non-trivial `shapes` reward."""
+    from treegrpo_cli.evaluate import heldout_reward
+    from treegrpo_cli.engine.sde import FlowSDE, SamplerConfig
+    from treegrpo_cli.models.registry import TINY_SHAPES
+    from treegrpo_cli.rewards.base import get_reward
+    from treegrpo_cli.world.shapes import load_split
+
+    policy = load_policy("tiny-shapes")
+    assert policy.name == "tiny-shapes" and policy.latent_shape == (3, 32, 32)
+    assert TINY_SHAPES.stat().st_size < 20 * 2**20
+    net, meta = load_weights(TINY_SHAPES)
+    assert net.cfg == DiTConfig()                      # the script's defaults rebuild this architecture
+    log = meta["log"]
+    assert 0.2 <= log["test_reward"] <= 0.8 and log["step"] == meta["pretrain"]["steps"]
+    prompts = load_split("pretrain")[::97]             # 9 seen prompts of every form
+    r = heldout_reward(policy, FlowSDE(SamplerConfig()), prompts, {"shapes": get_reward("shapes")},
+                       {"shapes": 1.0}, 1, seed=3)
+    assert r["reward_mean"] > 0.3, r

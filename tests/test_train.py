@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from treegrpo_cli.cli.app import app
 from treegrpo_cli.config import preset_names
-from treegrpo_cli.rundir import read_metrics
+from treegrpo_cli.rundir import read_evals, read_metrics
 from treegrpo_cli.store.checkpoint import list_checkpoints, load_checkpoint
 
 runner = CliRunner()
@@ -51,6 +51,34 @@ def test_metrics_count_model_evaluations(tmp_path):
         assert key in row
 
 
+def test_heldout_reward_before_and_after(tmp_path):
+    from treegrpo_cli.engine.rollout import mix_seed
+    from treegrpo_cli.engine.sde import FlowSDE
+    from treegrpo_cli.evaluate import heldout_reward
+    from treegrpo_cli.models.registry import load_policy
+    from treegrpo_cli.prompts import load_prompts
+    from treegrpo_cli.rewards.base import get_reward
+    from treegrpo_cli.rundir import load_config
+
+    r = run("train", "--preset", "flow-grpo", *TINY, "--iterations", 2, "--set", "train.eval_samples=3",
+            "--set", "train.lr=1e-2", "--run-dir", tmp_path / "r", "--json")
+    assert r.exit_code == 0, r.output
+    evals = read_evals(tmp_path / "r")
+    assert [e["iteration"] for e in evals] == [0, 2] and evals[0]["samples"] == 3
+    # the first evaluation is of the initial weights, with the run's eval seed
+    policy, reward = load_policy("pixel-tiny"), {"jpeg-compressibility": get_reward("jpeg-compressibility")}
+    cfg = load_config(tmp_path / "r")
+    again = heldout_reward(policy, FlowSDE(cfg.sampler), load_prompts(cfg.rollout.eval_prompts), reward,
+                           {"jpeg-compressibility": 1.0}, 3, mix_seed(cfg.seed, 0x4E1D))
+    assert again["reward_mean"] == pytest.approx(evals[0]["reward_mean"], abs=1e-6)
+    assert evals[1]["reward_mean"] != evals[0]["reward_mean"]          # the weights moved
+    summary = json.loads(r.stdout)
+    assert summary["heldout_gain"] == pytest.approx(evals[1]["reward_mean"] - evals[0]["reward_mean"])
+    r = run("train", "--preset", "flow-grpo", *TINY, "--iterations", 1, "--set", "train.eval_samples=0",
+            "--run-dir", tmp_path / "off", "--json")
+    assert r.exit_code == 0 and read_evals(tmp_path / "off") == [] and "heldout_before" not in json.loads(r.stdout)
+
+
 def test_same_seed_same_curve(tmp_path):
     for d in ("a", "b"):
         assert run("train", "--preset", "tree-grpo", *TINY, "--iterations", 3, "--seed", 4,
@@ -85,6 +113,7 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path):
                        env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, timeout=300)
     assert q.returncode == 0, q.stderr.decode()
     assert comparable(read_metrics(tmp_path / "killed")) == comparable(read_metrics(tmp_path / "ref"))
+    assert read_evals(tmp_path / "killed") == read_evals(tmp_path / "ref")   # before and after, not repeated
 
 
 def test_sigterm_checkpoints_and_resumes(tmp_path):

@@ -21,6 +21,7 @@ from .engine.grpo import Batch, grpo_update, make_optimizer
 from .engine.rollout import Progress, TreeConfig, mix_seed, rollout
 from .engine.schedules import tree_for_iteration
 from .engine.sde import FlowSDE
+from .evaluate import heldout_reward
 from .models.base import Policy
 from .models.registry import load_policy
 from .rewards.base import get_reward, score_leaves
@@ -148,8 +149,11 @@ def train(req: TrainRequest, hooks: Hooks = Hooks()) -> dict[str, Any]:
         if done:
             trainer.restore(load_checkpoint(done[-1]))
         rundir.truncate_metrics(req.run_dir, trainer.step)
+        rundir.truncate_evals(req.run_dir, trainer.step)
     else:
         rundir.create(req.run_dir, cfg, req.command)
+    if cfg.train.eval_samples and not rundir.read_evals(req.run_dir):
+        _heldout(trainer, req, hooks)
     done_rows = rundir.read_metrics(req.run_dir)
     start, wall0 = trainer.step, time.perf_counter() - (done_rows[-1]["wall"] if done_rows else 0.0)
     stopped = False
@@ -162,12 +166,23 @@ def train(req: TrainRequest, hooks: Hooks = Hooks()) -> dict[str, Any]:
         last = trainer.step == cfg.train.iterations
         if last or stopped or trainer.step % cfg.train.save_every == 0:
             _save(trainer, req, ck_dir)
+        if last and cfg.train.eval_samples:
+            _heldout(trainer, req, hooks)
         if cfg.train.sample_every and (last or trainer.step % cfg.train.sample_every == 0):
             rundir.sample_grid(req.run_dir, trainer.policy, trainer.sde, req.eval_prompts, trainer.rewards,
                                cfg, trainer.step)
         if stopped:
             break
     return rundir.summary(req.run_dir, start, stopped)
+
+
+def _heldout(trainer: Trainer, req: TrainRequest, hooks: Hooks) -> None:
+    """The reward of ODE samples of the eval prompts (same root noises every time) -> eval.jsonl."""
+    cfg = trainer.cfg
+    row = heldout_reward(trainer.policy, trainer.sde, req.eval_prompts, trainer.rewards, trainer.weights,
+                         cfg.train.eval_samples, mix_seed(cfg.seed, 0x4E1D), cfg.rollout.max_batch,
+                         lambda ph, d, t: hooks.progress("eval", d, t))
+    rundir.append_eval(req.run_dir, {"iteration": trainer.step, **row})
 
 
 def _save(trainer: Trainer, req: TrainRequest, ck_dir: Path) -> None:

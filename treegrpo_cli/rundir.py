@@ -2,6 +2,7 @@
 
     RUN/run.json          format, version, command, resolved config
     RUN/metrics.jsonl     one JSON row per iteration
+    RUN/eval.jsonl        held-out reward (ODE samples of the eval prompts) before and after training
     RUN/reward.png        reward against iteration and against wall time
     RUN/samples/step-N.png  captioned ODE samples of the eval prompts
     RUN/checkpoints/step-N/ see store/checkpoint.py
@@ -29,6 +30,7 @@ FORMAT = "treegrpo-run"
 VERSION = 1
 RUN_JSON = "run.json"
 METRICS = "metrics.jsonl"
+EVALS = "eval.jsonl"
 
 
 def check_new(run: Path) -> None:
@@ -85,6 +87,24 @@ def append_metrics(run: Path, row: dict[str, Any]) -> None:
         os.fsync(f.fileno())
 
 
+def read_evals(run: Path) -> list[dict[str, Any]]:
+    path = run / EVALS
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+
+
+def append_eval(run: Path, row: dict[str, Any]) -> None:
+    with open(run / EVALS, "a") as f:
+        f.write(json.dumps(row) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def truncate_evals(run: Path, step: int) -> None:
+    """Keep the held-out evaluations made at or before iteration `step`."""
+    rows = [r for r in read_evals(run) if r["iteration"] <= step]
+    atomic_write(run / EVALS, "".join(json.dumps(r) + "\n" for r in rows).encode())
+
+
 def truncate_metrics(run: Path, step: int) -> None:
     """Keep the rows of iterations before `step` (those after the checkpoint are recomputed)."""
     rows = [r for r in read_metrics(run) if r["iteration"] < step]
@@ -135,4 +155,16 @@ def summary(run: Path, started_at: int, stopped: bool) -> dict[str, Any]:
             "reward_first_tenth": first, "reward_last_tenth": last,
             "minutes": (rows[-1]["wall"] / 60) if rows else 0.0,
             "rollout_evals_per_leaf": rows[-1]["rollout_evals_per_leaf"] if rows else 0.0,
-            "train_evals_per_leaf": rows[-1]["train_evals_per_leaf"] if rows else 0.0}
+            "train_evals_per_leaf": rows[-1]["train_evals_per_leaf"] if rows else 0.0,
+            **_heldout_summary(read_evals(run))}
+
+
+def _heldout_summary(evals: list[dict[str, Any]]) -> dict[str, Any]:
+    """heldout_before / heldout_after: the eval prompts' mean reward at the first and last evaluation."""
+    if not evals:
+        return {}
+    out = {"heldout_before": evals[0]["reward_mean"], "heldout_before_iteration": evals[0]["iteration"]}
+    if len(evals) > 1:
+        out.update(heldout_after=evals[-1]["reward_mean"], heldout_after_iteration=evals[-1]["iteration"],
+                   heldout_gain=evals[-1]["reward_mean"] - evals[0]["reward_mean"])
+    return out

@@ -122,3 +122,6 @@ def _report(summary: dict, as_json: bool) -> None:
     if "reward_first_tenth" in summary:
         out.print(f"mean reward, first tenth of the iterations: {summary['reward_first_tenth']:.4f}; "
                   f"last tenth: {summary['reward_last_tenth']:.4f}")
+    if "heldout_after" in summary:
+        out.print(f"held-out reward (ODE samples of the eval prompts): {summary['heldout_before']:.4f} before, "
+                  f"{summary['heldout_after']:.4f} after ({summary['heldout_gain']:+.4f})")

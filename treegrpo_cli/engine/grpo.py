@@ -45,6 +45,7 @@ class TrainConfig:
     save_every: int = 25           # checkpoint every N iterations (and at the end)
     keep_last: int = 2             # checkpoints kept
     sample_every: int = 25         # captioned sample grid every N iterations (0 = off)
+    eval_samples: int = 2          # ODE draws per eval prompt for the held-out reward before and after (0 = off)
 
     def validate(self) -> None:
         if self.loss_norm not in LOSS_NORMS:
@@ -55,8 +56,8 @@ class TrainConfig:
         for name in ("lr", "clip_range", "max_grad_norm"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"train.{name} must be > 0, got {getattr(self, name)}")
-        if not 0 <= self.ema_decay < 1 or self.kl_beta < 0 or self.sample_every < 0:
-            raise ConfigError("train.ema_decay must be in [0, 1), train.kl_beta and train.sample_every >= 0")
+        if not 0 <= self.ema_decay < 1 or min(self.kl_beta, self.sample_every, self.eval_samples) < 0:
+            raise ConfigError("train.ema_decay must be in [0, 1); train.kl_beta, sample_every and eval_samples >= 0")
 
 
 def make_optimizer(params: list[torch.nn.Parameter], cfg: TrainConfig) -> torch.optim.AdamW:

@@ -34,6 +34,9 @@ class DiTConfig:
     heads: int = 4
     mlp_ratio: float = 2.5
     max_words: int = 12
+    pos: str = "sincos"         # image-token positions: fixed 2D sin-cos ("sincos") or "learned"
+    refine: int = 32            # channels of the convolutional refiner at full resolution (0 = none)
+    refine_feats: int = 8       # extra feature channels per pixel the patch decoder hands the refiner
     vocab: tuple[str, ...] = field(default=VOCAB)
 
 
@@ -83,17 +86,22 @@ class TinyDiT(nn.Module):
         D, p = cfg.dim, cfg.patch
         n = (cfg.image_size // p) ** 2
         self.patch_in = nn.Linear(cfg.channels * p * p, D)
-        self.pos = nn.Parameter(torch.randn(1, n, D) * 0.02)
+        if cfg.pos == "sincos":
+            self.register_buffer("pos", sincos_2d(cfg.image_size // p, D), persistent=False)
+        else:
+            self.pos = nn.Parameter(torch.randn(1, n, D) * 0.02)
         self.words = nn.Embedding(len(cfg.vocab), D, padding_idx=0)
         self.word_pos = nn.Parameter(torch.randn(1, cfg.max_words, D) * 0.02)
         self.time = nn.Sequential(nn.Linear(D, D), nn.SiLU(), nn.Linear(D, D))
         self.blocks = nn.ModuleList(Block(D, cfg.heads, cfg.mlp_ratio) for _ in range(cfg.depth))
         self.norm_out = nn.LayerNorm(D, elementwise_affine=False, eps=1e-6)
         self.ada_out = nn.Linear(D, 2 * D)
-        self.patch_out = nn.Linear(D, cfg.channels * p * p)
+        feats = cfg.refine_feats if cfg.refine else 0
+        self.patch_out = nn.Linear(D, (cfg.channels + feats) * p * p)
         for layer in (self.ada_out, self.patch_out):
             nn.init.zeros_(layer.weight)
             nn.init.zeros_(layer.bias)
+        self.refiner = Refiner(cfg.channels, feats, cfg.refine) if cfg.refine else None
 
     def forward(self, x: Tensor, sigma: Tensor, ids: Tensor, mask: Tensor) -> Tensor:
         # x [B, C, H, W], sigma [B], ids/mask [B, W] -> v [B, C, H, W]
@@ -109,10 +117,40 @@ class TinyDiT(nn.Module):
         for block in self.blocks:
             h = block(h, c, key_mask)
         shift, scale = self.ada_out(F.silu(c))[:, None].chunk(2, dim=-1)
-        out = self.patch_out(self.norm_out(h[:, ids.shape[1]:]) * (1 + scale) + shift)  # [B, N, C*p*p]
-        g = H // p
-        out = out.view(B, g, g, C, p, p).permute(0, 3, 1, 4, 2, 5)
-        return out.reshape(B, C, H, W)
+        out = self.patch_out(self.norm_out(h[:, ids.shape[1]:]) * (1 + scale) + shift)  # [B, N, (C+F)*p*p]
+        g, F_ = H // p, out.shape[-1] // (p * p)
+        out = out.view(B, g, g, F_, p, p).permute(0, 3, 1, 4, 2, 5).reshape(B, F_, H, W)
+        if self.refiner is None:
+            return out
+        return out[:, :C] + self.refiner(torch.cat([x, out], dim=1))        # [B, C, H, W]
+
+
+def sincos_2d(grid: int, dim: int) -> Tensor:
+    """[1, grid*grid, dim] fixed positions: a quarter of the channels each for sin/cos of the row and
+    of the column, at geometric frequencies 1 .. 1/10000 (row-major token order, as the patches)."""
+    q = dim // 4
+    freqs = 1.0 / 10000 ** (torch.arange(q, dtype=torch.float64) / q)          # [q]
+    ys, xs = torch.meshgrid(torch.arange(grid, dtype=torch.float64), torch.arange(grid, dtype=torch.float64),
+                            indexing="ij")
+    ay, ax = ys.reshape(-1, 1) * freqs, xs.reshape(-1, 1) * freqs               # [grid*grid, q]
+    return torch.cat([ay.sin(), ay.cos(), ax.sin(), ax.cos()], dim=1)[None].float()
+
+
+class Refiner(nn.Module):
+    """Three 3x3 convolutions at full resolution on (x_sigma, patch output, patch features): sharpens
+    the edges a linear patch decoder draws blocky; the last layer starts at zero."""
+
+    def __init__(self, channels: int, feats: int, width: int):
+        super().__init__()
+        self.net = nn.Sequential(nn.Conv2d(2 * channels + feats, width, 3, padding=1), nn.GELU(),
+                                 nn.Conv2d(width, width, 3, padding=1), nn.GELU(),
+                                 nn.Conv2d(width, channels, 3, padding=1))
+        nn.init.zeros_(self.net[-1].weight)
+        nn.init.zeros_(self.net[-1].bias)
+
+    def forward(self, z: Tensor) -> Tensor:
+        # z [B, 2C+F, H, W] -> [B, C, H, W]
+        return self.net(z)
 
 
 class DiTPolicy(PixelNetPolicy):
@@ -140,5 +178,7 @@ def num_params(net: nn.Module) -> int:
 
 
 def _check_sizes(cfg: DiTConfig) -> None:
-    if cfg.image_size % cfg.patch or cfg.dim % cfg.heads:
-        raise ValueError(f"image_size must be a multiple of patch and dim of heads: {cfg}")
+    if cfg.image_size % cfg.patch or cfg.dim % cfg.heads or cfg.dim % 4:
+        raise ValueError(f"image_size must be a multiple of patch, dim of heads and of 4: {cfg}")
+    if cfg.pos not in ("sincos", "learned"):
+        raise ValueError(f"pos must be 'sincos' or 'learned', got {cfg.pos!r}")
