@@ -144,7 +144,7 @@ def test_presets_json():
     assert rows["branch"]["evals_per_tree"] == 203 and rows["tree-grpo"]["leaves_per_tree"] == 27
 
 
-@pytest.mark.parametrize("cmd", ["eval", "diversity"])
+@pytest.mark.parametrize("cmd", ["eval"])
 def test_later_commands_have_help(cmd):
     assert run(cmd, "--help").exit_code == 0
     r = run(cmd, "--preset", "branch")

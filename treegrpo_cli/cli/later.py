@@ -14,9 +14,4 @@ def eval_(ctx: typer.Context) -> None:
     fail(f"`treegrpo eval` {_PENDING}", 2)
 
 
-def diversity(ctx: typer.Context) -> None:
-    """Compare two image sets with KID and MMD^2 (does branching keep the sample distribution?)."""
-    fail(f"`treegrpo diversity` {_PENDING}", 2)
-
-
-COMMANDS = {"eval": eval_, "diversity": diversity}
+COMMANDS = {"eval": eval_}

@@ -96,8 +96,12 @@ def load_weights(path: Path) -> tuple[TinyDiT, dict[str, Any]]:
         raise TreegrpoError(f"{path}: not a treegrpo tiny DiT weights file (no dit_config metadata)")
     cfg = json.loads(header["dit_config"])
     cfg["vocab"] = tuple(cfg["vocab"])
-    net = TinyDiT(DiTConfig(**cfg))
-    net.load_state_dict(st_load(data), strict=True)
+    try:
+        net = TinyDiT(DiTConfig(**cfg))
+        net.load_state_dict(st_load(data), strict=True)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise TreegrpoError(f"{path}: weights do not fit this version's tiny DiT ({str(e).splitlines()[0]}); "
+                            "rebuild them with `python scripts/pretrain_shapes.py`") from None
     return net, json.loads(header.get("treegrpo", "{}"))
 
 

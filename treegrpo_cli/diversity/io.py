@@ -1,0 +1,160 @@
+"""Image sets for `treegrpo diversity`: a folder of image files, or the leaf images of a tree folder.
+
+Both stream their images in chunks (`batches`), so features for thousands of images never need
+every image in memory. A tree folder also names the tree of every leaf (`groups`): leaves of one
+tree share their early noise, so the permutation test takes one leaf per tree.
+`generate_set` rolls out a preset with the rollout library and opens the result.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import torch
+from PIL import Image, UnidentifiedImageError
+from torch import Tensor
+
+from ..config import load_config
+from ..engine.rollout import Progress
+from ..errors import TreegrpoError
+from ..prompts import load_prompts
+from ..stages import RolloutRequest, run_rollout
+from ..store.shards import INDEX
+from ..store.trees import open_trees, read_tree_shard
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
+
+
+class ImageSet:
+    """N images of one size, a keep mask over them, and a group id per image."""
+
+    kind = ""
+
+    def __init__(self, source: Path, count: int, groups: Tensor):
+        self.source, self.count = Path(source), count
+        self.all_groups = groups                                  # [count] int64
+        self.keep = torch.ones(count, dtype=torch.bool)           # [count]
+
+    def __len__(self) -> int:
+        return int(self.keep.sum())
+
+    def groups(self) -> Tensor:
+        """[len] int64: the group (tree) of every kept image."""
+        return self.all_groups[self.keep]
+
+    def keep_first(self, n: int) -> None:
+        """Keep only the first n images (in storage order) of those kept."""
+        idx = torch.nonzero(self.keep).flatten()
+        self.keep[idx[n:]] = False
+
+    def subsample(self, n: int, generator: torch.Generator) -> None:
+        """Keep n random images of those kept (all of them when there are no more than n)."""
+        idx = torch.nonzero(self.keep).flatten()
+        if idx.numel() > n:
+            self.keep[:] = False
+            self.keep[idx[torch.randperm(idx.numel(), generator=generator)[:n]]] = True
+
+    def describe(self) -> dict:
+        return {"source": str(self.source), "kind": self.kind, "images": self.count, "used": len(self)}
+
+    def batches(self, size: int) -> Iterator[Tensor]:
+        """Chunks of at most `size` kept images, [b, 3, H, W] uint8."""
+        raise NotImplementedError
+
+
+class FolderImages(ImageSet):
+    """The PNG/JPEG/WebP/BMP files of one folder (not its subfolders), sorted by name; every image
+    is converted to RGB and resized (bicubic) to the size of the first one."""
+
+    kind = "images"
+
+    def __init__(self, folder: Path):
+        self.files = sorted(p for p in Path(folder).iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+        if not self.files:
+            raise TreegrpoError(f"{folder}: no image files ({', '.join(IMAGE_SUFFIXES)}) and no {INDEX}")
+        super().__init__(folder, len(self.files), torch.arange(len(self.files)))
+        self.size = _read(self.files[0]).size
+
+    def batches(self, size: int) -> Iterator[Tensor]:
+        files = [f for f, k in zip(self.files, self.keep.tolist()) if k]
+        for a in range(0, len(files), size):
+            yield torch.stack([_to_tensor(_read(f), self.size) for f in files[a:a + size]])
+
+
+def _read(path: Path) -> Image.Image:
+    try:
+        with Image.open(path) as im:
+            return im.convert("RGB")
+    except (UnidentifiedImageError, OSError) as e:
+        raise TreegrpoError(f"{path}: not a readable image ({e})") from None
+
+
+def _to_tensor(im: Image.Image, size: tuple[int, int]) -> Tensor:
+    if im.size != size:
+        im = im.resize(size, Image.Resampling.BICUBIC)
+    return torch.from_numpy(np.asarray(im).copy()).permute(2, 0, 1)     # [3, H, W] uint8
+
+
+class TreeImages(ImageSet):
+    """The decoded leaf images of a tree folder written by `treegrpo rollout`. Opening reads every
+    shard once (checking its sha256) to count leaves and name their trees; `batches` reads them
+    again one shard at a time."""
+
+    kind = "trees"
+
+    def __init__(self, folder: Path):
+        self.store = open_trees(folder)
+        self.shards = self.store.names("trees")
+        if not self.shards:
+            raise TreegrpoError(f"{folder}: the tree folder holds no tree shards")
+        counts, groups = [], []
+        for name in self.shards:
+            s = read_tree_shard(self.store, name)
+            leaves = s.tree.leaves()
+            counts.append(int(leaves.numel()))
+            groups.append(s.tree_offset + s.tree.tree[leaves])                # [L] global tree id
+        self.counts = counts
+        super().__init__(folder, sum(counts), torch.cat(groups))
+
+    def batches(self, size: int) -> Iterator[Tensor]:
+        start = 0
+        for name, n in zip(self.shards, self.counts):
+            keep = self.keep[start:start + n]
+            start += n
+            if not keep.any():
+                continue
+            images = read_tree_shard(self.store, name).leaf_image[keep]      # [k, 3, H, W] uint8
+            yield from images.split(size)
+
+
+def open_images(path: Path) -> ImageSet:
+    """A tree folder (it has an index.json) or a folder of image files."""
+    path = Path(path)
+    if not path.is_dir():
+        raise TreegrpoError(f"{path}: no such folder")
+    return TreeImages(path) if (path / INDEX).is_file() else FolderImages(path)
+
+
+def generate_set(preset: str, out: Path, num: int, model: str = "tiny-shapes", seed: int = 0,
+                 device: str = "cpu", overwrite: bool = False, command: str = "",
+                 progress: Progress | None = None) -> ImageSet:
+    """Roll out `preset` with `model` until it has at least `num` leaves, write the trees to `out`
+    and return its first `num` leaf images.
+
+    Prompts are drawn at random (with replacement, seeded) from the model's prompt list, so two
+    sets generated with different seeds hold i.i.d. trees and the tree permutation test is exact;
+    sets that share their prompts make it conservative. Every tree gets its own root noise
+    (tree.init_same_noise = false): the training trick would make all images share one."""
+    cfg = load_config(preset, None, [f'model="{model}"', f"seed={seed}", "tree.init_same_noise=false"])
+    per_prompt = cfg.tree.leaves(cfg.sampler.steps) * cfg.tree.trees_per_prompt
+    pool = load_prompts(cfg.rollout.prompts)
+    draw = torch.randint(len(pool), (math.ceil(num / per_prompt),), generator=torch.Generator().manual_seed(seed))
+    req = RolloutRequest(cfg, [pool[i] for i in draw.tolist()], Path(out), draw.numel(),
+                         overwrite=overwrite, device=device, command=command)
+    run_rollout(req, lambda phase, done, total: progress(f"{preset}: {phase}", done, total) if progress else None)
+    images = TreeImages(Path(out))
+    images.keep_first(num)
+    return images
