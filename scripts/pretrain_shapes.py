@@ -13,17 +13,17 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 import torch
 
 from treegrpo_cli.engine.rollout import TreeConfig, rollout
 from treegrpo_cli.engine.sde import FlowSDE, SamplerConfig
-from treegrpo_cli.models.dit import DiTConfig, DiTPolicy
+from treegrpo_cli.models.dit import DiTPolicy
 from treegrpo_cli.plots import image_grid, line_chart, save_png, side_by_side
 from treegrpo_cli.rewards.shapes import shapes_scores
-from treegrpo_cli.world.pretrain import PretrainConfig, load_weights, pretrain
+from treegrpo_cli.world.pretrain import WORLD_DIT, PretrainConfig, load_weights, pretrain
 from treegrpo_cli.world.shapes import load_split
 
 
@@ -35,7 +35,7 @@ def main() -> None:
     ap.add_argument("--init", type=Path, default=None, help="continue from these weights")
     ap.add_argument("--log", type=Path, default=Path("docs/pretrain/log.jsonl"))
     ap.add_argument("--threads", type=int, default=0)
-    ap.add_argument("--refine", type=int, default=DiTConfig().refine, help="refiner channels (0 = none)")
+    ap.add_argument("--refine", type=int, default=WORLD_DIT.refine, help="refiner channels (0 = none)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -50,7 +50,7 @@ def main() -> None:
         print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
 
     args.log.write_text("")
-    final = pretrain(cfg, args.out, args.init, DiTConfig(refine=args.refine), log=log)
+    final = pretrain(cfg, args.out, args.init, replace(WORLD_DIT, refine=args.refine), log=log)
     figures(rows, args.out, args.log.parent)
     print(json.dumps(final))
 
@@ -63,8 +63,8 @@ def figures(rows: list[dict], weights: Path, folder: Path) -> None:
                       "pretrain prompts": ([r["step"] for r in ev], [r["pretrain_reward"] for r in ev])},
                      "shapes reward (ODE samples)", "step", "reward")
     save_png(side_by_side([loss, rew]), folder / "curves.png")
-    net, _ = load_weights(weights)
-    policy = DiTPolicy(net.cfg, net)
+    net, meta = load_weights(weights)
+    policy = DiTPolicy(net.cfg, net, guidance=meta.get("guidance", 1.0))
     prompts = load_split("test")[:24]
     tree, _ = rollout(policy, prompts, list(range(len(prompts))), FlowSDE(SamplerConfig(steps=20)),
                       TreeConfig(sde_steps=()), 1234)

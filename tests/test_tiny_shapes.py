@@ -45,6 +45,43 @@ def test_pretraining_lowers_the_loss_and_writes_weights(tmp_path):
     assert meta["log"]["step"] == 12 and net.cfg.dim == 32
 
 
+def test_guidance_combines_the_prompt_and_the_empty_prompt():
+    from treegrpo_cli.models.dit import DiTPolicy
+
+    torch.manual_seed(0)
+    net = TinyDiT(DiTConfig(dim=32, depth=1, heads=2, text_ada=True))
+    for p in net.parameters():                          # leave the zero init, so the output depends on the input
+        torch.nn.init.normal_(p, std=0.1)
+    plain, guided = DiTPolicy(net.cfg, net), DiTPolicy(net.cfg, net, guidance=3.0)
+    x, sigma = torch.randn(2, 3, 32, 32), torch.tensor([0.3, 0.8])
+    cond = plain.encode(["a red circle", "two blue squares"])
+    empty = plain.encode(["", ""])
+    v_c, v_u = plain.velocity(x, sigma, cond), plain.velocity(x, sigma, empty)
+    assert not torch.allclose(v_c, v_u)
+    torch.testing.assert_close(guided.velocity(x, sigma, cond), v_u + 3.0 * (v_c - v_u), rtol=1e-4, atol=1e-5)
+    assert (plain.evals_per_row, guided.evals_per_row) == (1, 2)
+    assert guided.reference().guidance == 3.0
+
+
+def test_unconditional_training_ignores_the_prompt():
+    from treegrpo_cli.models.dit import DiTPolicy
+    from treegrpo_cli.world.pretrain import flow_loss
+
+    torch.manual_seed(0)
+    net = TinyDiT(DiTConfig(dim=32, depth=1, heads=2, text_ada=True))
+    for p in net.parameters():
+        torch.nn.init.normal_(p, std=0.1)
+    policy, images = DiTPolicy(net.cfg, net), torch.rand(4, 3, 32, 32)
+    losses = {}
+    for prompts in (["a red circle"] * 4, ["three big blue squares"] * 4):
+        for uncond in (0.0, 1.0):
+            g = torch.Generator().manual_seed(1)
+            with torch.no_grad():
+                losses[prompts[0], uncond] = float(flow_loss(net, policy, prompts, images, g, 1.0, uncond))
+    assert losses["a red circle", 1.0] == losses["three big blue squares", 1.0]
+    assert losses["a red circle", 0.0] != losses["three big blue squares", 0.0]
+
+
 def test_missing_weights_is_one_line(tmp_path):
     r = CliRunner().invoke(app, ["rollout", "--model", str(tmp_path / "nope.safetensors"), "--out", tmp_path / "t"])
     assert r.exit_code == 1 and len(r.stderr.strip().splitlines()) == 1 and "not found" in r.stderr
@@ -57,13 +94,15 @@ def test_shipped_weights_load_and_draw_the_world():
     from treegrpo_cli.engine.sde import FlowSDE, SamplerConfig
     from treegrpo_cli.models.registry import TINY_SHAPES
     from treegrpo_cli.rewards.base import get_reward
+    from treegrpo_cli.world.pretrain import WORLD_DIT
     from treegrpo_cli.world.shapes import load_split
 
     policy = load_policy("tiny-shapes")
     assert policy.name == "tiny-shapes" and policy.latent_shape == (3, 32, 32)
     assert TINY_SHAPES.stat().st_size < 20 * 2**20
     net, meta = load_weights(TINY_SHAPES)
-    assert net.cfg == DiTConfig()                      # the script's defaults rebuild this architecture
+    assert net.cfg == WORLD_DIT                        # the script's defaults rebuild this architecture
+    assert policy.guidance == meta["guidance"] == meta["pretrain"]["guidance"]
     log = meta["log"]
     assert 0.2 <= log["test_reward"] <= 0.8 and log["step"] == meta["pretrain"]["steps"]
     prompts = load_split("pretrain")[::97]             # 9 seen prompts of every form

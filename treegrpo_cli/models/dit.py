@@ -34,6 +34,7 @@ class DiTConfig:
     heads: int = 4
     mlp_ratio: float = 2.5
     max_words: int = 12
+    text_ada: bool = False      # also condition adaLN on the prompt's mean word embedding
     pos: str = "sincos"         # image-token positions: fixed 2D sin-cos ("sincos") or "learned"
     refine: int = 32            # channels of the convolutional refiner at full resolution (0 = none)
     refine_feats: int = 8       # extra feature channels per pixel the patch decoder hands the refiner
@@ -93,6 +94,7 @@ class TinyDiT(nn.Module):
         self.words = nn.Embedding(len(cfg.vocab), D, padding_idx=0)
         self.word_pos = nn.Parameter(torch.randn(1, cfg.max_words, D) * 0.02)
         self.time = nn.Sequential(nn.Linear(D, D), nn.SiLU(), nn.Linear(D, D))
+        self.text_pool = nn.Sequential(nn.Linear(D, D), nn.SiLU(), nn.Linear(D, D)) if cfg.text_ada else None
         self.blocks = nn.ModuleList(Block(D, cfg.heads, cfg.mlp_ratio) for _ in range(cfg.depth))
         self.norm_out = nn.LayerNorm(D, elementwise_affine=False, eps=1e-6)
         self.ada_out = nn.Linear(D, 2 * D)
@@ -114,6 +116,9 @@ class TinyDiT(nn.Module):
         h = torch.cat([txt, img], dim=1)
         key_mask = torch.cat([mask, torch.ones(B, img.shape[1], dtype=torch.bool, device=x.device)], dim=1)
         c = self.time(sigma_embedding(sigma, self.cfg.dim))                # [B, D]
+        if self.text_pool is not None:                                     # + mean word embedding (0 if none)
+            words = self.words(ids) * mask[..., None]
+            c = c + self.text_pool(words.sum(1) / mask.sum(1, keepdim=True).clamp(min=1))
         for block in self.blocks:
             h = block(h, c, key_mask)
         shift, scale = self.ada_out(F.silu(c))[:, None].chunk(2, dim=-1)
@@ -154,23 +159,40 @@ class Refiner(nn.Module):
 
 
 class DiTPolicy(PixelNetPolicy):
-    """Policy adapter for TinyDiT: pixel latents in [-1, 1], closed-vocabulary word conditions."""
+    """Policy adapter for TinyDiT: pixel latents in [-1, 1], closed-vocabulary word conditions.
 
-    def __init__(self, cfg: DiTConfig, net: TinyDiT, name: str = "tiny-shapes", source: str = ""):
-        self.cfg, self.net, self.name, self.source = cfg, net, name, source
+    guidance w != 1: classifier-free guidance, v = v(empty prompt) + w * (v(prompt) - v(empty prompt)),
+    both halves in one forward (the guided velocity is the policy: its log-probs are trained)."""
+
+    def __init__(self, cfg: DiTConfig, net: TinyDiT, name: str = "tiny-shapes", source: str = "",
+                 guidance: float = 1.0):
+        self.cfg, self.net, self.name, self.source, self.guidance = cfg, net, name, source, float(guidance)
         self.latent_shape = (cfg.channels, cfg.image_size, cfg.image_size)
+
+    @property
+    def evals_per_row(self) -> int:
+        return 1 if self.guidance == 1.0 else 2
+
+    def velocity(self, x: Tensor, sigma: Tensor, cond: Conditions) -> Tensor:
+        ids, mask = cond["ids"], cond["mask"]
+        if self.guidance == 1.0:
+            return self.net(x, sigma, ids, mask)
+        v_c, v_u = self.net(torch.cat([x, x]), torch.cat([sigma, sigma]), torch.cat([ids, torch.zeros_like(ids)]),
+                            torch.cat([mask, torch.zeros_like(mask)])).chunk(2)
+        return v_u + self.guidance * (v_c - v_u)
 
     def encode(self, prompts: list[str]) -> Conditions:
         ids, mask = tokenize(prompts, self.cfg.vocab, self.cfg.max_words)
         return {"ids": ids.to(self._device()), "mask": mask.to(self._device())}
 
     def reference(self) -> "DiTPolicy":
-        return DiTPolicy(self.cfg, copy.deepcopy(self.net).requires_grad_(False), f"{self.name}-reference", self.source)
+        return DiTPolicy(self.cfg, copy.deepcopy(self.net).requires_grad_(False), f"{self.name}-reference", self.source,
+                         self.guidance)
 
     def describe(self) -> dict:
         cfg = asdict(self.cfg)
         cfg["vocab"] = list(cfg["vocab"])
-        return {"name": self.name, "adapter": "dit", "source": self.source, "config": cfg}
+        return {"name": self.name, "adapter": "dit", "source": self.source, "guidance": self.guidance, "config": cfg}
 
 
 def num_params(net: nn.Module) -> int:

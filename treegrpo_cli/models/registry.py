@@ -59,5 +59,6 @@ def _load_dit(name: str, device: str | torch.device) -> Policy:
         how = ("reinstall treegrpo, or rebuild them with `python scripts/pretrain_shapes.py`" if name == "tiny-shapes"
                else "pass --model with a file written by scripts/pretrain_shapes.py")
         raise TreegrpoError(f"model weights not found: {path}; {how}")
-    net, _ = load_weights(path)
-    return DiTPolicy(net.cfg, net.to(device), name="tiny-shapes" if name == "tiny-shapes" else path.stem, source=str(path))
+    net, meta = load_weights(path)
+    return DiTPolicy(net.cfg, net.to(device), name="tiny-shapes" if name == "tiny-shapes" else path.stem, source=str(path),
+                     guidance=meta.get("guidance", 1.0))

@@ -45,6 +45,8 @@ class PretrainConfig:
     eval_every: int = 1000
     ema: float = 0.998          # EMA of the weights, which is what gets evaluated and saved (0 = off)
     eval_steps: int = 20        # ODE steps of the evaluation sampler
+    uncond: float = 0.1         # probability of training on the empty prompt (classifier-free guidance)
+    guidance: float = 2.0       # guidance scale of the evaluation sampler, stored with the weights
     seed: int = 0
 
 
@@ -59,18 +61,20 @@ def lr_at(cfg: PretrainConfig, step: int) -> float:
 
 
 def flow_loss(net: TinyDiT, policy: DiTPolicy, prompts: list[str], images: torch.Tensor,
-              g: torch.Generator, shift: float) -> torch.Tensor:
+              g: torch.Generator, shift: float, uncond: float = 0.0) -> torch.Tensor:
     x0 = images * 2 - 1                                                   # [B, 3, H, W]
     eps = torch.randn(x0.shape, generator=g)
     sigma = time_shift(torch.rand(x0.shape[0], generator=g, dtype=torch.float64), shift).float()
     s = sigma.view(-1, 1, 1, 1)
     cond = policy.encode(prompts)
-    v = net(((1 - s) * x0 + s * eps), sigma, cond["ids"], cond["mask"])
+    keep = (torch.rand(x0.shape[0], generator=g) >= uncond)[:, None]      # [B, 1]: False = empty prompt
+    v = net(((1 - s) * x0 + s * eps), sigma, cond["ids"] * keep, cond["mask"] & keep)
     return torch.mean((v - (eps - x0)) ** 2)
 
 
-def evaluate(policy: DiTPolicy, prompts: list[str], steps: int, seed: int = 1234) -> float:
-    """Mean `shapes` reward of one ODE sample per prompt."""
+def evaluate(policy: DiTPolicy, prompts: list[str], steps: int, seed: int = 1234, guidance: float = 1.0) -> float:
+    """Mean `shapes` reward of one ODE sample per prompt (at this guidance scale)."""
+    policy = DiTPolicy(policy.cfg, policy.net, guidance=guidance)
     sde = FlowSDE(SamplerConfig(steps=steps))
     tree, _ = rollout(policy, prompts, list(range(len(prompts))), sde, TreeConfig(sde_steps=()), seed)
     with torch.no_grad():
@@ -105,7 +109,10 @@ def load_weights(path: Path) -> tuple[TinyDiT, dict[str, Any]]:
     return net, json.loads(header.get("treegrpo", "{}"))
 
 
-def pretrain(cfg: PretrainConfig, out: Path, init: Path | None = None, dit: DiTConfig = DiTConfig(),
+WORLD_DIT = DiTConfig(text_ada=True)   # the architecture of the shipped tiny-shapes weights
+
+
+def pretrain(cfg: PretrainConfig, out: Path, init: Path | None = None, dit: DiTConfig = WORLD_DIT,
              log: Callable[[dict[str, Any]], None] = lambda row: None) -> dict[str, Any]:
     """Train from scratch (or from `init`) and write the weights to `out`; returns the last log row."""
     torch.manual_seed(cfg.seed)
@@ -123,7 +130,7 @@ def pretrain(cfg: PretrainConfig, out: Path, init: Path | None = None, dit: DiTC
             group["lr"] = lr_at(cfg, step)
         idx = torch.randint(len(train_prompts), (cfg.batch,), generator=g).tolist()
         prompts = [train_prompts[i] for i in idx]
-        loss = flow_loss(net, policy, prompts, render_prompts(prompts, g), g, cfg.shift)
+        loss = flow_loss(net, policy, prompts, render_prompts(prompts, g), g, cfg.shift, cfg.uncond)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
@@ -137,9 +144,10 @@ def pretrain(cfg: PretrainConfig, out: Path, init: Path | None = None, dit: DiTC
         if (step + 1) % cfg.eval_every == 0 or last:
             row = {"step": step + 1, "loss": ema_loss, "lr": lr_at(cfg, step), "minutes": minutes,
                    "images": (step + 1) * cfg.batch,
-                   "test_reward": evaluate(shown, test_prompts, cfg.eval_steps),
-                   "pretrain_reward": evaluate(shown, train_prompts[::13][:56], cfg.eval_steps)}
-            save_weights(out, shown.net, {"pretrain": asdict(cfg), "log": row})
+                   "test_reward": evaluate(shown, test_prompts, cfg.eval_steps, guidance=cfg.guidance),
+                   "pretrain_reward": evaluate(shown, train_prompts[::13][:56], cfg.eval_steps, guidance=cfg.guidance),
+                   "test_reward_unguided": evaluate(shown, test_prompts, cfg.eval_steps)}
+            save_weights(out, shown.net, {"pretrain": asdict(cfg), "log": row, "guidance": cfg.guidance})
             log(row)
         elif (step + 1) % 50 == 0:
             log({"step": step + 1, "loss": ema_loss, "lr": lr_at(cfg, step), "minutes": minutes})
