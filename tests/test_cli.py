@@ -1,25 +1,10 @@
 import json
 
 import pytest
-from typer.testing import CliRunner
 
-from treegrpo_cli.cli.app import app
+from clitools import one_line_error, run
 
-runner = CliRunner()
 PIXEL = ("--model", "pixel")  # engine checks on the small random pixel network (jpeg rewards)
-
-
-def run(*args):
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def one_line_error(result, *needles):
-    assert result.exit_code != 0, result.output
-    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    for n in needles:
-        assert n in lines[0], lines[0]
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +48,7 @@ def test_inspect_ids_are_dense_per_tree(branch_dir):
 
 def test_overwrite_removes_old_shards(tmp_path):
     out = tmp_path / "t"
-    args = ("rollout", "--preset", "flow-grpo", "--set", "tree.trees_per_prompt=2", "--out", out)
+    args = ("rollout", *PIXEL, "--preset", "flow-grpo", "--set", "tree.trees_per_prompt=2", "--out", out)
     assert run(*args, "-n", 3, "--prompts-per-shard", 1).exit_code == 0
     assert len(list(out.glob("trees-*.safetensors"))) == 3
     assert run(*args, "-n", 1, "--overwrite").exit_code == 0

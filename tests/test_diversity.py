@@ -13,9 +13,8 @@ import pytest
 import torch
 from PIL import Image
 from torch import nn
-from typer.testing import CliRunner
 
-from treegrpo_cli.cli.app import app
+from clitools import one_line_error, run
 from treegrpo_cli.diversity import DiversityConfig, compare, open_images
 from treegrpo_cli.diversity import features as feats
 from treegrpo_cli.diversity.features import features
@@ -26,20 +25,6 @@ from treegrpo_cli.diversity.kernels import (gaussian_kernel, kid, median_bandwid
 from treegrpo_cli.diversity.report import one_per_group, pca_2d, statistics
 from treegrpo_cli.errors import ConfigError, TreegrpoError
 
-runner = CliRunner()
-
-
-def run(*args):
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def one_line_error(result, *needles):
-    assert result.exit_code != 0, result.output
-    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    for n in needles:
-        assert n in lines[0], lines[0]
 
 
 def gauss(n: int, d: int, seed: int, shift: float = 0.0) -> torch.Tensor:

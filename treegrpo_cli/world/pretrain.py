@@ -102,7 +102,11 @@ def load_weights(path: Path) -> tuple[TinyDiT, dict[str, Any]]:
     cfg["vocab"] = tuple(cfg["vocab"])
     try:
         net = TinyDiT(DiTConfig(**cfg))
-        net.load_state_dict(st_load(data), strict=True)
+        state, own = st_load(data), net.state_dict()
+        odd = sorted(set(state) ^ set(own)) + [k for k in state if k in own and state[k].shape != own[k].shape]
+        if odd:
+            raise ValueError(f"{len(odd)} tensors differ, e.g. {odd[0]}")
+        net.load_state_dict(state, strict=True)
     except (TypeError, ValueError, RuntimeError) as e:
         raise TreegrpoError(f"{path}: weights do not fit this version's tiny DiT ({str(e).splitlines()[0]}); "
                             "rebuild them with `python scripts/pretrain_shapes.py`") from None
