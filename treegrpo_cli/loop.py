@@ -166,13 +166,14 @@ def train(req: TrainRequest, hooks: Hooks = Hooks()) -> dict[str, Any]:
         last = trainer.step == cfg.train.iterations
         if last or stopped or trainer.step % cfg.train.save_every == 0:
             _save(trainer, req, ck_dir)
-        if last and cfg.train.eval_samples:
-            _heldout(trainer, req, hooks)
         if cfg.train.sample_every and (last or trainer.step % cfg.train.sample_every == 0):
             rundir.sample_grid(req.run_dir, trainer.policy, trainer.sde, req.eval_prompts, trainer.rewards,
                                cfg, trainer.step)
         if stopped:
             break
+    evals = rundir.read_evals(req.run_dir)
+    if cfg.train.eval_samples and trainer.step == cfg.train.iterations and evals[-1]["iteration"] < trainer.step:
+        _heldout(trainer, req, hooks)     # also after a run killed between its last checkpoint and this
     return rundir.summary(req.run_dir, start, stopped)
 
 
