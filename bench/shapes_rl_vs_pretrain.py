@@ -1,6 +1,7 @@
 """Does RL add what more pretraining would not? The equal-compute control on the embedded world.
 
     python bench/shapes_rl_vs_pretrain.py [--preset branch] [--out bench/results/shapes_rl_vs_pretrain.json]
+    python bench/shapes_rl_vs_pretrain.py --rl-run runs/default --rl-minutes 14.2   # reuse a timed run
 
 1. base:    the shipped tiny-shapes weights, mean `shapes` reward on the held-out test prompts
             (deterministic ODE sampler, 20 steps, --samples seeds per prompt);
@@ -54,6 +55,10 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=Path("runs/bench-shapes"))
     ap.add_argument("--out", type=Path, default=Path("bench/results/shapes_rl_vs_pretrain.json"))
     ap.add_argument("--set", action="append", default=[], help="passed to treegrpo train")
+    ap.add_argument("--rl-run", type=Path, default=None,
+                    help="reuse this finished `treegrpo train` run folder instead of training again")
+    ap.add_argument("--rl-minutes", type=float, default=None,
+                    help="with --rl-run: the wall-clock minutes of that command (the control gets as many)")
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
 
@@ -61,8 +66,13 @@ def main() -> None:
     base = test_reward(policy, args.samples)
     print("base", base, flush=True)
 
-    run = args.work / f"rl-{time.strftime('%Y%m%d-%H%M%S')}"
-    minutes = run_rl(args.preset, run, [x for s in args.set for x in ("--set", s)])
+    if args.rl_run:
+        if args.rl_minutes is None:
+            ap.error("--rl-run needs --rl-minutes (the wall-clock of that train command)")
+        run, minutes = args.rl_run, args.rl_minutes
+    else:
+        run = args.work / f"rl-{time.strftime('%Y%m%d-%H%M%S')}"
+        minutes = run_rl(args.preset, run, [x for s in args.set for x in ("--set", s)])
     policy.load_trainable_state(load_checkpoint(list_checkpoints(run / "checkpoints")[-1]).model)
     rl = test_reward(policy, args.samples)
     print("rl", rl, "minutes", minutes, flush=True)

@@ -46,7 +46,7 @@ class PretrainConfig:
     ema: float = 0.998          # EMA of the weights, which is what gets evaluated and saved (0 = off)
     eval_steps: int = 20        # ODE steps of the evaluation sampler
     uncond: float = 0.1         # probability of training on the empty prompt (classifier-free guidance)
-    guidance: float = 2.0       # guidance scale of the evaluation sampler, stored with the weights
+    guidance: float = 5.0       # guidance scale of the evaluation sampler, stored with the weights
     seed: int = 0
 
 
