@@ -296,8 +296,10 @@ def test_cli_generate(tmp_path):
     args = ["diversity", "--generate", "--model", "pixel-tiny", "--features", "pixels", "--kid-subsets", 2,
             "--permutations", 9, "--out", tmp_path / "o", "--overwrite"]
     one_line_error(run(*args, "--num", 10), "at least 2 trees per set", "--by-image")   # one tree per set
-    r = run(*args, "--num", 30, "--json")
+    r = run(*args, "--num", 30, "--set-b", 'tree.branch_noise="scaled"', "--json")
     assert r.exit_code == 0, r.output
+    meta = {k: json.loads((tmp_path / "o" / k / "index.json").read_text())["meta"]["config"] for k in ("set-a", "set-b")}
+    assert (meta["set-a"]["tree"]["branch_noise"], meta["set-b"]["tree"]["branch_noise"]) == ("correlated", "scaled")
     rep = json.loads(r.stdout)
     assert rep["a"]["used"] == rep["b"]["used"] == 30 and rep["test_unit"] == "tree"
     assert (rep["features"]["pixels"]["test_n_a"], rep["features"]["pixels"]["test_n_b"]) == (3, 2)   # 12 and 16 leaves a tree

@@ -66,7 +66,7 @@ TOP_LEVEL = {"name": str, "description": str, "model": str, "seed": int}
 class Config:
     name: str = "custom"
     description: str = ""
-    model: str = "tiny-shapes"
+    model: str = "pixel"
     seed: int = 0
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     tree: TreeConfig = field(default_factory=TreeConfig)

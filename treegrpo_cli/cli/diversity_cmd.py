@@ -37,6 +37,8 @@ def diversity(
     generate: Annotated[bool, typer.Option("--generate", help="Roll out both sets from one model first.")] = False,
     preset_a: Annotated[str, typer.Option("--preset-a", help="--generate: the method preset of set A.")] = "dance-grpo",
     preset_b: Annotated[str, typer.Option("--preset-b", help="--generate: the method preset of set B.")] = "branch",
+    sets_a: Annotated[Optional[list[str]], typer.Option("--set-a", help="--generate: key=value override of set A's config (repeatable).")] = None,
+    sets_b: Annotated[Optional[list[str]], typer.Option("--set-b", help="--generate: key=value override of set B's config (repeatable).")] = None,
     num: Annotated[int, typer.Option(min=2, help="--generate: leaf images per set.")] = 4096,
     model: Annotated[Optional[str], typer.Option(help="--generate: model name or path (default: the embedded tiny-shapes).")] = None,
     overwrite: Annotated[bool, typer.Option(help="--generate: replace existing tree folders.")] = False,
@@ -57,8 +59,8 @@ def diversity(
                 root = out or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="treegrpo-diversity-")))
                 gen = dict(num=num, model=model or "tiny-shapes", device=device, overwrite=overwrite,
                            command=command_line(), progress=bar)
-                set_a = generate_set(preset_a, a or root / "set-a", seed=seed, **gen)
-                set_b = generate_set(preset_b, b or root / "set-b", seed=seed + 1, **gen)
+                set_a = generate_set(preset_a, a or root / "set-a", seed=seed, sets=tuple(sets_a or ()), **gen)
+                set_b = generate_set(preset_b, b or root / "set-b", seed=seed + 1, sets=tuple(sets_b or ()), **gen)
             elif a is None or b is None:
                 raise ConfigError("give two folders A and B to compare, or pass --generate")
             else:

@@ -140,15 +140,16 @@ def open_images(path: Path) -> ImageSet:
 
 def generate_set(preset: str, out: Path, num: int, model: str = "tiny-shapes", seed: int = 0,
                  device: str = "cpu", overwrite: bool = False, command: str = "",
-                 progress: Progress | None = None) -> ImageSet:
+                 progress: Progress | None = None, sets: tuple[str, ...] = ()) -> ImageSet:
     """Roll out `preset` with `model` until it has at least `num` leaves, write the trees to `out`
     and return its first `num` leaf images.
 
     Prompts are drawn at random (with replacement, seeded) from the model's prompt list, so two
     sets generated with different seeds hold i.i.d. trees and the tree permutation test is exact;
     sets that share their prompts make it conservative. Every tree gets its own root noise
-    (tree.init_same_noise = false): the training trick would make all images share one."""
-    cfg = load_config(preset, None, [f'model="{model}"', f"seed={seed}", "tree.init_same_noise=false"])
+    (tree.init_same_noise = false): the training trick would make all images share one. `sets`
+    (key=value) override the preset last, e.g. tree.branch_noise="scaled"."""
+    cfg = load_config(preset, None, [f'model="{model}"', f"seed={seed}", "tree.init_same_noise=false", *sets])
     per_prompt = cfg.tree.leaves(cfg.sampler.steps) * cfg.tree.trees_per_prompt
     pool = load_prompts(cfg.rollout.prompts)
     draw = torch.randint(len(pool), (math.ceil(num / per_prompt),), generator=torch.Generator().manual_seed(seed))
