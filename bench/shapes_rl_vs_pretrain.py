@@ -60,6 +60,8 @@ def main() -> None:
     ap.add_argument("--rl-minutes", type=float, default=None,
                     help="with --rl-run: the wall-clock minutes of that command (the control gets as many)")
     args = ap.parse_args()
+    if args.rl_run and args.rl_minutes is None:
+        ap.error("--rl-run needs --rl-minutes (the wall-clock of that train command)")
     args.work.mkdir(parents=True, exist_ok=True)
 
     policy = load_policy("tiny-shapes")
@@ -67,8 +69,6 @@ def main() -> None:
     print("base", base, flush=True)
 
     if args.rl_run:
-        if args.rl_minutes is None:
-            ap.error("--rl-run needs --rl-minutes (the wall-clock of that train command)")
         run, minutes = args.rl_run, args.rl_minutes
     else:
         run = args.work / f"rl-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -1,5 +1,6 @@
-from dataclasses import asdict
 """The tiny DiT of the shapes world: weights files, loading through the Policy protocol, pretraining."""
+
+from dataclasses import asdict
 
 import pytest
 import torch

@@ -11,6 +11,7 @@ TreegrpoError naming the file and how to supply it. The Inception network is in 
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 import difflib
 import os
 import sys
@@ -52,7 +53,7 @@ def parse_features(spec: str) -> tuple[str, ...]:
     return names
 
 
-class Extractor:
+class Extractor(ABC):
     """images [N, 3, H, W] float in [0, 1] (or uint8) -> [N, dim] float32 on the CPU, no grad."""
 
     name, dim = "", 0
@@ -60,8 +61,9 @@ class Extractor:
     def __init__(self, device: str | torch.device = "cpu"):
         self.device = torch.device(device)
 
+    @abstractmethod
     def embed(self, x: Tensor) -> Tensor:
-        raise NotImplementedError
+        """x [n, 3, H, W] float in [0, 1] on self.device -> [n, dim] features."""
 
     @torch.no_grad()
     def __call__(self, images: Tensor) -> Tensor:

@@ -8,6 +8,7 @@ tree share their early noise, so the permutation test takes one leaf per tree.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 import math
 from pathlib import Path
 from typing import Iterator
@@ -28,7 +29,7 @@ from ..store.trees import open_trees, read_tree_shard
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
 
 
-class ImageSet:
+class ImageSet(ABC):
     """N images of one size, a keep mask over them, and a group id per image."""
 
     kind = ""
@@ -60,9 +61,9 @@ class ImageSet:
     def describe(self) -> dict:
         return {"source": str(self.source), "kind": self.kind, "images": self.count, "used": len(self)}
 
+    @abstractmethod
     def batches(self, size: int) -> Iterator[Tensor]:
         """Chunks of at most `size` kept images, [b, 3, H, W] uint8."""
-        raise NotImplementedError
 
 
 class FolderImages(ImageSet):
