@@ -1,7 +1,10 @@
 import pytest
 import torch
 
+from treegrpo_cli.compat import ensure_torchvision
 from treegrpo_cli.models.pixel import PixelConfig, PixelPolicy
+
+ensure_torchvision()  # torchmetrics, open_clip and transformers import torchvision (see compat.py)
 
 
 @pytest.fixture(autouse=True, scope="session")

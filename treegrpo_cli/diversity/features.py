@@ -14,7 +14,6 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 import difflib
 import os
-import sys
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -22,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..compat import ensure_torchvision
 from ..errors import ConfigError, TreegrpoError
 from .inception import FIDInceptionV3
 
@@ -164,25 +164,11 @@ class Inception(Extractor):
         return self.net(x)
 
 
-_TORCHVISION_OPS = None  # the shim's torch.library.Library, alive for the whole process
-
-
 def _import_open_clip():
-    """open_clip, after making a CUDA-built torchvision importable on CPU torch (see deps notes)."""
-    global _TORCHVISION_OPS
+    """open_clip, after making a CUDA-built torchvision importable on CPU torch (see compat.py)."""
     how = "pip install open_clip_torch 'torchvision==X' with X the torchvision of your torch (0.28.0 for torch 2.13)"
-    try:
-        import torchvision  # noqa: F401
-    except ImportError:
-        raise TreegrpoError(f"clip features need open_clip: {how}") from None
-    except RuntimeError as e:
-        if "torchvision::" not in str(e):
-            raise
-        for name in [m for m in sys.modules if m.split(".")[0] == "torchvision"]:
-            del sys.modules[name]
-        _TORCHVISION_OPS = torch.library.Library("torchvision", "DEF")
-        for op in ("nms", "qnms"):
-            _TORCHVISION_OPS.define(f"{op}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+    if not ensure_torchvision():
+        raise TreegrpoError(f"clip features need open_clip: {how}")
     try:
         import open_clip
     except (ImportError, RuntimeError) as e:
