@@ -21,6 +21,7 @@ from .engine.rollout import TreeConfig
 from .engine.schedules import ScheduleConfig
 from .engine.sde import SamplerConfig
 from .errors import ConfigError
+from .models.base import PolicyConfig
 
 PRESET_DIRS = (Path(__file__).parent / "presets", Path(__file__).resolve().parents[1] / "presets")
 COMBINES = ("rewards", "advantages")
@@ -58,6 +59,7 @@ SECTIONS: dict[str, type] = {
     "rollout": RolloutConfig,
     "schedule": ScheduleConfig,
     "train": TrainConfig,
+    "policy": PolicyConfig,
 }
 TOP_LEVEL = {"name": str, "description": str, "model": str, "seed": int}
 
@@ -76,6 +78,7 @@ class Config:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)   # diffusers models only (models/base.py)
 
     def validate(self) -> "Config":
         self.sampler.validate()
@@ -85,6 +88,7 @@ class Config:
         self.reward.weight_map()
         self.schedule.validate(self.sampler.steps, self.sampler.decode)
         self.train.validate()
+        self.policy.validate()
         return self
 
     def to_dict(self) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from .engine.credit import assign_credit
 from .engine.grpo import Batch, grpo_update, make_optimizer
 from .engine.rollout import Progress, TreeConfig, mix_seed, rollout
 from .engine.schedules import tree_for_iteration
-from .engine.sde import FlowSDE
+from .engine.sde import make_kernel
 from .evaluate import heldout_reward
 from .models.base import Policy
 from .models.registry import load_policy
@@ -52,13 +52,13 @@ class Trainer:
     def __init__(self, cfg: Config, device: str):
         cfg.train.validate()
         self.cfg, self.device = cfg, device
-        self.policy: Policy = load_policy(cfg.model, device)
-        self.sde = FlowSDE(cfg.sampler)
+        self.policy: Policy = load_policy(cfg.model, device, cfg.policy)
+        self.sde = make_kernel(self.policy, cfg.sampler)   # FlowSDE, or the policy's own (DDIM for SD1.5)
         self.opt = make_optimizer(list(self.policy.trainable_parameters()), cfg.train)
         self.ema = ({k: v.detach().clone() for k, v in self.policy.trainable_state().items()}
                     if cfg.train.ema_decay > 0 else None)
         self.ref = self.policy.reference() if cfg.train.kl_beta > 0 else None
-        self.rewards = {n: get_reward(n) for n in cfg.reward.names}
+        self.rewards = {n: get_reward(n, device=device) for n in cfg.reward.names}
         self.weights = cfg.reward.weight_map()
         self.step = 0
 
@@ -143,6 +143,8 @@ def train(req: TrainRequest, hooks: Hooks = Hooks()) -> dict[str, Any]:
     """Train online until cfg.train.iterations; resumable from the last complete checkpoint."""
     cfg = req.config
     trainer = Trainer(cfg, req.device)
+    if cfg.policy.free_text_encoders and hasattr(trainer.policy, "cache_prompts"):
+        trainer.policy.cache_prompts(req.prompts + req.eval_prompts)   # embed once, then free the encoders
     ck_dir = req.run_dir / "checkpoints"
     if req.resume:
         done = list_checkpoints(ck_dir)

@@ -23,7 +23,7 @@ from .errors import TreegrpoError
 from .loop import Trainer
 from .engine.pruning import PruneConfig
 from .engine.rollout import Progress, rollout
-from .engine.sde import FlowSDE
+from .engine.sde import make_kernel
 from .models.registry import load_policy
 from .prompts import take
 from .rewards.base import get_reward, score_leaves
@@ -55,8 +55,8 @@ class RolloutRequest:
 def run_rollout(req: RolloutRequest, progress: Progress = _noop) -> dict[str, Any]:
     """Roll out trees for num_prompts prompts and write them as shards under req.out."""
     cfg = req.config
-    policy = load_policy(cfg.model, req.device)
-    sde = FlowSDE(cfg.sampler)
+    policy = load_policy(cfg.model, req.device, cfg.policy)
+    sde = make_kernel(policy, cfg.sampler)
     ids = take(req.prompts, req.num_prompts)
     meta = {"command": req.command, "config": cfg.to_dict(), "model": policy.describe(),
             "seed": cfg.seed, "num_prompts": len(ids), "trees_per_prompt": cfg.tree.trees_per_prompt,

@@ -1,17 +1,20 @@
-"""Commands whose engines land in later releases: they exist, explain themselves and exit 2."""
+"""Commands whose engines land in later releases: they exist, explain themselves and exit 2.
+
+Empty in this release (`eval` has landed in eval_cmd.py); app.py registers whatever is listed here.
+"""
 
 from __future__ import annotations
 
-import typer
+from typing import Callable
 
 from .common import fail
 
-_PENDING = "is not available in this release yet (see CHANGELOG.md); use `treegrpo rollout` and `treegrpo score`"
+_PENDING = "is not available in this release yet (see CHANGELOG.md)"
 
 
-def eval_(ctx: typer.Context) -> None:
-    """Evaluate a model or checkpoint with reward metrics (ODE sampling)."""
-    fail(f"`treegrpo eval` {_PENDING}", 2)
+def pending(name: str) -> None:
+    """Fail with the one-line 'not available yet' message of command `name` (exit code 2)."""
+    fail(f"`treegrpo {name}` {_PENDING}", 2)
 
 
-COMMANDS = {"eval": eval_}
+COMMANDS: dict[str, Callable[..., None]] = {}

@@ -9,6 +9,7 @@ from ..config import load_config
 from ..prompts import load_prompts
 from ..stages import RolloutRequest, run_rollout
 from .common import command_line, err, guarded, print_json, progress_bar
+from .train_cmd import MODEL_PANEL, policy_sets
 
 
 def rollout(
@@ -26,6 +27,8 @@ def rollout(
     overwrite: Annotated[bool, typer.Option(help="Replace an existing tree folder.")] = False,
     device: Annotated[str, typer.Option(help="Torch device for the model.")] = "cpu",
     json_: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+    revision: Annotated[Optional[str], typer.Option(help="Hub revision (branch, tag or commit) of --model.", rich_help_panel=MODEL_PANEL)] = None,
+    dtype: Annotated[Optional[str], typer.Option(help="Weights: auto (bf16 on CUDA, fp32 elsewhere), bf16 or fp32.", rich_help_panel=MODEL_PANEL)] = None,
 ) -> None:
     """Roll out trees with a method preset and write them as safetensors shards.
 
@@ -36,6 +39,7 @@ def rollout(
         sets += [f"seed={seed}"] if seed is not None else []
         sets += [f'model="{model}"'] if model else []
         sets += [f"rollout.max_batch={max_batch}"] if max_batch else []
+        sets += policy_sets(revision=revision, dtype=dtype)
         cfg = load_config(preset, config, sets)
         req = RolloutRequest(cfg, load_prompts(prompts or cfg.rollout.prompts), out, num_prompts, prompts_per_shard,
                              save_images, overwrite, device, command_line())

@@ -49,6 +49,26 @@ def _sets(set_, model, reward, weights, iterations, seed, max_batch) -> list[str
     return sets
 
 
+MODEL_PANEL = "Model (diffusers: FLUX, SD3, SD1.5)"
+
+
+def policy_sets(revision: str | None = None, finetune: str | None = None, lora_rank: int | None = None,
+                lora_alpha: float | None = None, lora_targets: str | None = None, dtype: str | None = None,
+                gradient_checkpointing: bool | None = None) -> list[str]:
+    """--set items of the [policy] section from the model options (shared with `rollout`)."""
+    sets = [f'policy.revision="{revision}"'] if revision else []
+    sets += [f'policy.finetune="{finetune}"'] if finetune else []
+    sets += [f"policy.lora_rank={lora_rank}"] if lora_rank else []
+    sets += [f"policy.lora_alpha={lora_alpha}"] if lora_alpha else []
+    if lora_targets:
+        names = [n.strip() for n in lora_targets.split(",") if n.strip()]
+        sets.append("policy.lora_targets=[" + ", ".join(f'"{n}"' for n in names) + "]")
+    sets += [f'policy.dtype="{dtype}"'] if dtype else []
+    if gradient_checkpointing is not None:
+        sets.append(f"policy.gradient_checkpointing={str(gradient_checkpointing).lower()}")
+    return sets
+
+
 def train(
     preset: Annotated[str, typer.Option(help="Method preset (see `treegrpo presets`).")] = "branch",
     config: Annotated[Optional[Path], typer.Option("--config", help="A TOML config file layered over the preset.")] = None,
@@ -65,6 +85,13 @@ def train(
     max_batch: Annotated[Optional[int], typer.Option("--max-batch", min=1, help="Rows per model forward.")] = None,
     device: Annotated[str, typer.Option(help="Torch device.")] = "cpu",
     json_: Annotated[bool, typer.Option("--json", help="Print the final summary as JSON.")] = False,
+    revision: Annotated[Optional[str], typer.Option(help="Hub revision (branch, tag or commit) of --model.", rich_help_panel=MODEL_PANEL)] = None,
+    finetune: Annotated[Optional[str], typer.Option(help="'lora' (peft adapter, default) or 'full' fine-tuning.", rich_help_panel=MODEL_PANEL)] = None,
+    lora_rank: Annotated[Optional[int], typer.Option("--lora-rank", min=1, help="LoRA rank (default: FLUX 64, SD3 32, SD 4).", rich_help_panel=MODEL_PANEL)] = None,
+    lora_alpha: Annotated[Optional[float], typer.Option("--lora-alpha", min=0, help="LoRA alpha (default: twice the rank for FLUX and SD3, = rank for SD).", rich_help_panel=MODEL_PANEL)] = None,
+    lora_targets: Annotated[Optional[str], typer.Option("--lora-targets", help="LoRA target module suffixes, comma separated.", rich_help_panel=MODEL_PANEL)] = None,
+    dtype: Annotated[Optional[str], typer.Option(help="Weights: auto (bf16 on CUDA, fp32 elsewhere), bf16 or fp32.", rich_help_panel=MODEL_PANEL)] = None,
+    gradient_checkpointing: Annotated[Optional[bool], typer.Option("--gradient-checkpointing/--no-gradient-checkpointing", help="Recompute activations in the backward pass.", show_default=False, rich_help_panel=MODEL_PANEL)] = None,
 ) -> None:
     """Train online: roll out trees, score, compute advantages, prune, update; checkpoints and exact resume.
 
@@ -72,6 +99,7 @@ def train(
     """
     with guarded():
         sets = _sets(set_, model, reward, weights, iterations, seed, max_batch)
+        sets += policy_sets(revision, finetune, lora_rank, lora_alpha, lora_targets, dtype, gradient_checkpointing)
         if trees is not None:
             summary = _staged(trees, run_dir, sets, device)
         else:

@@ -121,3 +121,77 @@ def gaussian_log_prob(x: Tensor, mean: Tensor, std: Tensor, reduction: str = "me
     lp = -((x - mean) ** 2) / (2 * s**2) - torch.log(s) - 0.5 * math.log(2 * math.pi)
     lp = lp.flatten(1)
     return lp.mean(1) if reduction == "mean" else lp.sum(1)
+
+
+# --- the diffusion (epsilon-prediction) case: DDIM with eta, as in DDPO ------------------------
+
+PREDICTIONS = ("epsilon", "v_prediction", "sample")
+
+
+class DDIMKernel:
+    """The DDIM transition (Song et al. 2021) with noise eta and its Gaussian log-prob (DDPO, Black et
+    al. 2023), behind FlowSDE's interface. With abar_t the cumulative alpha at the step's timestep t and
+    abar_p at t - N/T (or the scheduler's final value past 0):
+
+        x0   = (x - sqrt(1 - abar_t) * eps) / sqrt(abar_t)
+        std  = eta * sqrt((1 - abar_p) / (1 - abar_t) * (1 - abar_t / abar_p))
+        mean = sqrt(abar_p) * x0 + sqrt(1 - abar_p - std^2) * eps
+
+    `sigmas` is the model's time input on the grid, t/N for t the diffusers DDIM timesteps and 0 after
+    the last step: the policy turns it back into an integer timestep. ODE steps (sde False) are DDIM
+    with eta 0. All arithmetic is fp32.
+    """
+
+    def __init__(self, cfg: SamplerConfig, alphas_cumprod: Tensor, timesteps: Tensor, num_train_timesteps: int,
+                 final_alpha_cumprod: float, eta: float = 1.0, prediction_type: str = "epsilon",
+                 clip_sample: float | None = None):
+        cfg.validate()
+        if len(timesteps) != cfg.steps:
+            raise ConfigError(f"DDIM grid has {len(timesteps)} timesteps for {cfg.steps} steps")
+        if prediction_type not in PREDICTIONS:
+            raise ConfigError(f"unsupported prediction type {prediction_type!r} (supported: {', '.join(PREDICTIONS)})")
+        self.cfg, self.eta, self.prediction_type, self.clip_sample = cfg, float(eta), prediction_type, clip_sample
+        t = timesteps.long().cpu()
+        prev = t - num_train_timesteps // cfg.steps
+        abar = alphas_cumprod.double().cpu()
+        self.abar = abar[t]                                                            # [T]
+        self.abar_prev = torch.where(prev >= 0, abar[prev.clamp(min=0)], torch.tensor(float(final_alpha_cumprod),
+                                     dtype=torch.float64))                             # [T]
+        self.variance = (1 - self.abar_prev) / (1 - self.abar) * (1 - self.abar / self.abar_prev)  # [T]
+        if self.eta > 0 and not bool((self.variance > 0).all()):
+            raise ConfigError("a DDIM step of this scheduler has zero variance (set_alpha_to_one = true); use a "
+                              "scheduler config with set_alpha_to_one = false, as Stable Diffusion 1.5 has")
+        self.sigmas = torch.cat([t.double() / num_train_timesteps, torch.zeros(1, dtype=torch.float64)])  # [T+1]
+
+    def _eps_x0(self, x: Tensor, out: Tensor, a: Tensor) -> tuple[Tensor, Tensor]:
+        """(eps, x0) [B, ...] from the model output under its prediction type."""
+        if self.prediction_type == "epsilon":
+            return out, (x - (1 - a).sqrt() * out) / a.sqrt()
+        if self.prediction_type == "v_prediction":
+            return a.sqrt() * out + (1 - a).sqrt() * x, a.sqrt() * x - (1 - a).sqrt() * out
+        return (x - a.sqrt() * out) / (1 - a).sqrt(), out
+
+    def step(self, x: Tensor, out: Tensor, i: Tensor, sde: Tensor) -> StepResult:
+        """One transition from step i for a batch: x, out [B, ...]; i [B] int64 step index; sde [B] bool."""
+        x, out = x.float(), out.float()
+        i = i.cpu()
+        shape = (-1,) + (1,) * (x.dim() - 1)
+        a = self.abar[i].float().to(x.device).view(shape)
+        ap = self.abar_prev[i].float().to(x.device).view(shape)
+        eps, x0 = self._eps_x0(x, out, a)
+        if self.clip_sample is not None:
+            x0 = x0.clamp(-self.clip_sample, self.clip_sample)
+        std = self.eta * self.variance[i].sqrt().float().to(x.device)                   # [B]
+        std = torch.where(sde.to(x.device), std, torch.zeros_like(std))
+        mean = ap.sqrt() * x0 + (1 - ap - std.view(shape) ** 2).sqrt() * eps
+        return StepResult(mean=mean, std=std, x0=x0)
+
+    def log_prob(self, x_next: Tensor, mean: Tensor, std: Tensor) -> Tensor:
+        """[B] Gaussian log-density of x_next under N(mean, std^2 I), reduced over latent elements."""
+        return gaussian_log_prob(x_next, mean, std, self.cfg.log_prob_reduction)
+
+
+def make_kernel(policy: object, cfg: SamplerConfig) -> FlowSDE | DDIMKernel:
+    """The transition kernel a policy samples with: its own `kernel(cfg)` if it has one, else FlowSDE."""
+    own = getattr(policy, "kernel", None)
+    return own(cfg) if callable(own) else FlowSDE(cfg)

@@ -6,12 +6,51 @@ into conditions, (latent, sigma, condition) into a velocity, and latents into im
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor, nn
 
+from ..errors import ConfigError
+
 Conditions = dict[str, Tensor]  # every tensor has the prompt batch as its first dim
+FINETUNES = ("lora", "full")
+DTYPES = ("auto", "bf16", "fp32")
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """How a diffusers model (FLUX, SD3, SD1.5) is loaded and trained: the `[policy]` config section.
+
+    The built-in pixel and tiny-shapes models ignore it. None means "the adapter's default"
+    (docs/models.md lists them)."""
+    revision: str | None = None          # hub revision (branch, tag or commit) of --model
+    download: bool = False               # allow fetching --model from the hub when it is not in the local cache
+    finetune: str = "lora"               # "lora": a peft adapter on the denoiser | "full": every denoiser weight
+    lora_rank: int | None = None         # None: FLUX 64, SD3 32, SD 4 (the GRPO/DDPO references)
+    lora_alpha: float | None = None      # None: FLUX 128, SD3 64, SD 4
+    lora_targets: tuple[str, ...] = ()   # module-name suffixes (peft target_modules); empty: the adapter's
+    dtype: str = "auto"                  # weights: "auto" = bf16 on CUDA, fp32 elsewhere; sampler math is always fp32
+    gradient_checkpointing: bool = False
+    guidance: float | None = None        # FLUX distilled guidance (3.5); SD3 / SD true CFG scale (4.5 / 5.0)
+    resolution: int | None = None        # square image side in pixels; None: FLUX 720, SD3 512, SD 512
+    max_sequence_length: int | None = None  # T5 tokens; None: FLUX 512 (schnell 256), SD3 256
+    ddim_eta: float = 1.0                # SD only: eta of the stochastic DDIM steps (DDPO: 1.0)
+    prompt_cache: str = ""               # folder of prompt embeddings on disk ("": in memory only)
+    free_text_encoders: bool = False     # train: embed every train and eval prompt first, then free the encoders
+
+    def validate(self) -> None:
+        if self.finetune not in FINETUNES:
+            raise ConfigError(f"policy.finetune must be one of {', '.join(FINETUNES)}; got {self.finetune!r}")
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"policy.dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
+        for name in ("lora_rank", "lora_alpha", "resolution", "max_sequence_length"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ConfigError(f"policy.{name} must be > 0, got {value}")
+        if (self.guidance is not None and self.guidance < 0) or self.ddim_eta < 0:
+            raise ConfigError("policy.guidance and policy.ddim_eta must be >= 0")
 
 
 @runtime_checkable
@@ -24,7 +63,10 @@ class Policy(Protocol):
         """Prompts -> conditions, each tensor [P, ...]."""
 
     def velocity(self, x: Tensor, sigma: Tensor, cond: Conditions) -> Tensor:
-        """x [B, C, H, W], sigma [B] in [0, 1], cond rows [B, ...] -> v [B, C, H, W]."""
+        """x [B, C, H, W], sigma [B] in [0, 1], cond rows [B, ...] -> v [B, C, H, W].
+
+        The model output that the policy's transition kernel expects: the flow velocity for
+        FlowSDE, the noise prediction epsilon for engine.sde.DDIMKernel (SD1.5)."""
 
     def decode(self, latents: Tensor) -> Tensor:
         """latents [B, C, H, W] -> images [B, 3, H', W'] float in [0, 1]."""
@@ -43,6 +85,9 @@ class Policy(Protocol):
 
     def reference(self) -> "Policy":
         """A frozen copy of the current policy (the KL reference), sharing nothing trainable."""
+
+    # Optional: `kernel(sampler_cfg) -> transition kernel`. A policy without it is sampled with
+    # engine.sde.FlowSDE(sampler_cfg); see engine.sde.make_kernel.
 
 
 def select(cond: Conditions, rows: Tensor) -> Conditions:

@@ -8,7 +8,8 @@ from pathlib import Path
 import torch
 
 from ..errors import ConfigError, TreegrpoError
-from .base import Policy
+from . import hub
+from .base import Policy, PolicyConfig
 from .pixel import PixelConfig, PixelPolicy
 
 TINY_SHAPES = Path(__file__).resolve().parents[1] / "data" / "tiny-shapes.safetensors"
@@ -35,19 +36,50 @@ MODEL_DEFAULTS: dict[str, dict[str, object]] = {
 
 
 def model_defaults(name: str) -> dict[str, object]:
-    return dict(MODEL_DEFAULTS.get(name, {}))
+    if name in MODEL_DEFAULTS:
+        return dict(MODEL_DEFAULTS[name])
+    return hub.adapter_defaults(name)  # diffusers models (FLUX, SD3, SD): models/hub.py
 
 
-def load_policy(name: str, device: str | torch.device = "cpu") -> Policy:
+def load_policy(name: str, device: str | torch.device = "cpu", opts: PolicyConfig | None = None,
+                text_encoders: bool = True) -> Policy:
+    """The policy of --model. `opts` (the [policy] section) and `text_encoders` (False: skip loading
+    them, e.g. for export) concern the diffusers models only."""
     if name in _PIXEL:
         policy = PixelPolicy(_PIXEL[name], name=name)
         policy.net.to(device)
         return policy
     if name == "tiny-shapes" or name.endswith(".safetensors"):
         return _load_dit(name, device)
-    close = difflib.get_close_matches(name, MODELS, n=1)
+    if hub.is_diffusers_name(name):
+        return _load_diffusers(name, device, opts or PolicyConfig(), text_encoders)
+    names = [*MODELS, *hub.KNOWN]
+    close = difflib.get_close_matches(name, names, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
-    raise ConfigError(f"unknown model {name!r} (available: {', '.join(MODELS)}){hint}")
+    raise ConfigError(f"unknown model {name!r} (available: {', '.join(names)}, a hub id or a diffusers folder){hint}")
+
+
+def _load_diffusers(name: str, device: str | torch.device, opts: PolicyConfig, text_encoders: bool) -> Policy:
+    """A local folder or cached hub snapshot -> the FLUX, SD3 or SD adapter its model_index.json names."""
+    opts.validate()
+    folder = hub.resolve(name, opts.revision, opts.download)
+    kind = hub.pipeline_kind(folder)
+    hub.check_complete(folder, text_encoders)
+    from .diffusers_base import load_pipeline, quiet_diffusers, torch_dtype
+
+    quiet_diffusers()  # the torchvision guard first: transformers imports it
+    if kind == "flux":
+        from diffusers import FluxPipeline as pipeline_cls
+        from .flux import FluxPolicy as adapter
+    elif kind == "sd3":
+        from diffusers import StableDiffusion3Pipeline as pipeline_cls
+        from .sd3 import SD3Policy as adapter
+    else:
+        from diffusers import StableDiffusionPipeline as pipeline_cls
+        from .sd import SDPolicy as adapter
+    pipe = load_pipeline(folder, pipeline_cls, torch_dtype(opts.dtype, device), text_encoders)
+    shown = name if name in hub.KNOWN or not Path(name).expanduser().is_dir() else Path(name).expanduser().name
+    return adapter(pipe, opts, name=shown, source=str(folder), device=device)
 
 
 def _load_dit(name: str, device: str | torch.device) -> Policy:

@@ -2,12 +2,23 @@
 
 Rewards know nothing of trees. Several rewards combine with weights, either as a weighted sum of
 scores or as a weighted sum of per-reward advantages (see engine.advantages.combine).
+
+Registered rewards (see docs/rewards.md for weights, environment variables and score ranges):
+
+    shapes, jpeg-compressibility, jpeg-incompressibility   no weights, no options
+    hps, pick, imagereward, clip, aesthetic                 reward models from local weights files
+
+A model reward's factory takes `device`, `dtype` and its own options (e.g. `checkpoint`); the
+registry imports the modules of every reward at once, but those modules import open_clip or
+transformers only inside their factories, so nothing heavy loads until such a reward is requested.
 """
 
 from __future__ import annotations
 
 import difflib
-from typing import Callable, Protocol, runtime_checkable
+import importlib
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -23,11 +34,25 @@ class Reward(Protocol):
         """images [B, 3, H, W] float in [0, 1], prompts [B] -> scores [B] float32."""
 
 
-_REGISTRY: dict[str, Callable[[], Reward]] = {}
+@dataclass(frozen=True)
+class RewardSpec:
+    """How to build one named reward."""
+    name: str
+    factory: Callable[..., Reward]
+    options: tuple[str, ...] = ()   # keyword options the factory takes (besides device and dtype)
+    on_device: bool = False         # the factory takes device= and dtype= (a model reward)
+    summary: str = ""
 
 
-def register(name: str, factory: Callable[[], Reward]) -> None:
-    _REGISTRY[name] = factory
+_REGISTRY: dict[str, RewardSpec] = {}
+BUILTINS = ("jpeg", "shapes", "hps", "pick", "imagereward", "clip", "aesthetic")   # modules under rewards/
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+
+
+def register(name: str, factory: Callable[..., Reward], *, options: tuple[str, ...] = (), on_device: bool = False,
+             summary: str = "") -> None:
+    _REGISTRY[name] = RewardSpec(name, factory, tuple(options), on_device, summary)
 
 
 def available() -> list[str]:
@@ -35,13 +60,53 @@ def available() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def get_reward(name: str) -> Reward:
+def spec(name: str) -> RewardSpec:
+    """The registry entry of a reward name; a ConfigError naming the closest name when unknown."""
     _load_builtins()
     if name not in _REGISTRY:
         close = difflib.get_close_matches(name, _REGISTRY, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         raise ConfigError(f"unknown reward {name!r} (available: {', '.join(sorted(_REGISTRY))}){hint}")
-    return _REGISTRY[name]()
+    return _REGISTRY[name]
+
+
+def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ConfigError(f"unknown dtype {dtype!r} (use one of {', '.join(DTYPES)})")
+    return DTYPES[dtype]
+
+
+def get_reward(name: str, device: str | torch.device | None = None, dtype: str | torch.dtype | None = None,
+               **options: Any) -> Reward:
+    """Build the reward `name`; model rewards go to `device` in `dtype` (default cpu, float32).
+
+    Options are the factory's own (see RewardSpec.options); an unknown one is a ConfigError.
+    """
+    s = spec(name)
+    bad = sorted(set(options) - set(s.options))
+    if bad:
+        valid = ", ".join(s.options) or "none"
+        raise ConfigError(f"reward {name!r} has no option {bad[0]!r} (its options: {valid})")
+    if s.on_device:
+        return s.factory(device=torch.device(device or "cpu"), dtype=parse_dtype(dtype) or torch.float32, **options)
+    return s.factory(**options)
+
+
+def parse_reward_options(items: list[str] | tuple[str, ...]) -> dict[str, dict[str, str]]:
+    """['hps.checkpoint=/w.pt', 'pick.form=logit'] -> {'hps': {'checkpoint': '/w.pt'}, 'pick': {'form': 'logit'}}."""
+    out: dict[str, dict[str, str]] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        name, dot, opt = key.strip().partition(".")
+        if not sep or not dot or not name or not opt:
+            raise ConfigError(f"reward options look like NAME.KEY=VALUE (e.g. hps.checkpoint=/path); got {item!r}")
+        allowed = spec(name).options
+        if opt not in allowed:
+            raise ConfigError(f"reward {name!r} has no option {opt!r} (its options: {', '.join(allowed) or 'none'})")
+        out.setdefault(name, {})[opt] = value.strip()
+    return out
 
 
 def parse_rewards(names: str, weights: str | None = None) -> dict[str, float]:
@@ -51,6 +116,8 @@ def parse_rewards(names: str, weights: str | None = None) -> dict[str, float]:
         raise ConfigError("no reward named; pass --reward NAME[,NAME]")
     if len(set(keys)) != len(keys):
         raise ConfigError(f"reward named twice in {names!r}")
+    for k in keys:
+        spec(k)  # fail early on an unknown name, without building a model
     if weights is None:
         return {k: 1.0 for k in keys}
     try:
@@ -59,8 +126,6 @@ def parse_rewards(names: str, weights: str | None = None) -> dict[str, float]:
         raise ConfigError(f"--weights must be numbers separated by commas, got {weights!r}") from None
     if len(w) != len(keys):
         raise ConfigError(f"{len(keys)} rewards but {len(w)} weights")
-    for k in keys:
-        get_reward(k)  # fail early on an unknown name
     return dict(zip(keys, w))
 
 
@@ -81,5 +146,6 @@ def score_leaves(rewards: dict[str, Reward], images: Tensor, prompts: list[str],
 
 
 def _load_builtins() -> None:
-    from . import jpeg  # noqa: F401  (registers on import)
-    from . import shapes  # noqa: F401
+    """Import the reward modules (each registers itself; the model ones import no model library yet)."""
+    for module in BUILTINS:
+        importlib.import_module(f"{__package__}.{module}")

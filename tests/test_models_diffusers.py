@@ -1,0 +1,319 @@
+"""The diffusers adapters (FLUX, SD3, SD1.5) end to end on tiny pipelines built from config.
+
+Each pipeline is assembled from random-weight components with in-memory tokenizers (no files from any
+hub, deps-and-weights.md section 5), saved with save_pretrained, and loaded back by path through the
+real `--model` code: rollout, score, a 2-iteration train, LoRA export and reload, on the CPU in fp32.
+"""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from clitools import one_line_error, run
+from treegrpo_cli.compat import ensure_torchvision
+
+ensure_torchvision()
+from tokenizers.pre_tokenizers import ByteLevel  # noqa: E402
+from transformers import (CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer,  # noqa: E402
+                          T5Config, T5EncoderModel, T5TokenizerFast)
+
+ADAPTERS = ("flux", "sd3", "sd")
+H = 32  # text width of the tiny encoders
+# 2 prompts x (a 4-step tree splitting into 2 at steps 0 and 1): 4 leaves per tree; 16 px images
+TINY = ["--set", "sampler.steps=4", "--set", "tree.split_steps=[0, 1]", "--set", "tree.branch=2",
+        "--set", "policy.resolution=16", "--set", "policy.dtype=\"fp32\"", "--set", "policy.max_sequence_length=8",
+        "--set", "train.eval_samples=0", "--set", "train.sample_every=0"]
+
+
+def clip_tokenizer():
+    syms, vocab = sorted(ByteLevel.alphabet()), {}
+    for s in syms:
+        vocab.setdefault(s, len(vocab))
+    for s in syms:
+        vocab.setdefault(s + "</w>", len(vocab))
+    vocab["<|startoftext|>"], vocab["<|endoftext|>"] = len(vocab), len(vocab) + 1
+    return CLIPTokenizer(vocab=vocab, merges=[], model_max_length=77)
+
+
+def t5_tokenizer():
+    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("\u2581", -1.0)] + [(c, -2.0) for c in "abcdefghijklmnopqrstuvwxyz"]
+    return T5TokenizerFast(vocab=pieces, extra_ids=0, model_max_length=512)
+
+
+def clip_config(tok, projection: bool = False):
+    return CLIPTextConfig(vocab_size=len(tok), hidden_size=H, intermediate_size=37, num_hidden_layers=2,
+                          num_attention_heads=4, projection_dim=H, bos_token_id=tok.bos_token_id,
+                          eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+
+
+def t5(tok, width: int):
+    return T5EncoderModel(T5Config(vocab_size=len(tok), d_model=width, d_kv=8, d_ff=37, num_layers=2, num_heads=4,
+                                   relative_attention_num_buckets=8, pad_token_id=tok.pad_token_id,
+                                   eos_token_id=tok.eos_token_id))
+
+
+def vae(scaling: float, shift: float | None):
+    from diffusers import AutoencoderKL
+    # 2 blocks: vae_scale_factor 2, so 16 px images have 8 x 8 latents
+    return AutoencoderKL(down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
+                         block_out_channels=(8, 16), layers_per_block=1, latent_channels=4, norm_num_groups=4,
+                         sample_size=16, use_quant_conv=False, use_post_quant_conv=False,
+                         scaling_factor=scaling, shift_factor=shift)
+
+
+def tiny_flux():
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+    ct, tt = clip_tokenizer(), t5_tokenizer()
+    tr = FluxTransformer2DModel(patch_size=1, in_channels=16, num_layers=1, num_single_layers=1, attention_head_dim=16,
+                                num_attention_heads=2, joint_attention_dim=H, pooled_projection_dim=H,
+                                guidance_embeds=True, axes_dims_rope=[4, 4, 8])
+    return FluxPipeline(scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=True),
+                        vae=vae(1.5035, 0.0609), text_encoder=CLIPTextModel(clip_config(ct)), tokenizer=ct,
+                        text_encoder_2=t5(tt, H), tokenizer_2=tt, transformer=tr)
+
+
+def tiny_sd3():
+    from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
+    ct, tt = clip_tokenizer(), t5_tokenizer()
+    # two CLIPs of width 32 concatenate to 64 = the T5 width = joint_attention_dim; pooled 2 x 32
+    tr = SD3Transformer2DModel(sample_size=8, patch_size=2, in_channels=4, num_layers=1, attention_head_dim=8,
+                               num_attention_heads=2, joint_attention_dim=2 * H, caption_projection_dim=16,
+                               pooled_projection_dim=2 * H, out_channels=4, pos_embed_max_size=16)
+    return StableDiffusion3Pipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0), vae=vae(1.5035, 0.0609), transformer=tr,
+        text_encoder=CLIPTextModelWithProjection(clip_config(ct)), tokenizer=ct,
+        text_encoder_2=CLIPTextModelWithProjection(clip_config(ct)), tokenizer_2=clip_tokenizer(),
+        text_encoder_3=t5(tt, 2 * H), tokenizer_3=tt)
+
+
+def tiny_sd():
+    from diffusers import PNDMScheduler, StableDiffusionPipeline, UNet2DConditionModel
+    ct = clip_tokenizer()
+    unet = UNet2DConditionModel(block_out_channels=(8, 16), layers_per_block=1, sample_size=8, in_channels=4,
+                                out_channels=4, down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+                                up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"), cross_attention_dim=H,
+                                norm_num_groups=4, attention_head_dim=4)
+    # the scheduler config SD1.5 ships (PNDM; the adapter samples with DDIM on its betas)
+    sched = PNDMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", set_alpha_to_one=False,
+                          skip_prk_steps=True, steps_offset=1)
+    return StableDiffusionPipeline(vae=vae(0.18215, None), text_encoder=CLIPTextModel(clip_config(ct)), tokenizer=ct,
+                                   unet=unet, scheduler=sched, safety_checker=None, feature_extractor=None,
+                                   requires_safety_checker=False)
+
+
+BUILDERS = {"flux": tiny_flux, "sd3": tiny_sd3, "sd": tiny_sd}
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    """{adapter: folder} of the three tiny pipelines, saved with save_pretrained."""
+    out = {}
+    for name, build in BUILDERS.items():
+        torch.manual_seed(0)
+        folder = tmp_path_factory.mktemp("models") / name
+        build().save_pretrained(folder)
+        out[name] = folder
+    return out
+
+
+def policy_of(folder, **policy):
+    from treegrpo_cli.models.base import PolicyConfig
+    from treegrpo_cli.models.registry import load_policy
+    return load_policy(str(folder), "cpu", PolicyConfig(dtype="fp32", resolution=16, max_sequence_length=8, **policy))
+
+
+def outputs(policy, net, prompt="a red cat", seed=0):
+    """The adapter's model output with `net` as the denoiser, on fixed inputs [1, C, h, w]."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(1, *policy.latent_shape, generator=g)
+    sigma = torch.tensor([0.501])                       # t/1000 = 0.501 for SD, sigma 0.501 for the flows
+    with torch.no_grad():
+        return policy.model_output(net, x, sigma, policy.encode([prompt]))
+
+
+def load_pipe(folder):
+    from diffusers import DiffusionPipeline
+    return DiffusionPipeline.from_pretrained(folder, local_files_only=True)
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS)
+def test_rollout_score_train_export_reload(model_dirs, tmp_path, adapter):
+    folder, trees, run_dir, out = model_dirs[adapter], tmp_path / "trees", tmp_path / "run", tmp_path / "lora"
+    r = run("rollout", "--model", folder, "--preset", "branch", *TINY, "-n", 2, "--out", trees, "--json")
+    assert r.exit_code == 0, r.output
+    summary = json.loads(r.stdout)
+    assert summary["trees"] == 2 and summary["leaves_per_tree"] == 4
+    r = run("score", trees, "--reward", "jpeg-compressibility", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["leaves"] == 8
+    ema = ["--set", "train.ema_decay=0.5"] if adapter == "flux" else []
+    r = run("train", "--model", folder, "--preset", "branch", *TINY, "--set", "rollout.num_prompts=2", *ema,
+            "--set", "train.lr=0.01", "--set", "train.kl_beta=0.01", "--iterations", 2, "--run-dir", run_dir, "--json")
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [row["iteration"] for row in rows] == [0, 1] and all(row["edges"] > 0 for row in rows)
+    first = rows[0]   # one optimizer step per iteration: every ratio of iteration 0 is before the first update
+    assert first["optimizer_steps"] == 1 and abs(first["ratio_min"] - 1) < 1e-5 and abs(first["ratio_max"] - 1) < 1e-5
+    assert all(row["ratio_first_dev"] < 1e-5 for row in rows)
+    assert first["kl_ref"] < 1e-12 < rows[1]["kl_ref"]    # the adapter-disabled reference is the start
+    r = run("export", run_dir, "--out", out, "--json")
+    assert r.exit_code == 0, r.output
+    info = json.loads(r.stdout)
+    assert info["ema"] == (adapter == "flux") and info["files"] == ["pytorch_lora_weights.safetensors"]
+    one_line_error(run("export", run_dir, "--out", out), "not empty", "--overwrite")
+    one_line_error(run("export", run_dir, "--step", 7, "--out", tmp_path / "x"), "no checkpoint of step 7 (have: 2)")
+    check_lora_reload(folder, run_dir, out, adapter, info["ema"])
+
+
+def check_lora_reload(folder, run_dir, out, adapter, ema):
+    from treegrpo_cli.store.checkpoint import list_checkpoints, load_checkpoint
+    ck = load_checkpoint(list_checkpoints(run_dir / "checkpoints")[-1])
+    assert ck.model and all(".lora_" in k for k in ck.model)        # only the adapter is checkpointed
+    policy = policy_of(folder)
+    base = outputs(policy, policy.denoiser)
+    policy.load_trainable_state(ck.ema if ema else ck.model)
+    trained = outputs(policy, policy.denoiser)
+    pipe = load_pipe(folder)
+    pipe.load_lora_weights(out)
+    net = pipe.unet if adapter == "sd" else pipe.transformer
+    reloaded = outputs(policy, net)
+    assert (trained - base).abs().max() > 1e-3                        # training moved the model
+    assert torch.allclose(reloaded, trained, atol=1e-5, rtol=0), (reloaded - trained).abs().max()
+
+
+def test_full_finetune_exports_a_model_folder(model_dirs, tmp_path):
+    from diffusers import UNet2DConditionModel
+    from treegrpo_cli.store.checkpoint import list_checkpoints, load_checkpoint
+    folder, run_dir, out = model_dirs["sd"], tmp_path / "run", tmp_path / "full"
+    r = run("train", "--model", folder, "--preset", "flow-grpo", *TINY, "--set", "tree.split_steps=[]",
+            "--set", "tree.trees_per_prompt=2", "--finetune", "full", "--set", "train.lr=1e-3",
+            "--iterations", 1, "--run-dir", run_dir, "--json")
+    assert r.exit_code == 0, r.output
+    row = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
+    assert row["ratio_first_dev"] < 1e-5
+    ck = load_checkpoint(list_checkpoints(run_dir / "checkpoints")[-1])
+    policy = policy_of(folder, finetune="full")
+    assert set(ck.model) == {k for k, _ in policy.denoiser.named_parameters()}   # every UNet weight
+    r = run("export", run_dir, "--out", out, "--no-ema", "--json")
+    assert r.exit_code == 0 and json.loads(r.stdout)["files"] == ["unet/"], r.output
+    base = outputs(policy, policy.denoiser)
+    policy.load_trainable_state(ck.model)
+    unet = UNet2DConditionModel.from_pretrained(out / "unet")
+    reloaded, trained = outputs(policy, unet), outputs(policy, policy.denoiser)
+    assert (trained - base).abs().max() > 1e-4 and torch.allclose(reloaded, trained, atol=1e-5, rtol=0)
+
+
+def test_flux_dev_without_weights_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    r = run("train", "--model", "flux-dev", "--iterations", 1, "--run-dir", tmp_path / "run")
+    one_line_error(r, "flux-dev", "black-forest-labs/FLUX.1-dev", "missing", "model_index.json", "--model")
+    assert not (tmp_path / "run").exists()
+
+
+def test_incomplete_folder_names_the_missing_files(model_dirs, tmp_path):
+    import shutil
+    folder = tmp_path / "flux"
+    shutil.copytree(model_dirs["flux"], folder)
+    for f in (folder / "transformer").glob("*.safetensors"):
+        f.unlink()
+    (folder / "vae" / "config.json").unlink()
+    r = run("rollout", "--model", folder, *TINY, "-n", 1, "--out", tmp_path / "t")
+    one_line_error(r, "transformer/*.safetensors", "vae/config.json", "--model")
+
+
+def test_bad_lora_target_is_one_line(model_dirs, tmp_path):
+    r = run("train", "--model", model_dirs["sd3"], *TINY, "--lora-targets", "no_such_layer", "--run-dir", tmp_path / "r")
+    one_line_error(r, "policy.lora_targets")
+
+
+def test_prompt_cache_on_disk_and_freed_encoders(model_dirs, tmp_path):
+    from treegrpo_cli.errors import TreegrpoError
+    cache = tmp_path / "embeddings"
+    policy = policy_of(model_dirs["sd3"], prompt_cache=str(cache), free_text_encoders=True)
+    want = policy.encode(["a cat", "a dog"])
+    policy.cache_prompts(["a cat", "a dog"])
+    assert policy.pipe.text_encoder is None and policy.pipe.text_encoder_3 is None
+    assert len(list(cache.glob("*.safetensors"))) == 3                # two prompts and the empty one (CFG)
+    assert all(torch.equal(want[k], v) for k, v in policy.encode(["a cat", "a dog"]).items())
+    with pytest.raises(TreegrpoError, match="text encoders were freed"):
+        policy.encode(["a bird"])
+    again = policy_of(model_dirs["sd3"], prompt_cache=str(cache))     # a new process reads the disk cache
+    again.free_text_encoders()
+    got = again.encode(["a dog", "a cat"])
+    assert all(torch.equal(v, want[k][[1, 0]]) for k, v in got.items())
+
+
+def test_ddim_kernel_matches_diffusers():
+    from diffusers import DDIMScheduler
+    from treegrpo_cli.engine.sde import DDIMKernel, SamplerConfig
+    sched = DDIMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", clip_sample=False,
+                          set_alpha_to_one=False, steps_offset=1)
+    sched.set_timesteps(10)
+    kern = DDIMKernel(SamplerConfig(steps=10), sched.alphas_cumprod, sched.timesteps, 1000,
+                      float(sched.final_alpha_cumprod), eta=1.0)
+    g = torch.Generator().manual_seed(0)
+    x, eps, noise = (torch.randn(2, 4, 8, 8, generator=g) for _ in range(3))
+    for i in (0, 4, 9):
+        t = sched.timesteps[i]
+        ode = sched.step(eps, t, x, eta=0.0).prev_sample
+        sde = sched.step(eps, t, x, eta=1.0, variance_noise=noise).prev_sample
+        idx = torch.full((2,), i)
+        res = kern.step(x, eps, idx, torch.tensor([False, False]))
+        assert torch.allclose(res.mean, ode, atol=1e-5) and (res.std == 0).all()
+        res = kern.step(x, eps, idx, torch.tensor([True, True]))
+        assert torch.allclose(res.mean + res.std.view(-1, 1, 1, 1) * noise, sde, atol=1e-5)
+        assert kern.sigmas[i] == float(t) / 1000
+    lp = kern.log_prob(res.mean + res.std.view(-1, 1, 1, 1) * noise, res.mean, res.std)
+    want = (-(noise**2) / 2 - res.std.view(-1, 1, 1, 1).log() - 0.5 * torch.log(torch.tensor(2 * torch.pi))).mean((1, 2, 3))
+    assert torch.allclose(lp, want, atol=1e-5)
+
+
+def test_flux_packing_matches_diffusers():
+    from diffusers import FluxPipeline
+    from treegrpo_cli.models.flux import image_ids, pack, unpack
+    x = torch.randn(2, 16, 6, 8)
+    assert torch.equal(pack(x), FluxPipeline._pack_latents(x, 2, 16, 6, 8))
+    assert torch.equal(unpack(pack(x), 6, 8), x)
+    assert torch.equal(image_ids(3, 4, x.device, x.dtype), FluxPipeline._prepare_latent_image_ids(2, 3, 4, x.device, x.dtype))
+
+
+def test_bench_tiny_mode_and_cpu_refusal(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("flux_iteration", Path(__file__).parents[1] / "bench" / "flux_iteration.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    if not torch.cuda.is_available():
+        assert bench.main(["--out", str(tmp_path / "gpu.json")]) == 2
+        assert "needs a CUDA GPU" in capsys.readouterr().err and not (tmp_path / "gpu.json").exists()
+    out = tmp_path / "tiny.json"
+    assert bench.main(["--tiny", "--presets", "branch", "--iterations", "1", "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert [(c["preset"], c["mode"]) for c in res["results"]] == [("branch", "lora"), ("branch", "full")]
+    for case in res["results"]:
+        it = case["iterations"][0]
+        assert it["rollout_evals"] == 203 and it["leaves"] == 16 and it["ratio_first_dev"] < 1e-5
+        assert it["rollout_s"] > 0 and it["train_s"] > 0
+    lora, full = res["results"]
+    assert lora["trainable_params"] < lora["total_params"] and full["trainable_params"] == full["total_params"]
+
+
+def test_hub_id_resolves_from_the_local_cache(model_dirs, tmp_path, monkeypatch):
+    import shutil
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hf" / "hub" / "models--tiny--sd3"
+    shutil.copytree(model_dirs["sd3"], repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    r = run("rollout", "--model", "tiny/sd3", "--revision", commit, *TINY, "--set", "tree.split_steps=[]",
+            "-n", 1, "--out", tmp_path / "t", "--json")
+    assert r.exit_code == 0, r.output
+    meta = json.loads((tmp_path / "t" / "index.json").read_text())["meta"]
+    assert meta["model"]["adapter"] == "sd3" and meta["model"]["revision"] == commit
+    assert meta["config"]["sampler"]["grid"] == "flow-match-euler"      # the SD3 adapter's own grid

@@ -1,0 +1,32 @@
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from ..store.export import ExportRequest, export_checkpoint
+from .common import err, guarded, print_json
+
+
+def export(
+    run: Annotated[Path, typer.Argument(help="A run folder written by `treegrpo train`.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder to write the diffusers files to.")],
+    step: Annotated[Optional[int], typer.Option(min=0, help="Checkpoint step (default: the latest).")] = None,
+    ema: Annotated[bool, typer.Option("--ema/--no-ema", help="Export the EMA weights when the checkpoint has them.")] = True,
+    overwrite: Annotated[bool, typer.Option(help="Write into a folder that is not empty.")] = False,
+    device: Annotated[str, typer.Option(help="Torch device to load the model on.")] = "cpu",
+    json_: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+) -> None:
+    """Export a checkpoint in diffusers' format: LoRA weights for pipe.load_lora_weights, or a full model folder.
+
+    Example: treegrpo export runs/flux-branch --out exports/flux-branch-lora
+    """
+    with guarded():
+        summary = export_checkpoint(ExportRequest(run, out, step, ema, overwrite, device))
+    if json_:
+        print_json(summary)
+    else:
+        weights = "EMA weights" if summary["ema"] else "weights"
+        err.print(f"exported the {weights} of step {summary['step']} ({summary['finetune']}) to {summary['out']}: "
+                  f"{', '.join(summary['files'])}", highlight=False)

@@ -1,0 +1,342 @@
+"""Shared plumbing of the diffusers adapters (flux.py, sd3.py, sd.py).
+
+Loading a pipeline from a local folder, weights in bf16 (or fp32) with fp32 sampler math, LoRA through
+peft or full fine-tuning of the denoiser, gradient checkpointing, the prompt-embedding cache (memory,
+optionally disk) with freeable text encoders, the KL reference (the adapter disabled, no copy) and
+export in diffusers' own format. An adapter subclass adds its conditioning, latent layout, forward and
+VAE scaling.
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import hashlib
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+from torch import Tensor, nn
+
+from ..compat import ensure_torchvision
+from ..errors import ConfigError, TreegrpoError
+from .base import Conditions, PolicyConfig
+from .hub import TEXT_PARTS
+
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+ENCODE_BATCH = 16    # prompts per text-encoder call
+DECODE_BATCH = 4     # latents per VAE decode
+
+
+def torch_dtype(name: str, device: str | torch.device) -> torch.dtype:
+    """'auto' is bf16 on CUDA and fp32 elsewhere (bf16 matmuls are slow on most CPUs)."""
+    if name == "auto":
+        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    return DTYPES[name]
+
+
+def quiet_diffusers() -> None:
+    """No progress bars or info logs from diffusers/transformers: library code never prints."""
+    ensure_torchvision()
+    import diffusers
+    import transformers
+
+    diffusers.utils.logging.set_verbosity_error()
+    diffusers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+
+
+def load_pipeline(folder: Path, pipeline_cls: type, dtype: torch.dtype, text_encoders: bool = True) -> Any:
+    """pipeline_cls.from_pretrained(folder) with local files only; without text encoders for export."""
+    quiet_diffusers()
+    skip = {p: None for p in TEXT_PARTS if not text_encoders}
+    if pipeline_cls.__name__ == "StableDiffusionPipeline":
+        skip.update(safety_checker=None, feature_extractor=None, requires_safety_checker=False)
+    try:
+        return pipeline_cls.from_pretrained(folder, dtype=dtype, local_files_only=True, **skip)
+    except (OSError, ValueError, KeyError, RuntimeError, TypeError, ImportError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise TreegrpoError(f"{folder}: could not load the {pipeline_cls.__name__} ({first})") from None
+
+
+@dataclass(frozen=True)
+class LoraDefaults:
+    rank: int
+    alpha: float
+    targets: tuple[str, ...]
+
+
+@contextmanager
+def adapters_disabled(net: nn.Module) -> Iterator[None]:
+    """The denoiser without its LoRA adapter for the duration (peft layers bypassed, nothing copied)."""
+    net.disable_adapters()
+    try:
+        yield
+    finally:
+        net.enable_adapters()
+
+
+class DiffusersPolicy:
+    """A Policy over a diffusers pipeline. Subclasses set the class attributes and implement
+    _encode_text, model_output, _latent_shape and _vae_in."""
+
+    adapter = ""
+    denoiser_attr = "transformer"
+    text_encoder_attrs: tuple[str, ...] = ("text_encoder", "text_encoder_2")
+    lora_defaults = LoraDefaults(32, 64.0, ("to_k", "to_q", "to_v", "to_out.0"))
+    default_guidance = 1.0
+    default_resolution = 512
+    uses_negative = False     # true classifier-free guidance: the empty prompt is embedded too
+
+    def __init__(self, pipe: Any, opts: PolicyConfig, name: str, source: str = "", device: str | torch.device = "cpu"):
+        opts.validate()
+        self.pipe, self.opts, self.name, self.source = pipe, opts, name, source
+        self.device = torch.device(device)
+        self.dtype = torch_dtype(opts.dtype, self.device)
+        self.guidance = float(opts.guidance if opts.guidance is not None else self.default_guidance)
+        self.resolution = int(opts.resolution or self.default_resolution)
+        self.denoiser: nn.Module = getattr(pipe, self.denoiser_attr)
+        self._cache: dict[str, dict[str, Tensor]] = {}            # prompt -> {key: [1, ...] on the CPU}
+        self._encoders_freed = all(getattr(pipe, a, None) is None for a in self.text_encoder_attrs)
+        self._place()
+        self._setup_training()
+        self.latent_shape: tuple[int, ...] = self._latent_shape()
+
+    # -- set-up ------------------------------------------------------------------------------
+    def _place(self) -> None:
+        for attr in ("vae", *self.text_encoder_attrs, self.denoiser_attr):
+            module = getattr(self.pipe, attr, None)
+            if isinstance(module, nn.Module):
+                module.to(self.device, self.dtype).requires_grad_(False).eval()
+
+    def _lora_config(self) -> Any:
+        from peft import LoraConfig
+
+        d, o = self.lora_defaults, self.opts
+        alpha = float(o.lora_alpha or d.alpha)
+        return LoraConfig(r=int(o.lora_rank or d.rank), lora_alpha=int(alpha) if alpha.is_integer() else alpha,
+                          init_lora_weights="gaussian", target_modules=list(o.lora_targets or d.targets))
+
+    def _setup_training(self) -> None:
+        """LoRA: a peft adapter (B = 0, so the policy starts as the model), trained in fp32 over the frozen
+        bf16 base. Full: every denoiser weight, in the weights' dtype."""
+        net = self.denoiser
+        if self.opts.finetune == "full":
+            net.requires_grad_(True)
+        else:
+            try:
+                net.add_adapter(self._lora_config())
+            except ValueError as e:
+                raise ConfigError(f"policy.lora_targets: {str(e).splitlines()[0]}") from None
+            for p in net.parameters():
+                if p.requires_grad:
+                    p.data = p.data.float()
+        if self.opts.gradient_checkpointing:
+            net.enable_gradient_checkpointing()
+
+    # -- the Policy protocol -----------------------------------------------------------------
+    @property
+    def evals_per_row(self) -> int:
+        return 2 if self.uses_negative and self.guidance != 1.0 else 1
+
+    def velocity(self, x: Tensor, sigma: Tensor, cond: Conditions) -> Tensor:
+        return self.model_output(self.denoiser, x, sigma, cond)
+
+    def model_output(self, net: nn.Module, x: Tensor, sigma: Tensor, cond: Conditions) -> Tensor:
+        raise NotImplementedError
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.denoiser.parameters() if p.requires_grad]
+
+    def trainable_state(self) -> dict[str, Tensor]:
+        """LoRA runs: the adapter weights only; full runs: every denoiser weight."""
+        return {k: p.detach() for k, p in self.denoiser.named_parameters() if p.requires_grad}
+
+    def load_trainable_state(self, state: dict[str, Tensor]) -> None:
+        params = {k: p for k, p in self.denoiser.named_parameters() if p.requires_grad}
+        if set(state) != set(params):
+            extra, missing = sorted(set(state) - set(params)), sorted(set(params) - set(state))
+            raise TreegrpoError(f"checkpoint does not fit {self.name} ({self.opts.finetune}): "
+                                f"{len(missing)} weights missing (e.g. {missing[:1]}), {len(extra)} unexpected "
+                                f"(e.g. {extra[:1]}); was it trained with other policy.* settings?")
+        with torch.no_grad():
+            for k, p in params.items():
+                if state[k].shape != p.shape:
+                    raise TreegrpoError(f"checkpoint tensor {k} has shape {tuple(state[k].shape)}, the model "
+                                        f"{tuple(p.shape)}; was it trained with another policy.lora_rank?")
+                p.copy_(state[k].to(p.device, p.dtype))
+
+    def reference(self) -> "ReferencePolicy":
+        """The KL reference: LoRA runs disable the adapter (no copy); full runs keep a frozen copy."""
+        if self.opts.finetune == "lora":
+            return ReferencePolicy(self, None)
+        return ReferencePolicy(self, copy.deepcopy(self.denoiser).requires_grad_(False))
+
+    def describe(self) -> dict[str, Any]:
+        lora = None
+        if self.opts.finetune == "lora":
+            c = self._lora_config()
+            lora = {"rank": c.r, "alpha": c.lora_alpha, "targets": sorted(c.target_modules)}
+        return {"name": self.name, "adapter": self.adapter, "source": self.source, "revision": self.opts.revision,
+                "pipeline": type(self.pipe).__name__, "finetune": self.opts.finetune, "lora": lora,
+                "dtype": str(self.dtype).removeprefix("torch."), "guidance": self.guidance,
+                "resolution": self.resolution, "latent_shape": list(self.latent_shape)}
+
+    # -- prompts -----------------------------------------------------------------------------
+    def encode(self, prompts: list[str]) -> Conditions:
+        """Cached embeddings of the prompts, each tensor [P, ...] on the device."""
+        if not prompts:
+            raise TreegrpoError("no prompts to encode")
+        self._fill_cache(list(prompts) + ([""] if self.uses_negative else []))
+        keys = self._cache[prompts[0]].keys()
+        return {k: torch.cat([self._cache[p][k] for p in prompts]).to(self.device) for k in keys}
+
+    def negative(self, rows: int) -> Conditions:
+        """The empty prompt's embeddings repeated for `rows` rows (the unconditional half of CFG)."""
+        return {k: v.to(self.device).expand(rows, *v.shape[1:]) for k, v in self._cache[""].items()}
+
+    def cache_prompts(self, prompts: list[str]) -> None:
+        """Embed and cache every prompt; then free the text encoders when policy.free_text_encoders."""
+        self._fill_cache(list(prompts) + ([""] if self.uses_negative else []))
+        if self.opts.free_text_encoders:
+            self.free_text_encoders()
+
+    def put_cached(self, prompt: str, tensors: dict[str, Tensor]) -> None:
+        """Install embeddings [1, ...] for a prompt (benchmarks use random ones of the right shapes)."""
+        self._cache[prompt] = {k: v.detach().cpu() for k, v in tensors.items()}
+
+    def free_text_encoders(self) -> None:
+        for attr in self.text_encoder_attrs:
+            if getattr(self.pipe, attr, None) is not None:
+                setattr(self.pipe, attr, None)
+        self._encoders_freed = True
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def _fill_cache(self, prompts: list[str]) -> None:
+        todo = [p for p in dict.fromkeys(prompts) if p not in self._cache]
+        todo = [p for p in todo if not self._from_disk(p)]
+        if todo and self._encoders_freed:
+            raise TreegrpoError(f"prompt {todo[0]!r} has no cached embedding and the text encoders were freed; "
+                                "cache every prompt first (policy.free_text_encoders embeds train and eval prompts)")
+        for a in range(0, len(todo), ENCODE_BATCH):
+            chunk = todo[a:a + ENCODE_BATCH]
+            with torch.no_grad():
+                out = self._encode_text(chunk)                                  # {key: [n, ...]}
+            for j, p in enumerate(chunk):
+                self.put_cached(p, {k: v[j:j + 1] for k, v in out.items()})
+                self._to_disk(p)
+
+    def _encode_text(self, prompts: list[str]) -> dict[str, Tensor]:
+        raise NotImplementedError
+
+    def _disk_path(self, prompt: str) -> Path | None:
+        if not self.opts.prompt_cache:
+            return None
+        key = f"{self.adapter}|{self.source}|{self.opts.revision}|{self.opts.max_sequence_length}|{prompt}"
+        return Path(self.opts.prompt_cache) / f"{hashlib.sha256(key.encode()).hexdigest()[:40]}.safetensors"
+
+    def _from_disk(self, prompt: str) -> bool:
+        path = self._disk_path(prompt)
+        if path is None or not path.is_file():
+            return False
+        from safetensors.torch import load_file
+
+        self._cache[prompt] = load_file(path)
+        return True
+
+    def _to_disk(self, prompt: str) -> None:
+        path = self._disk_path(prompt)
+        if path is None:
+            return
+        from safetensors.torch import save
+
+        from ..store.shards import atomic_write
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, save({k: v.contiguous() for k, v in self._cache[prompt].items()}))
+
+    # -- images ------------------------------------------------------------------------------
+    def _latent_shape(self) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    def _vae_in(self, latents: Tensor) -> Tensor:
+        """Sampler latents -> what the VAE decodes (undo its scaling and shift)."""
+        raise NotImplementedError
+
+    def _check_resolution(self, multiple: int) -> int:
+        if self.resolution % multiple:
+            raise ConfigError(f"policy.resolution {self.resolution} must be a multiple of {multiple} for {self.name}")
+        return self.resolution
+
+    def decode(self, latents: Tensor) -> Tensor:
+        """latents [B, C, h, w] -> images [B, 3, H, W] float in [0, 1] (VAE in chunks)."""
+        vae = self.pipe.vae
+        out = []
+        with torch.no_grad():
+            for chunk in latents.split(DECODE_BATCH):
+                z = self._vae_in(chunk.to(self.device).float()).to(vae.dtype)
+                out.append(vae.decode(z, return_dict=False)[0].float())
+        return ((torch.cat(out) + 1) / 2).clamp(0, 1)
+
+    # -- export ------------------------------------------------------------------------------
+    def export(self, out: Path, state: dict[str, Tensor]) -> list[str]:
+        """Write `state` in diffusers' format: pytorch_lora_weights.safetensors for LoRA runs (with the
+        adapter config as metadata, for pipe.load_lora_weights), a full denoiser folder otherwise."""
+        self.load_trainable_state(state)
+        out.mkdir(parents=True, exist_ok=True)
+        if self.opts.finetune == "full":
+            self.denoiser.save_pretrained(out / self.denoiser_attr)
+            return [f"{self.denoiser_attr}/"]
+        from peft.utils import get_peft_model_state_dict
+
+        layers = self._lora_layers(get_peft_model_state_dict(self.denoiser))
+        meta = self.denoiser.peft_config["default"].to_dict()
+        type(self.pipe).save_lora_weights(out, **{f"{self.denoiser_attr}_lora_layers": layers,
+                                                  f"{self.denoiser_attr}_lora_adapter_metadata": meta})
+        return ["pytorch_lora_weights.safetensors"]
+
+    def _lora_layers(self, peft_state: dict[str, Tensor]) -> dict[str, Tensor]:
+        return peft_state
+
+
+class ReferencePolicy:
+    """The KL reference of a DiffusersPolicy: the same denoiser with the LoRA adapter disabled, or a
+    frozen copy of it for full fine-tuning. Shares the prompt cache and the VAE."""
+
+    def __init__(self, policy: DiffusersPolicy, frozen: nn.Module | None):
+        self.policy, self.frozen = policy, frozen
+        self.name = f"{policy.name}-reference"
+        self.latent_shape = policy.latent_shape
+        self.evals_per_row = policy.evals_per_row
+
+    def velocity(self, x: Tensor, sigma: Tensor, cond: Conditions) -> Tensor:
+        if self.frozen is not None:
+            return self.policy.model_output(self.frozen, x, sigma, cond)
+        with adapters_disabled(self.policy.denoiser):
+            return self.policy.model_output(self.policy.denoiser, x, sigma, cond)
+
+    def encode(self, prompts: list[str]) -> Conditions:
+        return self.policy.encode(prompts)
+
+    def decode(self, latents: Tensor) -> Tensor:
+        return self.policy.decode(latents)
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return []
+
+    def trainable_state(self) -> dict[str, Tensor]:
+        return {}
+
+    def load_trainable_state(self, state: dict[str, Tensor]) -> None:
+        raise TreegrpoError("the reference policy is frozen")
+
+    def describe(self) -> dict[str, Any]:
+        return {**self.policy.describe(), "name": self.name, "reference": True}
+
+    def reference(self) -> "ReferencePolicy":
+        return self

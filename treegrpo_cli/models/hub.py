@@ -1,0 +1,173 @@
+"""Where a diffusers model's files are: a local folder, or the local Hugging Face cache; never the network
+unless `policy.download = true`.
+
+`--model` takes a known name (KNOWN), a hub id ("org/name", with `policy.revision`) or a local folder
+holding a diffusers pipeline (model_index.json and one folder per component). The adapter follows
+from model_index.json's `_class_name`. This module imports neither torch nor diffusers, so the
+config layer can ask for an adapter's defaults cheaply.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+from ..errors import ConfigError, TreegrpoError
+
+# name -> (hub id, adapter)
+KNOWN: dict[str, tuple[str, str]] = {
+    "flux-dev": ("black-forest-labs/FLUX.1-dev", "flux"),
+    "flux-schnell": ("black-forest-labs/FLUX.1-schnell", "flux"),
+    "sd3.5-medium": ("stabilityai/stable-diffusion-3.5-medium", "sd3"),
+    "sd1.5": ("stable-diffusion-v1-5/stable-diffusion-v1-5", "sd"),
+}
+PIPELINES = {"FluxPipeline": "flux", "StableDiffusion3Pipeline": "sd3", "StableDiffusionPipeline": "sd"}
+TEXT_PARTS = ("text_encoder", "text_encoder_2", "text_encoder_3", "tokenizer", "tokenizer_2", "tokenizer_3")
+OPTIONAL_PARTS = ("safety_checker", "feature_extractor", "image_encoder")
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+WEIGHTS = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json")
+
+
+def is_diffusers_name(name: str) -> bool:
+    """A known name, an existing folder or something shaped like a hub id (not a .safetensors file)."""
+    if name in KNOWN or Path(name).expanduser().is_dir():
+        return True
+    return bool(HUB_ID.match(name)) and not name.endswith(".safetensors")
+
+
+def hub_cache_dir() -> Path:
+    """The hub cache, from the environment at call time (HF_HUB_CACHE, else HF_HOME/hub)."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    xdg = Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser()
+    return Path(os.environ.get("HF_HOME", xdg / "huggingface")).expanduser() / "hub"
+
+
+def repo_id(name: str) -> str:
+    return KNOWN[name][0] if name in KNOWN else name
+
+
+def resolve(name: str, revision: str | None = None, download: bool = False) -> Path:
+    """The local folder of --model: the folder itself, or its snapshot in the hub cache."""
+    folder = Path(name).expanduser()
+    if folder.is_dir():
+        return folder
+    repo = repo_id(name)
+    if not HUB_ID.match(repo):
+        raise ConfigError(f"--model {name!r} is neither a folder nor a hub id (org/name)")
+    from huggingface_hub import snapshot_download
+
+    cache = hub_cache_dir()
+    try:
+        return Path(snapshot_download(repo, revision=revision, cache_dir=cache, local_files_only=not download))
+    except Exception as e:  # LocalEntryNotFoundError offline; network and auth errors with download on
+        what = f"{name!r} ({repo}@{revision})" if revision else (f"{name!r} ({repo})" if repo != name else repr(name))
+        how = (f"the download failed ({type(e).__name__})" if download
+               else "downloads are off (policy.download = true allows one)")
+        raise TreegrpoError(f"model weights for {what} are missing: no snapshot (model_index.json, transformer/ or "
+                            f"unet/, vae/, text_encoder/, tokenizer/, scheduler/) in the local Hugging Face cache "
+                            f"{cache}, and {how}; fetch them with `hf download {repo}`, or pass --model with a local "
+                            "folder holding the diffusers pipeline") from None
+
+
+def model_index(folder: Path) -> dict:
+    path = folder / "model_index.json"
+    if not path.is_file():
+        raise TreegrpoError(f"{folder}: missing model_index.json; pass --model with a folder written by a "
+                            "diffusers pipeline's save_pretrained")
+    try:
+        return json.loads(path.read_text())
+    except ValueError:
+        raise TreegrpoError(f"{path}: not valid JSON") from None
+
+
+def pipeline_kind(folder: Path) -> str:
+    """'flux' | 'sd3' | 'sd' from model_index.json's _class_name."""
+    cls = model_index(folder).get("_class_name", "?")
+    if cls not in PIPELINES:
+        raise TreegrpoError(f"{folder}: pipeline {cls} is not supported (supported: {', '.join(PIPELINES)})")
+    return PIPELINES[cls]
+
+
+def _part_missing(folder: Path, part: str, lib_cls: list) -> list[str]:
+    """Files a component needs that are not there (a dangling cache symlink counts as missing)."""
+    sub = folder / part
+    cls = str(lib_cls[1])
+    if "Tokenizer" in cls:
+        return [] if sub.is_dir() and any(p.is_file() for p in sub.iterdir()) else [f"{part}/tokenizer files"]
+    if "Scheduler" in cls:
+        return [] if (sub / "scheduler_config.json").is_file() else [f"{part}/scheduler_config.json"]
+    missing = [] if (sub / "config.json").is_file() else [f"{part}/config.json"]
+    if not any(p.is_file() for pattern in WEIGHTS for p in sub.glob(pattern)):
+        missing.append(f"{part}/*.safetensors")
+    return missing
+
+
+def missing_files(folder: Path, text_encoders: bool = True) -> list[str]:
+    """Files the pipeline in `folder` needs and lacks (sharded weights: the index file counts)."""
+    index = model_index(folder)
+    missing: list[str] = []
+    for part, lib_cls in sorted(index.items()):
+        if part.startswith("_") or not isinstance(lib_cls, list) or lib_cls[0] is None or part in OPTIONAL_PARTS:
+            continue
+        if text_encoders or part not in TEXT_PARTS:
+            missing += _part_missing(folder, part, lib_cls)
+    return missing
+
+
+def check_complete(folder: Path, text_encoders: bool = True) -> None:
+    missing = missing_files(folder, text_encoders)
+    if missing:
+        shown = ", ".join(missing[:6]) + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")
+        raise TreegrpoError(f"{folder}: missing {shown}; pass --model with a local folder holding the complete "
+                            "diffusers pipeline")
+
+
+# --- config layering --------------------------------------------------------------------------
+
+def _kind_and_folder(name: str) -> tuple[str | None, Path | None]:
+    """Adapter and local folder of --model when they can be found without loading anything."""
+    folder = Path(name).expanduser()
+    if not folder.is_dir() and HUB_ID.match(repo_id(name)) and not name.endswith(".safetensors"):
+        try:
+            from huggingface_hub import snapshot_download
+            folder = Path(snapshot_download(repo_id(name), cache_dir=hub_cache_dir(), local_files_only=True))
+        except Exception:
+            folder = None
+    kind = KNOWN[name][1] if name in KNOWN else None
+    if folder is not None and folder.is_dir() and (folder / "model_index.json").is_file():
+        try:
+            kind = PIPELINES.get(json.loads((folder / "model_index.json").read_text()).get("_class_name"), kind)
+        except ValueError:
+            pass
+        return kind, folder
+    return kind, None
+
+
+def adapter_defaults(name: str) -> dict[str, object]:
+    """Settings a diffusers adapter layers over a method preset (preset < these < --config < --set).
+
+    SD3 samples on its scheduler's FlowMatchEuler grid with the scheduler's shift (Flow-GRPO, TreeGRPO);
+    FLUX keeps the presets' shifted grid (s = 3, the DanceGRPO / BranchGRPO FLUX setting). Large
+    denoisers get small forward batches and gradient checkpointing."""
+    if not is_diffusers_name(name):
+        return {}
+    kind, folder = _kind_and_folder(name)
+    out: dict[str, object] = {}
+    if kind in ("flux", "sd3"):
+        out.update({"rollout.max_batch": 8, "policy.gradient_checkpointing": True})
+    if kind == "sd3":
+        sched = {}
+        path = folder / "scheduler" / "scheduler_config.json" if folder else None
+        if path is not None and path.is_file():
+            try:
+                sched = json.loads(path.read_text())
+            except ValueError:
+                sched = {}
+        out.update({"sampler.grid": "flow-match-euler", "sampler.shift": float(sched.get("shift", 3.0)),
+                    "sampler.num_train_timesteps": int(sched.get("num_train_timesteps", 1000))})
+    if kind == "sd":
+        out.update({"rollout.max_batch": 16})
+    return out

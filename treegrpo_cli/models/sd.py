@@ -1,0 +1,81 @@
+"""Stable Diffusion 1.x through diffusers' StableDiffusionPipeline: the diffusion (epsilon-prediction)
+case, trained as DDPO does (Black et al. 2023, arXiv 2305.13301).
+
+* Denoiser: UNet2DConditionModel predicting the noise eps at an integer timestep t in [0, 1000).
+* Kernel: engine.sde.DDIMKernel, the DDIM step with eta (policy.ddim_eta, 1.0 as in DDPO) and its
+  Gaussian log-prob; timesteps from diffusers' DDIMScheduler built from the model's scheduler config
+  (SD1.5 ships a PNDM config: same betas, steps_offset 1, set_alpha_to_one false). The tree's sigma
+  column holds t/1000, which velocity() turns back into t. sampler.grid, shift and noise are flow
+  settings and do not apply; sampler.steps, decode and log_prob_reduction do.
+* True classifier-free guidance (5.0 by default, DDPO) with the empty prompt, both halves in one batch.
+* Text: CLIP-L last hidden states [77, 768].
+* Latents [4, H/8, W/8]; decode: vae.decode(latent / scaling_factor) (0.18215).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from ..engine.sde import DDIMKernel, SamplerConfig
+from .base import Conditions
+from .diffusers_base import DiffusersPolicy, LoraDefaults
+
+# TRL's DDPO Stable Diffusion pipeline (use_lora): r 4, alpha 4, Gaussian init, the attention projections
+SD_LORA = LoraDefaults(4, 4.0, ("to_k", "to_q", "to_v", "to_out.0"))
+
+
+class SDPolicy(DiffusersPolicy):
+    adapter = "sd"
+    denoiser_attr = "unet"
+    text_encoder_attrs = ("text_encoder",)
+    lora_defaults = SD_LORA
+    default_guidance = 5.0
+    default_resolution = 512
+    uses_negative = True
+
+    def _latent_shape(self) -> tuple[int, ...]:
+        sf = int(self.pipe.vae_scale_factor)
+        side = self._check_resolution(sf) // sf
+        return (self.denoiser.config.in_channels, side, side)
+
+    @property
+    def num_train_timesteps(self) -> int:
+        return int(self.pipe.scheduler.config.num_train_timesteps)
+
+    def kernel(self, cfg: SamplerConfig) -> DDIMKernel:
+        """DDIM on the model's noise schedule, T = sampler.steps, eta = policy.ddim_eta."""
+        from diffusers import DDIMScheduler
+
+        ddim = DDIMScheduler.from_config(self.pipe.scheduler.config)
+        ddim.set_timesteps(cfg.steps)
+        clip = float(ddim.config.clip_sample_range) if ddim.config.clip_sample else None
+        return DDIMKernel(cfg, ddim.alphas_cumprod, ddim.timesteps, self.num_train_timesteps,
+                          float(ddim.final_alpha_cumprod), self.opts.ddim_eta, ddim.config.prediction_type, clip)
+
+    def _encode_text(self, prompts: list[str]) -> dict[str, Tensor]:
+        embeds, _ = self.pipe.encode_prompt(prompts, self.device, 1, False)
+        return {"prompt_embeds": embeds}                                          # [n, 77, 768]
+
+    def model_output(self, net: nn.Module, x: Tensor, sigma: Tensor, cond: Conditions) -> Tensor:
+        """x [B, C, h, w] fp32, sigma [B] = t/1000 -> guided noise prediction [B, C, h, w] fp32."""
+        B, dt = x.shape[0], self.dtype
+        t = (sigma.double() * self.num_train_timesteps).round().long()                 # [B]
+        emb = cond["prompt_embeds"]
+        if self.guidance == 1.0:
+            return net(x.to(dt), t, encoder_hidden_states=emb.to(dt), return_dict=False)[0].float()
+        emb2 = torch.cat([emb, self.negative(B)["prompt_embeds"]]).to(dt)
+        out = net(torch.cat([x, x]).to(dt), torch.cat([t, t]), encoder_hidden_states=emb2, return_dict=False)[0]
+        e_c, e_u = out.float().chunk(2)
+        return e_u + self.guidance * (e_c - e_u)
+
+    def _vae_in(self, latents: Tensor) -> Tensor:
+        return latents / self.pipe.vae.config.scaling_factor
+
+    def _lora_layers(self, peft_state: dict[str, Tensor]) -> dict[str, Tensor]:
+        from diffusers.utils import convert_state_dict_to_diffusers
+
+        return convert_state_dict_to_diffusers(peft_state)   # as diffusers' train_text_to_image_lora.py
+
+    def describe(self) -> dict:
+        return {**super().describe(), "kernel": "ddim", "ddim_eta": self.opts.ddim_eta}
