@@ -164,7 +164,7 @@ def test_eval_scores_an_image_folder(tmp_path):
     one_line_error(run("eval", "--images", tmp_path / "a"), "prompts.json")
 
 
-def test_eval_usage_errors():
+def test_eval_usage_errors(tmp_path, monkeypatch):
     one_line_error(run("eval", "--model", "pixel", "--checkpoint", "x"), "not both")
     r = run("eval", "--metric", "hsp")
     one_line_error(r, "unknown reward 'hsp'", "did you mean 'hps'")
@@ -172,3 +172,6 @@ def test_eval_usage_errors():
     one_line_error(run("eval", "--metric", "shapes", "--reward-opt", "hps.checkpoint=/x"), "--metric does not name")
     one_line_error(run("eval", "--reward-opt", "hps.nope=1"), "no option 'nope'")
     one_line_error(run("eval", "--checkpoint", "/nonexistent/run"), "no training checkpoint")
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setattr(evaluate, "rollout", lambda *a, **k: pytest.fail("generated before checking --out"))
+    one_line_error(run("eval", *SHAPES, "--out", tmp_path / "a-file"), "exists and is not a folder")

@@ -165,6 +165,8 @@ def test_rollout_score_train_export_reload(model_dirs, tmp_path, adapter):
     assert info["ema"] == (adapter == "flux") and info["files"] == ["pytorch_lora_weights.safetensors"]
     one_line_error(run("export", run_dir, "--out", out), "not empty", "--overwrite")
     one_line_error(run("export", run_dir, "--step", 7, "--out", tmp_path / "x"), "no checkpoint of step 7 (have: 2)")
+    (tmp_path / "a-file").write_text("")
+    one_line_error(run("export", run_dir, "--out", tmp_path / "a-file"), "exists and is not a folder")
     check_lora_reload(folder, run_dir, out, adapter, info["ema"])
 
 

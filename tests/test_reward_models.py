@@ -176,7 +176,9 @@ def test_clip_score_equals_open_clip_and_infers_quick_gelu(tiny_clip, tmp_path):
         torch.save(tiny_clip.state_dict(), p)
     x = images()
     reward = get_reward("clip", checkpoint=str(tmp_path / "w.bin"), arch=TINY)
-    assert torch.allclose(reward(x, PROMPTS), open_clip_direct(tiny_clip, x, PROMPTS), atol=1e-5)
+    a = reward(x, PROMPTS)
+    assert a.dtype == torch.float32 and a.shape == (3,) and torch.equal(a, reward(x, PROMPTS))   # deterministic
+    assert torch.allclose(a, open_clip_direct(tiny_clip, x, PROMPTS), atol=1e-5)
     act = lambda r: type(r.clip.model.visual.transformer.resblocks[0].mlp.gelu).__name__
     assert act(reward) == "GELU"
     assert act(get_reward("clip", checkpoint=str(tmp_path / "openai" / "w.bin"), arch=TINY)) == "QuickGELU"

@@ -49,6 +49,8 @@ def pick_checkpoint(run_dir: Path, step: int | None) -> Path:
 def export_checkpoint(req: ExportRequest) -> dict[str, Any]:
     """Write one checkpoint's weights as a diffusers LoRA file or model folder under req.out."""
     cfg = rundir.load_config(req.run_dir)
+    if req.out.exists() and not req.out.is_dir():
+        raise TreegrpoError(f"{req.out} exists and is not a folder")
     if req.out.exists() and any(req.out.iterdir()) and not req.overwrite:
         raise TreegrpoError(f"{req.out} is not empty; pass --overwrite or choose another --out")
     path = pick_checkpoint(req.run_dir, req.step)

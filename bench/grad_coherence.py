@@ -1,0 +1,128 @@
+"""How much signal is in one iteration's GRPO gradient? Cosine between independent batches.
+
+    python bench/grad_coherence.py --preset branch --batches 6 --depths 0-2,3-9,10-19
+    python bench/grad_coherence.py --preset tree-grpo --reward redness --depths 0-0,1-1,2-2
+
+For a fixed set of training prompts, roll out --batches independent tree batches (different seeds),
+score them, compute advantages and the GRPO loss gradient of the trained edges, grouped by the
+denoising step of the edge's parent (--depths buckets), without updating the model. If g_i is the
+gradient of batch i, the mean pairwise cosine cos(g_i, g_j) estimates |signal|^2 / (|signal|^2 +
+|noise|^2) of a single batch: near 1, one iteration knows where to go; near 0, the step is mostly
+noise and only many iterations (or momentum) average it out. `redness` (mean R - (G+B)/2 of the
+image) is a smooth reward with no prompt in it, a control for the `shapes` reward.
+Writes a JSON file (default bench/results/grad_coherence-<preset>-<reward>.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from itertools import combinations
+from pathlib import Path
+
+import torch
+
+from treegrpo_cli.config import load_config
+from treegrpo_cli.engine.credit import assign_credit
+from treegrpo_cli.engine.grpo import Batch, grpo_update
+from treegrpo_cli.engine.rollout import mix_seed, rollout
+from treegrpo_cli.loop import Trainer
+from treegrpo_cli.rewards.base import register, score_leaves
+from treegrpo_cli.world.shapes import load_split
+
+
+class Redness:
+    name = "redness"
+
+    def __call__(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+        return (images[:, 0] - (images[:, 1] + images[:, 2]) / 2).mean((1, 2)).float()
+
+
+class Capture:
+    """An optimizer stand-in: keeps the flattened gradient of each step instead of stepping."""
+    param_groups = [{"lr": 0.0}]
+
+    def __init__(self, params: list[torch.nn.Parameter]):
+        self.params, self.grad = params, None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
+            p.grad = None
+
+    def step(self) -> None:
+        self.grad = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in self.params])
+
+
+def batch_gradients(tr: Trainer, prompts: list[str], seed: int, buckets: list[tuple[int, int]]) -> tuple[list, float]:
+    """Summed edge gradients [params] per depth bucket of one scored tree batch, and its mean reward."""
+    cfg, T = tr.cfg, tr.cfg.sampler.steps
+    tree, _ = rollout(tr.policy, prompts, list(range(len(prompts))), tr.sde, cfg.tree, seed, cfg.rollout.max_batch)
+    with torch.no_grad():
+        images = tr.policy.decode(tree.image_latent)
+    lv = tree.leaves()
+    scores = score_leaves(tr.rewards, images, [prompts[int(p)] for p in tree.tree_prompt[tree.tree[lv]]])
+    full = {n: torch.full((tree.num_nodes,), float("nan")).index_put_((lv,), s) for n, s in scores.items()}
+    adv, trained = assign_credit(tree.parent, tree.depth, tree.tree, tree.group(), tree.sde, tree.log_prob, full,
+                                 tr.weights, cfg.reward.combine, cfg.advantage, cfg.pruning, T, cfg.sampler.decode,
+                                 0, cfg.train.iterations)
+    parent_depth = tree.depth[tree.parent.clamp(min=0)]
+    cap, out = Capture(list(tr.policy.trainable_parameters())), []
+    for lo, hi in buckets:
+        mask = trained & (tree.parent >= 0) & (parent_depth >= lo) & (parent_depth <= hi)
+        n = int(mask.sum())
+        if n == 0:
+            out.append(None)
+            continue
+        grpo_update(tr.policy, cap, tr.sde, Batch(tree, mask, adv.edge, tr.policy.encode(prompts)), cfg.train,
+                    torch.Generator().manual_seed(seed), cfg.rollout.max_batch)
+        out.append(cap.grad * n)            # undo the mean over the bucket's edges
+    return out, float(sum(scores.values()).mean())
+
+
+def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(a @ b / (a.norm() * b.norm()).clamp(min=1e-30))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="branch")
+    ap.add_argument("--reward", default="shapes", help="shapes | redness | any registered reward")
+    ap.add_argument("--set", action="append", default=[], help="config override KEY=VALUE (repeatable)")
+    ap.add_argument("--prompts", type=int, default=8, help="training prompts per batch (every 9th of shapes-train)")
+    ap.add_argument("--batches", type=int, default=6)
+    ap.add_argument("--depths", default="0-2,3-9,10-19", help="buckets of the parent's step, e.g. 0-0,1-4")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    register("redness", Redness)
+    buckets = [tuple(int(v) for v in b.split("-")) for b in args.depths.split(",")]
+    cfg = load_config(args.preset, sets=['model="tiny-shapes"', f'reward.names=["{args.reward}"]',
+                                          "train.max_grad_norm=1e30", *args.set])
+    tr, prompts, t0 = Trainer(cfg, "cpu"), load_split("rl_train")[::9][:args.prompts], time.perf_counter()
+    grads, rewards = [], []
+    for i in range(args.batches):
+        g, r = batch_gradients(tr, prompts, mix_seed(123, i), buckets)
+        grads.append(g)
+        rewards.append(r)
+    rows = []
+    for k, (lo, hi) in enumerate(buckets):
+        gs = [g[k] for g in grads if g[k] is not None]
+        pair = [cosine(a, b) for a, b in combinations(gs, 2)]
+        half = len(gs) // 2
+        rows.append({"depths": [lo, hi], "mean_pairwise_cos": sum(pair) / len(pair) if pair else None,
+                     "halves_cos": cosine(sum(gs[:half]), sum(gs[half:])) if half else None,
+                     "grad_norm_per_batch": sum(float(g.norm()) for g in gs) / max(len(gs), 1)})
+    result = {"preset": args.preset, "reward": args.reward, "sets": args.set, "prompts": prompts,
+              "batches": args.batches, "batch_reward_mean": rewards, "buckets": rows,
+              "seconds": time.perf_counter() - t0, "threads": args.threads}
+    out = args.out or Path(f"bench/results/grad_coherence-{args.preset}-{args.reward}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    for r in rows:
+        print(r)
+
+
+if __name__ == "__main__":
+    main()
