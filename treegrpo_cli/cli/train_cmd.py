@@ -59,7 +59,7 @@ def policy_sets(revision: str | None = None, finetune: str | None = None, lora_r
     sets = [f'policy.revision="{revision}"'] if revision else []
     sets += [f'policy.finetune="{finetune}"'] if finetune else []
     sets += [f"policy.lora_rank={lora_rank}"] if lora_rank else []
-    sets += [f"policy.lora_alpha={lora_alpha}"] if lora_alpha else []
+    sets += [f"policy.lora_alpha={lora_alpha}"] if lora_alpha is not None else []
     if lora_targets:
         names = [n.strip() for n in lora_targets.split(",") if n.strip()]
         sets.append("policy.lora_targets=[" + ", ".join(f'"{n}"' for n in names) + "]")
