@@ -80,6 +80,28 @@ def batch_gradients(tr: Trainer, prompts: list[str], seed: int, buckets: list[tu
     return out, float(sum(scores.values()).mean())
 
 
+GROUPS = {"text": ("words", "word_pos", "text_pool"), "time": ("time.",), "attention": (".qkv", ".proj"),
+          "mlp": (".mlp",), "modulation": (".ada", "ada_out"), "patches": ("patch_in", "patch_out", "pos"),
+          "refiner": ("refiner",)}
+
+
+def group_slices(policy) -> dict[str, torch.Tensor]:
+    """{group: bool mask over the flattened trainable parameters} for the TinyDiT's parts."""
+    names = [(n, p.numel()) for n, p in policy.net.named_parameters()]
+    out = {}
+    for g, keys in GROUPS.items():
+        out[g] = torch.cat([torch.full((k,), any(key in n for key in keys)) for n, k in names])
+    return out
+
+
+def coherence(gs: list[torch.Tensor]) -> dict[str, float | None]:
+    pair = [cosine(a, b) for a, b in combinations(gs, 2)]
+    half = len(gs) // 2
+    return {"mean_pairwise_cos": sum(pair) / len(pair) if pair else None,
+            "halves_cos": cosine(sum(gs[:half]), sum(gs[half:])) if half else None,
+            "grad_norm_per_batch": sum(float(g.norm()) for g in gs) / max(len(gs), 1)}
+
+
 def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(a @ b / (a.norm() * b.norm()).clamp(min=1e-30))
 
@@ -106,14 +128,12 @@ def main() -> None:
         g, r = batch_gradients(tr, prompts, mix_seed(123, i), buckets)
         grads.append(g)
         rewards.append(r)
-    rows = []
+    rows, masks = [], group_slices(tr.policy) if hasattr(tr.policy, "net") else {}
     for k, (lo, hi) in enumerate(buckets):
         gs = [g[k] for g in grads if g[k] is not None]
-        pair = [cosine(a, b) for a, b in combinations(gs, 2)]
-        half = len(gs) // 2
-        rows.append({"depths": [lo, hi], "mean_pairwise_cos": sum(pair) / len(pair) if pair else None,
-                     "halves_cos": cosine(sum(gs[:half]), sum(gs[half:])) if half else None,
-                     "grad_norm_per_batch": sum(float(g.norm()) for g in gs) / max(len(gs), 1)})
+        row = {"depths": [lo, hi], **coherence(gs)}
+        row["by_part"] = {name: coherence([g[m] for g in gs])["mean_pairwise_cos"] for name, m in masks.items() if m.any()}
+        rows.append(row)
     result = {"preset": args.preset, "reward": args.reward, "sets": args.set, "prompts": prompts,
               "batches": args.batches, "batch_reward_mean": rewards, "buckets": rows,
               "seconds": time.perf_counter() - t0, "threads": args.threads}
