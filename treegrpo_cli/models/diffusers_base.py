@@ -10,6 +10,7 @@ VAE scaling.
 from __future__ import annotations
 
 import copy
+from abc import ABC, abstractmethod
 import gc
 import hashlib
 from contextlib import contextmanager
@@ -79,7 +80,7 @@ def adapters_disabled(net: nn.Module) -> Iterator[None]:
         net.enable_adapters()
 
 
-class DiffusersPolicy:
+class DiffusersPolicy(ABC):
     """A Policy over a diffusers pipeline. Subclasses set the class attributes and implement
     _encode_text, model_output, _latent_shape and _vae_in."""
 
@@ -145,8 +146,9 @@ class DiffusersPolicy:
     def velocity(self, x: Tensor, sigma: Tensor, cond: Conditions) -> Tensor:
         return self.model_output(self.denoiser, x, sigma, cond)
 
+    @abstractmethod
     def model_output(self, net: nn.Module, x: Tensor, sigma: Tensor, cond: Conditions) -> Tensor:
-        raise NotImplementedError
+        """The denoiser `net`'s prediction (velocity or epsilon) for sampler latents x [B, ...] at sigma [B]."""
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.denoiser.parameters() if p.requires_grad]
@@ -231,8 +233,9 @@ class DiffusersPolicy:
                 self.put_cached(p, {k: v[j:j + 1] for k, v in out.items()})
                 self._to_disk(p)
 
+    @abstractmethod
     def _encode_text(self, prompts: list[str]) -> dict[str, Tensor]:
-        raise NotImplementedError
+        """Run the text encoders on a batch of prompts: {name: [B, ...]} embeddings."""
 
     def _disk_path(self, prompt: str) -> Path | None:
         if not self.opts.prompt_cache:
@@ -261,12 +264,13 @@ class DiffusersPolicy:
         atomic_write(path, save({k: v.contiguous() for k, v in self._cache[prompt].items()}))
 
     # -- images ------------------------------------------------------------------------------
+    @abstractmethod
     def _latent_shape(self) -> tuple[int, ...]:
-        raise NotImplementedError
+        """The (C, H, W) shape of one sampler latent at the configured resolution."""
 
+    @abstractmethod
     def _vae_in(self, latents: Tensor) -> Tensor:
         """Sampler latents -> what the VAE decodes (undo its scaling and shift)."""
-        raise NotImplementedError
 
     def _check_resolution(self, multiple: int) -> int:
         if self.resolution % multiple:
