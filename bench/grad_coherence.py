@@ -8,7 +8,9 @@ score them, compute advantages and the GRPO loss gradient of the trained edges, 
 denoising step of the edge's parent (--depths buckets), without updating the model. If g_i is the
 gradient of batch i, the mean pairwise cosine cos(g_i, g_j) estimates |signal|^2 / (|signal|^2 +
 |noise|^2) of a single batch: near 1, one iteration knows where to go; near 0, the step is mostly
-noise and only many iterations (or momentum) average it out. `redness` (mean R - (G+B)/2 of the
+noise and only many iterations (or momentum) average it out. --line-search then steps the weights
+along the summed gradient of all batches (and against it) and reports the ODE reward: whether a
+gradient from that many leaves points uphill. `redness` (mean R - (G+B)/2 of the
 image) is a smooth reward with no prompt in it, a control for the `shapes` reward.
 Writes a JSON file (default bench/results/grad_coherence-<preset>-<reward>.json).
 """
@@ -27,6 +29,7 @@ from treegrpo_cli.config import load_config
 from treegrpo_cli.engine.credit import assign_credit
 from treegrpo_cli.engine.grpo import Batch, grpo_update
 from treegrpo_cli.engine.rollout import mix_seed, rollout
+from treegrpo_cli.evaluate import heldout_reward
 from treegrpo_cli.loop import Trainer
 from treegrpo_cli.rewards.base import register, score_leaves
 from treegrpo_cli.world.shapes import load_split
@@ -102,6 +105,32 @@ def coherence(gs: list[torch.Tensor]) -> dict[str, float | None]:
             "grad_norm_per_batch": sum(float(g.norm()) for g in gs) / max(len(gs), 1)}
 
 
+def line_search(tr: Trainer, prompts: list[str], grad: torch.Tensor, sizes: list[float]) -> list[dict]:
+    """ODE rewards (training prompts x 16, every 4th test prompt x 2) after moving the weights along the
+    ascent (-grad) and descent (+grad) directions, scaled to a weight RMS of each size; then restores them."""
+    params = list(tr.policy.trainable_parameters())
+    theta0 = [p.detach().clone() for p in params]
+    unit = -grad / grad.norm() * grad.numel() ** 0.5            # ascent direction with weight RMS 1
+
+    def ev(ps: list[str], samples: int) -> float:
+        return heldout_reward(tr.policy, tr.sde, ps, tr.rewards, tr.weights, samples, 777)["reward_mean"]
+
+    def rewards() -> dict[str, float]:
+        return {"train_prompts": ev(prompts, 16), "test_prompts": ev(load_split("test")[::4], 2)}
+
+    out = [{"rms": 0.0, "direction": "none", **rewards()}]
+    for rms in sizes:
+        for sign, name in ((1.0, "ascent"), (-1.0, "descent")):
+            with torch.no_grad():
+                for p, t, d in zip(params, theta0, (sign * rms * unit).split([p.numel() for p in params])):
+                    p.copy_(t + d.view_as(p))
+            out.append({"rms": rms, "direction": name, **rewards()})
+    with torch.no_grad():
+        for p, t in zip(params, theta0):
+            p.copy_(t)
+    return out
+
+
 def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(a @ b / (a.norm() * b.norm()).clamp(min=1e-30))
 
@@ -114,6 +143,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=8, help="training prompts per batch (every 9th of shapes-train)")
     ap.add_argument("--batches", type=int, default=6)
     ap.add_argument("--depths", default="0-2,3-9,10-19", help="buckets of the parent's step, e.g. 0-0,1-4")
+    ap.add_argument("--line-search", default="", help="weight RMS list, e.g. 3e-5,1e-4: step along +-(summed gradient)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
@@ -134,6 +164,9 @@ def main() -> None:
         row = {"depths": [lo, hi], **coherence(gs)}
         row["by_part"] = {name: coherence([g[m] for g in gs])["mean_pairwise_cos"] for name, m in masks.items() if m.any()}
         rows.append(row)
+    if args.line_search:
+        total = sum(g for batch in grads for g in batch if g is not None)
+        rows.append({"line_search": line_search(tr, prompts, total, [float(v) for v in args.line_search.split(",")])})
     result = {"preset": args.preset, "reward": args.reward, "sets": args.set, "prompts": prompts,
               "batches": args.batches, "batch_reward_mean": rewards, "buckets": rows,
               "seconds": time.perf_counter() - t0, "threads": args.threads}
