@@ -26,12 +26,11 @@ from pathlib import Path
 import torch
 
 from treegrpo_cli.config import load_config
-from treegrpo_cli.engine.credit import assign_credit
 from treegrpo_cli.engine.grpo import Batch, grpo_update
 from treegrpo_cli.engine.rollout import mix_seed, rollout
 from treegrpo_cli.evaluate import heldout_reward
 from treegrpo_cli.loop import Trainer
-from treegrpo_cli.rewards.base import register, score_leaves
+from treegrpo_cli.rewards.base import register
 from treegrpo_cli.world.shapes import load_split
 
 
@@ -59,16 +58,9 @@ class Capture:
 
 def batch_gradients(tr: Trainer, prompts: list[str], seed: int, buckets: list[tuple[int, int]]) -> tuple[list, float]:
     """Summed edge gradients [params] per depth bucket of one scored tree batch, and its mean reward."""
-    cfg, T = tr.cfg, tr.cfg.sampler.steps
+    cfg = tr.cfg
     tree, _ = rollout(tr.policy, prompts, list(range(len(prompts))), tr.sde, cfg.tree, seed, cfg.rollout.max_batch)
-    with torch.no_grad():
-        images = tr.policy.decode(tree.image_latent)
-    lv = tree.leaves()
-    scores = score_leaves(tr.rewards, images, [prompts[int(p)] for p in tree.tree_prompt[tree.tree[lv]]])
-    full = {n: torch.full((tree.num_nodes,), float("nan")).index_put_((lv,), s) for n, s in scores.items()}
-    adv, trained = assign_credit(tree.parent, tree.depth, tree.tree, tree.group(), tree.sde, tree.log_prob, full,
-                                 tr.weights, cfg.reward.combine, cfg.advantage, cfg.pruning, T, cfg.sampler.decode,
-                                 0, cfg.train.iterations)
+    scores, adv, trained = tr.score_and_credit(tree, prompts, 0)
     parent_depth = tree.depth[tree.parent.clamp(min=0)]
     cap, out = Capture(list(tr.policy.trainable_parameters())), []
     for lo, hi in buckets:

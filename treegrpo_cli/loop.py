@@ -82,6 +82,20 @@ class Trainer:
         torch.set_rng_state(ck.rng)
         self.step = ck.step
 
+    def score_and_credit(self, tree, prompts: list[str], it: int):
+        """Decode and score a tree's leaves, then its edge advantages and trained-edge mask."""
+        cfg = self.cfg
+        with torch.no_grad():
+            images = self.policy.decode(tree.image_latent.to(self.device)).cpu()
+        leaves = tree.leaves()
+        leaf_prompts = [prompts[int(p)] for p in tree.tree_prompt[tree.tree[leaves]]]
+        scores = score_leaves(self.rewards, images, leaf_prompts)
+        full = {n: torch.full((tree.num_nodes,), float("nan")).index_put_((leaves,), s) for n, s in scores.items()}
+        adv, trained = assign_credit(tree.parent, tree.depth, tree.tree, tree.group(), tree.sde, tree.log_prob,
+                                     full, self.weights, cfg.reward.combine, cfg.advantage, cfg.pruning,
+                                     cfg.sampler.steps, cfg.sampler.decode, it, cfg.train.iterations)
+        return scores, adv, trained
+
     # -- one iteration -------------------------------------------------------------------
     def iteration(self, prompts: list[str], progress: Progress) -> dict[str, Any]:
         cfg, it = self.cfg, self.step
@@ -92,15 +106,8 @@ class Trainer:
         tree, nfe = rollout(self.policy, [prompts[i] for i in ids], ids, self.sde, tree_cfg,
                             mix_seed(cfg.seed, it), cfg.rollout.max_batch, progress)
         t1 = time.perf_counter()
-        with torch.no_grad():
-            images = self.policy.decode(tree.image_latent.to(self.device)).cpu()
+        scores, adv, trained = self.score_and_credit(tree, prompts, it)
         leaves = tree.leaves()
-        leaf_prompts = [prompts[int(p)] for p in tree.tree_prompt[tree.tree[leaves]]]
-        scores = score_leaves(self.rewards, images, leaf_prompts)
-        full = {n: torch.full((tree.num_nodes,), float("nan")).index_put_((leaves,), s) for n, s in scores.items()}
-        adv, trained = assign_credit(tree.parent, tree.depth, tree.tree, tree.group(), tree.sde, tree.log_prob,
-                                     full, self.weights, cfg.reward.combine, cfg.advantage, cfg.pruning,
-                                     T, cfg.sampler.decode, it, cfg.train.iterations)
         t2 = time.perf_counter()
         tree_prompts = [prompts[int(p)] for p in tree.tree_prompt]
         batch = Batch(tree, trained, adv.edge, self.policy.encode(tree_prompts))
