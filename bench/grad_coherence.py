@@ -97,12 +97,17 @@ def coherence(gs: list[torch.Tensor]) -> dict[str, float | None]:
             "grad_norm_per_batch": sum(float(g.norm()) for g in gs) / max(len(gs), 1)}
 
 
-def line_search(tr: Trainer, prompts: list[str], grad: torch.Tensor, sizes: list[float]) -> list[dict]:
+def line_search(tr: Trainer, prompts: list[str], grad: torch.Tensor, sizes: list[float],
+                sign: bool = False) -> list[dict]:
     """ODE rewards (training prompts x 16, every 4th test prompt x 2) after moving the weights along the
-    ascent (-grad) and descent (+grad) directions, scaled to a weight RMS of each size; then restores them."""
+    ascent (-grad) and descent (+grad) directions (and with `sign` along -sign(grad)), scaled to a weight
+    RMS of each size; then restores them."""
     params = list(tr.policy.trainable_parameters())
     theta0 = [p.detach().clone() for p in params]
-    unit = -grad / grad.norm() * grad.numel() ** 0.5            # ascent direction with weight RMS 1
+    units = {"ascent": -grad / grad.norm() * grad.numel() ** 0.5,   # ascent direction with weight RMS 1
+             "descent": grad / grad.norm() * grad.numel() ** 0.5}
+    if sign:   # what Adam's first steps do: every weight moves by the same amount, the gradient's sign
+        units["sign-ascent"] = -torch.sign(grad) / torch.sign(grad).pow(2).mean().sqrt()
 
     def ev(ps: list[str], samples: int) -> float:
         return heldout_reward(tr.policy, tr.sde, ps, tr.rewards, tr.weights, samples, 777)["reward_mean"]
@@ -112,9 +117,9 @@ def line_search(tr: Trainer, prompts: list[str], grad: torch.Tensor, sizes: list
 
     out = [{"rms": 0.0, "direction": "none", **rewards()}]
     for rms in sizes:
-        for sign, name in ((1.0, "ascent"), (-1.0, "descent")):
+        for name, unit in units.items():
             with torch.no_grad():
-                for p, t, d in zip(params, theta0, (sign * rms * unit).split([p.numel() for p in params])):
+                for p, t, d in zip(params, theta0, (rms * unit).split([p.numel() for p in params])):
                     p.copy_(t + d.view_as(p))
             out.append({"rms": rms, "direction": name, **rewards()})
     with torch.no_grad():
@@ -136,6 +141,7 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=6)
     ap.add_argument("--depths", default="0-2,3-9,10-19", help="buckets of the parent's step, e.g. 0-0,1-4")
     ap.add_argument("--line-search", default="", help="weight RMS list, e.g. 3e-5,1e-4: step along +-(summed gradient)")
+    ap.add_argument("--sign", action="store_true", help="line search also along -sign(gradient), Adam's first step")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
@@ -158,7 +164,8 @@ def main() -> None:
         rows.append(row)
     if args.line_search:
         total = sum(g for batch in grads for g in batch if g is not None)
-        rows.append({"line_search": line_search(tr, prompts, total, [float(v) for v in args.line_search.split(",")])})
+        rows.append({"line_search": line_search(tr, prompts, total, [float(v) for v in args.line_search.split(",")],
+                                                 args.sign)})
     result = {"preset": args.preset, "reward": args.reward, "sets": args.set, "prompts": prompts,
               "batches": args.batches, "batch_reward_mean": rewards, "buckets": rows,
               "seconds": time.perf_counter() - t0, "threads": args.threads}

@@ -100,3 +100,39 @@ def test_speed_256_images():
     t = time.perf_counter()
     reward(x, prompts)
     assert time.perf_counter() - t < 3.0
+
+
+def _red_block(h: int, w: int, cut: int) -> torch.Tensor:
+    """A light grey 32x32 image with one red h x w rectangle whose bottom-right corner loses a
+    staircase of `cut` pixels: cut 0 is a square, larger cuts move its fill towards a circle's."""
+    img = torch.full((3, 32, 32), 215 / 255)
+    red = torch.tensor([220, 40, 40]) / 255.0
+    mask = torch.zeros(32, 32, dtype=torch.bool)
+    mask[10:10 + h, 10:10 + w] = True
+    for k in range(cut):
+        mask[10 + h - 1 - k, 10 + w - cut + k:10 + w] = False
+    return torch.where(mask, red[:, None, None], img)
+
+
+def test_soft_kind_credit_rises_towards_the_asked_kind():
+    soft = get_reward("shapes", kind="soft")
+    prompts = _sample(200, 0)
+    x = render_prompts(prompts, 1)
+    assert torch.equal(soft(x, prompts), reward(x, prompts))          # the world's own renders: unchanged
+    images = torch.stack([_red_block(10, 10, c) for c in (0, 4, 5, 6)])     # fill 1.0, 0.90, 0.85, 0.79
+    hard_s, soft_s = reward(images, ["a red square"] * 4), soft(images, ["a red square"] * 4)
+    assert hard_s[0] == soft_s[0] == 1.0
+    assert (soft_s[1:] >= hard_s[1:]).all() and (soft_s[1:] < 1).all()
+    assert (soft_s.diff() < 0).all() and soft_s[1] > 2 * hard_s[1]  # the more cut away, the less credit
+
+
+def test_soft_kind_option_is_checked_and_reaches_training():
+    import pytest
+
+    from treegrpo_cli.config import load_config
+    from treegrpo_cli.errors import ConfigError
+    from treegrpo_cli.loop import Trainer
+    with pytest.raises(ConfigError, match="shapes.kind"):
+        get_reward("shapes", kind="fuzzy")
+    cfg = load_config("branch", sets=['model="tiny-shapes"', 'reward.options=["shapes.kind=soft"]'])
+    assert Trainer(cfg, "cpu").rewards["shapes"].soft

@@ -32,6 +32,7 @@ class RewardConfig:
     names: tuple[str, ...] = ("jpeg-compressibility",)
     weights: tuple[float, ...] = ()       # empty: 1 for each reward
     combine: str = "rewards"              # "rewards": weighted sum of scores; "advantages": of per-reward advantages (MixGRPO)
+    options: tuple[str, ...] = ()         # "NAME.KEY=VALUE" reward options, e.g. "shapes.kind=soft"
 
     def weight_map(self) -> dict[str, float]:
         w = self.weights or tuple(1.0 for _ in self.names)

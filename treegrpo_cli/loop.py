@@ -24,7 +24,7 @@ from .engine.sde import make_kernel
 from .evaluate import heldout_reward
 from .models.base import Policy
 from .models.registry import load_policy
-from .rewards.base import get_reward, score_leaves
+from .rewards.base import get_reward, parse_reward_options, score_leaves
 from .store.checkpoint import Checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
 
 
@@ -58,7 +58,8 @@ class Trainer:
         self.ema = ({k: v.detach().clone() for k, v in self.policy.trainable_state().items()}
                     if cfg.train.ema_decay > 0 else None)
         self.ref = self.policy.reference() if cfg.train.kl_beta > 0 else None
-        self.rewards = {n: get_reward(n, device=device) for n in cfg.reward.names}
+        opts = parse_reward_options(cfg.reward.options)
+        self.rewards = {n: get_reward(n, device=device, **opts.get(n, {})) for n in cfg.reward.names}
         self.weights = cfg.reward.weight_map()
         self.step = 0
 

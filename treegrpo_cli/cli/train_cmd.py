@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import json
+
 import signal
 import time
 from contextlib import contextmanager
@@ -36,13 +38,14 @@ def graceful_stop() -> Iterator[dict]:
             signal.signal(s, h)
 
 
-def _sets(set_, model, reward, weights, iterations, seed, max_batch) -> list[str]:
+def _sets(set_, model, reward, weights, iterations, seed, max_batch, reward_opt=None) -> list[str]:
     sets = list(set_ or [])
     sets += [f'model="{model}"'] if model else []
     if reward:
         names = [n.strip() for n in reward.split(",") if n.strip()]
         sets.append("reward.names=[" + ", ".join(f'"{n}"' for n in names) + "]")
     sets += [f"reward.weights=[{weights}]"] if weights else []
+    sets += ["reward.options=[" + ", ".join(json.dumps(o) for o in reward_opt) + "]"] if reward_opt else []
     sets += [f"train.iterations={iterations}"] if iterations else []
     sets += [f"seed={seed}"] if seed is not None else []
     sets += [f"rollout.max_batch={max_batch}"] if max_batch else []
@@ -76,6 +79,7 @@ def train(
     model: Annotated[Optional[str], typer.Option(help="Model name or path (default: the preset's).")] = None,
     reward: Annotated[Optional[str], typer.Option(help="Reward name(s), comma separated.")] = None,
     weights: Annotated[Optional[str], typer.Option(help="Reward weights, comma separated.")] = None,
+    reward_opt: Annotated[Optional[list[str]], typer.Option("--reward-opt", help="A reward option NAME.KEY=VALUE, e.g. shapes.kind=soft (repeatable).")] = None,
     prompts: Annotated[Optional[str], typer.Option(help="Training prompts: a .txt/.jsonl file or a built-in list (shapes-train, ...); default: the model's.")] = None,
     iterations: Annotated[Optional[int], typer.Option(min=1, help="Online iterations.")] = None,
     seed: Annotated[Optional[int], typer.Option(help="Run seed.")] = None,
@@ -98,7 +102,7 @@ def train(
     Example: treegrpo train --preset branch-mix --iterations 50
     """
     with guarded():
-        sets = _sets(set_, model, reward, weights, iterations, seed, max_batch)
+        sets = _sets(set_, model, reward, weights, iterations, seed, max_batch, reward_opt)
         sets += policy_sets(revision, finetune, lora_rank, lora_alpha, lora_targets, dtype, gradient_checkpointing)
         if trees is not None:
             summary = _staged(trees, run_dir, sets, device)

@@ -14,6 +14,10 @@ per asked-for group of n objects (terms averaged over the groups of a relation):
 So a shape of the right colour alone earns 0.2 * 0.5 / 0.7 = 0.14 on "a red circle"; the right
 object twice on "a red circle" earns 0.71; a flipped relation earns 0.70. Text outside the
 grammar scores 0.
+With the option kind = "soft" (`--reward-opt shapes.kind=soft`) a shape of the right colour and another
+kind, or a blob, earns COLOUR_ONLY (none for a blob) + (1 - COLOUR_ONLY) * its soft fit to the asked kind
+(world.detect.kind_fits: 1 inside the kind's acceptance box, decaying outside), so that almost-squares
+score between circles and squares: a denser signal for RL, the same score for the world's own renders.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from functools import lru_cache
 import torch
 from torch import Tensor
 
+from ..errors import ConfigError
 from ..world.detect import Det, detect
 from ..world.shapes import Group, Prompt, parse_prompt
 from .base import register
@@ -31,6 +36,7 @@ W_OBJECT, W_COUNT, W_SIZE, W_RELATION = 0.5, 0.2, 0.15, 0.3
 COLOUR_ONLY = 0.2
 EXTRA_DECAY = 0.8
 REL_MARGIN = 3.0
+KIND_CREDITS = ("hard", "soft")
 
 
 @lru_cache(maxsize=4096)
@@ -38,15 +44,21 @@ def _parse(text: str) -> Prompt | None:
     return parse_prompt(text)
 
 
-def _group_terms(g: Group, dets: list[Det]) -> tuple[float, float, float, list[Det]]:
+def _group_terms(g: Group, dets: list[Det], soft: bool) -> tuple[float, float, float, list[Det]]:
     """(object, count, size) credit of one group and its matching detections."""
     match = [d for d in dets if d.colour == g.colour and d.kind == g.kind]
-    colour_only = sum(d.colour == g.colour and d.kind not in (g.kind, "blob") for d in dets)
     found = min(len(match), g.count)
-    obj = (found + COLOUR_ONLY * min(colour_only, g.count - found)) / g.count
+    near = sorted((_near_credit(d, g.kind, soft) for d in dets if d.colour == g.colour and d.kind != g.kind), reverse=True)
+    obj = (found + sum(near[:g.count - found])) / g.count
     count = float(len(match) == g.count)
     size = min(sum(d.size == g.size for d in match), g.count) / g.count if g.size else 0.0
     return obj, count, size, match
+
+
+def _near_credit(d: Det, kind: str, soft: bool) -> float:
+    """Object credit of a shape of the right colour but another kind (or a blob)."""
+    colour = COLOUR_ONLY if d.kind != "blob" else 0.0
+    return colour + (1 - COLOUR_ONLY) * d.fit(kind) if soft else colour
 
 
 def _relation_holds(a: Det, b: Det, relation: str) -> bool:
@@ -56,9 +68,9 @@ def _relation_holds(a: Det, b: Det, relation: str) -> bool:
     return along >= REL_MARGIN and along > abs(across)
 
 
-def score_detections(prompt: Prompt, dets: list[Det]) -> float:
+def score_detections(prompt: Prompt, dets: list[Det], soft: bool = False) -> float:
     """The score in [0, 1] of one image's detections for a parsed prompt (see the module docstring)."""
-    terms = [_group_terms(g, dets) for g in prompt.groups]
+    terms = [_group_terms(g, dets, soft) for g in prompt.groups]
     n = len(terms)
     total = W_OBJECT * sum(t[0] for t in terms) / n + W_COUNT * sum(t[1] for t in terms) / n
     weight = W_OBJECT + W_COUNT
@@ -73,7 +85,7 @@ def score_detections(prompt: Prompt, dets: list[Det]) -> float:
     return total / weight * EXTRA_DECAY ** extra
 
 
-def shapes_scores(images: Tensor, prompts: list[str]) -> Tensor:
+def shapes_scores(images: Tensor, prompts: list[str], soft: bool = False) -> Tensor:
     """images [B, 3, H, W] float in [0, 1] (uint8 accepted), prompts [B] -> scores [B] float32."""
     if len(images) != len(prompts):
         raise ValueError(f"{len(images)} images but {len(prompts)} prompts")
@@ -83,7 +95,7 @@ def shapes_scores(images: Tensor, prompts: list[str]) -> Tensor:
     out = torch.zeros(len(prompts), dtype=torch.float32)
     if keep:
         for i, dets in zip(keep, detect(x[keep])):
-            out[i] = score_detections(parsed[i], dets)
+            out[i] = score_detections(parsed[i], dets, soft)
     return out
 
 
@@ -91,8 +103,13 @@ class ShapesReward:
     """GenEval-style reward on the embedded shapes world: colour, kind, count, size and position."""
     name = "shapes"
 
+    def __init__(self, kind: str = "hard"):
+        if kind not in KIND_CREDITS:
+            raise ConfigError(f"shapes.kind must be one of {', '.join(KIND_CREDITS)}; got {kind!r}")
+        self.soft = kind == "soft"
+
     def __call__(self, images: Tensor, prompts: list[str]) -> Tensor:
-        return shapes_scores(images, prompts)
+        return shapes_scores(images, prompts, self.soft)
 
 
-register(ShapesReward.name, ShapesReward)
+register(ShapesReward.name, ShapesReward, options=("kind",))

@@ -27,6 +27,11 @@ COLOUR_TOL = 0.25        # max RGB distance (in [0, 1] units) to the nearest pal
 MIN_AREA = 5             # world px; smaller components are noise
 MAX_SIDE = 20            # world px; larger components are blobs, not shapes
 BIG_SIDE = 11.0          # world px; boxes with a longer side are "big"
+SOFT_KINDS = ("circle", "square", "triangle")
+# the kinds' acceptance boxes in (fill, drop) and how fast a soft fit decays outside them
+KIND_BOX = {"circle": ((0.70, 0.92), (-0.15, 0.15)), "square": ((0.92, 9.0), (-0.15, 0.15)),
+            "triangle": ((0.35, 0.70), (0.25, 9.0))}
+SOFT_FILL, SOFT_DROP, SOFT_ASPECT = 0.04, 0.08, 0.15
 
 
 @dataclass(frozen=True)
@@ -37,6 +42,10 @@ class Det:
     cx: float            # centroid, world px (x right, y down)
     cy: float
     area: float          # world px
+    fits: tuple[float, float, float] = (0.0, 0.0, 0.0)  # soft membership of circle, square, triangle in [0, 1]
+
+    def fit(self, kind: str) -> float:
+        return self.fits[SOFT_KINDS.index(kind)] if kind in SOFT_KINDS else 0.0
 
 
 def classify_pixels(images: Tensor | np.ndarray) -> np.ndarray:
@@ -123,6 +132,24 @@ def classify_kind(area: np.ndarray, w: np.ndarray, h: np.ndarray, below: np.ndar
     return np.where(bad, "blob", kind)
 
 
+def _outside(v: np.ndarray, lo: float, hi: float) -> np.ndarray:
+    return np.maximum(lo - v, 0) + np.maximum(v - hi, 0)
+
+
+def kind_fits(area: np.ndarray, w: np.ndarray, h: np.ndarray, below: np.ndarray, above: np.ndarray) -> np.ndarray:
+    """[K, 3] soft membership of each component in circle, square, triangle: 1 inside the kind's
+    acceptance box of classify_kind, exp(-d^2/2) outside, d the distance to the box in units of
+    SOFT_FILL, SOFT_DROP and SOFT_ASPECT; 0 for components larger than MAX_SIDE."""
+    fill, drop, aspect = area / (w * h), (below - above) / np.maximum(area, 1), w / h
+    d_aspect = _outside(aspect, 0.7, 1.45) / SOFT_ASPECT
+    out = []
+    for kind in SOFT_KINDS:
+        (f0, f1), (d0, d1) = KIND_BOX[kind]
+        d2 = (_outside(fill, f0, f1) / SOFT_FILL) ** 2 + (_outside(drop, d0, d1) / SOFT_DROP) ** 2 + d_aspect**2
+        out.append(np.exp(-d2 / 2))
+    return np.where((np.maximum(w, h) > MAX_SIDE)[:, None], 0.0, np.stack(out, 1))
+
+
 def detect(images: Tensor | np.ndarray) -> list[list[Det]]:
     """[B, 3, H, W] in [0, 1] -> for each image, its shapes (components of >= MIN_AREA world px)."""
     cls = classify_pixels(images)
@@ -132,12 +159,13 @@ def detect(images: Tensor | np.ndarray) -> list[list[Det]]:
     area, w, h = s["area"] * sx * sy, s["w"] * sx, s["h"] * sy
     keep = area >= MIN_AREA
     kind = classify_kind(area, w, h, s["below"] * sx * sy, s["above"] * sx * sy)
+    fits = kind_fits(area, w, h, s["below"] * sx * sy, s["above"] * sx * sy)
     big = np.maximum(w, h) > BIG_SIDE
     cx, cy = (s["cx"] + 0.5) * sx - 0.5, (s["cy"] + 0.5) * sy - 0.5
     out: list[list[Det]] = [[] for _ in range(B)]
     for i in np.nonzero(keep)[0]:
         out[int(s["image"][i])].append(Det(COLOUR_NAMES[int(s["colour"][i])], str(kind[i]),
                                            "big" if big[i] else "small", float(cx[i]), float(cy[i]),
-                                           float(area[i])))
+                                           float(area[i]), tuple(float(f) for f in fits[i])))
     return out
 
