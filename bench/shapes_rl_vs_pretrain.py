@@ -73,6 +73,7 @@ def main() -> None:
     else:
         run = args.work / f"rl-{time.strftime('%Y%m%d-%H%M%S')}"
         minutes = run_rl(args.preset, run, [x for s in args.set for x in ("--set", s)])
+    run_info = json.loads((run / "run.json").read_text()) if (run / "run.json").exists() else {}
     policy.load_trainable_state(load_checkpoint(list_checkpoints(run / "checkpoints")[-1]).model)
     rl = test_reward(policy, args.samples)
     print("rl", rl, "minutes", minutes, flush=True)
@@ -90,7 +91,8 @@ def main() -> None:
 
     result = {"timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"), "torch": torch.__version__,
               "cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
-              "preset": args.preset, "sets": args.set, "run_dir": str(run), "samples_per_prompt": args.samples,
+              "preset": args.preset, "sets": args.set, "run_dir": str(run), "rl_command": run_info.get("command"),
+              "rl_config": run_info.get("config"), "samples_per_prompt": args.samples,
               "base": base, "rl": rl, "rl_minutes": minutes, "rl_gain": rl["mean"] - base["mean"],
               "control": control, "control_minutes": ctl_minutes, "control_lr": args.control_lr,
               "control_images": meta.get("log", {}).get("images"),

@@ -7,7 +7,7 @@ import torch
 
 from treegrpo_cli.world.detect import detect
 from treegrpo_cli.world.shapes import (
-    COLOURS, DATA, GAP, HELD_OUT, KINDS, PROMPT_FILES, WORLD, load_split, parse_prompt, render,
+    COLOURS, DATA, GAP, HELD_OUT, KINDS, PROMPT_FILES, WORLD, familiar_analogues, load_split, parse_prompt, render,
     render_prompts, sample_scene, split_prompts, all_prompts, write_prompt_files,
 )
 
@@ -104,3 +104,21 @@ def test_shipped_prompt_files_equal_the_split(tmp_path):
     written = write_prompt_files(tmp_path)
     for name in PROMPT_FILES:
         assert written[name].read_text() == (DATA / PROMPT_FILES[name]).read_text()
+
+
+def test_familiar_analogues_swap_only_the_held_out_pairs():
+    assert familiar_analogues("three big red squares") == ["three big red circles", "three big red triangles"]
+    assert familiar_analogues("a red circle below a red square") == ["a red circle below a red triangle"]
+    assert familiar_analogues("a red square below a green triangle") == [
+        "a red circle below a green circle", "a red circle below a green square",
+        "a red triangle below a green circle", "a red triangle below a green square"]
+    assert familiar_analogues("a big orange square") == ["a big orange square"]   # nothing held out
+    pretrain = set(load_split("pretrain"))
+    for t in load_split("test"):
+        same = parse_prompt(t)
+        for a in familiar_analogues(t):
+            q = parse_prompt(a)
+            assert a in pretrain and q.form == same.form and q.relation == same.relation
+            assert [(g.colour, g.size, g.count) for g in q.groups] == [(g.colour, g.size, g.count) for g in same.groups]
+    with pytest.raises(ValueError, match="not a prompt"):
+        familiar_analogues("a red hexagon")

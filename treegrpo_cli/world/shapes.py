@@ -24,7 +24,8 @@ Samples are taken in the order of the SHA-1 of the prompt text, so the split is 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from itertools import product
 from pathlib import Path
 
 import numpy as np
@@ -272,6 +273,19 @@ def split_prompts(rl_relations: int = 40, test_relations: int = 36,
     rl += sorted(pretrain, key=_hash)[:n_ordinary]
     order = {t: i for i, t in enumerate(all_prompts())}
     return pretrain, sorted(rl, key=order.__getitem__), sorted(test, key=order.__getitem__)
+
+
+def familiar_analogues(text: str) -> list[str]:
+    """The prompt with every held-out pair swapped for each familiar pair of the same colour, in
+    grammar order ("three big red squares" -> "three big red circles", "three big red triangles").
+    Same form, count, size and relation: what the prompt would score had its bindings been taught."""
+    p = parse_prompt(text)
+    if p is None:
+        raise ValueError(f"not a prompt of the shapes grammar: {text!r}")
+    options = [[g] if g.pair not in HELD_OUT else
+               [replace(g, kind=k) for k in KINDS if (g.colour, k) not in HELD_OUT] for g in p.groups]
+    out = [Prompt(p.form, groups, p.relation) for groups in product(*options)]
+    return [q.text() for q in out if len(q.groups) == 1 or q.groups[0].pair != q.groups[1].pair]
 
 
 def write_prompt_files(directory: Path | str | None = None) -> dict[str, Path]:
