@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 from torch import Tensor
 
-from .shapes import BACKGROUND, COLOURS, WORLD
+from .shapes import BACKGROUND, COLOURS, KINDS, WORLD
 
 COLOUR_NAMES = tuple(COLOURS)
 PALETTE = np.array([COLOURS[c] for c in COLOUR_NAMES] + [BACKGROUND], dtype=np.float32) / 255.0  # [7, 3]
@@ -27,11 +27,11 @@ COLOUR_TOL = 0.25        # max RGB distance (in [0, 1] units) to the nearest pal
 MIN_AREA = 5             # world px; smaller components are noise
 MAX_SIDE = 20            # world px; larger components are blobs, not shapes
 BIG_SIDE = 11.0          # world px; boxes with a longer side are "big"
-SOFT_KINDS = ("circle", "square", "triangle")
-# the kinds' acceptance boxes in (fill, drop) and how fast a soft fit decays outside them
+# each kind's acceptance box: fill in [lo, hi) and drop in (lo, hi); the box's aspect w / h in [lo, hi]
 KIND_BOX = {"circle": ((0.70, 0.92), (-0.15, 0.15)), "square": ((0.92, 9.0), (-0.15, 0.15)),
             "triangle": ((0.35, 0.70), (0.25, 9.0))}
-SOFT_FILL, SOFT_DROP, SOFT_ASPECT = 0.04, 0.08, 0.15
+ASPECT_BOX = (0.7, 1.45)
+SOFT_FILL, SOFT_DROP, SOFT_ASPECT = 0.04, 0.08, 0.15   # how fast a soft fit decays outside the boxes
 
 
 @dataclass(frozen=True)
@@ -42,10 +42,10 @@ class Det:
     cx: float            # centroid, world px (x right, y down)
     cy: float
     area: float          # world px
-    fits: tuple[float, float, float] = (0.0, 0.0, 0.0)  # soft membership of circle, square, triangle in [0, 1]
+    fits: tuple[float, float, float] = (0.0, 0.0, 0.0)  # soft membership of each of KINDS in [0, 1]
 
     def fit(self, kind: str) -> float:
-        return self.fits[SOFT_KINDS.index(kind)] if kind in SOFT_KINDS else 0.0
+        return self.fits[KINDS.index(kind)] if kind in KINDS else 0.0
 
 
 def classify_pixels(images: Tensor | np.ndarray) -> np.ndarray:
@@ -118,17 +118,21 @@ def _component_stats(cls: np.ndarray, lab: np.ndarray) -> dict[str, np.ndarray]:
     }
 
 
+def _box_features(area: np.ndarray, w: np.ndarray, h: np.ndarray, below: np.ndarray,
+                  above: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(fill of the bounding box, drop = share of mass below minus above the centre row, aspect w / h)."""
+    return area / (w * h), (below - above) / np.maximum(area, 1), w / h
+
+
 def classify_kind(area: np.ndarray, w: np.ndarray, h: np.ndarray, below: np.ndarray,
                   above: np.ndarray) -> np.ndarray:
-    """Kind names [K] from box width/height and pixel counts, all in world px."""
-    fill = area / (w * h)
-    drop = (below - above) / np.maximum(area, 1)
-    aspect = w / h
-    square_ok = (fill >= 0.92) & (np.abs(drop) < 0.15)
-    circle_ok = (fill >= 0.70) & (fill < 0.92) & (np.abs(drop) < 0.15)
-    triangle_ok = (fill >= 0.35) & (fill < 0.70) & (drop > 0.25)
-    kind = np.select([square_ok, circle_ok, triangle_ok], ["square", "circle", "triangle"], "blob")
-    bad = (aspect < 0.7) | (aspect > 1.45) | (np.maximum(w, h) > MAX_SIDE)
+    """Kind names [K] from box width/height and pixel counts, all in world px: the kind whose
+    KIND_BOX holds the component, else "blob"."""
+    fill, drop, aspect = _box_features(area, w, h, below, above)
+    inside = [(fill >= f0) & (fill < f1) & (drop > d0) & (drop < d1)
+              for (f0, f1), (d0, d1) in (KIND_BOX[k] for k in KINDS)]
+    kind = np.select(inside, list(KINDS), "blob")
+    bad = (aspect < ASPECT_BOX[0]) | (aspect > ASPECT_BOX[1]) | (np.maximum(w, h) > MAX_SIDE)
     return np.where(bad, "blob", kind)
 
 
@@ -137,13 +141,13 @@ def _outside(v: np.ndarray, lo: float, hi: float) -> np.ndarray:
 
 
 def kind_fits(area: np.ndarray, w: np.ndarray, h: np.ndarray, below: np.ndarray, above: np.ndarray) -> np.ndarray:
-    """[K, 3] soft membership of each component in circle, square, triangle: 1 inside the kind's
-    acceptance box of classify_kind, exp(-d^2/2) outside, d the distance to the box in units of
-    SOFT_FILL, SOFT_DROP and SOFT_ASPECT; 0 for components larger than MAX_SIDE."""
-    fill, drop, aspect = area / (w * h), (below - above) / np.maximum(area, 1), w / h
-    d_aspect = _outside(aspect, 0.7, 1.45) / SOFT_ASPECT
+    """[K, 3] soft membership of each component in each of KINDS: 1 inside the kind's box (KIND_BOX,
+    ASPECT_BOX), exp(-d^2/2) outside, d the distance to the box in units of SOFT_FILL, SOFT_DROP and
+    SOFT_ASPECT; 0 for components larger than MAX_SIDE."""
+    fill, drop, aspect = _box_features(area, w, h, below, above)
+    d_aspect = _outside(aspect, *ASPECT_BOX) / SOFT_ASPECT
     out = []
-    for kind in SOFT_KINDS:
+    for kind in KINDS:
         (f0, f1), (d0, d1) = KIND_BOX[kind]
         d2 = (_outside(fill, f0, f1) / SOFT_FILL) ** 2 + (_outside(drop, d0, d1) / SOFT_DROP) ** 2 + d_aspect**2
         out.append(np.exp(-d2 / 2))
@@ -158,8 +162,8 @@ def detect(images: Tensor | np.ndarray) -> list[list[Det]]:
     s = _component_stats(cls, label_components(cls))
     area, w, h = s["area"] * sx * sy, s["w"] * sx, s["h"] * sy
     keep = area >= MIN_AREA
-    kind = classify_kind(area, w, h, s["below"] * sx * sy, s["above"] * sx * sy)
-    fits = kind_fits(area, w, h, s["below"] * sx * sy, s["above"] * sx * sy)
+    below, above = s["below"] * sx * sy, s["above"] * sx * sy
+    kind, fits = classify_kind(area, w, h, below, above), kind_fits(area, w, h, below, above)
     big = np.maximum(w, h) > BIG_SIDE
     cx, cy = (s["cx"] + 0.5) * sx - 0.5, (s["cy"] + 0.5) * sy - 0.5
     out: list[list[Det]] = [[] for _ in range(B)]
