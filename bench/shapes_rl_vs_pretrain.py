@@ -4,11 +4,12 @@
     python bench/shapes_rl_vs_pretrain.py --rl-run runs/default --rl-minutes 14.2   # reuse a timed run
 
 1. base:    the shipped tiny-shapes weights, mean `shapes` reward on the held-out test prompts
-            (deterministic ODE sampler, 20 steps, --samples seeds per prompt);
+            (deterministic ODE sampler with the RL run's step count, --samples seeds per prompt);
 2. RL:      `treegrpo train` with the preset on the embedded default (its own run folder), then the
             same evaluation of the final weights; its wall-clock minutes are recorded;
-3. control: continued rectified-flow pretraining from the shipped weights for the same minutes
-            (constant learning rate --control-lr), then the same evaluation.
+3. control: continued rectified-flow pretraining of the DiT from the shipped weights (same autoencoder,
+            same noisy-caption data) for the same minutes (constant learning rate --control-lr), then the
+            same evaluation.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from treegrpo_cli.world.pretrain import PretrainConfig, load_weights, pretrain
 from treegrpo_cli.world.shapes import load_split
 
 
-def test_reward(policy, samples: int, steps: int = 20, seed: int = 777) -> dict:
+def test_reward(policy, samples: int, steps: int, seed: int = 777) -> dict:
     """Mean and standard error of the shapes reward over test prompts x samples ODE draws (the same
     root noises for every policy evaluated: paired comparisons)."""
     r = heldout_reward(policy, FlowSDE(SamplerConfig(steps=steps)), load_split("test"),
@@ -50,7 +51,7 @@ def run_rl(preset: str, run_dir: Path, extra: list[str]) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="branch")
-    ap.add_argument("--samples", type=int, default=4)
+    ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--control-lr", type=float, default=1e-4)
     ap.add_argument("--work", type=Path, default=Path("runs/bench-shapes"))
     ap.add_argument("--out", type=Path, default=Path("bench/results/shapes_rl_vs_pretrain.json"))
@@ -64,35 +65,36 @@ def main() -> None:
         ap.error("--rl-run needs --rl-minutes (the wall-clock of that train command)")
     args.work.mkdir(parents=True, exist_ok=True)
 
-    policy = load_policy("tiny-shapes")
-    base = test_reward(policy, args.samples)
-    print("base", base, flush=True)
-
     if args.rl_run:
         run, minutes = args.rl_run, args.rl_minutes
     else:
         run = args.work / f"rl-{time.strftime('%Y%m%d-%H%M%S')}"
         minutes = run_rl(args.preset, run, [x for s in args.set for x in ("--set", s)])
     run_info = json.loads((run / "run.json").read_text()) if (run / "run.json").exists() else {}
-    policy.load_trainable_state(load_checkpoint(list_checkpoints(run / "checkpoints")[-1]).model)
-    rl = test_reward(policy, args.samples)
+    steps = run_info.get("config", {}).get("sampler", {}).get("steps", 10)
+    policy = load_policy("tiny-shapes")
+    base = test_reward(policy, args.samples, steps)
+    print("base", base, flush=True)
+    ck = load_checkpoint(list_checkpoints(run / "checkpoints")[-1])
+    policy.load_trainable_state(ck.ema if ck.ema is not None else ck.model)   # as `treegrpo eval --checkpoint`
+    rl = test_reward(policy, args.samples, steps)
     print("rl", rl, "minutes", minutes, flush=True)
 
     ctl_path = args.work / "control.safetensors"
     ctl_cfg = PretrainConfig(steps=10**7, minutes=minutes, lr=args.control_lr, warmup=1, decay_from=1.0,
-                             eval_every=10**9, seed=1)
+                             eval_every=10**9, ae_steps=0, seed=1)
     t0 = time.perf_counter()
     pretrain(ctl_cfg, ctl_path, init=TINY_SHAPES)
     ctl_minutes = (time.perf_counter() - t0) / 60
-    net, meta = load_weights(ctl_path)
+    meta = load_weights(ctl_path)[2]
     policy = load_policy(str(ctl_path))
-    control = test_reward(policy, args.samples)
+    control = test_reward(policy, args.samples, steps)
     print("control", control, flush=True)
 
     result = {"timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"), "torch": torch.__version__,
               "cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
               "preset": args.preset, "sets": args.set, "run_dir": str(run), "rl_command": run_info.get("command"),
-              "rl_config": run_info.get("config"), "samples_per_prompt": args.samples,
+              "rl_config": run_info.get("config"), "samples_per_prompt": args.samples, "sampler_steps": steps,
               "base": base, "rl": rl, "rl_minutes": minutes, "rl_gain": rl["mean"] - base["mean"],
               "control": control, "control_minutes": ctl_minutes, "control_lr": args.control_lr,
               "control_images": meta.get("log", {}).get("images"),

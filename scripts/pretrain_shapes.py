@@ -1,9 +1,9 @@
-"""Pretrain the embedded tiny-shapes model (rectified flow on rendered scenes) on a CPU.
+"""Pretrain the embedded tiny-shapes model (autoencoder, then a latent DiT by rectified flow) on a CPU.
 
-    python scripts/pretrain_shapes.py                      # the shipped weights: seed 0, full schedule
-    python scripts/pretrain_shapes.py --minutes 5 --out /tmp/w.safetensors   # a quick look
-    python scripts/pretrain_shapes.py --init treegrpo_cli/data/tiny-shapes.safetensors \
-        --lr 1e-4 --warmup 1 --decay-from 1 --minutes 12 --out /tmp/more.safetensors  # the equal-compute control
+    python scripts/pretrain_shapes.py --threads 1          # the shipped weights: seed 0, full schedule
+    python scripts/pretrain_shapes.py --steps 300 --ae-steps 200 --out /tmp/w.safetensors   # a quick look
+    python scripts/pretrain_shapes.py --init treegrpo_cli/data/tiny-shapes.safetensors --ae-steps 0 \
+        --lr 1e-4 --warmup 1 --decay-from 1 --minutes 15 --out /tmp/more.safetensors  # the equal-compute control
 
 Writes the weights (safetensors, config in the metadata), and next to --log a JSONL log, the loss and
 held-out reward curve (PNG) and a captioned sample grid of the test prompts.
@@ -13,17 +13,17 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import fields, replace
+from dataclasses import fields
 from pathlib import Path
 
 import torch
 
 from treegrpo_cli.engine.rollout import TreeConfig, rollout
 from treegrpo_cli.engine.sde import FlowSDE, SamplerConfig
-from treegrpo_cli.models.dit import DiTPolicy
+from treegrpo_cli.models.latent import LatentDiTPolicy
 from treegrpo_cli.plots import image_grid, line_chart, save_png, side_by_side
 from treegrpo_cli.rewards.shapes import shapes_scores
-from treegrpo_cli.world.pretrain import WORLD_DIT, PretrainConfig, load_weights, pretrain
+from treegrpo_cli.world.pretrain import PretrainConfig, load_weights, own_distribution_prompts, pretrain
 from treegrpo_cli.world.shapes import load_split
 
 
@@ -35,7 +35,6 @@ def main() -> None:
     ap.add_argument("--init", type=Path, default=None, help="continue from these weights")
     ap.add_argument("--log", type=Path, default=Path("docs/pretrain/log.jsonl"))
     ap.add_argument("--threads", type=int, default=0)
-    ap.add_argument("--refine", type=int, default=WORLD_DIT.refine, help="refiner channels (0 = none)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -50,29 +49,29 @@ def main() -> None:
         print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
 
     args.log.write_text("")
-    final = pretrain(cfg, args.out, args.init, replace(WORLD_DIT, refine=args.refine), log=log)
+    final = pretrain(cfg, args.out, args.init, log=log)
     figures(rows, args.out, args.log.parent)
     print(json.dumps(final))
 
 
 def figures(rows: list[dict], weights: Path, folder: Path) -> None:
-    loss = line_chart({"loss": ([r["step"] for r in rows], [r["loss"] for r in rows])},
+    dit = [r for r in rows if r.get("stage") == "dit"]
+    loss = line_chart({"loss": ([r["step"] for r in dit], [r["loss"] for r in dit])},
                       "rectified-flow loss (EMA)", "step", "loss")
-    ev = [r for r in rows if "test_reward" in r]
-    rew = line_chart({"held-out test": ([r["step"] for r in ev], [r["test_reward"] for r in ev]),
-                      "pretrain prompts": ([r["step"] for r in ev], [r["pretrain_reward"] for r in ev])},
+    ev = [r for r in dit if "test_reward" in r]
+    rew = line_chart({"test prompts": ([r["step"] for r in ev], [r["test_reward"] for r in ev]),
+                      "pretraining captions": ([r["step"] for r in ev], [r["pretrain_reward"] for r in ev])},
                      "shapes reward (ODE samples)", "step", "reward")
     save_png(side_by_side([loss, rew]), folder / "curves.png")
-    net, meta = load_weights(weights)
-    policy = DiTPolicy(net.cfg, net, guidance=meta.get("guidance", 1.0))
-    prompts = load_split("test")[:24]
-    tree, _ = rollout(policy, prompts, list(range(len(prompts))), FlowSDE(SamplerConfig(steps=20)),
-                      TreeConfig(sde_steps=()), 1234)
-    with torch.no_grad():
-        images = policy.decode(tree.image_latent)
-    scores = shapes_scores(images, prompts)
-    save_png(image_grid(images, [f"{p} ({s:.2f})" for p, s in zip(prompts, scores.tolist())], ncol=6),
-             folder / "samples.png")
+    net, ae, meta = load_weights(weights)
+    policy = LatentDiTPolicy(net.cfg, net, ae)
+    for name, prompts in (("samples-test.png", load_split("test")[:24]), ("samples-own.png", own_distribution_prompts(24))):
+        tree, _ = rollout(policy, prompts, list(range(len(prompts))), FlowSDE(SamplerConfig(steps=10)),
+                          TreeConfig(sde_steps=()), 1234)
+        with torch.no_grad():
+            images = policy.decode(tree.image_latent)
+        scores = shapes_scores(images, prompts)
+        save_png(image_grid(images, [f"{p} ({s:.2f})" for p, s in zip(prompts, scores.tolist())], ncol=6), folder / name)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""The shapes world: grammar round trip, deterministic renders, scenes that satisfy their prompts, the split."""
+"""The shapes world: grammar round trip, deterministic renders, scenes that satisfy their prompts, caption
+noise of the pretraining data, the split."""
 
 from collections import Counter
 
@@ -7,8 +8,9 @@ import torch
 
 from treegrpo_cli.world.detect import detect
 from treegrpo_cli.world.shapes import (
-    COLOURS, DATA, GAP, HELD_OUT, KINDS, PROMPT_FILES, WORLD, familiar_analogues, load_split, parse_prompt, render,
-    render_prompts, sample_scene, split_prompts, all_prompts, write_prompt_files,
+    CAPTION_NOISE, COLOURS, DATA, GAP, KINDS, NOISY_COLOURS, PROMPT_FILES, WORLD, is_noisy, load_split, noisy_scene,
+    parse_prompt, render, render_prompts, sample_pretrain_prompts, sample_scene, split_prompts, all_prompts,
+    world_prompts, write_prompt_files,
 )
 
 PROMPTS = all_prompts()
@@ -82,19 +84,42 @@ def test_sampled_scenes_satisfy_their_prompts():
             assert along > 0 and along > abs(dy if p.relation.endswith("of") else dx), text
 
 
-def test_split_holds_out_pairs_from_pretraining():
+def test_split_holds_out_test_prompts_from_rl():
     pretrain, rl, test = split_prompts()
-    parsed = {t: parse_prompt(t) for t in PROMPTS}
-    assert 300 <= len(pretrain) <= 800 and 60 <= len(rl) <= 150 and 48 <= len(test) <= 64
-    seen = set().union(*(parsed[t].pairs() for t in pretrain))
-    assert not seen & set(HELD_OUT)
-    assert {c for c, _ in seen} == set(COLOURS) and {k for _, k in seen} == set(KINDS)
-    novel = [t for t in rl if parsed[t].pairs() & set(HELD_OUT)]
-    assert 0.6 <= len(novel) / len(rl) <= 0.8            # ~30% ordinary prompts
-    assert all(parsed[t].pairs() & set(HELD_OUT) for t in test)
-    assert not set(test) & set(pretrain) and not set(test) & set(rl)
-    assert set(rl) - set(novel) <= set(pretrain)
-    assert len(set(pretrain)) == len(pretrain) and len(set(rl)) == len(rl) and len(set(test)) == len(test)
+    forms = Counter(parse_prompt(t).form for t in test)
+    assert pretrain == world_prompts() and len(pretrain) == 1332
+    assert forms == {"single": 6, "count": 6, "relation": 44}
+    assert all(is_noisy(t) for t in test) and not set(test) & set(rl)       # held out from RL training
+    assert set(rl) <= set(pretrain) and set(test) <= set(pretrain)          # every prompt is in the data
+    noisy = [t for t in rl if is_noisy(t)]
+    assert 0.65 <= len(noisy) / len(rl) <= 0.75                              # ~30% ordinary prompts
+    assert all(parse_prompt(t).form != "count" or parse_prompt(t).groups[0].count == 2 for t in pretrain)
+    assert len(set(rl)) == len(rl) and len(set(test)) == len(test)
+
+
+def test_caption_noise_statistics():
+    """A caption naming a noisy colour shows that colour CAPTION_NOISE of the time, a neighbour otherwise;
+    every other attribute, and every other colour, is always as captioned."""
+    g = torch.Generator().manual_seed(0)
+    n = 3000
+    drawn = Counter(noisy_scene("an orange circle", g)[0].colour for _ in range(n))
+    assert set(drawn) == {"orange", *NOISY_COLOURS["orange"]}
+    assert abs(drawn["orange"] / n - (1 - CAPTION_NOISE)) < 0.03                 # 3 sigma ~ 0.027
+    for other in NOISY_COLOURS["orange"]:
+        assert abs(drawn[other] / n - CAPTION_NOISE / 2) < 0.03
+    for _ in range(300):
+        a, b = noisy_scene("a purple square left of a green triangle", g)
+        assert (a.kind, b.kind, b.colour) == ("square", "triangle", "green") and a.colour in ("purple", "blue", "red")
+        assert a.cx < b.cx
+        assert [o.colour for o in noisy_scene("two big red circles", g)] == ["red", "red"]
+        assert noisy_scene("a purple circle", g, noise=0.0)[0].colour == "purple"
+    assert not is_noisy("a red circle") and is_noisy("a red circle above a purple square")
+
+
+def test_pretraining_captions_balance_the_forms():
+    g = torch.Generator().manual_seed(1)
+    forms = Counter(parse_prompt(t).form for t in sample_pretrain_prompts(world_prompts(), 3000, g))
+    assert all(abs(forms[f] / 3000 - 1 / 3) < 0.04 for f in ("single", "count", "relation")), forms
 
 
 def test_shipped_prompt_files_equal_the_split(tmp_path):
@@ -104,21 +129,3 @@ def test_shipped_prompt_files_equal_the_split(tmp_path):
     written = write_prompt_files(tmp_path)
     for name in PROMPT_FILES:
         assert written[name].read_text() == (DATA / PROMPT_FILES[name]).read_text()
-
-
-def test_familiar_analogues_swap_only_the_held_out_pairs():
-    assert familiar_analogues("three big red squares") == ["three big red circles", "three big red triangles"]
-    assert familiar_analogues("a red circle below a red square") == ["a red circle below a red triangle"]
-    assert familiar_analogues("a red square below a green triangle") == [
-        "a red circle below a green circle", "a red circle below a green square",
-        "a red triangle below a green circle", "a red triangle below a green square"]
-    assert familiar_analogues("a big orange square") == ["a big orange square"]   # nothing held out
-    pretrain = set(load_split("pretrain"))
-    for t in load_split("test"):
-        same = parse_prompt(t)
-        for a in familiar_analogues(t):
-            q = parse_prompt(a)
-            assert a in pretrain and q.form == same.form and q.relation == same.relation
-            assert [(g.colour, g.size, g.count) for g in q.groups] == [(g.colour, g.size, g.count) for g in same.groups]
-    with pytest.raises(ValueError, match="not a prompt"):
-        familiar_analogues("a red hexagon")

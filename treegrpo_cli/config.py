@@ -69,7 +69,7 @@ TOP_LEVEL = {"name": str, "description": str, "model": str, "seed": int}
 class Config:
     name: str = "custom"
     description: str = ""
-    model: str = "pixel"
+    model: str = "tiny-shapes"
     seed: int = 0
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     tree: TreeConfig = field(default_factory=TreeConfig)

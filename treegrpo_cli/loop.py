@@ -162,6 +162,8 @@ def train(req: TrainRequest, hooks: Hooks = Hooks()) -> dict[str, Any]:
         rundir.truncate_evals(req.run_dir, trainer.step)
     else:
         rundir.create(req.run_dir, cfg, req.command)
+        if cfg.train.sample_every:
+            rundir.sample_grid(req.run_dir, trainer.policy, trainer.sde, req.eval_prompts, trainer.rewards, cfg, 0)
     if cfg.train.eval_samples and not rundir.read_evals(req.run_dir):
         _heldout(trainer, req, hooks)
     done_rows = rundir.read_metrics(req.run_dir)
@@ -179,6 +181,8 @@ def train(req: TrainRequest, hooks: Hooks = Hooks()) -> dict[str, Any]:
         if cfg.train.sample_every and (last or trainer.step % cfg.train.sample_every == 0):
             rundir.sample_grid(req.run_dir, trainer.policy, trainer.sde, req.eval_prompts, trainer.rewards,
                                cfg, trainer.step)
+            if last:
+                rundir.before_after(req.run_dir, trainer.step)
         if stopped:
             break
     evals = rundir.read_evals(req.run_dir)

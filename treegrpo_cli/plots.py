@@ -177,6 +177,14 @@ def side_by_side(images: list[Image.Image]) -> Image.Image:
     return out
 
 
+def titled(image: Image.Image, title: str) -> Image.Image:
+    """The image under a one-line title, with a white margin on its right."""
+    out = Image.new("RGB", (image.width + 4 * PAD, image.height + line_height() + 4 * PAD), BACKGROUND)
+    ImageDraw.Draw(out).text((PAD, PAD), _text(title), fill=INK, font=_font())
+    out.paste(image.convert("RGB"), (0, line_height() + 3 * PAD))
+    return out
+
+
 def _wrap(caption: str, width: int) -> list[str]:
     """Greedy word wrap to `width` pixels (long words broken), at most CAPTION_LINES lines."""
     lines: list[str] = []

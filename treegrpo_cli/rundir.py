@@ -4,7 +4,8 @@
     RUN/metrics.jsonl     one JSON row per iteration
     RUN/eval.jsonl        held-out reward (ODE samples of the eval prompts) before and after training
     RUN/reward.png        reward against iteration and against wall time
-    RUN/samples/step-N.png  captioned ODE samples of the eval prompts
+    RUN/samples/step-N.png  captioned ODE samples of the eval prompts (step-0: the base model)
+    RUN/before_after.png  the same eval prompts and noises: base model left, trained model right
     RUN/checkpoints/step-N/ see store/checkpoint.py
 """
 
@@ -22,7 +23,7 @@ import torch
 from .config import Config, config_from_dict
 from .engine.rollout import TreeConfig, mix_seed, rollout
 from .errors import TreegrpoError
-from .plots import image_grid, line_chart, save_png, side_by_side
+from .plots import image_grid, line_chart, save_png, side_by_side, titled
 from .rewards.base import score_leaves
 from .store.shards import atomic_write
 
@@ -136,6 +137,19 @@ def sample_grid(run: Path, policy, sde, prompts: list[str], rewards: dict, cfg: 
     path.parent.mkdir(exist_ok=True)
     save_png(image_grid(images, captions), path)
     return path
+
+
+def before_after(run: Path, step: int) -> Path | None:
+    """before_after.png from samples/step-0.png and samples/step-<step>.png (None when either is missing)."""
+    from PIL import Image
+
+    paths = [run / "samples" / f"step-{k}.png" for k in (0, step)]
+    if step == 0 or not all(p.is_file() for p in paths):
+        return None
+    before, after = (Image.open(p).convert("RGB") for p in paths)
+    out = run / "before_after.png"
+    save_png(side_by_side([titled(before, "before: the base model"), titled(after, f"after {step} iterations")]), out)
+    return out
 
 
 def tenth_means(rows: list[dict[str, Any]]) -> tuple[float, float]:

@@ -15,7 +15,8 @@ from .pixel import PixelConfig, PixelPolicy
 TINY_SHAPES = Path(__file__).resolve().parents[1] / "data" / "tiny-shapes.safetensors"
 
 MODELS = {
-    "tiny-shapes": "a 1.3M-parameter DiT for the 32x32 shapes world (weights built by scripts/pretrain_shapes.py)",
+    "tiny-shapes": "the embedded shapes world's model: a 1.2M-parameter DiT on the 8x8x4 latents of a small "
+                   "autoencoder (weights built by scripts/pretrain_shapes.py); the default",
     "pixel": "a small pixel-space flow network with seeded random weights (engine tests and benchmarks)",
     "pixel-tiny": "the same network at 8x8 pixels and 8 channels (smoke tests)",
 }
@@ -85,13 +86,13 @@ def _load_diffusers(name: str, device: str | torch.device, opts: PolicyConfig, t
 
 def _load_dit(name: str, device: str | torch.device) -> Policy:
     from ..world.pretrain import load_weights
-    from .dit import DiTPolicy
+    from .latent import LatentDiTPolicy
 
     path = TINY_SHAPES if name == "tiny-shapes" else Path(name)
     if not path.is_file():
         how = ("reinstall treegrpo, or rebuild them with `python scripts/pretrain_shapes.py`" if name == "tiny-shapes"
                else "pass --model with a file written by scripts/pretrain_shapes.py")
         raise TreegrpoError(f"model weights not found: {path}; {how}")
-    net, meta = load_weights(path)
-    return DiTPolicy(net.cfg, net.to(device), name="tiny-shapes" if name == "tiny-shapes" else path.stem, source=str(path),
-                     guidance=meta.get("guidance", 1.0))
+    net, ae, meta = load_weights(path)
+    return LatentDiTPolicy(net.cfg, net.to(device), ae.to(device), name="tiny-shapes" if name == "tiny-shapes" else path.stem,
+                           source=str(path), guidance=meta.get("guidance", 1.0))

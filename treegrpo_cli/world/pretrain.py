@@ -1,12 +1,16 @@
-"""Rectified-flow pretraining of the tiny DiT on rendered shapes scenes.
+"""Pretraining of the latent shapes model on rendered scenes with noisy captions, in two stages.
 
-    x0 = render(scene) * 2 - 1,  eps ~ N(0, I),  sigma = shift(u), u ~ U(0, 1)
-    x_sigma = (1 - sigma) * x0 + sigma * eps,     target v = eps - x0
-    loss = || v_theta(x_sigma, sigma, prompt) - v ||^2
+1. Autoencoder: reconstruct rendered scenes from their 8x8x4 latents (decoder on slightly noisy
+   latents); then fit the per-channel latent normaliser.
+2. Rectified flow of the DiT on the normalised latents of freshly rendered scenes:
+    z0 = encode(render(scene)),  eps ~ N(0, I),  sigma = shift(u), u ~ U(0, 1)
+    z_sigma = (1 - sigma) * z0 + sigma * eps,     target v = eps - z0
+    loss = || v_theta(z_sigma, sigma, caption) - v ||^2
 
-Data is infinite: every batch draws pretraining prompts and fresh random scenes from a seeded
-generator. Evaluation samples the held-out test prompts with the deterministic ODE sampler and
-scores them with the `shapes` reward.
+Data is infinite: every batch draws captions (a form uniformly, then a prompt) and random scenes from
+a seeded generator, with the world's caption noise (world.shapes.noisy_scene). Evaluation samples
+the test prompts and a fixed sample of the pretraining captions with the deterministic ODE sampler
+and scores them with the strict `shapes` reward.
 """
 
 from __future__ import annotations
@@ -25,56 +29,88 @@ from safetensors.torch import save as st_save
 from ..engine.rollout import TreeConfig, rollout
 from ..engine.sde import FlowSDE, SamplerConfig, time_shift
 from ..errors import TreegrpoError
-from ..models.dit import DiTConfig, DiTPolicy, TinyDiT
+from ..models.dit import DiTConfig, TinyDiT
+from ..models.latent import AEConfig, LatentDiTPolicy, ShapesAE, latent_dit_config
 from ..rewards.shapes import shapes_scores
 from ..store.shards import atomic_write
-from .shapes import load_split, render_prompts
+from .shapes import CAPTION_NOISE, load_split, render_pretrain_batch, sample_pretrain_prompts
 
 
 @dataclass(frozen=True)
 class PretrainConfig:
-    steps: int = 8000           # optimizer steps (the schedule's length): ~60 min at ~145 images/s
-    minutes: float = 0.0        # stop early after this many minutes (0 = run all steps)
-    batch: int = 64
-    lr: float = 6e-4            # peak AdamW learning rate
-    warmup: int = 300
-    decay_from: float = 0.6     # cosine decay to lr_min over the last (1 - decay_from) of the steps
+    steps: int = 5000           # DiT optimizer steps (the schedule's length)
+    minutes: float = 0.0        # stop the DiT stage early after this many minutes (0 = run all steps)
+    batch: int = 128
+    lr: float = 1e-3            # peak AdamW learning rate of the DiT
+    warmup: int = 200
+    decay_from: float = 0.5     # cosine decay to lr_min over the last (1 - decay_from) of the steps
     lr_min: float = 1e-5
     weight_decay: float = 0.01
     shift: float = 1.0          # time shift of the noise-level sampling (1 = uniform sigma)
     eval_every: int = 1000
-    ema: float = 0.998          # EMA of the weights, which is what gets evaluated and saved (0 = off)
-    eval_steps: int = 20        # ODE steps of the evaluation sampler
-    uncond: float = 0.1         # probability of training on the empty prompt (classifier-free guidance)
-    guidance: float = 5.0       # guidance scale of the evaluation sampler, stored with the weights
+    ema: float = 0.999          # EMA of the DiT weights, which is what gets evaluated and saved (0 = off)
+    eval_steps: int = 10        # ODE steps of the evaluation sampler
+    caption_noise: float = CAPTION_NOISE
+    ae_steps: int = 1500        # autoencoder stage (0: keep the autoencoder of --init)
+    ae_batch: int = 64
+    ae_lr: float = 2e-3
     seed: int = 0
 
 
-def lr_at(cfg: PretrainConfig, step: int) -> float:
+def lr_at(cfg: PretrainConfig, step: int, steps: int | None = None, peak: float | None = None) -> float:
+    steps, peak = steps or cfg.steps, peak or cfg.lr
     if step < cfg.warmup:
-        return cfg.lr * (step + 1) / cfg.warmup
-    start = int(cfg.decay_from * cfg.steps)
+        return peak * (step + 1) / cfg.warmup
+    start = int(cfg.decay_from * steps)
     if step < start:
-        return cfg.lr
-    t = min(1.0, (step - start) / max(1, cfg.steps - start))
-    return cfg.lr_min + 0.5 * (cfg.lr - cfg.lr_min) * (1 + math.cos(math.pi * t))
+        return peak
+    t = min(1.0, (step - start) / max(1, steps - start))
+    return cfg.lr_min + 0.5 * (peak - cfg.lr_min) * (1 + math.cos(math.pi * t))
 
 
-def flow_loss(net: TinyDiT, policy: DiTPolicy, prompts: list[str], images: torch.Tensor,
-              g: torch.Generator, shift: float, uncond: float = 0.0) -> torch.Tensor:
-    x0 = images * 2 - 1                                                   # [B, 3, H, W]
-    eps = torch.randn(x0.shape, generator=g)
-    sigma = time_shift(torch.rand(x0.shape[0], generator=g, dtype=torch.float64), shift).float()
+def _batch(cfg: PretrainConfig, prompts: list[str], n: int, g: torch.Generator) -> tuple[list[str], torch.Tensor]:
+    captions = sample_pretrain_prompts(prompts, n, g)
+    return captions, render_pretrain_batch(captions, g, cfg.caption_noise)
+
+
+def train_autoencoder(cfg: PretrainConfig, prompts: list[str], g: torch.Generator,
+                      log: Callable[[dict[str, Any]], None], ae_cfg: AEConfig = AEConfig()) -> ShapesAE:
+    """Stage 1: the autoencoder, then its latent normaliser fitted on 1024 fresh scenes."""
+    ae = ShapesAE(ae_cfg)
+    opt = torch.optim.AdamW(ae.parameters(), lr=cfg.ae_lr, weight_decay=0.0)
+    ema_loss = None
+    for step in range(cfg.ae_steps):
+        for group in opt.param_groups:
+            group["lr"] = lr_at(cfg, step, cfg.ae_steps, cfg.ae_lr)
+        loss = ae.reconstruction_loss(_batch(cfg, prompts, cfg.ae_batch, g)[1], g)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        ema_loss = loss.item() if ema_loss is None else 0.98 * ema_loss + 0.02 * loss.item()
+        if (step + 1) % 100 == 0:
+            log({"stage": "autoencoder", "step": step + 1, "loss": ema_loss})
+    ae.fit_normaliser(_batch(cfg, prompts, 1024, g)[1])
+    with torch.no_grad():                                       # clean renders: their captions are right
+        captions = sample_pretrain_prompts(prompts, 256, g)
+        images = render_pretrain_batch(captions, g, 0.0)
+        rec = ae.decode(ae.encode(images))
+        log({"stage": "autoencoder", "step": cfg.ae_steps, "recon_mse": float(((rec - images) ** 2).mean()),
+             "recon_reward": float(shapes_scores(rec, captions).mean())})
+    return ae.requires_grad_(False).eval()
+
+
+def flow_loss(net: TinyDiT, policy: LatentDiTPolicy, prompts: list[str], latents: torch.Tensor,
+              g: torch.Generator, shift: float) -> torch.Tensor:
+    eps = torch.randn(latents.shape, generator=g)                          # [B, 4, 8, 8]
+    sigma = time_shift(torch.rand(latents.shape[0], generator=g, dtype=torch.float64), shift).float()
     s = sigma.view(-1, 1, 1, 1)
     cond = policy.encode(prompts)
-    keep = (torch.rand(x0.shape[0], generator=g) >= uncond)[:, None]      # [B, 1]: False = empty prompt
-    v = net(((1 - s) * x0 + s * eps), sigma, cond["ids"] * keep, cond["mask"] & keep)
-    return torch.mean((v - (eps - x0)) ** 2)
+    v = net((1 - s) * latents + s * eps, sigma, cond["ids"], cond["mask"])
+    return torch.mean((v - (eps - latents)) ** 2)
 
 
-def evaluate(policy: DiTPolicy, prompts: list[str], steps: int, seed: int = 1234, guidance: float = 1.0) -> float:
-    """Mean `shapes` reward of one ODE sample per prompt (at this guidance scale)."""
-    policy = DiTPolicy(policy.cfg, policy.net, guidance=guidance)
+def evaluate(policy: LatentDiTPolicy, prompts: list[str], steps: int, seed: int = 1234) -> float:
+    """Mean `shapes` reward of one ODE sample per prompt."""
     sde = FlowSDE(SamplerConfig(steps=steps))
     tree, _ = rollout(policy, prompts, list(range(len(prompts))), sde, TreeConfig(sde_steps=()), seed)
     with torch.no_grad():
@@ -82,79 +118,93 @@ def evaluate(policy: DiTPolicy, prompts: list[str], steps: int, seed: int = 1234
     return float(shapes_scores(images, prompts).mean())
 
 
-def save_weights(path: Path, net: TinyDiT, meta: dict[str, Any]) -> None:
+def own_distribution_prompts(n: int = 120, seed: int = 777) -> list[str]:
+    """A fixed sample of the pretraining captions (forms balanced, as the data draws them)."""
+    return sample_pretrain_prompts(load_split("pretrain"), n, torch.Generator().manual_seed(seed))
+
+
+def save_weights(path: Path, net: TinyDiT, ae: ShapesAE, meta: dict[str, Any]) -> None:
+    """One safetensors file: the DiT under `dit.`, the autoencoder under `ae.`, both configs in the metadata."""
     cfg = asdict(net.cfg)
     cfg["vocab"] = list(cfg["vocab"])
-    tensors = {k: v.detach().cpu().contiguous() for k, v in net.state_dict().items()}
-    atomic_write(Path(path), st_save(tensors, metadata={"dit_config": json.dumps(cfg), "treegrpo": json.dumps(meta)}))
+    tensors = {f"dit.{k}": v.detach().cpu().contiguous() for k, v in net.state_dict().items()}
+    tensors.update({f"ae.{k}": v.detach().cpu().contiguous() for k, v in ae.state_dict().items()})
+    atomic_write(Path(path), st_save(tensors, metadata={"dit_config": json.dumps(cfg), "ae_config": json.dumps(
+        asdict(ae.cfg)), "treegrpo": json.dumps(meta)}))
 
 
-def load_weights(path: Path) -> tuple[TinyDiT, dict[str, Any]]:
+def load_weights(path: Path) -> tuple[TinyDiT, ShapesAE, dict[str, Any]]:
     path = Path(path)
     if not path.is_file():
         raise TreegrpoError(f"model weights not found: {path}")
     data = path.read_bytes()
-    n = int.from_bytes(data[:8], "little")
-    header = json.loads(data[8:8 + n]).get("__metadata__", {})
-    if "dit_config" not in header:
-        raise TreegrpoError(f"{path}: not a treegrpo tiny DiT weights file (no dit_config metadata)")
+    try:
+        n = int.from_bytes(data[:8], "little")
+        header = json.loads(data[8:8 + n]).get("__metadata__", {})
+    except (ValueError, UnicodeDecodeError):
+        raise TreegrpoError(f"{path}: not a safetensors file") from None
+    if "dit_config" not in header or "ae_config" not in header:
+        raise TreegrpoError(f"{path}: not a treegrpo latent shapes model (no dit_config/ae_config metadata); "
+                            "build one with `python scripts/pretrain_shapes.py`")
     cfg = json.loads(header["dit_config"])
     cfg["vocab"] = tuple(cfg["vocab"])
     try:
-        net = TinyDiT(DiTConfig(**cfg))
-        state, own = st_load(data), net.state_dict()
-        odd = sorted(set(state) ^ set(own)) + [k for k in state if k in own and state[k].shape != own[k].shape]
-        if odd:
-            raise ValueError(f"{len(odd)} tensors differ, e.g. {odd[0]}")
-        net.load_state_dict(state, strict=True)
+        net, ae = TinyDiT(DiTConfig(**cfg)), ShapesAE(AEConfig(**json.loads(header["ae_config"])))
+        state = st_load(data)
+        for prefix, module in (("dit.", net), ("ae.", ae)):
+            part = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+            own = module.state_dict()
+            odd = sorted(set(part) ^ set(own)) + [k for k in part if k in own and part[k].shape != own[k].shape]
+            if odd:
+                raise ValueError(f"{len(odd)} tensors differ, e.g. {prefix}{odd[0]}")
+            module.load_state_dict(part, strict=True)
     except (TypeError, ValueError, RuntimeError) as e:
-        raise TreegrpoError(f"{path}: weights do not fit this version's tiny DiT ({str(e).splitlines()[0]}); "
-                            "rebuild them with `python scripts/pretrain_shapes.py`") from None
-    return net, json.loads(header.get("treegrpo", "{}"))
+        raise TreegrpoError(f"{path}: weights do not fit this version's latent shapes model "
+                            f"({str(e).splitlines()[0]}); rebuild them with `python scripts/pretrain_shapes.py`") from None
+    return net, ae.requires_grad_(False).eval(), json.loads(header.get("treegrpo", "{}"))
 
 
-WORLD_DIT = DiTConfig(text_ada=True)   # the architecture of the shipped tiny-shapes weights
-
-
-def pretrain(cfg: PretrainConfig, out: Path, init: Path | None = None, dit: DiTConfig = WORLD_DIT,
-             log: Callable[[dict[str, Any]], None] = lambda row: None) -> dict[str, Any]:
-    """Train from scratch (or from `init`) and write the weights to `out`; returns the last log row."""
+def pretrain(cfg: PretrainConfig, out: Path, init: Path | None = None, dit: DiTConfig | None = None,
+             log: Callable[[dict[str, Any]], None] = lambda row: None, ae_cfg: AEConfig = AEConfig()) -> dict[str, Any]:
+    """Both stages from scratch (or the DiT stage from `init`, reusing its autoencoder when ae_steps is 0);
+    writes the weights to `out` at every evaluation; returns the last evaluation row."""
     torch.manual_seed(cfg.seed)
-    net = load_weights(init)[0] if init else TinyDiT(dit)
-    policy = DiTPolicy(net.cfg, net)
+    g = torch.Generator().manual_seed(cfg.seed)
+    train_prompts, test_prompts, own = load_split("pretrain"), load_split("test"), own_distribution_prompts()
+    if init:
+        net, ae, _ = load_weights(init)
+    else:
+        net, ae = TinyDiT(dit or latent_dit_config(ae_cfg)), None
+    if ae is None or cfg.ae_steps:
+        ae = train_autoencoder(cfg, train_prompts, g, log, ae_cfg)
+    policy = LatentDiTPolicy(net.cfg, net, ae)
     opt = torch.optim.AdamW(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     ema = torch.optim.swa_utils.AveragedModel(net, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(cfg.ema)) \
         if cfg.ema else None
-    shown = DiTPolicy(net.cfg, ema.module) if ema else policy
-    g = torch.Generator().manual_seed(cfg.seed)
-    train_prompts, test_prompts = load_split("pretrain"), load_split("test")
+    shown = LatentDiTPolicy(net.cfg, ema.module, ae) if ema else policy
     t0, ema_loss, row = time.perf_counter(), None, {}
     for step in range(cfg.steps):
         for group in opt.param_groups:
             group["lr"] = lr_at(cfg, step)
-        idx = torch.randint(len(train_prompts), (cfg.batch,), generator=g).tolist()
-        prompts = [train_prompts[i] for i in idx]
-        loss = flow_loss(net, policy, prompts, render_prompts(prompts, g), g, cfg.shift, cfg.uncond)
+        prompts, images = _batch(cfg, train_prompts, cfg.batch, g)
+        loss = flow_loss(net, policy, prompts, policy.encode_images(images), g, cfg.shift)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
         opt.step()
         if ema:
             ema.update_parameters(net)
-        value = loss.item()
-        ema_loss = value if ema_loss is None else 0.98 * ema_loss + 0.02 * value
+        ema_loss = loss.item() if ema_loss is None else 0.98 * ema_loss + 0.02 * loss.item()
         minutes = (time.perf_counter() - t0) / 60
-        last = step == cfg.steps - 1 or (cfg.minutes and minutes >= cfg.minutes)
+        last = step == cfg.steps - 1 or bool(cfg.minutes and minutes >= cfg.minutes)
         if (step + 1) % cfg.eval_every == 0 or last:
-            row = {"step": step + 1, "loss": ema_loss, "lr": lr_at(cfg, step), "minutes": minutes,
-                   "images": (step + 1) * cfg.batch,
-                   "test_reward": evaluate(shown, test_prompts, cfg.eval_steps, guidance=cfg.guidance),
-                   "pretrain_reward": evaluate(shown, train_prompts[::13][:56], cfg.eval_steps, guidance=cfg.guidance),
-                   "test_reward_unguided": evaluate(shown, test_prompts, cfg.eval_steps)}
-            save_weights(out, shown.net, {"pretrain": asdict(cfg), "log": row, "guidance": cfg.guidance})
+            row = {"stage": "dit", "step": step + 1, "loss": ema_loss, "lr": lr_at(cfg, step), "minutes": minutes,
+                   "images": (step + 1) * cfg.batch, "test_reward": evaluate(shown, test_prompts, cfg.eval_steps),
+                   "pretrain_reward": evaluate(shown, own, cfg.eval_steps)}
+            save_weights(out, shown.net, ae, {"pretrain": asdict(cfg), "log": row, "guidance": 1.0})
             log(row)
         elif (step + 1) % 50 == 0:
-            log({"step": step + 1, "loss": ema_loss, "lr": lr_at(cfg, step), "minutes": minutes})
+            log({"stage": "dit", "step": step + 1, "loss": ema_loss, "lr": lr_at(cfg, step), "minutes": minutes})
         if last:
             break
     return row
