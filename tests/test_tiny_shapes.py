@@ -54,7 +54,7 @@ def test_pretraining_lowers_the_loss_and_writes_weights(tmp_path):
     from treegrpo_cli.world.pretrain import PretrainConfig, pretrain
 
     rows = []
-    cfg = PretrainConfig(steps=12, batch=8, warmup=2, eval_every=12, eval_steps=2, lr=1e-3, ae_steps=100, ae_batch=8)
+    cfg = PretrainConfig(steps=12, batch=8, warmup=2, eval_every=12, eval_steps=2, lr=1e-3, ae_steps=200, ae_batch=8)
     last = pretrain(cfg, tmp_path / "w.safetensors", dit=latent_dit_config(AEConfig(width=8), dim=32, depth=1, heads=2),
                     ae_cfg=AEConfig(width=8), log=rows.append)
     assert last["step"] == 12 and 0 <= last["test_reward"] <= 1 and 0 <= last["pretrain_reward"] <= 1
@@ -89,27 +89,36 @@ def test_missing_weights_is_one_line(tmp_path):
 
 
 def test_shipped_weights_load_and_draw_the_world():
-    """The packaged weights load through the Policy protocol and were built by the script's defaults;
-    their autoencoder redraws the world's renders exactly; the DiT's ODE samples of the test prompts earn a
-    `shapes` reward inside the headroom band the caption noise leaves."""
-    from treegrpo_cli.evaluate import heldout_reward
+    """The packaged weights load through the Policy protocol and were built by the script's defaults; the
+    autoencoder redraws the world's renders exactly; the DiT draws its own captions clearly better than
+    chance, and follows the noisy colour words (orange, purple) far less often than the clean ones: the
+    headroom the caption noise builds in (docs/world.md)."""
+    from treegrpo_cli.engine.rollout import TreeConfig, rollout
     from treegrpo_cli.engine.sde import FlowSDE, SamplerConfig
-    from treegrpo_cli.rewards.base import get_reward
     from treegrpo_cli.rewards.shapes import shapes_scores
-    from treegrpo_cli.world.pretrain import PretrainConfig
-    from treegrpo_cli.world.shapes import load_split, render_prompts
+    from treegrpo_cli.world.detect import detect
+    from treegrpo_cli.world.pretrain import PretrainConfig, own_distribution_prompts
+    from treegrpo_cli.world.shapes import NOISY_COLOURS, load_split, parse_prompt, render_prompts
 
     policy = load_policy("tiny-shapes")
-    assert policy.name == "tiny-shapes" and policy.latent_shape == (4, 8, 8)
+    assert policy.name == "tiny-shapes" and policy.latent_shape == (4, 8, 8) and policy.evals_per_row == 1
     assert TINY_SHAPES.stat().st_size < 20 * 2**20
     net, ae, meta = load_weights(TINY_SHAPES)
     assert net.cfg == latent_dit_config(AEConfig()) and ae.cfg == AEConfig()   # the script's architecture
     assert meta["pretrain"] == asdict(PretrainConfig())    # the script's defaults rebuild these weights
     assert meta["log"]["step"] == meta["pretrain"]["steps"]
-    assert meta["log"]["pretrain_reward"] >= 0.7            # draws its own data distribution well
     prompts = load_split("pretrain")[::37]
     images = render_prompts(prompts, 5)
     assert float(shapes_scores(policy.decode(policy.encode_images(images)), prompts).mean()) >= 0.95
-    r = heldout_reward(policy, FlowSDE(SamplerConfig(steps=10)), load_split("test"), {"shapes": get_reward("shapes")},
-                       {"shapes": 1.0}, 1, seed=3)
-    assert 0.3 <= r["reward_mean"] <= 0.7, r
+
+    own = own_distribution_prompts()
+    tree, _ = rollout(policy, own, list(range(len(own))), FlowSDE(SamplerConfig(steps=10)), TreeConfig(sde_steps=()), 3)
+    with torch.no_grad():
+        images = policy.decode(tree.image_latent)
+    assert float(shapes_scores(images, own).mean()) >= 0.35
+    follow = {True: [], False: []}                       # noisy colour? -> asked objects found in that colour
+    for text, dets in zip(own, detect(images)):
+        for g in parse_prompt(text).groups:
+            follow[g.colour in NOISY_COLOURS].append(any(d.colour == g.colour for d in dets))
+    noisy, clean = (sum(follow[k]) / len(follow[k]) for k in (True, False))
+    assert clean >= 0.75 and noisy <= clean - 0.15, (noisy, clean)

@@ -74,6 +74,17 @@ def test_heldout_reward_before_and_after(tmp_path):
     assert evals[1]["reward_mean"] != evals[0]["reward_mean"]          # the weights moved
     summary = json.loads(r.stdout)
     assert summary["heldout_gain"] == pytest.approx(evals[1]["reward_mean"] - evals[0]["reward_mean"])
+    # the before/after picture: the base model's grid (step 0) on the left, the trained one's on the right
+    from PIL import Image
+
+    grids = [Image.open(tmp_path / "r" / "samples" / f"step-{k}.png") for k in (0, 2)]
+    with Image.open(tmp_path / "r" / "before_after.png") as both:
+        assert both.width >= grids[0].width + grids[1].width and both.height > grids[0].height
+        from treegrpo_cli.plots import PAD, line_height
+
+        top = line_height() + 3 * PAD                                        # under the title
+        left = both.crop((0, top, grids[0].width, top + grids[0].height)).convert("RGB")
+        assert left.tobytes() == grids[0].convert("RGB").tobytes()          # the base grid, untouched
     r = run("train", "--preset", "flow-grpo", *TINY, "--iterations", 1, "--set", "train.eval_samples=0",
             "--run-dir", tmp_path / "off", "--json")
     assert r.exit_code == 0 and read_evals(tmp_path / "off") == [] and "heldout_before" not in json.loads(r.stdout)

@@ -14,7 +14,7 @@ from .train_cmd import MODEL_PANEL, policy_sets
 
 def rollout(
     out: Annotated[Path, typer.Option("--out", "-o", help="Folder to write the tree shards to.")],
-    preset: Annotated[str, typer.Option(help="Method preset (see `treegrpo presets`).")] = "branch",
+    preset: Annotated[str, typer.Option(help="Method preset (see `treegrpo presets`).")] = "tree-grpo",
     config: Annotated[Optional[Path], typer.Option("--config", help="A TOML config file layered over the preset.")] = None,
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override one key, e.g. --set tree.branch=3 (repeatable).")] = None,
     prompts: Annotated[Optional[str], typer.Option(help="Prompts: .txt one per line, .jsonl with a 'prompt' field, or a built-in list (shapes-train, shapes-test, ...); default: the model's.")] = None,

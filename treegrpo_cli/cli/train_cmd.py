@@ -72,7 +72,7 @@ def policy_sets(revision: str | None = None, finetune: str | None = None, lora_r
 
 
 def train(
-    preset: Annotated[str, typer.Option(help="Method preset (see `treegrpo presets`).")] = "branch",
+    preset: Annotated[str, typer.Option(help="Method preset (see `treegrpo presets`).")] = "tree-grpo",
     config: Annotated[Optional[Path], typer.Option("--config", help="A TOML config file layered over the preset.")] = None,
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override one key, e.g. --set train.lr=1e-4 (repeatable).")] = None,
     model: Annotated[Optional[str], typer.Option(help="Model name or path (default: the preset's).")] = None,

@@ -30,10 +30,11 @@ MODEL_DEFAULTS: dict[str, dict[str, object]] = {
     # CPU run shows learning in minutes
     "pixel": {"train.lr": 1e-3, "train.clip_range": 1e-2, "rollout.num_prompts": 2, "train.iterations": 300},
     "pixel-tiny": {"train.lr": 3e-4, "train.clip_range": 1e-2, "rollout.num_prompts": 2, "train.iterations": 2},
-    # the embedded world: its own prompts and verifiable reward, a step size for a 1.3M model, and a
-    # budget that keeps `treegrpo train --model tiny-shapes` (branch preset) near 14 minutes on 2 CPU cores
+    # the embedded world: its own prompts, verifiable reward and test list, and a step size and budget for
+    # a 1.2M-parameter latent DiT that keep `treegrpo train` (tree-grpo preset) within 15 minutes on 2 CPU cores
     "tiny-shapes": {"reward.names": ["shapes"], "rollout.prompts": "shapes-train", "rollout.eval_prompts": "shapes-test",
-                    "train.lr": 5e-5, "train.clip_range": 1e-2, "rollout.num_prompts": 8, "train.iterations": 26},
+                    "train.lr": 1e-4, "train.clip_range": 1e-2, "rollout.num_prompts": 16, "train.iterations": 250,
+                    "train.eval_samples": 4},
 }
 
 

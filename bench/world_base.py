@@ -1,0 +1,80 @@
+"""How well does the shipped base model draw its world, and where is its headroom?
+
+    python bench/world_base.py [--weights treegrpo_cli/data/tiny-shapes.safetensors] [--samples 4]
+
+ODE samples (10 steps, the `tree-grpo` sampler) of
+  own:   a fixed sample of 120 pretraining captions (forms balanced, as the data draws them);
+  test:  the 56 test prompts (all name orange or purple);
+  clean: the own captions that name neither orange nor purple;
+scored with the strict `shapes` reward, by form, plus the colour-following rate: of the asked-for
+objects, the share for which a detection of the asked colour exists, split by noisy (orange, purple)
+and clean colours. Writes bench/results/world_base.json (or --out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from treegrpo_cli.engine.rollout import TreeConfig, mix_seed, rollout
+from treegrpo_cli.engine.sde import FlowSDE, SamplerConfig
+from treegrpo_cli.models.registry import TINY_SHAPES, load_policy
+from treegrpo_cli.rewards.shapes import score_detections
+from treegrpo_cli.world.detect import detect
+from treegrpo_cli.world.pretrain import own_distribution_prompts
+from treegrpo_cli.world.shapes import NOISY_COLOURS, is_noisy, load_split, parse_prompt
+
+
+def sample(policy, prompts: list[str], samples: int, seed: int) -> tuple[list[str], torch.Tensor]:
+    sde, out, texts = FlowSDE(SamplerConfig(steps=10)), [], []
+    for j in range(samples):
+        tree, _ = rollout(policy, prompts, list(range(len(prompts))), sde, TreeConfig(sde_steps=()), mix_seed(seed, j))
+        with torch.no_grad():
+            out.append(policy.decode(tree.image_latent))
+        texts += prompts
+    return texts, torch.cat(out)
+
+
+def measure(texts: list[str], images: torch.Tensor) -> dict:
+    dets = detect(images)
+    rows = {"all": [], "single": [], "count": [], "relation": []}
+    follow = {"noisy": [0, 0], "clean": [0, 0]}
+    for t, d in zip(texts, dets):
+        p = parse_prompt(t)
+        s = score_detections(p, d)
+        rows["all"].append(s)
+        rows[p.form].append(s)
+        for g in p.groups:
+            key = "noisy" if g.colour in NOISY_COLOURS else "clean"
+            follow[key][0] += any(x.colour == g.colour for x in d)
+            follow[key][1] += 1
+    out = {k: {"mean": sum(v) / len(v), "n": len(v)} for k, v in rows.items() if v}
+    out["colour_following"] = {k: (a / b if b else None) for k, (a, b) in follow.items()}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--weights", type=Path, default=TINY_SHAPES)
+    ap.add_argument("--samples", type=int, default=4)
+    ap.add_argument("--seed", type=int, default=777)
+    ap.add_argument("--out", type=Path, default=Path("bench/results/world_base.json"))
+    args = ap.parse_args()
+    policy = load_policy(str(args.weights))
+    own = own_distribution_prompts()
+    sets = {"own": own, "test": load_split("test"), "clean": [t for t in own if not is_noisy(t)]}
+    t0, result = time.perf_counter(), {"weights": str(args.weights), "samples": args.samples, "seed": args.seed}
+    for name, prompts in sets.items():
+        result[name] = measure(*sample(policy, prompts, args.samples, args.seed))
+        print(name, json.dumps(result[name]), flush=True)
+    result["seconds"] = time.perf_counter() - t0
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""Does `treegrpo train` align the embedded world? Timed runs, then held-out evaluation at two seeds.
+
+    python bench/world_rl.py                                  # `treegrpo train` with no options, seeds 0 1 2
+    python bench/world_rl.py --seeds 0 --preset dance-grpo    # a baseline on the same world and budget
+    python bench/world_rl.py --seeds 0 --train-arg=--set --train-arg=train.lr=3e-4
+
+For every seed: `treegrpo train [--preset P] --seed S --run-dir RUN [train args]`, timed by the wall
+clock, then `treegrpo eval --checkpoint RUN --baseline tiny-shapes --prompts shapes-test --metric
+shapes --num-images 8 --seed E --json` for every evaluation seed E (ODE samples, the same root
+noises for the trained model and its baseline: a paired difference over 56 x 8 = 448 images).
+Writes bench/results/world_rl-<name>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+TREEGRPO = [sys.executable, "-m", "treegrpo_cli"]
+
+
+def train(seed: int, preset: str | None, run: Path, extra: list[str]) -> dict:
+    cmd = ["train", *(["--preset", preset] if preset else []), "--seed", str(seed), "--run-dir", str(run), *extra, "--json"]
+    t0 = time.perf_counter()
+    done = subprocess.run(TREEGRPO + cmd, check=True, capture_output=True, text=True)
+    summary = json.loads(done.stdout)
+    return {"command": "treegrpo " + " ".join(cmd[:-1]), "wall_minutes": (time.perf_counter() - t0) / 60,
+            "summary": summary}
+
+
+def evaluate(run: Path, seed: int, num_images: int) -> dict:
+    cmd = ["eval", "--checkpoint", str(run), "--baseline", "tiny-shapes", "--prompts", "shapes-test", "--metric", "shapes",
+           "--num-images", str(num_images), "--seed", str(seed), "--json"]
+    out = json.loads(subprocess.run(TREEGRPO + cmd, check=True, capture_output=True, text=True).stdout)
+    m = out["metrics"]["shapes"]
+    return {"command": "treegrpo " + " ".join(cmd[:-1]), "seed": seed, "trained": m["mean"],
+            "baseline": m["baseline_mean"], "gain": m["delta"], "n": m["n"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default=None, help="method preset (default: train's own default)")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--eval-seeds", type=int, nargs="+", default=[5, 6])
+    ap.add_argument("--num-images", type=int, default=8)
+    ap.add_argument("--train-arg", action="append", default=[], help="passed to treegrpo train (repeatable)")
+    ap.add_argument("--work", type=Path, default=Path("runs/bench-world"))
+    ap.add_argument("--name", default=None, help="results name (default: the preset, or 'default')")
+    args = ap.parse_args()
+    name = args.name or args.preset or "default"
+    out = Path("bench/results") / f"world_rl-{name}.json"
+    runs = []
+    for seed in args.seeds:
+        run = args.work / f"{name}-seed{seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+        row = train(seed, args.preset, run, args.train_arg)
+        row["evals"] = [evaluate(run, e, args.num_images) for e in args.eval_seeds]
+        row["seed"], row["run_dir"] = seed, str(run)
+        runs.append(row)
+        print(json.dumps({k: row[k] for k in ("seed", "wall_minutes")} | {"gains": [e["gain"] for e in row["evals"]]}),
+              flush=True)
+        result = {"timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"), "torch": torch.__version__,
+                  "machine": platform.machine(), "cpus": torch.get_num_threads(), "commit": _commit(),
+                  "preset": args.preset, "train_args": args.train_arg, "runs": runs}
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=1) + "\n")
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return ""
+
+
+if __name__ == "__main__":
+    main()
