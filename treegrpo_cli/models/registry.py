@@ -33,7 +33,7 @@ MODEL_DEFAULTS: dict[str, dict[str, object]] = {
     # the embedded world: its own prompts, verifiable reward and test list, and a step size and budget for
     # a 1.2M-parameter latent DiT that keep `treegrpo train` (tree-grpo preset) within 15 minutes on 2 CPU cores
     "tiny-shapes": {"reward.names": ["shapes"], "rollout.prompts": "shapes-train", "rollout.eval_prompts": "shapes-test",
-                    "train.lr": 1e-4, "train.clip_range": 1e-2, "rollout.num_prompts": 16, "train.iterations": 250,
+                    "train.lr": 1e-4, "train.clip_range": 1e-2, "rollout.num_prompts": 16, "train.iterations": 200,
                     "train.eval_samples": 4},
 }
 
