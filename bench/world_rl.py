@@ -3,6 +3,7 @@
     python bench/world_rl.py                                  # `treegrpo train` with no options, seeds 0 1 2
     python bench/world_rl.py --seeds 0 --preset dance-grpo    # a baseline on the same world and budget
     python bench/world_rl.py --seeds 0 --train-arg=--set --train-arg=train.lr=3e-4
+    python bench/world_rl.py --run runs/tree-grpo-2026... --minutes 8.5 --name default-seed0   # evaluate a finished run
 
 For every seed: `treegrpo train [--preset P] --seed S --run-dir RUN [train args]`, timed by the wall
 clock, then `treegrpo eval --checkpoint RUN --baseline tiny-shapes --prompts shapes-test --metric
@@ -53,13 +54,22 @@ def main() -> None:
     ap.add_argument("--train-arg", action="append", default=[], help="passed to treegrpo train (repeatable)")
     ap.add_argument("--work", type=Path, default=Path("runs/bench-world"))
     ap.add_argument("--name", default=None, help="results name (default: the preset, or 'default')")
+    ap.add_argument("--run", type=Path, default=None, help="evaluate this finished `treegrpo train` run instead")
+    ap.add_argument("--minutes", type=float, default=None, help="with --run: the wall-clock minutes of its command")
     args = ap.parse_args()
+    if args.run and args.minutes is None:
+        ap.error("--run needs --minutes (the wall clock of that train command)")
     name = args.name or args.preset or "default"
     out = Path("bench/results") / f"world_rl-{name}.json"
     runs = []
-    for seed in args.seeds:
-        run = args.work / f"{name}-seed{seed}-{time.strftime('%Y%m%d-%H%M%S')}"
-        row = train(seed, args.preset, run, args.train_arg)
+    for seed in [None] if args.run else args.seeds:
+        if args.run:
+            run, info = args.run, json.loads((args.run / "run.json").read_text())
+            row = {"command": info["command"], "wall_minutes": args.minutes, "summary": _summary(run)}
+            seed = info["config"]["seed"]
+        else:
+            run = args.work / f"{name}-seed{seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+            row = train(seed, args.preset, run, args.train_arg)
         row["evals"] = [evaluate(run, e, args.num_images) for e in args.eval_seeds]
         row["seed"], row["run_dir"] = seed, str(run)
         runs.append(row)
@@ -70,6 +80,12 @@ def main() -> None:
                   "preset": args.preset, "train_args": args.train_arg, "runs": runs}
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=1) + "\n")
+
+
+def _summary(run: Path) -> dict:
+    from treegrpo_cli.rundir import read_metrics, summary
+
+    return summary(run, 0, False) if read_metrics(run) else {}
 
 
 def _commit() -> str:
