@@ -56,3 +56,19 @@ def test_bad_config_file(tmp_path):
     bad.write_text("[tree\n")
     with pytest.raises(ConfigError, match="TOML"):
         load_config("branch", bad)
+
+
+@pytest.mark.parametrize("sets, words", [
+    (["sampler.eta=0"], ["sampler.eta = 0", "tree.sde_steps = []"]),       # SDE steps with no noise: log(0)
+    (["tree.branch_s=0"], ["tree.branch_s must be > 0"]),                 # identical siblings
+    (["tree.branch_s=-1"], ["tree.branch_s must be > 0"]),
+])
+def test_degenerate_noise_is_refused(sets, words):
+    with pytest.raises(ConfigError) as e:
+        load_config("branch", sets=sets)
+    assert all(w in str(e.value) for w in words)
+
+
+def test_eta_zero_is_fine_for_an_ode_only_rollout():
+    cfg = load_config("branch", sets=["sampler.eta=0", "tree.sde_steps=[]", "tree.split_steps=[]"])
+    assert cfg.sampler.eta == 0 and cfg.tree.sde_steps == ()

@@ -88,6 +88,11 @@ class Config:
         self.pruning.validate()
         self.reward.weight_map()
         self.schedule.validate(self.sampler.steps, self.sampler.decode)
+        any_sde = self.tree.sde_steps is None or bool(self.tree.sde_steps) or bool(self.tree.split_steps) \
+            or self.schedule.kind != "static"
+        if self.sampler.eta == 0 and any_sde:
+            raise ConfigError("sampler.eta = 0 makes the SDE steps deterministic (their log-probs are undefined); "
+                              "set sampler.eta > 0, or tree.sde_steps = [] for an ODE-only rollout")
         self.train.validate()
         self.policy.validate()
         return self

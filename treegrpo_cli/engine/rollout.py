@@ -60,8 +60,10 @@ class TreeConfig:
                               "the x0-prediction; move it earlier or set sampler.decode = 'final'")
         if self.branch_noise not in BRANCH_NOISES:
             raise ConfigError(f"tree.branch_noise must be one of {', '.join(BRANCH_NOISES)}; got {self.branch_noise!r}")
-        if self.branch_s < 0 or self.trees_per_prompt < 1:
-            raise ConfigError("tree.branch_s must be >= 0 and tree.trees_per_prompt >= 1")
+        if not self.branch_s > 0:   # s = 0: every child gets the shared noise, all siblings identical
+            raise ConfigError(f"tree.branch_s must be > 0 (inf: independent children), got {self.branch_s}")
+        if self.trees_per_prompt < 1:
+            raise ConfigError(f"tree.trees_per_prompt must be >= 1, got {self.trees_per_prompt}")
         if self.sde_steps is not None and any(not 0 <= s < steps for s in self.sde_steps):
             raise ConfigError(f"tree.sde_steps {list(self.sde_steps)} outside 0..{steps - 1}")
 
