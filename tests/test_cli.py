@@ -3,7 +3,6 @@ import json
 import pytest
 
 from clitools import one_line_error, run
-from treegrpo_cli.cli import later
 
 PIXEL = ("--model", "pixel")  # engine checks on the small random pixel network (jpeg rewards)
 
@@ -128,10 +127,3 @@ def test_presets_json():
     assert r.exit_code == 0
     rows = {p["name"]: p for p in json.loads(r.stdout)}
     assert rows["branch"]["evals_per_tree"] == 203 and rows["tree-grpo"]["leaves_per_tree"] == 27
-
-
-@pytest.mark.parametrize("cmd", sorted(later.COMMANDS))   # empty while every command has landed
-def test_later_commands_have_help(cmd):
-    assert run(cmd, "--help").exit_code == 0
-    r = run(cmd, "--preset", "branch")
-    assert r.exit_code == 2 and "not available" in r.stderr

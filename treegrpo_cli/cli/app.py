@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from .. import __version__
-from . import diversity_cmd, eval_cmd, export_cmd, inspect_cmd, later, presets_cmd, rollout_cmd, score_cmd, train_cmd
+from . import diversity_cmd, eval_cmd, export_cmd, inspect_cmd, presets_cmd, rollout_cmd, score_cmd, train_cmd
 
 app = typer.Typer(
     name="treegrpo",
@@ -37,8 +37,6 @@ app.command("presets")(presets_cmd.presets)
 app.command("diversity")(diversity_cmd.diversity)
 app.command("eval")(eval_cmd.eval_)
 app.command("export")(export_cmd.export)
-for name, fn in later.COMMANDS.items():
-    app.command(name, context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(fn)
 
 
 def main() -> None:

@@ -92,30 +92,3 @@ def leaf_mask(parent: Tensor) -> Tensor:
     kids = parent[parent >= 0]
     has_child[kids] = True
     return ~has_child
-
-
-def path_sum(parent: Tensor, value: Tensor) -> Tensor:
-    """[N] sum of `value` over the edges from the root down to each node (roots: their own value).
-
-    Nodes are breadth-first, so one pass in id order sees every parent before its children.
-    """
-    out = value.clone()
-    for n in range(parent.numel()):
-        p = int(parent[n])
-        if p >= 0:
-            out[n] = out[p] + value[n]
-    return out
-
-
-def descendant_leaves(parent: Tensor) -> list[list[int]]:
-    """For every node, the ids of the leaves below it (a leaf lists itself)."""
-    n = parent.numel()
-    leaf = leaf_mask(parent)
-    below: list[list[int]] = [[i] if leaf[i] else [] for i in range(n)]
-    for i in range(n - 1, -1, -1):  # children have larger ids than their parent
-        p = int(parent[i])
-        if p >= 0:
-            below[p].extend(below[i])
-    for b in below:
-        b.sort()
-    return below
