@@ -106,3 +106,15 @@ def test_kl_to_reference_starts_at_zero():
     m = grpo_update(policy, make_optimizer(list(policy.trainable_parameters()), tc), sde, batch, tc,
                     torch.Generator().manual_seed(0), ref=policy.reference())
     assert m["kl_ref"] == pytest.approx(0.0, abs=1e-10)
+
+
+def test_kl_to_reference_golden_values():
+    """A mean 0.1 away from the reference's in every element, std 0.2, a step of dsigma = -0.04:
+    paper form 0.01 / (2 * 0.04) = 0.125; the released code's form divides by g^2 = 0.04 / 0.04 = 1: 0.005."""
+    from treegrpo_cli.engine.grpo import kl_to_reference
+
+    mean, ref = torch.full((2, 4, 3, 3), 0.6), torch.full((2, 4, 3, 3), 0.5)
+    std, dsigma = torch.tensor([0.2, 0.2]), torch.tensor([-0.04, -0.04], dtype=torch.float64)
+    assert kl_to_reference(mean, ref, std, dsigma, "paper").tolist() == pytest.approx([0.125, 0.125], rel=1e-5)
+    assert kl_to_reference(mean, ref, std, dsigma, "code").tolist() == pytest.approx([0.005, 0.005], rel=1e-5)
+    assert load_config("flow-grpo").train.kl_form == "code" and load_config("branch").train.kl_form == "paper"

@@ -26,6 +26,7 @@ from .sde import FlowSDE, gaussian_log_prob
 from .tree import Tree
 
 LOSS_NORMS = ("mean", "per-transition")
+KL_FORMS = ("paper", "code")
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class TrainConfig:
     loss_norm: str = "mean"        # "mean" over the trained edges (paper) | "per-transition" (reference codes)
     accum_edges: int = 12          # per-transition: an optimizer step every this many edges, each edge's loss / this
     kl_beta: float = 0.0           # KL to the reference (initial) policy, Flow-GRPO form; 0 = off
+    kl_form: str = "paper"         # "paper": |mu - mu_ref|^2 / (2 std^2), std = g sqrt(-dsigma) | "code": / (2 g^2)
     ema_decay: float = 0.0         # EMA of the weights used by eval; 0 = off
     save_every: int = 25           # checkpoint every N iterations (and at the end)
     keep_last: int = 2             # checkpoints kept
@@ -50,6 +52,8 @@ class TrainConfig:
     def validate(self) -> None:
         if self.loss_norm not in LOSS_NORMS:
             raise ConfigError(f"train.loss_norm must be one of {', '.join(LOSS_NORMS)}; got {self.loss_norm!r}")
+        if self.kl_form not in KL_FORMS:
+            raise ConfigError(f"train.kl_form must be one of {', '.join(KL_FORMS)}; got {self.kl_form!r}")
         for name in ("iterations", "minibatches", "accum_edges", "save_every", "keep_last"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
@@ -92,7 +96,19 @@ def _minibatches(b: Batch, cfg: TrainConfig, gen: torch.Generator) -> list[Tenso
     return [edges[torch.isin(owner, g)] for g in groups if len(g)]
 
 
-def _edge_terms(policy: Policy, sde: FlowSDE, b: Batch, edges: Tensor, ref: Policy | None) -> tuple[Tensor, Tensor | None, int]:
+def kl_to_reference(mean: Tensor, ref_mean: Tensor, std: Tensor, dsigma: Tensor, form: str = "paper") -> Tensor:
+    """[P] Flow-GRPO's KL of a transition to the reference policy's: the mean over latent elements of
+    (mean - ref_mean)^2 / (2 var). "paper": var = std^2, the transition's variance g^2 (-dsigma);
+    "code" (flow_grpo's released train_sd3.py): var = g^2 = std^2 / (-dsigma), without the step factor,
+    so its value is (-dsigma) times the paper's (methods.md 1.3)."""
+    var = std.float() ** 2
+    if form == "code":
+        var = var / (-dsigma.float())
+    return ((mean.float() - ref_mean.float()) ** 2).flatten(1).mean(1) / (2 * var)
+
+
+def _edge_terms(policy: Policy, sde: FlowSDE, b: Batch, edges: Tensor, ref: Policy | None,
+                kl_form: str = "paper") -> tuple[Tensor, Tensor | None, int]:
     """New log-probs [E] (with grad) and KL [E] of a chunk of edges, from one forward per parent."""
     t = b.tree
     parents, slot = torch.unique(t.parent[edges], return_inverse=True)       # [P], [E]
@@ -108,8 +124,8 @@ def _edge_terms(policy: Policy, sde: FlowSDE, b: Batch, edges: Tensor, ref: Poli
     if ref is not None:
         with torch.no_grad():
             ref_mean = sde.step(x, ref.velocity(x, sigma, cond), step, torch.ones(len(parents), dtype=torch.bool)).mean
-        per_parent = ((res.mean - ref_mean) ** 2).flatten(1).mean(1) / (2 * res.std.to(dev) ** 2)
-        kl = per_parent[slot]
+        dsigma = (sde.sigmas[step + 1] - sde.sigmas[step]).to(dev)                # [P], < 0
+        kl = kl_to_reference(res.mean, ref_mean, res.std.to(dev), dsigma, kl_form)[slot]
     return new_lp, kl, len(parents) * policy.evals_per_row
 
 
@@ -126,7 +142,7 @@ def grpo_update(policy: Policy, opt: torch.optim.Optimizer, sde: FlowSDE, b: Bat
         opt.zero_grad(set_to_none=True)
         denom = len(mb) if cfg.loss_norm == "mean" else cfg.accum_edges
         for chunk in _parent_chunks(b.tree.parent, mb, max_batch):
-            new_lp, kl, n = _edge_terms(policy, sde, b, chunk, ref)
+            new_lp, kl, n = _edge_terms(policy, sde, b, chunk, ref, cfg.kl_form)
             adv, old = b.advantage[chunk].to(new_lp.device), b.tree.log_prob[chunk].to(new_lp.device)
             loss_e, ratio = clipped_loss(new_lp, old, adv, cfg.clip_range)
             if kl is not None:
