@@ -86,6 +86,10 @@ def test_guidance_combines_the_prompt_and_the_empty_prompt():
 def test_missing_weights_is_one_line(tmp_path):
     r = CliRunner().invoke(app, ["rollout", "--model", str(tmp_path / "nope.safetensors"), "--out", tmp_path / "t"])
     assert r.exit_code == 1 and len(r.stderr.strip().splitlines()) == 1 and "not found" in r.stderr
+    odd = tmp_path / 'we"ird \\ name.safetensors'                      # quotes and backslashes reach the loader intact
+    for cmd in (["rollout", "--out", tmp_path / "t2"], ["train", "--run-dir", tmp_path / "r"]):
+        r = CliRunner().invoke(app, [*cmd, "--model", str(odd)])
+        assert r.exit_code == 1 and "not found" in r.stderr and str(odd) in r.stderr.replace("\n", ""), r.stderr
 
 
 def test_shipped_weights_load_and_draw_the_world():

@@ -6,7 +6,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from ..inspect import inspect_trees
+from ..tree_report import inspect_trees
 from .common import guarded, out, print_json
 
 

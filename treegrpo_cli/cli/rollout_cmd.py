@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -37,7 +38,7 @@ def rollout(
     with guarded():
         sets = list(set_ or [])
         sets += [f"seed={seed}"] if seed is not None else []
-        sets += [f'model="{model}"'] if model else []
+        sets += [f"model={json.dumps(model)}"] if model else []
         sets += [f"rollout.max_batch={max_batch}"] if max_batch else []
         sets += policy_sets(revision=revision, dtype=dtype)
         cfg = load_config(preset, config, sets)

@@ -39,10 +39,10 @@ def graceful_stop() -> Iterator[dict]:
 
 def _sets(set_, model, reward, weights, iterations, seed, max_batch, reward_opt=None) -> list[str]:
     sets = list(set_ or [])
-    sets += [f'model="{model}"'] if model else []
+    sets += [f"model={json.dumps(model)}"] if model else []
     if reward:
         names = [n.strip() for n in reward.split(",") if n.strip()]
-        sets.append("reward.names=[" + ", ".join(f'"{n}"' for n in names) + "]")
+        sets.append("reward.names=[" + ", ".join(json.dumps(n) for n in names) + "]")
     sets += [f"reward.weights=[{weights}]"] if weights else []
     sets += ["reward.options=[" + ", ".join(json.dumps(o) for o in reward_opt) + "]"] if reward_opt else []
     sets += [f"train.iterations={iterations}"] if iterations else []
@@ -58,14 +58,14 @@ def policy_sets(revision: str | None = None, finetune: str | None = None, lora_r
                 lora_alpha: float | None = None, lora_targets: str | None = None, dtype: str | None = None,
                 gradient_checkpointing: bool | None = None) -> list[str]:
     """--set items of the [policy] section from the model options (shared with `rollout`)."""
-    sets = [f'policy.revision="{revision}"'] if revision else []
-    sets += [f'policy.finetune="{finetune}"'] if finetune else []
+    sets = [f"policy.revision={json.dumps(revision)}"] if revision else []
+    sets += [f"policy.finetune={json.dumps(finetune)}"] if finetune else []
     sets += [f"policy.lora_rank={lora_rank}"] if lora_rank else []
     sets += [f"policy.lora_alpha={lora_alpha}"] if lora_alpha is not None else []
     if lora_targets:
         names = [n.strip() for n in lora_targets.split(",") if n.strip()]
-        sets.append("policy.lora_targets=[" + ", ".join(f'"{n}"' for n in names) + "]")
-    sets += [f'policy.dtype="{dtype}"'] if dtype else []
+        sets.append("policy.lora_targets=[" + ", ".join(json.dumps(n) for n in names) + "]")
+    sets += [f"policy.dtype={json.dumps(dtype)}"] if dtype else []
     if gradient_checkpointing is not None:
         sets.append(f"policy.gradient_checkpointing={str(gradient_checkpointing).lower()}")
     return sets
