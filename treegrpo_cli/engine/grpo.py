@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from ..errors import ConfigError
-from ..models.base import Conditions, Policy, select
+from .protocols import Conditions, Policy, select
 from .sde import FlowSDE, gaussian_log_prob
 from .tree import Tree
 

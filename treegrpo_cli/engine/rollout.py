@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from ..errors import ConfigError
-from ..models.base import Policy, select
+from .protocols import Policy, select
 from .sde import FlowSDE
 from .tree import Tree
 

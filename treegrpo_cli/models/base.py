@@ -1,20 +1,19 @@
-"""The Policy protocol: what the engine needs from a text-to-image model.
+"""What the model adapters share: the `[policy]` config section and the pixel-network plumbing.
 
-The engine knows nothing of diffusers or GRPO-specific model code: every adapter turns prompts
-into conditions, (latent, sigma, condition) into a velocity, and latents into images.
+The Policy protocol itself (what the engine needs from a text-to-image model) lives with the engine
+that calls it, in engine/protocols.py; it is re-exported here for the adapters.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor, nn
 
+from ..engine.protocols import Conditions, Policy, select  # noqa: F401  (re-exported for the adapters)
 from ..errors import ConfigError
 
-Conditions = dict[str, Tensor]  # every tensor has the prompt batch as its first dim
 FINETUNES = ("lora", "full")
 DTYPES = ("auto", "bf16", "fp32")
 
@@ -51,48 +50,6 @@ class PolicyConfig:
                 raise ConfigError(f"policy.{name} must be > 0, got {value}")
         if (self.guidance is not None and self.guidance < 0) or self.ddim_eta < 0:
             raise ConfigError("policy.guidance and policy.ddim_eta must be >= 0")
-
-
-@runtime_checkable
-class Policy(Protocol):
-    name: str
-    latent_shape: tuple[int, ...]      # (C, H, W) of one latent
-    evals_per_row: int                 # model evaluations per latent row (2 with true CFG)
-
-    def encode(self, prompts: list[str]) -> Conditions:
-        """Prompts -> conditions, each tensor [P, ...]."""
-
-    def velocity(self, x: Tensor, sigma: Tensor, cond: Conditions) -> Tensor:
-        """x [B, C, H, W], sigma [B] in [0, 1], cond rows [B, ...] -> v [B, C, H, W].
-
-        The model output that the policy's transition kernel expects: the flow velocity for
-        FlowSDE, the noise prediction epsilon for engine.sde.DDIMKernel (SD1.5)."""
-
-    def decode(self, latents: Tensor) -> Tensor:
-        """latents [B, C, H, W] -> images [B, 3, H', W'] float in [0, 1]."""
-
-    def trainable_parameters(self) -> list[nn.Parameter]:
-        """The parameters GRPO updates (LoRA or all)."""
-
-    def describe(self) -> dict[str, Any]:
-        """JSON-able identity of the model (name, source, config) for shard metadata."""
-
-    def trainable_state(self) -> dict[str, Tensor]:
-        """Named tensors of the trainable parameters (what a checkpoint stores)."""
-
-    def load_trainable_state(self, state: dict[str, Tensor]) -> None:
-        """Load what trainable_state() returned (strict: every key, no extra)."""
-
-    def reference(self) -> "Policy":
-        """A frozen copy of the current policy (the KL reference), sharing nothing trainable."""
-
-    # Optional: `kernel(sampler_cfg) -> transition kernel`. A policy without it is sampled with
-    # engine.sde.FlowSDE(sampler_cfg); see engine.sde.make_kernel.
-
-
-def select(cond: Conditions, rows: Tensor) -> Conditions:
-    """Pick condition rows, e.g. the prompt of every frontier node."""
-    return {k: v[rows] for k, v in cond.items()}
 
 
 class PixelNetPolicy:
