@@ -85,11 +85,23 @@ def test_flow_grpo_is_a_forest_per_prompt(tiny_policy):
 
 
 def test_ode_steps_are_deterministic(tiny_policy):
-    """BranchGRPO-Mix: ODE edges carry no noise, so two seeds share the same ODE update."""
+    """BranchGRPO-Mix: ODE edges carry no noise: every ODE child is exactly the Euler step of its parent
+    (whatever the seed), while SDE children are not."""
     tree, nfe = _roll(tiny_policy, "branch-mix", prompts=PROMPTS[:1])
     assert nfe == 203
     sde_steps = sorted(set((tree.depth[tree.sde] - 1).tolist()))
     assert sde_steps == [0, 1, 2, 3, 6, 9]
+    sde = FlowSDE(load_config("branch-mix").sampler)
+    cond = tiny_policy.encode(PROMPTS[:1])
+    edges = torch.nonzero(tree.parent >= 0).flatten()
+    par = tree.parent[edges]
+    with torch.no_grad():
+        v = tiny_policy.velocity(tree.latent[par], tree.sigma[par], {k: t[tree.tree[par]] for k, t in cond.items()})
+    euler = sde.step(tree.latent[par], v, tree.depth[par], torch.zeros(len(par), dtype=torch.bool)).mean
+    gap = (tree.latent[edges] - euler).flatten(1).abs().max(1).values                     # [E]
+    ode = ~tree.sde[edges]
+    assert ode.sum() > 0 and float(gap[ode].max()) < 1e-5
+    assert float(gap[~ode].min()) > 1e-3                                                # noise was added there
 
 
 def _branch_samples(cfg, parents=400, dim=512, K=2):
