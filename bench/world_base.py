@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from treegrpo_cli.engine.rollout import TreeConfig, mix_seed, rollout
 from treegrpo_cli.engine.sde import FlowSDE, SamplerConfig
+from treegrpo_cli.evaluate import generate
 from treegrpo_cli.models.registry import TINY_SHAPES, load_policy
 from treegrpo_cli.rewards.shapes import score_detections
 from treegrpo_cli.world.detect import detect
@@ -30,13 +30,9 @@ from treegrpo_cli.world.shapes import NOISY_COLOURS, is_noisy, load_split, parse
 
 
 def sample(policy, prompts: list[str], samples: int, seed: int) -> tuple[list[str], torch.Tensor]:
-    sde, out, texts = FlowSDE(SamplerConfig(steps=10)), [], []
-    for j in range(samples):
-        tree, _ = rollout(policy, prompts, list(range(len(prompts))), sde, TreeConfig(sde_steps=()), mix_seed(seed, j))
-        with torch.no_grad():
-            out.append(policy.decode(tree.image_latent))
-        texts += prompts
-    return texts, torch.cat(out)
+    """samples ODE draws of every prompt, as `treegrpo eval` makes them (sample j from mix_seed(seed, j))."""
+    chunks = list(generate(policy, FlowSDE(SamplerConfig(steps=10)), prompts, samples, seed, False, len(prompts), 64))
+    return [t for c in chunks for t in c.prompts], torch.cat([c.images for c in chunks])
 
 
 def measure(texts: list[str], images: torch.Tensor) -> dict:

@@ -68,9 +68,11 @@ def lr_at(cfg: PretrainConfig, step: int, steps: int | None = None, peak: float 
     return cfg.lr_min + 0.5 * (peak - cfg.lr_min) * (1 + math.cos(math.pi * t))
 
 
-def _batch(cfg: PretrainConfig, prompts: list[str], n: int, g: torch.Generator) -> tuple[list[str], torch.Tensor]:
+def _batch(cfg: PretrainConfig, prompts: list[str], n: int, g: torch.Generator,
+           noise: float | None = None) -> tuple[list[str], torch.Tensor]:
+    """n captions and their images (caption noise cfg.caption_noise unless `noise` is given)."""
     captions = sample_pretrain_prompts(prompts, n, g)
-    return captions, render_pretrain_batch(captions, g, cfg.caption_noise)
+    return captions, render_pretrain_batch(captions, g, cfg.caption_noise if noise is None else noise)
 
 
 def train_autoencoder(cfg: PretrainConfig, prompts: list[str], g: torch.Generator,
@@ -91,8 +93,7 @@ def train_autoencoder(cfg: PretrainConfig, prompts: list[str], g: torch.Generato
             log({"stage": "autoencoder", "step": step + 1, "loss": ema_loss})
     ae.fit_normaliser(_batch(cfg, prompts, 1024, g)[1])
     with torch.no_grad():                                       # clean renders: their captions are right
-        captions = sample_pretrain_prompts(prompts, 256, g)
-        images = render_pretrain_batch(captions, g, 0.0)
+        captions, images = _batch(cfg, prompts, 256, g, noise=0.0)
         rec = ae.decode(ae.encode(images))
         log({"stage": "autoencoder", "step": cfg.ae_steps, "recon_mse": float(((rec - images) ** 2).mean()),
              "recon_reward": float(shapes_scores(rec, captions).mean())})

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -283,11 +284,18 @@ def noisy_scene(prompt: Prompt | str, generator: torch.Generator | int | None = 
     return out
 
 
-def sample_pretrain_prompts(prompts: list[str], n: int, generator: torch.Generator) -> list[str]:
-    """n pretraining captions: a form drawn uniformly (single, count, relation), then a prompt of it."""
+@lru_cache(maxsize=8)
+def _by_form(prompts: tuple[str, ...]) -> dict[str, list[str]]:
+    """The prompts grouped by form (parsed once per list: pretraining draws a batch every step)."""
     by_form: dict[str, list[str]] = {}
     for t in prompts:
         by_form.setdefault(parse_prompt(t).form, []).append(t)
+    return by_form
+
+
+def sample_pretrain_prompts(prompts: list[str], n: int, generator: torch.Generator) -> list[str]:
+    """n pretraining captions: a form drawn uniformly (single, count, relation), then a prompt of it."""
+    by_form = _by_form(tuple(prompts))
     forms = sorted(by_form)
     f = torch.randint(len(forms), (n,), generator=generator).tolist()
     u = torch.rand(n, generator=generator, dtype=torch.float64).tolist()
@@ -313,7 +321,8 @@ def split_prompts(test_counts: tuple[int, int, int] = (6, 6, 44), ordinary_share
     test: list[str] = []
     for form, n in zip(("single", "count", "relation"), test_counts):
         test += [t for t in noisy if forms[t] == form][:n]
-    rest = [t for t in noisy if t not in set(test)]
+    held = set(test)
+    rest = [t for t in noisy if t not in held]
     rl = [t for t in rest if forms[t] != "relation"] + [t for t in rest if forms[t] == "relation"][:rl_relations]
     n_ordinary = round(len(rl) * ordinary_share / (1 - ordinary_share))
     rl += sorted((t for t in pretrain if not is_noisy(t)), key=_hash)[:n_ordinary]
