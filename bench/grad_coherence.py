@@ -29,8 +29,8 @@ from treegrpo_cli.config import load_config
 from treegrpo_cli.engine.grpo import Batch, grpo_update
 from treegrpo_cli.engine.rollout import mix_seed, rollout
 from treegrpo_cli.evaluate import heldout_reward
-from treegrpo_cli.loop import Trainer
-from treegrpo_cli.rewards.base import register
+from treegrpo_cli.loop import Trainer, credit, leaf_images
+from treegrpo_cli.rewards.base import register, score_leaves
 from treegrpo_cli.world.shapes import load_split
 
 
@@ -60,7 +60,9 @@ def batch_gradients(tr: Trainer, prompts: list[str], seed: int, buckets: list[tu
     """Summed edge gradients [params] per depth bucket of one scored tree batch, and its mean reward."""
     cfg = tr.cfg
     tree, _ = rollout(tr.policy, prompts, list(range(len(prompts))), tr.sde, cfg.tree, seed, cfg.rollout.max_batch)
-    scores, adv, trained = tr.score_and_credit(tree, prompts, 0)
+    leaf_prompts = [prompts[int(p)] for p in tree.tree_prompt[tree.tree[tree.leaves()]]]
+    scores = score_leaves(tr.rewards, leaf_images(tr.policy, tree), leaf_prompts)
+    adv, trained = credit(cfg, tree, scores, 0)
     parent_depth = tree.depth[tree.parent.clamp(min=0)]
     cap, out = Capture(list(tr.policy.trainable_parameters())), []
     for lo, hi in buckets:

@@ -21,11 +21,13 @@ from .engine.grpo import Batch, grpo_update, make_optimizer
 from .engine.rollout import Progress, TreeConfig, mix_seed, rollout
 from .engine.schedules import tree_for_iteration
 from .engine.sde import make_kernel
+from .engine.tree import Tree
 from .evaluate import heldout_reward
 from .models.base import Policy
 from .models.registry import load_policy
 from .rewards.base import get_reward, parse_reward_options, score_leaves
 from .store.checkpoint import Checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
+from .store.trees import to_uint8
 
 
 @dataclass
@@ -58,8 +60,7 @@ class Trainer:
         self.ema = ({k: v.detach().clone() for k, v in self.policy.trainable_state().items()}
                     if cfg.train.ema_decay > 0 else None)
         self.ref = self.policy.reference() if cfg.train.kl_beta > 0 else None
-        opts = parse_reward_options(cfg.reward.options)
-        self.rewards = {n: get_reward(n, device=device, **opts.get(n, {})) for n in cfg.reward.names}
+        self.rewards = build_rewards(cfg, device)
         self.weights = cfg.reward.weight_map()
         self.step = 0
 
@@ -83,43 +84,73 @@ class Trainer:
         torch.set_rng_state(ck.rng)
         self.step = ck.step
 
-    def score_and_credit(self, tree, prompts: list[str], it: int):
-        """Decode and score a tree's leaves, then its edge advantages and trained-edge mask."""
-        cfg = self.cfg
-        with torch.no_grad():
-            images = self.policy.decode(tree.image_latent.to(self.device)).cpu()
-        leaves = tree.leaves()
-        leaf_prompts = [prompts[int(p)] for p in tree.tree_prompt[tree.tree[leaves]]]
-        scores = score_leaves(self.rewards, images, leaf_prompts)
-        full = {n: torch.full((tree.num_nodes,), float("nan")).index_put_((leaves,), s) for n, s in scores.items()}
-        adv, trained = assign_credit(tree.parent, tree.depth, tree.tree, tree.group(), tree.sde, tree.log_prob,
-                                     full, self.weights, cfg.reward.combine, cfg.advantage, cfg.pruning,
-                                     cfg.sampler.steps, cfg.sampler.decode, it, cfg.train.iterations)
-        return scores, adv, trained
-
     # -- one iteration -------------------------------------------------------------------
     def iteration(self, prompts: list[str], progress: Progress) -> dict[str, Any]:
         cfg, it = self.cfg, self.step
-        T = cfg.sampler.steps
         t0 = time.perf_counter()
-        ids = sample_prompt_ids(len(prompts), cfg.rollout.num_prompts, cfg.seed, it)
-        tree_cfg = tree_for_iteration(cfg.tree, cfg.schedule, T, it, cfg.seed, cfg.sampler.decode)
-        tree, nfe = rollout(self.policy, [prompts[i] for i in ids], ids, self.sde, tree_cfg,
-                            mix_seed(cfg.seed, it), cfg.rollout.max_batch, progress)
+        plan = plan_iteration(cfg, len(prompts), it)
+        tree, nfe = rollout(self.policy, [prompts[i] for i in plan.prompt_ids], plan.prompt_ids, self.sde, plan.tree,
+                            plan.seed, cfg.rollout.max_batch, progress)
         t1 = time.perf_counter()
-        scores, adv, trained = self.score_and_credit(tree, prompts, it)
-        leaves = tree.leaves()
+        images = leaf_images(self.policy, tree)
+        leaf_prompts = [prompts[int(p)] for p in tree.tree_prompt[tree.tree[tree.leaves()]]]
+        scores = score_leaves(self.rewards, images, leaf_prompts)
+        adv, trained = credit(cfg, tree, scores, it)
         t2 = time.perf_counter()
-        tree_prompts = [prompts[int(p)] for p in tree.tree_prompt]
-        batch = Batch(tree, trained, adv.edge, self.policy.encode(tree_prompts))
-        gen = torch.Generator().manual_seed(mix_seed(cfg.seed, it, 0xB47C))
-        upd = grpo_update(self.policy, self.opt, self.sde, batch, cfg.train, gen, cfg.rollout.max_batch,
-                          self.ref, self.update_ema)
+        batch = Batch(tree, trained, adv.edge, self.policy.encode([prompts[int(p)] for p in tree.tree_prompt]))
+        upd = grpo_update(self.policy, self.opt, self.sde, batch, cfg.train, update_generator(cfg, it),
+                          cfg.rollout.max_batch, self.ref, self.update_ema)
         t3 = time.perf_counter()
         self.step += 1
-        row = _row(it, scores, self.weights, adv.edge[trained], len(leaves), nfe, upd, tree_cfg, self.opt)
+        row = _row(it, scores, self.weights, adv.edge[trained], len(images), nfe, upd, plan.tree, self.opt)
         row["seconds"] = {"rollout": t1 - t0, "score": t2 - t1, "update": t3 - t2, "total": t3 - t0}
         return row
+
+
+# --- the steps of an iteration, shared with the staged pipeline (stages.py) -------------------
+
+@dataclass(frozen=True)
+class IterationPlan:
+    """What the online loop samples at one iteration: which prompts, the tree's shape, the noise seed."""
+    prompt_ids: list[int]
+    tree: TreeConfig
+    seed: int
+
+
+def plan_iteration(cfg: Config, num_available: int, it: int, num_prompts: int | None = None) -> IterationPlan:
+    """Iteration `it`'s prompts (a seeded draw from the num_available), tree shape (the preset's
+    [schedule]) and root seed: what `train` samples and what `rollout --iteration it` writes."""
+    ids = sample_prompt_ids(num_available, num_prompts or cfg.rollout.num_prompts, cfg.seed, it)
+    tree_cfg = tree_for_iteration(cfg.tree, cfg.schedule, cfg.sampler.steps, it, cfg.seed, cfg.sampler.decode)
+    return IterationPlan(ids, tree_cfg, mix_seed(cfg.seed, it))
+
+
+def build_rewards(cfg: Config, device: str) -> dict[str, Any]:
+    """The config's reward models with their reward.options, on `device`."""
+    opts = parse_reward_options(cfg.reward.options)
+    return {n: get_reward(n, device=device, **opts.get(n, {})) for n in cfg.reward.names}
+
+
+def leaf_images(policy: Policy, tree: Tree) -> torch.Tensor:
+    """[L, 3, H, W] uint8: the leaves' images as a user sees them and the rewards score them
+    (the staged pipeline stores exactly these)."""
+    dev = next(iter(policy.trainable_parameters())).device
+    with torch.no_grad():
+        return to_uint8(policy.decode(tree.image_latent.to(dev)))
+
+
+def credit(cfg: Config, tree: Tree, scores: dict[str, torch.Tensor], it: int):
+    """Leaf scores {name: [L]} -> edge advantages and the trained-edge mask [N] of a batch of trees."""
+    leaves = tree.leaves()
+    full = {n: torch.full((tree.num_nodes,), float("nan")).index_put_((leaves,), s.float()) for n, s in scores.items()}
+    return assign_credit(tree.parent, tree.depth, tree.tree, tree.group(), tree.sde, tree.log_prob, full,
+                         cfg.reward.weight_map(), cfg.reward.combine, cfg.advantage, cfg.pruning,
+                         cfg.sampler.steps, cfg.sampler.decode, it, cfg.train.iterations)
+
+
+def update_generator(cfg: Config, it: int) -> torch.Generator:
+    """The generator of iteration it's minibatch order."""
+    return torch.Generator().manual_seed(mix_seed(cfg.seed, it, 0xB47C))
 
 
 def sample_prompt_ids(n: int, k: int, seed: int, iteration: int) -> list[int]:

@@ -6,7 +6,7 @@ callback `progress(phase, done, total)`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -15,22 +15,17 @@ from PIL import Image
 
 from . import rundir
 from .config import Config, as_json, config_from_dict
-from .engine.advantages import AdvantageConfig
-from .engine.credit import assign_credit
 from .engine.grpo import Batch, grpo_update
-from .engine.tree import cat_trees
-from .errors import TreegrpoError
-from .loop import Trainer
-from .engine.pruning import PruneConfig
 from .engine.rollout import Progress, rollout
 from .engine.sde import make_kernel
+from .engine.tree import cat_trees
+from .errors import TreegrpoError
+from .loop import Trainer, build_rewards, credit, leaf_images, plan_iteration, update_generator
 from .models.registry import load_policy
-from .prompts import take
-from .rewards.base import get_reward, score_leaves
+from .rewards.base import score_leaves
 from .store.checkpoint import save_checkpoint
 from .store.shards import ShardStore
-from .store.trees import KIND, TreeShard, open_trees, read_tree_shard, shard_name, to_uint8, write_tree_shard
-
+from .store.trees import KIND, TreeShard, open_trees, read_tree_shard, shard_name, write_tree_shard
 
 
 def _noop(phase: str, done: int, total: int) -> None:
@@ -44,38 +39,48 @@ class RolloutRequest:
     config: Config
     prompts: list[str]
     out: Path
-    num_prompts: int = 4
+    num_prompts: int | None = None    # None: the config's rollout.num_prompts, as `train` draws them
     prompts_per_shard: int = 8
     save_images: bool = False
     overwrite: bool = False
     device: str = "cpu"
     command: str = ""
+    iteration: int = 0                # write the trees the online loop samples at this iteration
 
 
 def run_rollout(req: RolloutRequest, progress: Progress = _noop) -> dict[str, Any]:
-    """Roll out trees for num_prompts prompts and write them as shards under req.out."""
+    """Roll out the trees of one online iteration (its prompts, [schedule] and noise) as shards under req.out."""
     cfg = req.config
+    if req.iteration < 0:
+        raise TreegrpoError(f"--iteration must be >= 0, got {req.iteration}")
+    if req.num_prompts is not None and req.num_prompts < 1:
+        raise TreegrpoError(f"--num-prompts must be >= 1, got {req.num_prompts}")
+    if not req.prompts:
+        raise TreegrpoError("no prompts to roll out")
     policy = load_policy(cfg.model, req.device, cfg.policy)
     sde = make_kernel(policy, cfg.sampler)
-    ids = take(req.prompts, req.num_prompts)
-    meta = {"command": req.command, "config": cfg.to_dict(), "model": policy.describe(),
-            "seed": cfg.seed, "num_prompts": len(ids), "trees_per_prompt": cfg.tree.trees_per_prompt,
-            "evals_per_tree": cfg.tree.model_evals(cfg.sampler.steps) * policy.evals_per_row, "complete": False}
+    plan = plan_iteration(cfg, len(req.prompts), req.iteration, req.num_prompts)
+    ids, T = plan.prompt_ids, cfg.sampler.steps
+    meta = {"command": req.command, "config": cfg.to_dict(), "model": policy.describe(), "seed": cfg.seed,
+            "iteration": req.iteration, "num_prompts": len(ids), "trees_per_prompt": plan.tree.trees_per_prompt,
+            "split_steps": list(plan.tree.split_steps),
+            "sde_steps": list(plan.tree.sde_steps) if plan.tree.sde_steps is not None else "all",
+            "evals_per_tree": plan.tree.model_evals(T) * policy.evals_per_row, "complete": False}
     store = ShardStore.create(req.out, KIND, meta, overwrite=req.overwrite)
     nfe, offset, chunks = 0, 0, range(0, len(ids), req.prompts_per_shard)
     for k, a in enumerate(chunks):
         chunk = ids[a:a + req.prompts_per_shard]
-        tree, n = rollout(policy, [req.prompts[i] for i in chunk], chunk, sde, cfg.tree, cfg.seed,
-                          cfg.rollout.max_batch, lambda ph, d, t: progress(f"rollout {k + 1}/{len(chunks)}", d, t))
-        images = to_uint8(policy.decode(tree.image_latent))
-        shard = TreeShard(k, tree, images, {i: req.prompts[i] for i in chunk}, offset, n)
+        tree, n = rollout(policy, [req.prompts[i] for i in chunk], chunk, sde, plan.tree, plan.seed,
+                          cfg.rollout.max_batch, lambda ph, d, t: progress(f"rollout {k + 1}/{len(chunks)}", d, t),
+                          earlier_ids=ids[:a])
+        shard = TreeShard(k, tree, leaf_images(policy, tree), {i: req.prompts[i] for i in chunk}, offset, n)
         write_tree_shard(store, shard)
         if req.save_images:
             _save_images(req.out / "images", shard)
         nfe, offset = nfe + n, offset + tree.num_trees
     store.update_meta(nfe=nfe, num_trees=offset, complete=True)
-    return {"out": str(req.out), "trees": offset, "shards": len(chunks), "nfe": nfe,
-            "nfe_per_tree": nfe / max(offset, 1), "leaves_per_tree": cfg.tree.leaves(cfg.sampler.steps)}
+    return {"out": str(req.out), "trees": offset, "shards": len(chunks), "nfe": nfe, "iteration": req.iteration,
+            "nfe_per_tree": nfe / max(offset, 1), "leaves_per_tree": plan.tree.leaves(T)}
 
 
 def _save_images(folder: Path, s: TreeShard) -> None:
@@ -88,79 +93,63 @@ def _save_images(folder: Path, s: TreeShard) -> None:
 
 # --- score -----------------------------------------------------------------------------------
 
+SCORE_SECTIONS = ("reward", "advantage", "pruning")
+
+
 @dataclass
 class ScoreRequest:
     root: Path
-    rewards: dict[str, float]               # name -> weight
-    combine: str = "rewards"
-    advantage: AdvantageConfig | None = None  # None: the rollout preset's estimator
-    pruning: PruneConfig | None = None
-    iteration: int = 0
-    max_iterations: int = 1
+    sets: list[str] = field(default_factory=list)  # reward.*, advantage.* and pruning.* overrides of the rollout's config
+    iteration: int | None = None       # None: the rollout's iteration (pruning schedules)
+    max_iterations: int | None = None  # None: the config's train.iterations (pruning.active_until)
     batch_size: int = 64
+    device: str = "cpu"
+
+
+def scoring_config(store: ShardStore, sets: list[str]) -> Config:
+    """The rollout's config with score-time overrides; keys that change the trees or training are refused."""
+    from .config import parse_set
+
+    for item in sets:
+        key = parse_set(item)[0]
+        if key.split(".")[0] not in SCORE_SECTIONS:
+            raise TreegrpoError(f"score cannot change {key}: it only sets {', '.join(s + '.*' for s in SCORE_SECTIONS)} "
+                                "(roll out again to change the trees, or pass training keys to `treegrpo train --trees`)")
+    return config_from_dict(store.meta["config"], sets)
 
 
 def run_score(req: ScoreRequest, progress: Progress = _noop) -> dict[str, Any]:
-    """Score every leaf, then write rewards, advantages and trained-edge masks beside the trees."""
+    """Score every leaf with the config's rewards (options, device), then write rewards, advantages and
+    trained-edge masks beside the trees: the online loop's scoring and credit assignment, over all shards."""
     store = open_trees(req.root)
-    cfg = config_from_dict(store.meta["config"])
-    adv_cfg, prune_cfg = req.advantage or cfg.advantage, req.pruning or cfg.pruning
-    adv_cfg.validate(), prune_cfg.validate()
-    rewards = {name: get_reward(name) for name in req.rewards}
+    cfg = scoring_config(store, req.sets)
+    it = store.meta.get("iteration", 0) if req.iteration is None else req.iteration
+    if req.max_iterations is not None:
+        cfg = replace(cfg, train=replace(cfg.train, iterations=req.max_iterations))
+    cfg.advantage.validate(), cfg.pruning.validate()
+    weights, rewards = cfg.reward.weight_map(), build_rewards(cfg, req.device)
     shards = [read_tree_shard(store, n) for n in store.names("trees")]
-    scores = [_score_shard(s, rewards, req.batch_size, progress) for s in shards]
+    scores = [score_leaves(rewards, s.leaf_image, s.leaf_prompts(), req.batch_size, progress) for s in shards]
+    tree = cat_trees([s.tree for s in shards])
+    adv, trained = credit(cfg, tree, {n: torch.cat([sc[n] for sc in scores]) for n in weights}, it)
     store.remove("rewards"), store.remove("advantages")
+    a = 0
     for s, sc in zip(shards, scores):
-        total = sum(w * sc[name] for name, w in req.rewards.items())
-        tensors = {f"reward/{k}": v for k, v in sc.items()} | {"reward": total}
-        store.write(shard_name("rewards", s.index), "rewards", tensors, {"weights": req.rewards})
-    adv = _advantages(shards, scores, req, adv_cfg, prune_cfg, cfg)
-    for s, a in zip(shards, adv):
-        store.write(shard_name("advantages", s.index), "advantages", a)
-    scoring = {"rewards": req.rewards, "combine": req.combine, "advantage": as_json(adv_cfg),
-               "pruning": as_json(prune_cfg), "iteration": req.iteration, "max_iterations": req.max_iterations}
-    store.update_meta(scoring=scoring)
-    leaf_r = torch.cat([sum(w * sc[n] for n, w in req.rewards.items())[s.tree.leaves()] for s, sc in zip(shards, scores)])
-    trained = sum(int(a["trained"].sum()) for a in adv)
+        full = {n: torch.full((s.tree.num_nodes,), float("nan")).index_put_((s.tree.leaves(),), v) for n, v in sc.items()}
+        tensors = {f"reward/{k}": v for k, v in full.items()} | {"reward": sum(w * full[n] for n, w in weights.items())}
+        store.write(shard_name("rewards", s.index), "rewards", tensors, {"weights": weights})
+        sl = slice(a, a + s.tree.num_nodes)
+        store.write(shard_name("advantages", s.index), "advantages", {
+            "advantage": adv.edge[sl], "valid": adv.valid[sl], "trained": trained[sl], "fused": adv.fused[sl],
+            "leaf_advantage": adv.leaf[sl]})
+        a += s.tree.num_nodes
+    store.update_meta(scoring={"rewards": weights, "combine": cfg.reward.combine, "options": list(cfg.reward.options),
+                               "advantage": as_json(cfg.advantage), "pruning": as_json(cfg.pruning), "sets": list(req.sets),
+                               "iteration": it, "max_iterations": cfg.train.iterations})
+    leaf_r = torch.cat([sum(w * sc[n] for n, w in weights.items()) for sc in scores])
     return {"leaves": int(leaf_r.numel()), "reward_mean": float(leaf_r.mean()),
             "reward_std": float(leaf_r.std()) if leaf_r.numel() > 1 else 0.0,
-            "trained_edges": trained, "estimator": adv_cfg.estimator}
-
-
-def _score_shard(s: TreeShard, rewards: dict, batch: int, progress: Progress) -> dict[str, torch.Tensor]:
-    """{name: [N] float32 with the score on leaves and NaN elsewhere}."""
-    leaves = s.tree.leaves()
-    scores = score_leaves(rewards, s.leaf_image, s.leaf_prompts(), batch, progress)
-    out = {}
-    for name, vals in scores.items():
-        full = torch.full((s.tree.num_nodes,), float("nan"))
-        full[leaves] = vals
-        out[name] = full
-    return out
-
-
-def _advantages(shards: list[TreeShard], scores: list[dict], req: ScoreRequest, adv_cfg: AdvantageConfig,
-                prune_cfg: PruneConfig, cfg: Config) -> list[dict[str, torch.Tensor]]:
-    """Advantages over all shards at once (groups and global statistics span the folder)."""
-    parent, depth, tree, group, lp, sde, sizes = [], [], [], [], [], [], []
-    node_off = 0
-    for s in shards:
-        t = s.tree
-        parent.append(torch.where(t.parent >= 0, t.parent + node_off, t.parent))
-        depth.append(t.depth), tree.append(t.tree + s.tree_offset), group.append(t.group())
-        lp.append(t.log_prob), sde.append(t.sde), sizes.append(t.num_nodes)
-        node_off += t.num_nodes
-    P, D, TR, G, LP, SDE = (torch.cat(x) for x in (parent, depth, tree, group, lp, sde))
-    R = {name: torch.cat([sc[name] for sc in scores]) for name in req.rewards}
-    A, trained = assign_credit(P, D, TR, G, SDE, LP, R, req.rewards, req.combine, adv_cfg, prune_cfg,
-                               cfg.sampler.steps, cfg.sampler.decode, req.iteration, req.max_iterations)
-    out, a = [], 0
-    for n in sizes:
-        sl = slice(a, a + n)
-        out.append({"advantage": A.edge[sl], "valid": A.valid[sl], "trained": trained[sl],
-                    "fused": A.fused[sl], "leaf_advantage": A.leaf[sl]})
-        a += n
-    return out
+            "trained_edges": int(trained.sum()), "estimator": cfg.advantage.estimator}
 
 
 # --- one staged update -----------------------------------------------------------------------
@@ -188,7 +177,7 @@ def train_from_trees(req: StagedRequest, progress: Progress = _noop) -> dict[str
     rundir.create(req.run_dir, cfg, req.command)
     batch = Batch(tree, torch.cat([a["trained"] for a in adv]), torch.cat([a["advantage"] for a in adv]),
                   trainer.policy.encode(prompts))
-    gen = torch.Generator().manual_seed(cfg.seed)
+    gen = update_generator(cfg, store.meta.get("iteration", 0))     # the online loop's minibatch order
     progress("update", 0, 1)
     metrics = grpo_update(trainer.policy, trainer.opt, trainer.sde, batch, cfg.train, gen,
                           cfg.rollout.max_batch, trainer.ref, trainer.update_ema)

@@ -19,7 +19,8 @@ def rollout(
     config: Annotated[Optional[Path], typer.Option("--config", help="A TOML config file layered over the preset.")] = None,
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override one key, e.g. --set tree.branch=3 (repeatable).")] = None,
     prompts: Annotated[Optional[str], typer.Option(help="Prompts: .txt one per line, .jsonl with a 'prompt' field, or a built-in list (shapes-train, shapes-test, ...); default: the model's.")] = None,
-    num_prompts: Annotated[int, typer.Option("--num-prompts", "-n", min=1, help="How many prompts to roll out (the file is cycled).")] = 4,
+    num_prompts: Annotated[Optional[int], typer.Option("--num-prompts", "-n", min=1, help="How many prompts to roll out, drawn as `train` draws them (default: the config's rollout.num_prompts).")] = None,
+    iteration: Annotated[int, typer.Option(min=0, help="Write the trees `train` samples at this iteration: its prompts, [schedule] and noise.")] = 0,
     seed: Annotated[Optional[int], typer.Option(help="Seed of every node's noise (default: the config's).")] = None,
     model: Annotated[Optional[str], typer.Option(help="Model name or path (default: the preset's).")] = None,
     max_batch: Annotated[Optional[int], typer.Option("--max-batch", min=1, help="Rows per model forward.")] = None,
@@ -33,6 +34,9 @@ def rollout(
 ) -> None:
     """Roll out trees with a method preset and write them as safetensors shards.
 
+    The trees are those `treegrpo train` samples at --iteration (default 0), so rollout, score and
+    train --trees make the same update as one online iteration.
+
     Example: treegrpo rollout --preset branch --num-prompts 4 --out runs/trees
     """
     with guarded():
@@ -43,7 +47,7 @@ def rollout(
         sets += policy_sets(revision=revision, dtype=dtype)
         cfg = load_config(preset, config, sets)
         req = RolloutRequest(cfg, load_prompts(prompts or cfg.rollout.prompts), out, num_prompts, prompts_per_shard,
-                             save_images, overwrite, device, command_line())
+                             save_images, overwrite, device, command_line(), iteration)
         with progress_bar() as bar:
             summary = run_rollout(req, bar)
     if json_:

@@ -1,14 +1,15 @@
 from __future__ import annotations
 
+import json
+
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from ..config import config_from_dict
+from ..errors import ConfigError
 from ..rewards.base import parse_rewards
 from ..stages import ScoreRequest, run_score
-from ..store.trees import open_trees
 from .common import err, guarded, print_json, progress_bar
 
 
@@ -18,24 +19,32 @@ def score(
     weights: Annotated[Optional[str], typer.Option(help="Weights of the rewards, comma separated (default 1 each).")] = None,
     combine: Annotated[Optional[str], typer.Option(help="'rewards' (weighted sum of scores) or 'advantages' (of per-reward advantages).")] = None,
     estimator: Annotated[Optional[str], typer.Option(help="flat | branch | treegrpo | treepo (default: the rollout preset's).")] = None,
-    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override an advantage.* or pruning.* key (repeatable).")] = None,
-    iteration: Annotated[int, typer.Option(min=0, help="Training iteration, for the pruning schedules.")] = 0,
-    max_iterations: Annotated[int, typer.Option(min=1, help="Iterations of the run, for pruning.active_until.")] = 1,
+    reward_opt: Annotated[Optional[list[str]], typer.Option("--reward-opt", help="A reward option NAME.KEY=VALUE, e.g. shapes.kind=soft (repeatable; replaces the rollout config's).")] = None,
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a reward.*, advantage.* or pruning.* key (repeatable).")] = None,
+    iteration: Annotated[Optional[int], typer.Option(min=0, help="Training iteration, for the pruning schedules (default: the rollout's).")] = None,
+    max_iterations: Annotated[Optional[int], typer.Option(min=1, help="Iterations of the run, for pruning.active_until (default: the config's train.iterations).")] = None,
+    device: Annotated[str, typer.Option(help="Torch device for the reward models.")] = "cpu",
     json_: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Score every leaf image; write rewards, advantages and trained-edge masks beside the trees.
 
+    Rewards, their options and the estimator default to the rollout's config, so the result is what
+    `treegrpo train` computes for the same trees.
+
     Example: treegrpo score runs/trees --reward jpeg-compressibility --estimator branch
     """
     with guarded():
-        store = open_trees(trees)
-        overrides = {"advantage.estimator": estimator} if estimator else {}
-        cfg = config_from_dict(store.meta["config"], set_ or [], overrides)
-        names = reward or ",".join(cfg.reward.names)
-        if weights is None and reward is None and cfg.reward.weights:
-            weights = ",".join(str(w) for w in cfg.reward.weights)
-        req = ScoreRequest(trees, parse_rewards(names, weights), combine or cfg.reward.combine,
-                           cfg.advantage, cfg.pruning, iteration, max_iterations)
+        sets = list(set_ or [])
+        if reward is not None:
+            names = list(parse_rewards(reward, weights))
+            sets.append(f"reward.names={json.dumps(names)}")
+        if weights is not None or reward is not None:
+            w = parse_rewards(reward, weights) if reward is not None else None
+            sets.append(f"reward.weights={json.dumps(list(w.values()) if w else [float(x) for x in _numbers(weights)])}")
+        sets += [f"reward.combine={json.dumps(combine)}"] if combine else []
+        sets += [f"reward.options={json.dumps(list(reward_opt))}"] if reward_opt else []
+        sets += [f"advantage.estimator={json.dumps(estimator)}"] if estimator else []
+        req = ScoreRequest(trees, sets, iteration, max_iterations, device=device)
         with progress_bar() as bar:
             summary = run_score(req, bar)
     if json_:
@@ -43,3 +52,10 @@ def score(
     else:
         err.print(f"scored {summary['leaves']} leaves: reward {summary['reward_mean']:.4f} "
                   f"± {summary['reward_std']:.4f}; {summary['trained_edges']} trained edges ({summary['estimator']})")
+
+
+def _numbers(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",")]
+    except ValueError:
+        raise ConfigError(f"--weights must be numbers separated by commas, got {text!r}") from None

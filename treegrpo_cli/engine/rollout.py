@@ -135,10 +135,13 @@ class _Level:
     x0: list[Tensor] = field(default_factory=list)
 
 
-def _roots(cfg: TreeConfig, prompt_ids: list[int], seed: int, shape: tuple[int, ...]) -> _Level:
+def _roots(cfg: TreeConfig, prompt_ids: list[int], seed: int, shape: tuple[int, ...],
+           earlier_ids: list[int] | tuple[int, ...] = ()) -> _Level:
     """One root per tree. Its seed (which all its descendants' seeds derive from) is unique per
     (prompt id, tree); with init_same_noise only the root *latent* is shared by every tree."""
     lvl, seen = _Level(), {}
+    for pid in earlier_ids:                            # the same prompt in an earlier part of this batch
+        seen[pid] = seen.get(pid, -1) + 1
     shared = node_noise(mix_seed(seed, SHARED, 0), shape) if cfg.init_same_noise else None
     for p, pid in enumerate(prompt_ids):
         rep = seen[pid] = seen.get(pid, -1) + 1        # a prompt listed twice gets further trees
@@ -192,8 +195,11 @@ def _expand(cfg: TreeConfig, sde: FlowSDE, step: int, lvl: _Level, first_id: int
 
 
 def rollout(policy: Policy, prompts: list[str], prompt_ids: list[int], sde: FlowSDE, cfg: TreeConfig,
-            seed: int, max_batch: int = 64, progress: Progress | None = None) -> tuple[Tree, int]:
-    """Roll out trees_per_prompt trees for every prompt. Returns the tree batch and its model evaluations."""
+            seed: int, max_batch: int = 64, progress: Progress | None = None,
+            earlier_ids: list[int] | tuple[int, ...] = ()) -> tuple[Tree, int]:
+    """Roll out trees_per_prompt trees for every prompt. Returns the tree batch and its model evaluations.
+    earlier_ids: the prompt ids of earlier parts of the same batch rolled out separately (shards), so that a
+    prompt listed more than once gets the same further trees as in one call."""
     T = sde.cfg.steps
     cfg.validate(T, sde.cfg.decode)
     if max_batch < 1:
@@ -201,7 +207,7 @@ def rollout(policy: Policy, prompts: list[str], prompt_ids: list[int], sde: Flow
     shape = tuple(policy.latent_shape)
     device = next(iter(policy.trainable_parameters())).device
     cond = policy.encode(prompts)
-    levels = [_roots(cfg, prompt_ids, seed, shape)]
+    levels = [_roots(cfg, prompt_ids, seed, shape, earlier_ids)]
     first_ids, nfe = [0], 0
     for i in range(T):
         lvl = levels[-1]

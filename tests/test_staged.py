@@ -1,0 +1,108 @@
+"""The staged pipeline (rollout -> score -> train --trees) makes exactly one online iteration's update.
+
+The online side is the real Trainer.iteration; its tree, scores, advantages and mask are captured at
+the calls it makes, and its weights after the update are compared with the staged checkpoint's.
+"""
+
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from treegrpo_cli import loop
+from treegrpo_cli.cli.app import app
+from treegrpo_cli.config import load_config
+from treegrpo_cli.prompts import load_prompts
+from treegrpo_cli.store.checkpoint import load_checkpoint
+from treegrpo_cli.store.shards import ShardStore
+from treegrpo_cli.store.trees import open_trees, read_tree_shard, shard_name
+
+runner = CliRunner()
+SETS = ['model="pixel-tiny"', "rollout.num_prompts=3", "seed=7"]
+
+
+def run(*args):
+    r = runner.invoke(app, [str(a) for a in args])
+    assert r.exit_code == 0, r.output
+    return r
+
+
+def online(preset: str, iteration: int, monkeypatch) -> dict:
+    """One Trainer.iteration at `iteration` from the initial weights; what it scored, credited and learned."""
+    cfg = load_config(preset, sets=SETS)
+    seen: dict = {}
+    real_score, real_update = loop.score_leaves, loop.grpo_update
+
+    def score(rewards, images, prompts, *a, **k):
+        seen["images"], seen["scores"] = images, real_score(rewards, images, prompts, *a, **k)
+        return seen["scores"]
+
+    def update(policy, opt, sde, batch, *a, **k):
+        seen["batch"] = batch
+        return real_update(policy, opt, sde, batch, *a, **k)
+
+    monkeypatch.setattr(loop, "score_leaves", score)
+    monkeypatch.setattr(loop, "grpo_update", update)
+    trainer = loop.Trainer(cfg, "cpu")
+    trainer.step = iteration
+    trainer.iteration(load_prompts(cfg.rollout.prompts), lambda *a: None)
+    seen["weights"] = trainer.policy.trainable_state()
+    return seen
+
+
+def staged(preset: str, iteration: int, tmp_path: Path) -> dict:
+    trees, run_dir = tmp_path / "trees", tmp_path / "run"
+    sets = [x for s in SETS for x in ("--set", s)]
+    run("rollout", "--preset", preset, *sets, "--iteration", iteration, "--out", trees)
+    run("score", trees)
+    out = run("train", "--trees", trees, "--run-dir", run_dir, "--json")
+    store: ShardStore = open_trees(trees)
+    shards = [read_tree_shard(store, n) for n in store.names("trees")]
+    assert len(shards) == 1                       # one shard: the same node order as the online batch
+    rewards = store.read(shard_name("rewards", 0))[0]
+    adv = store.read(shard_name("advantages", 0))[0]
+    ck = load_checkpoint(Path(__import__("json").loads(out.stdout)["checkpoint"]))
+    return {"tree": shards[0].tree, "images": shards[0].leaf_image, "rewards": rewards, "adv": adv, "weights": ck.model}
+
+
+@pytest.mark.parametrize("preset,iteration", [("branch", 0), ("tree-grpo", 1), ("mix-grpo", 26), ("dance-grpo", 2)])
+def test_staged_equals_online(preset, iteration, tmp_path, monkeypatch):
+    a = online(preset, iteration, monkeypatch)
+    b = staged(preset, iteration, tmp_path)
+    tree = a["batch"].tree
+    for name, value in tree.tensors().items():
+        torch.testing.assert_close(value, getattr(b["tree"], name), rtol=0, atol=0, equal_nan=True, msg=name)
+    assert torch.equal(a["images"], b["images"])
+    leaves = tree.leaves()
+    assert torch.equal(a["scores"]["jpeg-compressibility"], b["rewards"]["reward/jpeg-compressibility"][leaves])
+    assert torch.equal(a["batch"].trained, b["adv"]["trained"])
+    torch.testing.assert_close(a["batch"].advantage, b["adv"]["advantage"], rtol=0, atol=0, equal_nan=True)
+    assert a["batch"].trained.any()
+    for k, v in a["weights"].items():
+        assert torch.equal(v, b["weights"][k]), k
+
+
+def test_rollout_honours_the_schedule(tmp_path):
+    """mix-grpo's SDE window moves with the iteration; the staged trees follow it."""
+    sets = [x for s in SETS for x in ("--set", s)]
+    windows = []
+    for it in (0, 26):
+        out = tmp_path / f"t{it}"
+        run("rollout", "--preset", "mix-grpo", *sets, "--iteration", it, "--out", out)
+        windows.append(open_trees(out).meta["sde_steps"])
+    assert windows[0] != windows[1]
+    cfg = load_config("mix-grpo", sets=SETS)
+    assert windows == [list(loop.plan_iteration(cfg, 5, it).tree.sde_steps) for it in (0, 26)]
+
+
+def test_score_uses_reward_options_and_refuses_other_keys(tmp_path):
+    trees = tmp_path / "trees"
+    run("rollout", "--preset", "branch", "--set", 'model="pixel-tiny"', "--set", 'reward.names=["shapes"]',
+        "--set", 'reward.options=["shapes.kind=soft"]', "-n", 2, "--out", trees)
+    run("score", trees)
+    assert open_trees(trees).meta["scoring"]["options"] == ["shapes.kind=soft"]
+    r = runner.invoke(app, ["score", str(trees), "--set", "tree.branch=3"])
+    assert r.exit_code != 0 and len(r.stderr.strip().splitlines()) == 1 and "tree.branch" in r.stderr, r.output
+    r = runner.invoke(app, ["score", str(trees), "--reward-opt", "shapes.kind=bogus"])   # options reach the reward
+    assert r.exit_code != 0 and "shapes.kind must be one of" in r.stderr, r.output
