@@ -118,3 +118,50 @@ def test_kl_to_reference_golden_values():
     assert kl_to_reference(mean, ref, std, dsigma, "paper").tolist() == pytest.approx([0.125, 0.125], rel=1e-5)
     assert kl_to_reference(mean, ref, std, dsigma, "code").tolist() == pytest.approx([0.005, 0.005], rel=1e-5)
     assert load_config("flow-grpo").train.kl_form == "code" and load_config("branch").train.kl_form == "paper"
+
+
+def test_per_transition_divides_by_edges_per_tree_as_the_reference():
+    """One optimizer step over all 39 edges of a tree-grpo tree (3 + 9 + 27): with transition_norm "tree" each
+    edge's loss is divided by 100 x 39, with "accum" by 100 only: the step's gradient is 39x smaller."""
+    _, _, sde, batch, _ = scored_batch("tree-grpo", prompts=PROMPTS[:1])
+    grad = {}
+    for norm in ("tree", "accum"):
+        policy = load_policy("pixel-tiny")
+        tc = TrainConfig(loss_norm="per-transition", accum_edges=100, transition_norm=norm, max_grad_norm=1e9)
+        m = grpo_update(policy, torch.optim.SGD(list(policy.trainable_parameters()), lr=0.0), sde, batch, tc,
+                        torch.Generator().manual_seed(0))
+        assert m["edges"] == 39 and m["optimizer_steps"] == 1
+        grad[norm] = torch.cat([p.grad.flatten() for p in policy.trainable_parameters()])   # left by the one step
+    assert grad["accum"].abs().max() > 0
+    torch.testing.assert_close(grad["tree"] * 39, grad["accum"], rtol=1e-4, atol=1e-10)
+
+
+def test_timestep_fraction_trains_the_first_steps_only():
+    """Flow-GRPO's released code trains int(10 * 0.99) = 9 of its 10 steps: no edge of the last step."""
+    _, _, _, full, _ = scored_batch("flow-grpo", prompts=PROMPTS[:1])
+    _, _, _, cut, _ = scored_batch("flow-grpo", ["pruning.timestep_fraction=0.99"], prompts=PROMPTS[:1])
+    step = full.tree.depth - 1
+    assert set(step[full.trained].tolist()) == set(range(10))
+    assert set(step[cut.trained].tolist()) == set(range(9))
+    assert torch.equal(cut.trained, full.trained & (step < 9))
+
+
+def test_zero_advantage_edges_are_skipped_by_default():
+    """Two prompts of two chains each: the first prompt's chains tie (advantage 0), the second's do not."""
+    from treegrpo_cli.engine.advantages import AdvantageConfig
+    from treegrpo_cli.engine.pruning import PruneConfig
+
+    parent = torch.tensor([-1, -1, -1, -1, 0, 1, 2, 3])       # 4 roots (one chain each), one step
+    depth = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+    tree = torch.tensor([0, 1, 2, 3, 0, 1, 2, 3])
+    group = torch.tensor([0, 0, 1, 1, 0, 0, 1, 1])
+    reward = torch.tensor([float("nan")] * 4 + [0.3, 0.3, 0.2, 0.9])
+    sde, lp = depth > 0, torch.zeros(8)
+    masks = {}
+    for skip in (True, False):
+        adv, masks[skip] = assign_credit(parent, depth, tree, group, sde, lp, {"r": reward}, {"r": 1.0}, "rewards",
+                                         AdvantageConfig(estimator="flat"), PruneConfig(skip_zero_advantage=skip),
+                                         1, "final")
+    assert masks[False].tolist() == [False] * 4 + [True] * 4
+    assert masks[True].tolist() == [False] * 6 + [True] * 2
+    assert adv.edge[6] < 0 < adv.edge[7]

@@ -18,3 +18,26 @@ def test_the_engine_imports_nothing_above_it():
     above = {m for m in loaded if "." in m and m.split(".")[1] in ("models", "store", "world", "rewards", "cli", "loop", "stages")}
     assert not above, sorted(above)
     assert "treegrpo_cli.engine.rollout" in loaded
+
+
+def test_the_store_imports_nothing_above_it():
+    """Shards, trees and checkpoints serialise the engine's tensors; loading models is the callers' job."""
+    loaded = _loaded_after([f"treegrpo_cli.store.{m}" for m in ("shards", "trees", "checkpoint")])
+    above = {m for m in loaded if "." in m and m.split(".")[1] in
+             ("models", "world", "rewards", "cli", "loop", "stages", "rundir", "evaluate", "export", "diversity")}
+    assert not above, sorted(above)
+    assert "treegrpo_cli.store.trees" in loaded
+
+
+def test_no_module_imports_another_modules_private_names():
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "treegrpo_cli"
+    bad = []
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("treegrpo_cli")):
+                bad += [f"{path.relative_to(root)}: {a.name}" for a in node.names
+                        if a.name.startswith("_") and not a.name.startswith("__")]
+    assert not bad, bad

@@ -319,3 +319,28 @@ def test_hub_id_resolves_from_the_local_cache(model_dirs, tmp_path, monkeypatch)
     meta = json.loads((tmp_path / "t" / "index.json").read_text())["meta"]
     assert meta["model"]["adapter"] == "sd3" and meta["model"]["revision"] == commit
     assert meta["config"]["sampler"]["grid"] == "flow-match-euler"      # the SD3 adapter's own grid
+
+
+@pytest.mark.parametrize("adapter", ["sd3", "sd"])
+def test_cfg_uncond_detach_backpropagates_the_conditional_half_only(model_dirs, adapter):
+    """u + w (c - u) with u detached has the gradient w * dc; the exact gradient is w * dc + (1 - w) * du."""
+    from dataclasses import replace
+
+    policy = policy_of(model_dirs[adapter])
+    w = policy.guidance
+    assert w > 1 and policy.evals_per_row == 2
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, *policy.latent_shape, generator=g)
+    probe = torch.randn(2, *policy.latent_shape, generator=g)
+    sigma, cond = torch.tensor([0.301, 0.702]), policy.encode(["a red cat", "a blue dog"])
+    params = list(policy.trainable_parameters())
+
+    def grad(mode: str, guidance: float) -> torch.Tensor:
+        policy.opts, policy.guidance = replace(policy.opts, cfg_uncond=mode), guidance
+        gs = torch.autograd.grad((policy.velocity(x, sigma, cond) * probe).sum(), params, allow_unused=True)
+        return torch.cat([(q if q is not None else torch.zeros_like(p)).flatten() for q, p in zip(gs, params)])
+
+    exact, detached, cond_only = grad("grad", w), grad("detach", w), grad("grad", 1.0)
+    assert cond_only.abs().max() > 0
+    torch.testing.assert_close(detached, w * cond_only, rtol=1e-3, atol=1e-4 * float(cond_only.abs().max()))  # batched vs alone
+    assert (exact - detached).abs().max() > 1e-3 * detached.abs().max()

@@ -1,4 +1,4 @@
-"""Figures drawn with Pillow only: line charts, side-by-side panels and captioned image grids.
+"""Figures drawn with Pillow only: line charts, scatter plots, side-by-side panels and captioned image grids.
 
 Every function returns a PIL image; save_png writes one atomically. Non-finite data points are
 skipped (a NaN breaks a line into segments), and nothing here prints.
@@ -125,6 +125,27 @@ def _axes(draw: ImageDraw.ImageDraw, box: tuple[int, int, int, int], xt: tuple, 
     draw.rectangle(box, outline=INK)
 
 
+def _chart(size: tuple[int, int], title: str, names: list[str], xlabel: str, ylabel: str, xt: tuple, yt: tuple):
+    """A blank chart: title, legend of `names`, axes with ticks xt/yt (_nice_ticks results) and labels.
+    Returns the image, an RGBA draw on it and at(x, y) -> pixel position of a data point."""
+    img = Image.new("RGB", size, BACKGROUND)
+    draw = ImageDraw.Draw(img, "RGBA")
+    w, h, lh = size[0], size[1], line_height()
+    draw.text(((w - _width(title)) / 2, 6), _text(title), fill=INK, font=_font())
+    ywidth = max(_width(_fmt(v, yt[2][1] - yt[2][0])) for v in yt[2])
+    left, right = int(8 + lh + 6 + ywidth + 6), w - 14
+    top = _legend(draw, names, left, right, 6 + lh + 4) + 6
+    bottom = max(h - (8 + lh + 4 + lh + 4), top + 1)
+    _axes(draw, (left, top, right, bottom), xt, yt)
+    draw.text(((left + right - _width(xlabel)) / 2, h - 8 - lh), _text(xlabel), fill=INK, font=_font())
+    _ylabel(img, ylabel, 8, (top + bottom) // 2)
+
+    def at(x: float, y: float) -> tuple[float, float]:
+        return (left + (x - xt[0]) / (xt[1] - xt[0]) * (right - left),
+                bottom - (y - yt[0]) / (yt[1] - yt[0]) * (bottom - top))
+    return img, draw, at
+
+
 def line_chart(series: Series, title: str, xlabel: str, ylabel: str,
                size: tuple[int, int] = (640, 400)) -> Image.Image:
     """One line per series (NaN points skipped), with ticks, axis labels, a title and a legend."""
@@ -135,31 +156,29 @@ def line_chart(series: Series, title: str, xlabel: str, ylabel: str,
     pts = [p for rs in runs.values() for r in rs for p in r]
     xt = _nice_ticks(min((p[0] for p in pts), default=0.0), max((p[0] for p in pts), default=1.0))
     yt = _nice_ticks(min((p[1] for p in pts), default=0.0), max((p[1] for p in pts), default=1.0))
-    img = Image.new("RGB", size, BACKGROUND)
-    draw = ImageDraw.Draw(img)
-    w, h, lh = size[0], size[1], line_height()
-    draw.text(((w - _width(title)) / 2, 6), _text(title), fill=INK, font=_font())
-    ywidth = max(_width(_fmt(v, yt[2][1] - yt[2][0])) for v in yt[2])
-    left, right = int(8 + lh + 6 + ywidth + 6), w - 14
-    top = _legend(draw, list(series), left, right, 6 + lh + 4) + 6
-    bottom = h - (8 + lh + 4 + lh + 4)
-    box = (left, top, right, max(bottom, top + 1))
-    _axes(draw, box, xt, yt)
-    draw.text(((left + right - _width(xlabel)) / 2, h - 8 - lh), _text(xlabel), fill=INK, font=_font())
-    _ylabel(img, ylabel, 8, (top + bottom) // 2)
-
-    def at(p: tuple[float, float]) -> tuple[float, float]:
-        return (left + (p[0] - xt[0]) / (xt[1] - xt[0]) * (right - left),
-                box[3] - (p[1] - yt[0]) / (yt[1] - yt[0]) * (box[3] - top))
-
+    img, draw, at = _chart(size, title, list(series), xlabel, ylabel, xt, yt)
     for i, rs in enumerate(runs.values()):
         colour = PALETTE[i % len(PALETTE)]
         for r in rs:
-            xy = [at(p) for p in r]
+            xy = [at(*p) for p in r]
             if len(xy) == 1:
                 draw.ellipse([xy[0][0] - 3, xy[0][1] - 3, xy[0][0] + 3, xy[0][1] + 3], fill=colour)
             else:
                 draw.line(xy, fill=colour, width=2, joint="curve")
+    return img
+
+
+def scatter(xy: Tensor, is_a: Tensor, names: list[str], title: str, xlabel: str, ylabel: str,
+            size: tuple[int, int] = (640, 480)) -> Image.Image:
+    """Points xy [N, 2], set A (is_a [N] bool) in the first palette colour and B in the second, half
+    transparent and drawn in a shuffled (seeded) order so that neither set hides the other."""
+    xt = _nice_ticks(float(xy[:, 0].min()), float(xy[:, 0].max()))
+    yt = _nice_ticks(float(xy[:, 1].min()), float(xy[:, 1].max()))
+    img, draw, at = _chart(size, title, names, xlabel, ylabel, xt, yt)
+    r = 2 if xy.shape[0] > 500 else 3
+    for i in torch.randperm(xy.shape[0], generator=torch.Generator().manual_seed(0)).tolist():
+        px, py = at(float(xy[i, 0]), float(xy[i, 1]))
+        draw.ellipse([px - r, py - r, px + r, py + r], fill=PALETTE[0 if is_a[i] else 1] + (140,))
     return img
 
 

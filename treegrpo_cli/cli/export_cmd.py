@@ -5,7 +5,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..store.export import ExportRequest, export_checkpoint
+from ..export import ExportRequest, export_checkpoint
 from .common import err, guarded, print_json
 
 

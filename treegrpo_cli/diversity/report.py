@@ -28,14 +28,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from PIL import Image, ImageDraw
 from torch import Tensor
 
 from ..config import as_json
 from ..engine.rollout import Progress
 from ..errors import ConfigError, TreegrpoError
-from ..plots import (BACKGROUND, INK, PALETTE, _axes, _fmt, _font, _legend, _nice_ticks, _text, _width, _ylabel,
-                     line_height, save_png)
+from ..plots import save_png, scatter
 from ..store.shards import atomic_write
 from .features import check_available, features, get_extractor, parse_features
 from .io import ImageSet
@@ -198,28 +196,3 @@ def embedding_png(fa: Tensor, fb: Tensor, path: Path, title: str = "", labels: t
     img = scatter(xy, is_a, names, title or "2D embedding (PCA)",
                   f"PC1 ({100 * float(frac[0]):.1f}% of variance)", f"PC2 ({100 * float(frac[1]):.1f}%)")
     save_png(img, path)
-
-
-def scatter(xy: Tensor, is_a: Tensor, names: list[str], title: str, xlabel: str, ylabel: str,
-            size: tuple[int, int] = (640, 480)) -> Image.Image:
-    """Points xy [N, 2], set A in the first palette colour and B in the second, half transparent
-    and drawn in a shuffled (seeded) order so that neither set hides the other."""
-    xt = _nice_ticks(float(xy[:, 0].min()), float(xy[:, 0].max()))
-    yt = _nice_ticks(float(xy[:, 1].min()), float(xy[:, 1].max()))
-    img = Image.new("RGB", size, BACKGROUND)
-    draw = ImageDraw.Draw(img, "RGBA")
-    w, h, lh = size[0], size[1], line_height()
-    draw.text(((w - _width(title)) / 2, 6), _text(title), fill=INK, font=_font())
-    ywidth = max(_width(_fmt(v, yt[2][1] - yt[2][0])) for v in yt[2])
-    left, right = int(8 + lh + 6 + ywidth + 6), w - 14
-    top = _legend(draw, names, left, right, 6 + lh + 4) + 6
-    bottom = max(h - (8 + lh + 4 + lh + 4), top + 1)
-    _axes(draw, (left, top, right, bottom), xt, yt)
-    draw.text(((left + right - _width(xlabel)) / 2, h - 8 - lh), _text(xlabel), fill=INK, font=_font())
-    _ylabel(img, ylabel, 8, (top + bottom) // 2)
-    r = 2 if xy.shape[0] > 500 else 3
-    for i in torch.randperm(xy.shape[0], generator=torch.Generator().manual_seed(0)).tolist():
-        px = left + (float(xy[i, 0]) - xt[0]) / (xt[1] - xt[0]) * (right - left)
-        py = bottom - (float(xy[i, 1]) - yt[0]) / (yt[1] - yt[0]) * (bottom - top)
-        draw.ellipse([px - r, py - r, px + r, py + r], fill=PALETTE[0 if is_a[i] else 1] + (140,))
-    return img

@@ -5,7 +5,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from .advantages import AdvantageConfig, Advantages, combine
-from .pruning import PruneConfig, base_mask, prune
+from .pruning import ZERO_ADVANTAGE, PruneConfig, base_mask, prune, step_mask
 
 
 def assign_credit(parent: Tensor, depth: Tensor, tree: Tensor, group: Tensor, sde: Tensor, log_prob: Tensor,
@@ -14,6 +14,8 @@ def assign_credit(parent: Tensor, depth: Tensor, tree: Tensor, group: Tensor, sd
                   iteration: int = 0, max_iterations: int = 1) -> tuple[Advantages, Tensor]:
     """All inputs [N]; rewards {name: [N] with NaN off the leaves}. Returns advantages and trained [N] bool."""
     adv = combine(adv_cfg, parent, depth, tree, group, rewards, weights, log_prob, combine_mode)
-    base = base_mask(parent, sde, depth, steps, decode) & adv.valid
+    base = base_mask(parent, sde, depth, steps, decode) & adv.valid & step_mask(prune_cfg, depth, steps)
     trained = prune(prune_cfg, base, parent, depth, tree, adv.fused, adv.leaf, iteration, max_iterations)
+    if prune_cfg.skip_zero_advantage:
+        trained &= adv.edge.abs() > ZERO_ADVANTAGE
     return adv, trained

@@ -26,6 +26,7 @@ from .sde import FlowSDE, gaussian_log_prob
 from .tree import Tree
 
 LOSS_NORMS = ("mean", "per-transition")
+TRANSITION_NORMS = ("tree", "accum")
 KL_FORMS = ("paper", "code")
 
 
@@ -40,7 +41,9 @@ class TrainConfig:
     max_grad_norm: float = 1.0
     minibatches: int = 1           # optimizer steps per iteration: parents split at random into this many parts
     loss_norm: str = "mean"        # "mean" over the trained edges (paper) | "per-transition" (reference codes)
-    accum_edges: int = 12          # per-transition: an optimizer step every this many edges, each edge's loss / this
+    accum_edges: int = 12          # per-transition: an optimizer step every this many edges
+    transition_norm: str = "tree"  # per-transition: each edge's loss / (accum_edges x trained edges per tree), as the
+                                   # released BranchGRPO code | "accum": / accum_edges only
     kl_beta: float = 0.0           # KL to the reference (initial) policy, Flow-GRPO form; 0 = off
     kl_form: str = "paper"         # "paper": |mu - mu_ref|^2 / (2 std^2), std = g sqrt(-dsigma) | "code": / (2 g^2)
     ema_decay: float = 0.0         # EMA of the weights used by eval; 0 = off
@@ -52,6 +55,9 @@ class TrainConfig:
     def validate(self) -> None:
         if self.loss_norm not in LOSS_NORMS:
             raise ConfigError(f"train.loss_norm must be one of {', '.join(LOSS_NORMS)}; got {self.loss_norm!r}")
+        if self.transition_norm not in TRANSITION_NORMS:
+            raise ConfigError(f"train.transition_norm must be one of {', '.join(TRANSITION_NORMS)}; "
+                              f"got {self.transition_norm!r}")
         if self.kl_form not in KL_FORMS:
             raise ConfigError(f"train.kl_form must be one of {', '.join(KL_FORMS)}; got {self.kl_form!r}")
         for name in ("iterations", "minibatches", "accum_edges", "save_every", "keep_last"):
@@ -138,9 +144,10 @@ def grpo_update(policy: Policy, opt: torch.optim.Optimizer, sde: FlowSDE, b: Bat
     """One iteration's GRPO update; returns metrics (ratios before each step, grad norms, model evaluations)."""
     params = list(policy.trainable_parameters())
     ratios, losses, norms, kls, evals, first = [], [], [], [], 0, 0
+    per_tree = _edges_per_tree(b) if cfg.transition_norm == "tree" else 1.0
     for k, mb in enumerate(_minibatches(b, cfg, gen)):
         opt.zero_grad(set_to_none=True)
-        denom = len(mb) if cfg.loss_norm == "mean" else cfg.accum_edges
+        denom = len(mb) if cfg.loss_norm == "mean" else cfg.accum_edges * per_tree
         for chunk in _parent_chunks(b.tree.parent, mb, max_batch):
             new_lp, kl, n = _edge_terms(policy, sde, b, chunk, ref, cfg.kl_form)
             adv, old = b.advantage[chunk].to(new_lp.device), b.tree.log_prob[chunk].to(new_lp.device)
@@ -158,6 +165,12 @@ def grpo_update(policy: Policy, opt: torch.optim.Optimizer, sde: FlowSDE, b: Bat
         if after_step:
             after_step()
     return _metrics(ratios, losses, norms, kls, evals, first, cfg)
+
+
+def _edges_per_tree(b: Batch) -> float:
+    """Mean number of trained edges of the batch's trees that have any (the references' transitions per tree)."""
+    owners = b.tree.tree[b.trained]
+    return len(owners) / max(len(torch.unique(owners)), 1)
 
 
 def _parent_chunks(parent: Tensor, edges: Tensor, max_batch: int) -> list[Tensor]:

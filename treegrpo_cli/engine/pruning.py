@@ -10,6 +10,8 @@ Every mask is [N] bool over the nodes of a batch of trees and refers to the edge
                   "extreme" keeps the paths to the best and worst leaves of the whole batch.
     depth_window  BranchGRPO's sliding window of excluded node depths.
     prune         base & width & depth, width/depth only while pruning is active.
+    step_mask     the first int(timestep_fraction * T) steps (Flow-GRPO's released code trains 9 of 10).
+Edges whose advantage is zero are left out by default (engine.credit).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from .sde import DECODES
 from .tree import leaf_mask
 
 WIDTHS = ("none", "parent-top1", "extreme")
+ZERO_ADVANTAGE = 1e-6   # |A| at or below this counts as zero (a z-score of tied rewards is ~1e-9, not 0)
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,9 @@ class PruneConfig:
     depth_direction: int = -1      # -1 toward shallower depths (released code), +1 toward deeper
     depth_stop: int = 9            # -1: shallowest excluded depth >= this; +1: deepest excluded depth <= this
     active_until: float = 1.0      # width/depth pruning only while iteration <= active_until * max_iterations
+    timestep_fraction: float = 1.0  # train only the edges of the first int(frac * T) steps (Flow-GRPO's code: 0.99, 9 of 10)
+    skip_zero_advantage: bool = True  # leave out edges with |A| <= ZERO_ADVANTAGE (a tied group, a depth below
+                                      # min_std): no policy gradient, only forwards and a diluted mean (references: false)
 
     def validate(self) -> None:
         if self.width not in WIDTHS:
@@ -50,6 +56,8 @@ class PruneConfig:
                                  ("depth_every", self.depth_every, 1), ("depth_stop", self.depth_stop, 0)):
             if not isinstance(value, int) or value < low:
                 raise ConfigError(f"pruning.{name} must be an integer >= {low}; got {value!r}")
+        if not 0 < self.timestep_fraction <= 1:
+            raise ConfigError(f"pruning.timestep_fraction must be in (0, 1]; got {self.timestep_fraction!r}")
         if not (self.active_until >= 0 and math.isfinite(self.active_until)):
             raise ConfigError(f"pruning.active_until must be finite and >= 0; got {self.active_until!r}")
 
@@ -62,6 +70,11 @@ def base_mask(parent: Tensor, sde: Tensor, depth: Tensor, steps: int, decode: st
     if decode == "x0":  # the scored image is the last x0-prediction: the last action is noise
         keep &= depth != steps
     return keep
+
+
+def step_mask(cfg: PruneConfig, depth: Tensor, steps: int) -> Tensor:
+    """[N] bool: edges (into depth d, step d - 1) among the first int(timestep_fraction * steps) steps."""
+    return depth - 1 < int(cfg.timestep_fraction * steps)
 
 
 def depth_window(cfg: PruneConfig, iteration: int) -> list[int]:

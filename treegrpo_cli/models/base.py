@@ -15,6 +15,7 @@ from ..engine.protocols import Conditions, Policy, select  # noqa: F401  (re-exp
 from ..errors import ConfigError
 
 FINETUNES = ("lora", "full")
+CFG_UNCOND = ("grad", "detach")
 DTYPES = ("auto", "bf16", "fp32")
 
 
@@ -33,6 +34,8 @@ class PolicyConfig:
     dtype: str = "auto"                  # weights: "auto" = bf16 on CUDA, fp32 elsewhere; sampler math is always fp32
     gradient_checkpointing: bool = False
     guidance: float | None = None        # FLUX distilled guidance (3.5); SD3 / SD true CFG scale (4.5 / 5.0)
+    cfg_uncond: str = "grad"             # true CFG in training: "grad" backpropagates through the unconditional half
+                                         # (the guided policy's exact gradient) | "detach": Flow-GRPO's released code
     resolution: int | None = None        # square image side in pixels; None: FLUX 720, SD3 512, SD 512
     max_sequence_length: int | None = None  # T5 tokens; None: FLUX 512 (schnell 256), SD3 256
     ddim_eta: float = 1.0                # SD only: eta of the stochastic DDIM steps (DDPO: 1.0)
@@ -42,6 +45,8 @@ class PolicyConfig:
     def validate(self) -> None:
         if self.finetune not in FINETUNES:
             raise ConfigError(f"policy.finetune must be one of {', '.join(FINETUNES)}; got {self.finetune!r}")
+        if self.cfg_uncond not in CFG_UNCOND:
+            raise ConfigError(f"policy.cfg_uncond must be one of {', '.join(CFG_UNCOND)}; got {self.cfg_uncond!r}")
         if self.dtype not in DTYPES:
             raise ConfigError(f"policy.dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
         for name in ("lora_rank", "lora_alpha", "resolution", "max_sequence_length"):

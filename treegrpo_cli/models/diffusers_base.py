@@ -196,6 +196,13 @@ class DiffusersPolicy(ABC):
         keys = self._cache[prompts[0]].keys()
         return {k: torch.cat([self._cache[p][k] for p in prompts]).to(self.device) for k in keys}
 
+    def guide(self, cond_out: Tensor, uncond_out: Tensor) -> Tensor:
+        """True classifier-free guidance u + w (c - u); policy.cfg_uncond = "detach" stops the gradient
+        through the unconditional half (Flow-GRPO's released code)."""
+        if self.opts.cfg_uncond == "detach":
+            uncond_out = uncond_out.detach()
+        return uncond_out + self.guidance * (cond_out - uncond_out)
+
     def negative(self, rows: int) -> Conditions:
         """The empty prompt's embeddings repeated for `rows` rows (the unconditional half of CFG)."""
         return {k: v.to(self.device).expand(rows, *v.shape[1:]) for k, v in self._cache[""].items()}

@@ -67,7 +67,7 @@ class SDPolicy(DiffusersPolicy):
         emb2 = torch.cat([emb, self.negative(B)["prompt_embeds"]]).to(dt)
         out = net(torch.cat([x, x]).to(dt), torch.cat([t, t]), encoder_hidden_states=emb2, return_dict=False)[0]
         e_c, e_u = out.float().chunk(2)
-        return e_u + self.guidance * (e_c - e_u)
+        return self.guide(e_c, e_u)
 
     def _vae_in(self, latents: Tensor) -> Tensor:
         return latents / self.pipe.vae.config.scaling_factor

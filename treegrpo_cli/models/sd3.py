@@ -5,7 +5,8 @@
 * True classifier-free guidance (4.5 by default, Flow-GRPO / TreeGRPO): the conditional and the
   empty-prompt rows go through the transformer in one batch, in sampling and in the training
   forward alike, and the guided velocity v_u + w (v_c - v_u) is the policy whose log-probs are
-  trained (2 model evaluations per row).
+  trained (2 model evaluations per row), its gradient through both halves; `policy.cfg_uncond = "detach"`
+  stops it at the unconditional half, as Flow-GRPO's released code does.
 * Text: CLIP-L and CLIP-G (penultimate hidden states, concatenated and zero-padded to the T5 width)
   followed by T5-XXL tokens [77 + L, 4096], and the two pooled projections [2048], as
   StableDiffusion3Pipeline.encode_prompt returns them; the empty prompt gives the negative embeddings.
@@ -62,7 +63,7 @@ class SD3Policy(DiffusersPolicy):
                   encoder_hidden_states=torch.cat([emb, neg["prompt_embeds"]]).to(dt),
                   pooled_projections=torch.cat([pooled, neg["pooled"]]).to(dt), return_dict=False)[0]
         v_c, v_u = out.float().chunk(2)                                            # [B, C, h, w] each
-        return v_u + self.guidance * (v_c - v_u)
+        return self.guide(v_c, v_u)
 
     def _vae_in(self, latents: Tensor) -> Tensor:
         cfg = self.pipe.vae.config

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import rundir
-from ..errors import TreegrpoError
-from ..models.registry import load_policy
-from .checkpoint import list_checkpoints, load_checkpoint
-from .shards import atomic_write
+from . import rundir
+from .errors import TreegrpoError
+from .models.registry import load_policy
+from .store.checkpoint import list_checkpoints, load_checkpoint
+from .store.shards import atomic_write
 
 EXPORT_JSON = "treegrpo_export.json"
 
