@@ -41,3 +41,15 @@ def test_no_module_imports_another_modules_private_names():
                 bad += [f"{path.relative_to(root)}: {a.name}" for a in node.names
                         if a.name.startswith("_") and not a.name.startswith("__")]
     assert not bad, bad
+
+
+def test_both_transition_kernels_satisfy_the_kernel_protocol():
+    import torch
+
+    from treegrpo_cli.engine.protocols import Kernel
+    from treegrpo_cli.engine.sde import DDIMKernel, FlowSDE, SamplerConfig
+
+    cfg = SamplerConfig(steps=4)
+    ddim = DDIMKernel(cfg, torch.linspace(0.99, 0.01, 1000), torch.tensor([750, 500, 250, 0]), 1000, 0.99)
+    assert isinstance(FlowSDE(cfg), Kernel) and isinstance(ddim, Kernel)
+    assert not isinstance(object(), Kernel)

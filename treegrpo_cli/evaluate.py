@@ -25,7 +25,8 @@ from torch import Tensor
 
 from .config import Config, config_from_dict, load_config
 from .engine.rollout import Progress, TreeConfig, mix_seed, rollout
-from .engine.sde import FlowSDE, SamplerConfig, make_kernel
+from .engine.protocols import Kernel
+from .engine.sde import SamplerConfig, make_kernel
 from .errors import ConfigError, TreegrpoError
 from .evalio import GRID_IMAGES, Chunk, Scored, Source, image_folder
 from .models.base import Policy
@@ -33,7 +34,7 @@ from .models.registry import load_policy
 from .rewards.base import Reward, get_reward, score_leaves, spec
 from .store.checkpoint import MANIFEST, list_checkpoints, load_checkpoint
 
-def heldout_reward(policy: Policy, sde: FlowSDE, prompts: list[str], rewards: dict[str, Reward],
+def heldout_reward(policy: Policy, sde: Kernel, prompts: list[str], rewards: dict[str, Reward],
                    weights: dict[str, float], samples: int, seed: int, max_batch: int = 64,
                    progress: Progress | None = None) -> dict[str, Any]:
     """Mean (and standard error) of the weighted reward over prompts x samples ODE draws."""
@@ -181,7 +182,7 @@ def policy_source(req: EvalRequest, model: str | None, checkpoint: Path | None,
     return Source(label, total, chunks, info), sampler
 
 
-def generate(policy: Policy, sde: FlowSDE, prompts: list[str], num_images: int, seed: int, stochastic: bool,
+def generate(policy: Policy, sde: Kernel, prompts: list[str], num_images: int, seed: int, stochastic: bool,
              batch: int, max_batch: int) -> Iterator[Chunk]:
     """num_images samples of every prompt, at most `batch` per rollout: sample j of prompt p starts from
     the root noise of (mix_seed(seed, j), p); ODE after the root unless `stochastic` (SDE at every step)."""

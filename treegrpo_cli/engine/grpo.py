@@ -21,8 +21,8 @@ import torch
 from torch import Tensor
 
 from ..errors import ConfigError
-from .protocols import Conditions, Policy, select
-from .sde import FlowSDE, gaussian_log_prob
+from .protocols import Conditions, Kernel, Policy, select
+from .sde import gaussian_log_prob
 from .tree import Tree
 
 LOSS_NORMS = ("mean", "per-transition")
@@ -113,7 +113,7 @@ def kl_to_reference(mean: Tensor, ref_mean: Tensor, std: Tensor, dsigma: Tensor,
     return ((mean.float() - ref_mean.float()) ** 2).flatten(1).mean(1) / (2 * var)
 
 
-def _edge_terms(policy: Policy, sde: FlowSDE, b: Batch, edges: Tensor, ref: Policy | None,
+def _edge_terms(policy: Policy, sde: Kernel, b: Batch, edges: Tensor, ref: Policy | None,
                 kl_form: str = "paper") -> tuple[Tensor, Tensor | None, int]:
     """New log-probs [E] (with grad) and KL [E] of a chunk of edges, from one forward per parent."""
     t = b.tree
@@ -138,7 +138,7 @@ def _edge_terms(policy: Policy, sde: FlowSDE, b: Batch, edges: Tensor, ref: Poli
 UpdateHook = Callable[[], None]
 
 
-def grpo_update(policy: Policy, opt: torch.optim.Optimizer, sde: FlowSDE, b: Batch, cfg: TrainConfig,
+def grpo_update(policy: Policy, opt: torch.optim.Optimizer, sde: Kernel, b: Batch, cfg: TrainConfig,
                 gen: torch.Generator, max_batch: int = 64, ref: Policy | None = None,
                 after_step: UpdateHook | None = None) -> dict[str, float]:
     """One iteration's GRPO update; returns metrics (ratios before each step, grad norms, model evaluations)."""

@@ -6,9 +6,12 @@ turns prompts into conditions, (latent, sigma, condition) into a velocity, and l
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from torch import Tensor, nn
+
+if TYPE_CHECKING:
+    from .sde import StepResult
 
 Conditions = dict[str, Tensor]  # every tensor has the prompt batch as its first dim
 
@@ -48,6 +51,20 @@ class Policy(Protocol):
 
     # Optional: `kernel(sampler_cfg) -> transition kernel`. A policy without it is sampled with
     # engine.sde.FlowSDE(sampler_cfg); see engine.sde.make_kernel.
+
+
+@runtime_checkable
+class Kernel(Protocol):
+    """One denoising transition x_i -> x_{i+1} on a fixed grid: engine.sde.FlowSDE for flow models,
+    engine.sde.DDIMKernel for SD1.5 (a policy's own, see make_kernel)."""
+    cfg: Any                           # the SamplerConfig: steps, decode, log_prob_reduction, ...
+    sigmas: Tensor                     # [T+1] float64, the model's time input at every grid point
+
+    def step(self, x: Tensor, out: Tensor, i: Tensor, sde: Tensor) -> "StepResult":
+        """x [B, ...], the model output [B, ...], step indices [B], stochastic [B] bool -> mean, std [B], x0."""
+
+    def log_prob(self, x_next: Tensor, mean: Tensor, std: Tensor) -> Tensor:
+        """[B] Gaussian log-density of x_next under N(mean, std^2 I)."""
 
 
 def select(cond: Conditions, rows: Tensor) -> Conditions:

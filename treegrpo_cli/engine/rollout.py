@@ -25,8 +25,7 @@ import torch
 from torch import Tensor
 
 from ..errors import ConfigError
-from .protocols import Policy, select
-from .sde import FlowSDE
+from .protocols import Kernel, Policy, select
 from .tree import Tree
 
 BRANCH_NOISES = ("correlated", "scaled")
@@ -166,7 +165,7 @@ def _forward(policy: Policy, x: Tensor, sigma: Tensor, cond, rows: Tensor, max_b
     return torch.cat(out)
 
 
-def _expand(cfg: TreeConfig, sde: FlowSDE, step: int, lvl: _Level, first_id: int, v: Tensor, x: Tensor) -> _Level:
+def _expand(cfg: TreeConfig, sde: Kernel, step: int, lvl: _Level, first_id: int, v: Tensor, x: Tensor) -> _Level:
     """Children of every node of one frontier, from the batched velocity v [F, C, H, W]."""
     n, K = x.shape[0], cfg.children(step)
     is_sde = cfg.is_sde(step)
@@ -194,7 +193,7 @@ def _expand(cfg: TreeConfig, sde: FlowSDE, step: int, lvl: _Level, first_id: int
     return nxt
 
 
-def rollout(policy: Policy, prompts: list[str], prompt_ids: list[int], sde: FlowSDE, cfg: TreeConfig,
+def rollout(policy: Policy, prompts: list[str], prompt_ids: list[int], sde: Kernel, cfg: TreeConfig,
             seed: int, max_batch: int = 64, progress: Progress | None = None,
             earlier_ids: list[int] | tuple[int, ...] = ()) -> tuple[Tree, int]:
     """Roll out trees_per_prompt trees for every prompt. Returns the tree batch and its model evaluations.
@@ -223,7 +222,7 @@ def rollout(policy: Policy, prompts: list[str], prompt_ids: list[int], sde: Flow
     return _assemble(levels, cfg, sde, prompt_ids), nfe
 
 
-def _assemble(levels: list[_Level], cfg: TreeConfig, sde: FlowSDE, prompt_ids: list[int]) -> Tree:
+def _assemble(levels: list[_Level], cfg: TreeConfig, sde: Kernel, prompt_ids: list[int]) -> Tree:
     depth = torch.cat([torch.full((len(l.parent),), d, dtype=torch.long) for d, l in enumerate(levels)])
     sde_edge = torch.tensor([d > 0 and cfg.is_sde(d - 1) for d in depth.tolist()])
     last = levels[-1]

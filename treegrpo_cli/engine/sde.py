@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from ..errors import ConfigError
+from .protocols import Kernel
 
 GRIDS = ("shifted", "flow-match-euler")
 NOISES = ("dance", "flow")
@@ -191,7 +192,7 @@ class DDIMKernel:
         return gaussian_log_prob(x_next, mean, std, self.cfg.log_prob_reduction)
 
 
-def make_kernel(policy: object, cfg: SamplerConfig) -> FlowSDE | DDIMKernel:
+def make_kernel(policy: object, cfg: SamplerConfig) -> Kernel:
     """The transition kernel a policy samples with: its own `kernel(cfg)` if it has one, else FlowSDE."""
     own = getattr(policy, "kernel", None)
     return own(cfg) if callable(own) else FlowSDE(cfg)
