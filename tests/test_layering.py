@@ -50,6 +50,6 @@ def test_both_transition_kernels_satisfy_the_kernel_protocol():
     from treegrpo_cli.engine.sde import DDIMKernel, FlowSDE, SamplerConfig
 
     cfg = SamplerConfig(steps=4)
-    ddim = DDIMKernel(cfg, torch.linspace(0.99, 0.01, 1000), torch.tensor([750, 500, 250, 0]), 1000, 0.99)
+    ddim = DDIMKernel(cfg, torch.linspace(0.99, 0.01, 1000), torch.tensor([750, 500, 250, 0]), 1000, 0.999)
     assert isinstance(FlowSDE(cfg), Kernel) and isinstance(ddim, Kernel)
     assert not isinstance(object(), Kernel)
