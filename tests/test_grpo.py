@@ -165,3 +165,15 @@ def test_zero_advantage_edges_are_skipped_by_default():
     assert masks[False].tolist() == [False] * 4 + [True] * 4
     assert masks[True].tolist() == [False] * 6 + [True] * 2
     assert adv.edge[6] < 0 < adv.edge[7]
+
+
+def test_a_batch_of_tied_rewards_trains_nothing_and_costs_no_forward():
+    """Every group's rewards equal: every advantage is zero, no edge is trained, the update runs no model."""
+    cfg, policy, sde, batch, _ = scored_batch("tree-grpo", prompts=PROMPTS[:1])
+    tied = assign_credit(batch.tree.parent, batch.tree.depth, batch.tree.tree, batch.tree.group(), batch.tree.sde,
+                         batch.tree.log_prob, {"r": torch.where(batch.tree.is_leaf(), 0.5, float("nan"))},
+                         {"r": 1.0}, "rewards", cfg.advantage, cfg.pruning, cfg.sampler.steps, cfg.sampler.decode)[1]
+    assert batch.trained.sum() == 39 and not tied.any()
+    m = grpo_update(policy, make_optimizer(list(policy.trainable_parameters()), cfg.train), sde,
+                    Batch(batch.tree, tied, batch.advantage, batch.cond), cfg.train, torch.Generator().manual_seed(0))
+    assert m == {"edges": 0, "train_evals": 0}

@@ -369,3 +369,37 @@ def test_blip_vit_equals_timm_vision_transformer():
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         assert torch.allclose(ours.eval()(x), ref.eval().forward_features(x), atol=1e-5)
+
+
+def test_blip_text_encoder_equals_transformers_bert_with_cross_attention():
+    """Our BLIP text encoder (multimodal mode) against transformers' BertModel with cross-attention layers,
+    bidirectional self-attention, the same weights (BLIP has no token-type embeddings: zeros), padded rows."""
+    from treegrpo_cli.compat import ensure_torchvision
+    from treegrpo_cli.rewards.blip import BertModel, TextConfig
+
+    ensure_torchvision()
+    from transformers import BertConfig
+    from transformers import BertModel as HFBert
+
+    med = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=37,
+               max_position_embeddings=40, vocab_size=20, hidden_act="gelu", add_cross_attention=True,
+               layer_norm_eps=1e-12, pad_token_id=0, encoder_width=32)
+    torch.manual_seed(0)
+    ours = BertModel(TextConfig.from_dict(med, 32)).eval()
+    for p in ours.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    ref = HFBert(BertConfig(vocab_size=20, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                            intermediate_size=37, max_position_embeddings=40, hidden_act="gelu", layer_norm_eps=1e-12,
+                            pad_token_id=0, is_decoder=True, add_cross_attention=True), add_pooling_layer=False)
+    sd = {k: v for k, v in ours.state_dict().items() if k != "embeddings.position_ids"}
+    sd["embeddings.token_type_embeddings.weight"] = torch.zeros_like(ref.embeddings.token_type_embeddings.weight)
+    ref.load_state_dict(sd, strict=True)
+    ref.config.is_decoder = False        # the layers keep their cross-attention; self-attention is bidirectional
+    ref.eval()
+    ids = torch.tensor([[2, 5, 6, 7, 3, 0, 0], [2, 8, 9, 10, 11, 12, 3]])
+    mask, image = (ids != 0).long(), torch.randn(2, 5, 32)
+    with torch.no_grad():
+        got = ours(ids, mask, image)
+        want = ref(input_ids=ids, attention_mask=mask, encoder_hidden_states=image).last_hidden_state
+    keep = mask.bool()                   # padded positions are never read (the score uses the first token)
+    assert torch.allclose(got[keep], want[keep], atol=1e-5), float((got - want)[keep].abs().max())
