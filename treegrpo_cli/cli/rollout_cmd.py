@@ -20,7 +20,7 @@ def rollout(
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override one key, e.g. --set tree.branch=3 (repeatable).")] = None,
     prompts: Annotated[Optional[str], typer.Option(help="Prompts: .txt one per line, .jsonl with a 'prompt' field, or a built-in list (shapes-train, shapes-test, ...); default: the model's.")] = None,
     num_prompts: Annotated[Optional[int], typer.Option("--num-prompts", "-n", min=1, help="How many prompts to roll out, drawn as `train` draws them (default: the config's rollout.num_prompts).")] = None,
-    iteration: Annotated[int, typer.Option(min=0, help="Write the trees `train` samples at this iteration: its prompts, [schedule] and noise.")] = 0,
+    iteration: Annotated[int, typer.Option(min=0, help="Write the trees `train` samples at this iteration: its prompts, schedule and noise.")] = 0,
     seed: Annotated[Optional[int], typer.Option(help="Seed of every node's noise (default: the config's).")] = None,
     model: Annotated[Optional[str], typer.Option(help="Model name or path (default: the preset's).")] = None,
     max_batch: Annotated[Optional[int], typer.Option("--max-batch", min=1, help="Rows per model forward.")] = None,
