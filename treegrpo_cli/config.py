@@ -49,6 +49,12 @@ class RolloutConfig:
     max_batch: int = 64       # rows per model forward
     prompts: str = "default"  # training prompts: a file, or a built-in list (default, shapes-train, shapes-test, shapes-pretrain)
     eval_prompts: str = "default"  # prompts of the sample grids
+    max_nodes: int = 1_000_000  # refuse a rollout whose trees would hold more nodes than this (each keeps its latent)
+
+    def validate(self) -> None:
+        for name in ("num_prompts", "max_batch", "max_nodes"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
 
 
 SECTIONS: dict[str, type] = {
@@ -95,7 +101,19 @@ class Config:
                               "set sampler.eta > 0, or tree.sde_steps = [] for an ODE-only rollout")
         self.train.validate()
         self.policy.validate()
+        self.rollout.validate()
+        self._check_size()
         return self
+
+    def _check_size(self) -> None:
+        """Bounded work: the nodes of one iteration's trees, before anything is sampled."""
+        per_tree = self.tree.model_evals(self.sampler.steps) + self.tree.leaves(self.sampler.steps)
+        nodes = per_tree * self.tree.trees_per_prompt * self.rollout.num_prompts
+        if nodes > self.rollout.max_nodes:
+            raise ConfigError(
+                f"one rollout would hold {nodes:,} nodes ({per_tree:,} per tree x {self.tree.trees_per_prompt} trees x "
+                f"{self.rollout.num_prompts} prompts), more than rollout.max_nodes = {self.rollout.max_nodes:,}; "
+                "lower tree.branch, the split steps or rollout.num_prompts, or raise rollout.max_nodes")
 
     def to_dict(self) -> dict[str, Any]:
         return as_json(self)
@@ -207,18 +225,61 @@ def _coerce(cls: type, name: str, value: Any) -> Any:
     return value
 
 
+ALLOW_INF = {"tree.branch_s"}      # the one float key where inf means something (independent children)
+_TYPE_WORDS = {"int": "an integer", "float": "a number", "str": "a string", "bool": "true or false"}
+
+
+def _describe(typ: str) -> str:
+    base = typ.removesuffix(" | None")
+    if base.startswith("tuple["):
+        word = _TYPE_WORDS[base[len("tuple["):].split(",")[0]]
+        text = f"a list of {word.split(' ', 1)[1]}s" if " " in word else f"a list of {word}"
+    else:
+        text = _TYPE_WORDS[base]
+    return text + (" or none" if typ.endswith("| None") else "")
+
+
+def _type_ok(base: str, value: Any) -> bool:
+    if base == "bool":
+        return isinstance(value, bool)
+    if base == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if base == "float":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if base == "str":
+        return isinstance(value, str)
+    if base.startswith("tuple["):
+        inner = base[len("tuple["):].split(",")[0]
+        return isinstance(value, tuple) and all(_type_ok(inner, v) for v in value)
+    return True
+
+
+def _check_value(key: str, typ: str, value: Any) -> None:
+    """Type and finiteness of one config value, from its dataclass annotation; one line naming the key."""
+    if value is None and typ.endswith("| None"):
+        return
+    base = typ.removesuffix(" | None")
+    if not _type_ok(base, value):
+        raise ConfigError(f"{key} must be {_describe(typ)}, got {value!r}")
+    nums = value if isinstance(value, tuple) else (value,)
+    for v in nums:
+        if isinstance(v, float) and (math.isnan(v) or (math.isinf(v) and key not in ALLOW_INF)):
+            raise ConfigError(f"{key} must be a finite number, got {value!r}")
+
+
 def build(flat: dict[str, Any]) -> Config:
     top = {k: v for k, v in flat.items() if "." not in k}
     sections = {}
     for sec, cls in SECTIONS.items():
         vals = {k.split(".", 1)[1]: v for k, v in flat.items() if k.startswith(sec + ".")}
-        try:
-            sections[sec] = cls(**{k: _coerce(cls, k, v) for k, v in vals.items()})
-        except TypeError as e:
-            raise ConfigError(f"[{sec}]: {e}") from None
+        types = {f.name: str(f.type) for f in dataclasses.fields(cls)}
+        coerced = {k: _coerce(cls, k, v) for k, v in vals.items()}
+        for k, v in coerced.items():
+            _check_value(f"{sec}.{k}", types[k], v)
+        sections[sec] = cls(**coerced)
     for k, typ in TOP_LEVEL.items():
-        if k in top and not isinstance(top[k], typ):
-            raise ConfigError(f"{k} must be a {typ.__name__}, got {top[k]!r}")
+        if k in top and not _type_ok(typ.__name__, top[k]):
+            raise ConfigError(f"{k} must be {_TYPE_WORDS[typ.__name__]}, got {top[k]!r}")
     return Config(**top, **sections).validate()
 
 

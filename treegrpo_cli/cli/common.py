@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from ..errors import TreegrpoError
@@ -19,7 +21,7 @@ out = Console()
 
 def fail(message: str, code: int = 1) -> None:
     """Print one error line on stderr and exit non-zero."""
-    err.print(f"[bold red]Error:[/] {message}", highlight=False, markup=True, soft_wrap=True)
+    err.print(f"[bold red]Error:[/] {escape(message)}", highlight=False, markup=True, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -58,3 +60,14 @@ def print_json(data: Any) -> None:
 
 def command_line() -> str:
     return " ".join(["treegrpo", *sys.argv[1:]])
+
+
+def parse_numbers(text: str, option: str) -> list[float]:
+    """'0.8,0.2' -> [0.8, 0.2]; anything else is one line naming the option."""
+    try:
+        values = [float(x) for x in text.split(",")]
+    except ValueError:
+        raise TreegrpoError(f"{option} must be numbers separated by commas, got {text!r}") from None
+    if not all(math.isfinite(v) for v in values):
+        raise TreegrpoError(f"{option} must be finite numbers, got {text!r}")
+    return values

@@ -11,6 +11,7 @@ from rich.table import Table
 from ..diversity import DiversityConfig, compare, generate_set, open_images, parse_features
 from ..diversity.io import ImageSet
 from ..errors import ConfigError
+from ..preflight import check_device, check_writable_dir
 from .common import command_line, err, guarded, out as stdout, print_json, progress_bar
 
 ALPHA = 0.05  # the table's verdict column
@@ -50,6 +51,9 @@ def diversity(
     Example: treegrpo diversity --generate --preset-a dance-grpo --preset-b branch --num 4096 --features inception,clip --out runs/div
     """
     with guarded():
+        check_device(device)
+        if out is not None:
+            check_writable_dir(out, "--out")
         cfg = DiversityConfig(parse_features(features), kid, mmd, kid_subsets, kid_subset_size, bandwidth=bandwidth,
                               permutations=permutations, test_kernel=test_kernel, by_tree=by_tree,
                               max_images=max_images, batch=batch, seed=seed, device=device,

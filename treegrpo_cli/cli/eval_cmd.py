@@ -8,8 +8,9 @@ from typing import Annotated, Any, Optional
 import typer
 from rich.table import Table
 
-from ..errors import ConfigError, TreegrpoError
+from ..errors import ConfigError
 from ..evalio import write_outputs
+from ..preflight import check_device, check_writable_dir
 from ..evaluate import EvalRequest, run_eval
 from ..prompts import load_prompts
 from ..rewards.base import parse_reward_options
@@ -42,8 +43,9 @@ def eval_(
     Example: treegrpo eval --model tiny-shapes --metric shapes --num-images 4 --out runs/eval
     """
     with guarded():
-        if out is not None and out.exists() and not out.is_dir():
-            raise TreegrpoError(f"{out} exists and is not a folder")   # before anything is generated
+        check_device(device)
+        if out is not None:
+            check_writable_dir(out, "--out")                         # before anything is generated
         req = EvalRequest(metrics=tuple(m.strip() for m in metric.split(",") if m.strip()), model=model,
                           checkpoint=checkpoint, ema=ema, num_images=num_images, seed=seed, sde=sde, steps=steps,
                           images=images, baseline=baseline, batch=batch, max_batch=max_batch, device=device,

@@ -6,6 +6,7 @@ from typing import Annotated, Optional
 import typer
 
 from ..export import ExportRequest, export_checkpoint
+from ..preflight import check_device, check_writable_dir
 from .common import err, guarded, print_json
 
 
@@ -23,6 +24,8 @@ def export(
     Example: treegrpo export runs/flux-branch --out exports/flux-branch-lora
     """
     with guarded():
+        check_device(device)
+        check_writable_dir(out, "--out")
         summary = export_checkpoint(ExportRequest(run, out, step, ema, overwrite, device))
     if json_:
         print_json(summary)

@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from ..config import load_config
+from ..preflight import check_device, check_writable_dir
 from ..prompts import load_prompts
 from ..stages import RolloutRequest, run_rollout
 from .common import command_line, err, guarded, print_json, progress_bar
@@ -40,6 +41,8 @@ def rollout(
     Example: treegrpo rollout --preset branch --num-prompts 4 --out runs/trees
     """
     with guarded():
+        check_device(device)
+        check_writable_dir(out, "--out")
         sets = list(set_ or [])
         sets += [f"seed={seed}"] if seed is not None else []
         sets += [f"model={json.dumps(model)}"] if model else []

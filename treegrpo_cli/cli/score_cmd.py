@@ -7,10 +7,10 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..errors import ConfigError
+from ..preflight import check_device
 from ..rewards.base import parse_rewards
 from ..stages import ScoreRequest, run_score
-from .common import err, guarded, print_json, progress_bar
+from .common import err, guarded, parse_numbers, print_json, progress_bar
 
 
 def score(
@@ -34,13 +34,14 @@ def score(
     Example: treegrpo score runs/trees --reward jpeg-compressibility --estimator branch
     """
     with guarded():
+        check_device(device)
         sets = list(set_ or [])
         if reward is not None:
             names = list(parse_rewards(reward, weights))
             sets.append(f"reward.names={json.dumps(names)}")
         if weights is not None or reward is not None:
             w = parse_rewards(reward, weights) if reward is not None else None
-            sets.append(f"reward.weights={json.dumps(list(w.values()) if w else [float(x) for x in _numbers(weights)])}")
+            sets.append(f"reward.weights={json.dumps(list(w.values()) if w else parse_numbers(weights, '--weights'))}")
         sets += [f"reward.combine={json.dumps(combine)}"] if combine else []
         sets += [f"reward.options={json.dumps(list(reward_opt))}"] if reward_opt else []
         sets += [f"advantage.estimator={json.dumps(estimator)}"] if estimator else []
@@ -53,9 +54,3 @@ def score(
         err.print(f"scored {summary['leaves']} leaves: reward {summary['reward_mean']:.4f} "
                   f"± {summary['reward_std']:.4f}; {summary['trained_edges']} trained edges ({summary['estimator']})")
 
-
-def _numbers(text: str) -> list[float]:
-    try:
-        return [float(x) for x in text.split(",")]
-    except ValueError:
-        raise ConfigError(f"--weights must be numbers separated by commas, got {text!r}") from None

@@ -15,7 +15,8 @@ from ..config import config_from_dict, load_config
 from ..loop import Hooks, TrainRequest, train as train_loop
 from ..prompts import load_prompts
 from ..stages import StagedRequest, train_from_trees
-from .common import command_line, err, guarded, out, print_json, progress_bar
+from ..preflight import check_device, check_writable_dir
+from .common import command_line, err, guarded, out, parse_numbers, print_json, progress_bar
 
 
 @contextmanager
@@ -43,7 +44,7 @@ def _sets(set_, model, reward, weights, iterations, seed, max_batch, reward_opt=
     if reward:
         names = [n.strip() for n in reward.split(",") if n.strip()]
         sets.append("reward.names=[" + ", ".join(json.dumps(n) for n in names) + "]")
-    sets += [f"reward.weights=[{weights}]"] if weights else []
+    sets += [f"reward.weights={json.dumps(parse_numbers(weights, '--weights'))}"] if weights else []
     sets += ["reward.options=[" + ", ".join(json.dumps(o) for o in reward_opt) + "]"] if reward_opt else []
     sets += [f"train.iterations={iterations}"] if iterations else []
     sets += [f"seed={seed}"] if seed is not None else []
@@ -101,6 +102,7 @@ def train(
     Example: treegrpo train --preset branch-mix --iterations 50
     """
     with guarded():
+        check_device(device)
         sets = _sets(set_, model, reward, weights, iterations, seed, max_batch, reward_opt)
         sets += policy_sets(revision, finetune, lora_rank, lora_alpha, lora_targets, dtype, gradient_checkpointing)
         if trees is not None:
@@ -120,6 +122,7 @@ def _online(preset, config, sets, prompts, run_dir, resume, device) -> dict:
         cfg = load_config(preset, config, sets)
         run = run_dir or Path("runs") / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
         rundir.check_new(run)
+        check_writable_dir(run, "--run-dir")
     train_prompts = load_prompts(prompts or cfg.rollout.prompts)
     req = TrainRequest(cfg, train_prompts, load_prompts(cfg.rollout.eval_prompts), run, resume is not None, device,
                        command_line())
@@ -138,6 +141,7 @@ def _online(preset, config, sets, prompts, run_dir, resume, device) -> dict:
 
 def _staged(trees: Path, run_dir, sets, device) -> dict:
     run = run_dir or Path("runs") / f"staged-{time.strftime('%Y%m%d-%H%M%S')}"
+    check_writable_dir(run, "--run-dir")
     with progress_bar() as bar:
         return train_from_trees(StagedRequest(trees, run, sets, device, command_line()), bar)
 

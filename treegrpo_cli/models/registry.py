@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import importlib
+
 import difflib
 from pathlib import Path
 
@@ -13,6 +16,7 @@ from .base import Policy, PolicyConfig
 from .pixel import PixelConfig, PixelPolicy
 
 TINY_SHAPES = Path(__file__).resolve().parents[1] / "data" / "tiny-shapes.safetensors"
+TINY_SHAPES_SHA256 = "3d36c8e3db95e296c8e680c782950b75529baf7995569ec50c35b7f6a6ae92b1"   # verified at every load
 
 MODELS = {
     "tiny-shapes": "the embedded shapes world's model: a 1.2M-parameter DiT on the 8x8x4 latents of a small "
@@ -65,6 +69,7 @@ def load_policy(name: str, device: str | torch.device = "cpu", opts: PolicyConfi
 def _load_diffusers(name: str, device: str | torch.device, opts: PolicyConfig, text_encoders: bool) -> Policy:
     """A local folder or cached hub snapshot -> the FLUX, SD3 or SD adapter its model_index.json names."""
     opts.validate()
+    require_extra(("diffusers", "transformers", "peft"), "models", name)
     folder = hub.resolve(name, opts.revision, opts.download)
     kind = hub.pipeline_kind(folder)
     hub.check_complete(folder, text_encoders)
@@ -94,6 +99,28 @@ def _load_dit(name: str, device: str | torch.device) -> Policy:
         how = ("reinstall treegrpo, or rebuild them with `python scripts/pretrain_shapes.py`" if name == "tiny-shapes"
                else "pass --model with a file written by scripts/pretrain_shapes.py")
         raise TreegrpoError(f"model weights not found: {path}; {how}")
+    if name == "tiny-shapes":
+        _verify_shipped(path)
     net, ae, meta = load_weights(path)
     return LatentDiTPolicy(net.cfg, net.to(device), ae.to(device), name="tiny-shapes" if name == "tiny-shapes" else path.stem,
                            source=str(path), guidance=meta.get("guidance", 1.0))
+
+
+def _verify_shipped(path: Path) -> None:
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    if digest != TINY_SHAPES_SHA256:
+        raise TreegrpoError(f"{path} is damaged (sha256 {digest[:12]}..., expected {TINY_SHAPES_SHA256[:12]}...); "
+                            "reinstall treegrpo")
+
+
+def require_extra(modules: tuple[str, ...], extra: str, what: str) -> None:
+    """One line naming the pip extra when a module that `what` needs is not installed."""
+    missing = []
+    for m in modules:
+        try:
+            importlib.import_module(m)
+        except ImportError:
+            missing.append(m)
+    if missing:
+        raise TreegrpoError(f"{what} needs {', '.join(missing)}, not installed here: "
+                            f"pip install 'treegrpo[{extra}]' (or pip install {' '.join(missing)})")

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
@@ -151,7 +152,10 @@ def load_weights(path: Path) -> tuple[TinyDiT, ShapesAE, dict[str, Any]]:
     cfg["vocab"] = tuple(cfg["vocab"])
     try:
         net, ae = TinyDiT(DiTConfig(**cfg)), ShapesAE(AEConfig(**json.loads(header["ae_config"])))
-        state = st_load(data)
+        try:
+            state = st_load(data)
+        except SafetensorError as e:
+            raise TreegrpoError(f"{path}: not a complete safetensors file ({str(e).splitlines()[0]})") from None
         for prefix, module in (("dit.", net), ("ae.", ae)):
             part = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
             own = module.state_dict()

@@ -1,0 +1,59 @@
+"""Checks that run before any work: the device exists, an output folder can be written.
+
+Each raises TreegrpoError with one line naming the offending value; none of them creates anything.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+from .errors import TreegrpoError
+
+
+def check_device(device: str) -> torch.device:
+    """A torch device that exists on this machine."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise TreegrpoError(f"--device {device!r} is not a torch device (cpu, cuda, cuda:1, mps, ...)") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise TreegrpoError(f"--device {device}: this machine has no CUDA device (torch {torch.__version__}, "
+                                f"CUDA build {torch.version.cuda or 'none'}); use --device cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise TreegrpoError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) here")
+    elif dev.type == "mps" and not torch.backends.mps.is_available():
+        raise TreegrpoError(f"--device {device}: MPS is not available on this machine; use --device cpu")
+    elif dev.type not in ("cpu", "cuda", "mps"):
+        raise TreegrpoError(f"--device {device}: unsupported device type {dev.type!r} (cpu, cuda or mps)")
+    return dev
+
+
+def check_writable_dir(path: Path, option: str) -> None:
+    """`path` is a folder or can become one, and its nearest existing ancestor accepts new files."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise TreegrpoError(f"{option} {path} exists and is not a folder")
+    probe = path
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        raise TreegrpoError(f"{option} {path}: {probe} is a file, not a folder")
+    if not _accepts_files(probe):
+        raise TreegrpoError(f"{option} {path}: cannot write under {probe} (permission denied or read-only)")
+
+
+def _accepts_files(folder: Path) -> bool:
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return False
+    try:                                    # root ignores permission bits; a read-only mount does not
+        with tempfile.TemporaryFile(dir=folder):
+            return True
+    except OSError:
+        return False
