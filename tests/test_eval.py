@@ -112,7 +112,7 @@ def _checkpoint(run_dir, shift_model: float, shift_ema: float):
     state = load_policy("pixel-tiny").trainable_state()
     moved = lambda d: {k: v + d for k, v in state.items()}
     ck = Checkpoint(1, moved(shift_model), moved(shift_ema), {"state": {}, "param_groups": []},
-                    torch.get_rng_state(), {"step": 1, "seed": 0, "config": cfg.to_dict()})
+                    {"torch": torch.get_rng_state()}, {"step": 1, "seed": 0, "config": cfg.to_dict()})
     return save_checkpoint(run_dir / "checkpoints", ck, keep_last=2)
 
 

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from treegrpo_cli.cli.app import app
@@ -125,6 +126,9 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path):
     assert q.returncode == 0, q.stderr.decode()
     assert comparable(read_metrics(tmp_path / "killed")) == comparable(read_metrics(tmp_path / "ref"))
     assert read_evals(tmp_path / "killed") == read_evals(tmp_path / "ref")   # before and after, not repeated
+    a, b = (load_checkpoint(list_checkpoints(tmp_path / d / "checkpoints")[-1]) for d in ("killed", "ref"))
+    assert all(torch.equal(a.model[k], b.model[k]) for k in b.model)
+    assert a.rng.keys() == b.rng.keys() and all(torch.equal(a.rng[k], b.rng[k]) for k in b.rng)
 
 
 def test_sigterm_checkpoints_and_resumes(tmp_path):

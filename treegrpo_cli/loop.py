@@ -7,6 +7,7 @@ optimizer and the iteration counter for a resumed run to repeat an uninterrupted
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,7 @@ import torch
 
 from . import rundir
 from .config import Config
+from .errors import TreegrpoError
 from .engine.credit import assign_credit
 from .engine.grpo import Batch, grpo_update, make_optimizer
 from .engine.rollout import Progress, TreeConfig, mix_seed, rollout
@@ -45,6 +47,7 @@ class TrainRequest:
 class Hooks:
     progress: Progress = lambda phase, done, total: None
     on_row: Callable[[dict[str, Any]], None] = lambda row: None
+    note: Callable[[str], None] = lambda message: None        # resume, fallback and stall messages
     should_stop: Callable[[], bool] = lambda: False
 
 
@@ -74,14 +77,14 @@ class Trainer:
 
     def checkpoint(self, extra: dict[str, Any]) -> Checkpoint:
         return Checkpoint(self.step, self.policy.trainable_state(), self.ema, self.opt.state_dict(),
-                          torch.get_rng_state(), {"step": self.step, "seed": self.cfg.seed, **extra})
+                          rng_states(), {"step": self.step, "seed": self.cfg.seed, **extra})
 
     def restore(self, ck: Checkpoint) -> None:
         self.policy.load_trainable_state(ck.model)
         self.opt.load_state_dict(ck.optimizer)
         if self.ema is not None and ck.ema is not None:
             self.ema = {k: v.clone() for k, v in ck.ema.items()}
-        torch.set_rng_state(ck.rng)
+        set_rng_states(ck.rng)
         self.step = ck.step
 
     # -- one iteration -------------------------------------------------------------------
@@ -153,6 +156,21 @@ def update_generator(cfg: Config, it: int) -> torch.Generator:
     return torch.Generator().manual_seed(mix_seed(cfg.seed, it, 0xB47C))
 
 
+def rng_states() -> dict[str, torch.Tensor]:
+    """Every global RNG state torch keeps: the CPU generator and each CUDA device's."""
+    states = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        states.update({f"cuda.{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
+    return states
+
+
+def set_rng_states(states: dict[str, torch.Tensor]) -> None:
+    torch.set_rng_state(states["torch"])
+    cuda = [states[k] for k in sorted((k for k in states if k.startswith("cuda.")), key=lambda k: int(k[5:]))]
+    if cuda and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(cuda[:torch.cuda.device_count()])
+
+
 def sample_prompt_ids(n: int, k: int, seed: int, iteration: int) -> list[int]:
     """k prompt ids for one iteration: a seeded permutation, cycled when k > n."""
     g = torch.Generator().manual_seed(mix_seed(seed, iteration, 0x9A11))
@@ -179,36 +197,35 @@ def _row(it, scores, weights, adv_trained, leaves, nfe, upd, tree_cfg: TreeConfi
 # --- the run ---------------------------------------------------------------------------------
 
 def train(req: TrainRequest, hooks: Hooks = Hooks()) -> dict[str, Any]:
-    """Train online until cfg.train.iterations; resumable from the last complete checkpoint."""
+    """Train online until cfg.train.iterations; resumable from the last good checkpoint."""
     cfg = req.config
     trainer = Trainer(cfg, req.device)
     if cfg.policy.free_text_encoders and hasattr(trainer.policy, "cache_prompts"):
         trainer.policy.cache_prompts(req.prompts + req.eval_prompts)   # embed once, then free the encoders
-    ck_dir = req.run_dir / "checkpoints"
     if req.resume:
-        done = list_checkpoints(ck_dir)
-        if done:
-            trainer.restore(load_checkpoint(done[-1]))
-        rundir.truncate_metrics(req.run_dir, trainer.step)
-        rundir.truncate_evals(req.run_dir, trainer.step)
+        _resume(trainer, req, hooks)
     else:
-        rundir.create(req.run_dir, cfg, req.command)
+        rundir.create(req.run_dir, cfg, req.command, {"train": req.prompts, "eval": req.eval_prompts})
         if cfg.train.sample_every:
             rundir.sample_grid(req.run_dir, trainer.policy, trainer.sde, req.eval_prompts, trainer.rewards, cfg, 0)
     if cfg.train.eval_samples and not rundir.read_evals(req.run_dir):
         _heldout(trainer, req, hooks)
     done_rows = rundir.read_metrics(req.run_dir)
     start, wall0 = trainer.step, time.perf_counter() - (done_rows[-1]["wall"] if done_rows else 0.0)
-    stopped = False
+    stopped, stall = False, 0
     while trainer.step < cfg.train.iterations:
         row = trainer.iteration(req.prompts, lambda ph, d, t: hooks.progress("rollout", d, t))
         row["wall"] = time.perf_counter() - wall0
+        _check_finite(row, req.run_dir)
         rundir.append_metrics(req.run_dir, row)
         hooks.on_row(row)
+        stall = stall + 1 if rundir.stalled(row) else 0
+        if stall == rundir.STALL_ITERATIONS:
+            hooks.note(rundir.stall_message(row["iteration"] - stall + 1, row["iteration"]))
         stopped = hooks.should_stop()
         last = trainer.step == cfg.train.iterations
         if last or stopped or trainer.step % cfg.train.save_every == 0:
-            _save(trainer, req, ck_dir)
+            _save(trainer, req)
         if cfg.train.sample_every and (last or trainer.step % cfg.train.sample_every == 0):
             rundir.sample_grid(req.run_dir, trainer.policy, trainer.sde, req.eval_prompts, trainer.rewards,
                                cfg, trainer.step)
@@ -222,6 +239,36 @@ def train(req: TrainRequest, hooks: Hooks = Hooks()) -> dict[str, Any]:
     return rundir.summary(req.run_dir, start, stopped)
 
 
+def _resume(trainer: Trainer, req: TrainRequest, hooks: Hooks) -> None:
+    """Restore the newest checkpoint that verifies (a damaged one is skipped with a warning), say which,
+    and drop the metrics and evaluations of the iterations after it (they are recomputed)."""
+    rundir.read_metrics(req.run_dir), rundir.read_evals(req.run_dir)      # damaged lines: refuse before anything
+    for path in reversed(list_checkpoints(req.run_dir / "checkpoints")):
+        try:
+            ck = load_checkpoint(path)
+        except TreegrpoError as e:
+            hooks.note(f"warning: checkpoint {path.name} is damaged ({e}); falling back to the one before it")
+            continue
+        trainer.restore(ck)
+        hooks.note(f"resuming {req.run_dir} from checkpoint {path.name} "
+                   f"(iteration {trainer.step} of {trainer.cfg.train.iterations})")
+        break
+    else:
+        hooks.note(f"{req.run_dir} has no usable checkpoint yet: starting again from iteration 0")
+    rundir.truncate_metrics(req.run_dir, trainer.step)
+    rundir.truncate_evals(req.run_dir, trainer.step)
+
+
+def _check_finite(row: dict[str, Any], run: Path) -> None:
+    """A non-finite loss or gradient stops the run before anything of this iteration is saved."""
+    bad = [k for k in ("loss", "grad_norm", "reward_mean") if k in row and not math.isfinite(row[k])]
+    if bad:
+        done = list_checkpoints(run / "checkpoints")
+        keep = f"the last good checkpoint is {done[-1].name}" if done else "no checkpoint was written"
+        raise TreegrpoError(f"iteration {row['iteration']}: {bad[0]} is {row[bad[0]]}; training stopped without "
+                            f"saving this iteration ({keep}); lower train.lr or check the reward")
+
+
 def _heldout(trainer: Trainer, req: TrainRequest, hooks: Hooks) -> None:
     """The reward of ODE samples of the eval prompts (same root noises every time) -> eval.jsonl."""
     cfg = trainer.cfg
@@ -231,6 +278,6 @@ def _heldout(trainer: Trainer, req: TrainRequest, hooks: Hooks) -> None:
     rundir.append_eval(req.run_dir, {"iteration": trainer.step, **row})
 
 
-def _save(trainer: Trainer, req: TrainRequest, ck_dir: Path) -> None:
-    save_checkpoint(ck_dir, trainer.checkpoint({"config": trainer.cfg.to_dict()}), trainer.cfg.train.keep_last)
+def _save(trainer: Trainer, req: TrainRequest) -> None:
+    save_checkpoint(req.run_dir / "checkpoints", trainer.checkpoint({"config": trainer.cfg.to_dict()}), trainer.cfg.train.keep_last)
     rundir.reward_plot(req.run_dir)

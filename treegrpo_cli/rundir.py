@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -42,11 +43,51 @@ def check_new(run: Path) -> None:
         raise TreegrpoError(f"{run} exists and is not a folder")
 
 
-def create(run: Path, cfg: Config, command: str) -> None:
+def create(run: Path, cfg: Config, command: str, prompts: dict[str, list[str]] | None = None) -> None:
+    """run.json: the command, the resolved config and, by content hash, the prompt lists the run uses."""
     check_new(run)
     run.mkdir(parents=True, exist_ok=True)
-    info = {"format": FORMAT, "version": VERSION, "command": command, "created": time.time(), "config": cfg.to_dict()}
+    info = {"format": FORMAT, "version": VERSION, "command": command, "created": time.time(), "config": cfg.to_dict(),
+            "prompts": {k: prompt_record(v) for k, v in (prompts or {}).items()}}
     atomic_write(run / RUN_JSON, (json.dumps(info, indent=1) + "\n").encode())
+
+
+def prompt_record(prompts: list[str]) -> dict[str, Any]:
+    return {"count": len(prompts), "sha256": hashlib.sha256("\n".join(prompts).encode()).hexdigest()}
+
+
+# Keys a resumed run may change: they extend it or change how it is run, not what it learns.
+RESUMABLE = {"train.iterations", "train.save_every", "train.keep_last", "train.sample_every", "rollout.max_batch",
+             "policy.gradient_checkpointing", "policy.prompt_cache", "policy.free_text_encoders"}
+
+
+def resume_config(run: Path, sets: list[str]) -> Config:
+    """The run's config with `sets` applied; a set that would change what the run learns is refused."""
+    stored = load_config(run)
+    cfg = config_from_dict(stored.to_dict(), sets)
+    a, b = _flat(stored.to_dict()), _flat(cfg.to_dict())
+    for key in sorted(k for k in a if a[k] != b.get(k) and k not in RESUMABLE):
+        raise TreegrpoError(f"--resume keeps the run's settings: {key} is {a[key]!r} in {run / RUN_JSON}, "
+                            f"not {b.get(key)!r}; start a new run to change it")
+    return cfg
+
+
+def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def check_prompts(run: Path, kind: str, prompts: list[str]) -> None:
+    """The prompts a resumed run loads are the ones it started with (same content)."""
+    info = json.loads((run / RUN_JSON).read_text())
+    rec = info.get("prompts", {}).get(kind)
+    if rec and rec != prompt_record(prompts):
+        source = info["config"]["rollout"]["prompts" if kind == "train" else "eval_prompts"]
+        raise TreegrpoError(f"the {kind} prompts ({source}) changed since {run} started: {rec['count']} prompts with "
+                            f"sha256 {rec['sha256'][:12]}... then, {len(prompts)} with "
+                            f"{prompt_record(prompts)['sha256'][:12]}... now; restore them or start a new run")
 
 
 def load_config(run: Path) -> Config:
@@ -68,16 +109,29 @@ def load_config(run: Path) -> Config:
 
 
 def read_metrics(run: Path) -> list[dict[str, Any]]:
-    """Complete rows of metrics.jsonl (a torn last line from a killed process is ignored)."""
-    path = run / METRICS
+    """The rows of metrics.jsonl. A torn last line (no newline: the process was killed while writing it)
+    is left out; a damaged line before it is an error, not a silent truncation."""
+    return _read_jsonl(run / METRICS)
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         return []
+    text = path.read_text(errors="replace")
+    lines = text.split("\n")
+    complete = lines[:-1]                     # the part after the last newline is empty or torn
     rows = []
-    for line in path.read_text().splitlines():
+    for n, line in enumerate(complete, 1):
+        if not line.strip():
+            continue
         try:
-            rows.append(json.loads(line))
+            row = json.loads(line)
         except ValueError:
-            break
+            row = None
+        if not isinstance(row, dict) or "iteration" not in row:
+            raise TreegrpoError(f"{path}: line {n} is damaged ({line[:40]!r}); the rows after it would be lost — "
+                                f"repair or delete that line, then resume")
+        rows.append(row)
     return rows
 
 
@@ -89,8 +143,7 @@ def append_metrics(run: Path, row: dict[str, Any]) -> None:
 
 
 def read_evals(run: Path) -> list[dict[str, Any]]:
-    path = run / EVALS
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    return _read_jsonl(run / EVALS)
 
 
 def append_eval(run: Path, row: dict[str, Any]) -> None:
@@ -162,10 +215,37 @@ def tenth_means(rows: list[dict[str, Any]]) -> tuple[float, float]:
     return first, last
 
 
+STALL_ITERATIONS = 5     # this many iterations in a row without a trained edge is worth a warning
+
+
+def stalled(row: dict[str, Any]) -> bool:
+    """No edge with a non-zero advantage was trained: every group tied, no gradient."""
+    return row.get("trained_edges", 0) == 0 or row.get("adv_abs_max", 0.0) == 0.0
+
+
+def stall_message(first: int, last: int) -> str:
+    return (f"warning: iterations {first}-{last} trained nothing: every group's leaves scored the same, so no "
+            "advantage and no gradient; the reward cannot tell the samples apart (collapsed model, saturated reward?)")
+
+
+def stall_runs(rows: list[dict[str, Any]]) -> list[list[int]]:
+    """[first, last] iteration of every run of at least STALL_ITERATIONS stalled iterations."""
+    runs, start = [], None
+    for i, row in enumerate(rows + [{}]):
+        if i < len(rows) and stalled(row):
+            start = row["iteration"] if start is None else start
+        else:
+            if start is not None and rows[i - 1]["iteration"] - start + 1 >= STALL_ITERATIONS:
+                runs.append([start, rows[i - 1]["iteration"]])
+            start = None
+    return runs
+
+
 def summary(run: Path, started_at: int, stopped: bool) -> dict[str, Any]:
     rows = read_metrics(run)
     first, last = tenth_means(rows)
     return {"run_dir": str(run), "iterations": len(rows), "resumed_from": started_at, "stopped_early": stopped,
+            "stalled_iterations": stall_runs(rows),
             "reward_first_tenth": first, "reward_last_tenth": last,
             "minutes": (rows[-1]["wall"] / 60) if rows else 0.0,
             "rollout_evals_per_leaf": rows[-1]["rollout_evals_per_leaf"] if rows else 0.0,

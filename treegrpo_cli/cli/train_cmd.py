@@ -11,7 +11,7 @@ import typer
 from rich.table import Table
 
 from .. import rundir
-from ..config import config_from_dict, load_config
+from ..config import load_config
 from ..loop import Hooks, TrainRequest, train as train_loop
 from ..prompts import load_prompts
 from ..stages import StagedRequest, train_from_trees
@@ -113,19 +113,19 @@ def train(
 
 
 def _online(preset, config, sets, prompts, run_dir, resume, device) -> dict:
+    sets = sets + ([f"rollout.prompts={json.dumps(prompts)}"] if prompts else [])   # recorded in run.json
     if resume is not None:
-        cfg = rundir.load_config(resume)
-        if sets:
-            cfg = config_from_dict(cfg.to_dict(), sets)
-        run = resume
+        cfg, run = rundir.resume_config(resume, sets), resume
     else:
         cfg = load_config(preset, config, sets)
         run = run_dir or Path("runs") / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
         rundir.check_new(run)
         check_writable_dir(run, "--run-dir")
-    train_prompts = load_prompts(prompts or cfg.rollout.prompts)
-    req = TrainRequest(cfg, train_prompts, load_prompts(cfg.rollout.eval_prompts), run, resume is not None, device,
-                       command_line())
+    train_prompts, eval_prompts = load_prompts(cfg.rollout.prompts), load_prompts(cfg.rollout.eval_prompts)
+    if resume is not None:
+        rundir.check_prompts(run, "train", train_prompts)
+        rundir.check_prompts(run, "eval", eval_prompts)
+    req = TrainRequest(cfg, train_prompts, eval_prompts, run, resume is not None, device, command_line())
     shown: list[bool] = []
     with graceful_stop() as flag, progress_bar() as bar:
         def on_row(row: dict) -> None:
@@ -136,7 +136,8 @@ def _online(preset, config, sets, prompts, run_dir, resume, device) -> dict:
             if not err.is_terminal:
                 err.print(f"iteration {row['iteration']}: reward {row['reward_mean']:.4f} ± {row['reward_std']:.4f}, "
                           f"{row['seconds']['total']:.1f}s", highlight=False)
-        return train_loop(req, Hooks(progress=bar, on_row=on_row, should_stop=lambda: flag["stop"]))
+        note = lambda message: err.print(message, highlight=False, markup=False, soft_wrap=True)   # noqa: E731
+        return train_loop(req, Hooks(progress=bar, on_row=on_row, should_stop=lambda: flag["stop"], note=note))
 
 
 def _staged(trees: Path, run_dir, sets, device) -> dict:
@@ -157,6 +158,9 @@ def _report(summary: dict, as_json: bool) -> None:
     if "reward_first_tenth" in summary:
         out.print(f"mean reward, first tenth of the iterations: {summary['reward_first_tenth']:.4f}; "
                   f"last tenth: {summary['reward_last_tenth']:.4f}")
+    for first, last in summary.get("stalled_iterations", []):
+        err.print(f"warning: iterations {first}-{last} trained nothing (every group's leaves scored the same)",
+                  highlight=False)
     if "heldout_after" in summary:
         out.print(f"held-out reward (ODE samples of the eval prompts): {summary['heldout_before']:.4f} before, "
                   f"{summary['heldout_after']:.4f} after ({summary['heldout_gain']:+.4f})")

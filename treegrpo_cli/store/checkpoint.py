@@ -3,7 +3,7 @@
     model.safetensors       the trainable weights
     ema.safetensors         their exponential moving average (when enabled)
     optimizer.safetensors   optimizer tensors (state.<param>.<key>) + optimizer.json (groups, scalars)
-    rng.safetensors         torch's CPU RNG state
+    rng.safetensors         torch's RNG states: the CPU generator, and every CUDA device's when there are any
     trainer_state.json      iteration, seed, wall time
     manifest.json           sha256 of every file above; written last, checked on load
 """
@@ -34,7 +34,7 @@ class Checkpoint:
     model: dict[str, torch.Tensor]
     ema: dict[str, torch.Tensor] | None
     optimizer: dict[str, Any]              # torch optimizer state_dict
-    rng: torch.Tensor
+    rng: dict[str, torch.Tensor]           # "torch": the CPU generator's state; "cuda.<i>": each CUDA device's
     state: dict[str, Any]                  # trainer state (JSON-able)
 
 
@@ -66,7 +66,7 @@ def save_checkpoint(folder: Path, ck: Checkpoint, keep_last: int) -> Path:
     """Write step-N atomically (temp folder, fsync, rename), then drop all but the newest keep_last."""
     folder.mkdir(parents=True, exist_ok=True)
     files = {"model.safetensors": st_save({k: v.detach().cpu().contiguous() for k, v in ck.model.items()}),
-             "rng.safetensors": st_save({"torch": ck.rng.cpu()}),
+             "rng.safetensors": st_save({k: v.cpu().contiguous() for k, v in ck.rng.items()}),
              "trainer_state.json": json.dumps(ck.state, indent=1).encode()}
     files["optimizer.safetensors"], files["optimizer.json"] = _optimizer_files(ck.optimizer)
     if ck.ema is not None:
@@ -123,4 +123,4 @@ def load_checkpoint(path: Path) -> Checkpoint:
     return Checkpoint(step=int(state["step"]), model=st_load(data["model.safetensors"]),
                       ema=st_load(data["ema.safetensors"]) if "ema.safetensors" in data else None,
                       optimizer=_optimizer_from_files(data["optimizer.safetensors"], data["optimizer.json"]),
-                      rng=st_load(data["rng.safetensors"])["torch"], state=state)
+                      rng=st_load(data["rng.safetensors"]), state=state)
