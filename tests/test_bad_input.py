@@ -201,3 +201,8 @@ def test_trees_sampled_with_a_config_that_is_now_refused_are_refused(world, tmp_
     one_line_error(run("score", folder), "sampler.eta")
     one_line_error(run("train", "--trees", folder, "--run-dir", tmp_path / "r"), "sampler.eta")
     assert snapshot(folder) == before and not (tmp_path / "r").exists()
+
+
+def test_the_default_run_folder_in_an_unwritable_place(monkeypatch):
+    monkeypatch.chdir("/proc")                                        # runs/ would be created here
+    one_line_error(run("train", *PIXEL), "--run-dir", "runs/")

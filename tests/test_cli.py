@@ -1,4 +1,5 @@
 import json
+import re
 
 import pytest
 
@@ -126,4 +127,40 @@ def test_presets_json():
     r = run("presets", "--json")
     assert r.exit_code == 0
     rows = {p["name"]: p for p in json.loads(r.stdout)}
-    assert rows["branch"]["evals_per_tree"] == 203 and rows["tree-grpo"]["leaves_per_tree"] == 27
+    assert rows["branch"]["evals_per_prompt"] == 203 and rows["tree-grpo"]["leaves_per_prompt"] == 27
+    assert rows["flow-grpo"]["evals_per_prompt"] == 24 * 10 and rows["flow-grpo"]["trees_per_prompt"] == 24
+
+
+def test_readme_preset_table_agrees_with_presets():
+    from pathlib import Path
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    table = {m.group(1): (int(m.group(2)), int(m.group(3)))
+             for m in re.finditer(r"^\| `([a-z-]+)` \|[^|]*\| (\d+) \| (\d+) \|", readme, re.M)}
+    rows = {p["name"]: (p["leaves_per_prompt"], p["evals_per_prompt"]) for p in json.loads(run("presets", "--json").stdout)}
+    assert table == rows
+
+
+@pytest.mark.parametrize("command", ["", "rollout", "score", "train", "eval", "diversity", "export", "inspect", "presets"])
+def test_help_reads_naturally_at_80_columns(command):
+    """No Python type placeholders (<bool>, <list[str]>, <str>) in any command's --help."""
+    import os
+    import subprocess
+    import sys
+
+    args = [sys.executable, "-m", "treegrpo_cli", *([command] if command else []), "--help"]
+    text = subprocess.run(args, capture_output=True, text=True, check=True, env=dict(os.environ, COLUMNS="80")).stdout
+    assert "Usage: " in text
+    assert not re.search(r"<(bool|str|int|float|path|list\[[^\]]*\])[^>]*>", text), text
+    assert max(len(line) for line in text.splitlines()) <= 80
+
+
+def test_inspect_table_shows_rewards_and_advantages_per_depth(branch_dir):
+    r = run("inspect", branch_dir)
+    assert r.exit_code == 0, r.output
+    assert "reward" in r.stdout and "advantage" in r.stdout
+    data = json.loads(run("inspect", branch_dir, "--json").stdout)
+    leaves = [n for t in data["trees"] for n in t["nodes"] if n["reward"] is not None]
+    from treegrpo_cli.tree_report import inspect_trees
+    last = inspect_trees(branch_dir, with_nodes=False)["depths"][-1]
+    mean = sum(n["reward"] for n in leaves) / len(leaves)
+    assert abs(last["reward_mean"] - mean) < 1e-5 and f"{mean:+.3f}" in r.stdout

@@ -53,3 +53,11 @@ def test_both_transition_kernels_satisfy_the_kernel_protocol():
     ddim = DDIMKernel(cfg, torch.linspace(0.99, 0.01, 1000), torch.tensor([750, 500, 250, 0]), 1000, 0.999)
     assert isinstance(FlowSDE(cfg), Kernel) and isinstance(ddim, Kernel)
     assert not isinstance(object(), Kernel)
+
+
+def test_the_cli_starts_without_torch():
+    """`treegrpo --help` and every command's --help load no torch: commands import the library when they run."""
+    loaded = _loaded_after(["treegrpo_cli.cli.app"])
+    code = "import sys, treegrpo_cli.cli.app; print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+    assert "treegrpo_cli.cli.train_cmd" in loaded and "treegrpo_cli.loop" not in loaded

@@ -57,6 +57,7 @@ class Trainer:
     def __init__(self, cfg: Config, device: str):
         cfg.train.validate()
         self.cfg, self.device = cfg, device
+        torch.manual_seed(mix_seed(cfg.seed, 0x6E0B))   # the global generators (LoRA init, anything unseeded) too
         self.policy: Policy = load_policy(cfg.model, device, cfg.policy)
         self.sde = make_kernel(self.policy, cfg.sampler)   # FlowSDE, or the policy's own (DDIM for SD1.5)
         self.opt = make_optimizer(list(self.policy.trainable_parameters()), cfg.train)

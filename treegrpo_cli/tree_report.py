@@ -26,10 +26,10 @@ def inspect_trees(root: Path, with_nodes: bool = True) -> dict[str, Any]:
         adv = read_extra(store, "advantages", s.index)
         reward = rew[0]["reward"] if rew else None
         trees += _tree_rows(s, reward, adv[0] if adv else None, with_nodes)
-        _depth_stats(per_depth, s, adv[0] if adv else None)
+        _depth_stats(per_depth, s, reward, adv[0] if adv else None)
     meta = dict(store.meta)
     meta["num_trees"] = len(trees)
-    depths = [dict(depth=d, **v) for d, v in sorted(per_depth.items())]
+    depths = [dict(depth=d, **_finish(v)) for d, v in sorted(per_depth.items())]
     return {"trees": trees, "meta": meta, "depths": depths}
 
 
@@ -64,12 +64,34 @@ def _node(t, n: int, local: dict[int, int], reward, adv) -> dict[str, Any]:
     }
 
 
-def _depth_stats(acc: dict[int, dict[str, float]], s, adv) -> None:
+def _depth_stats(acc: dict[int, dict[str, float]], s, reward, adv) -> None:
+    """Per depth: nodes, SDE edges, trained edges; sums for the mean and std of the rewards found there
+    (leaves) and of the advantages of the edges into it."""
     t = s.tree
     for d in torch.unique(t.depth).tolist():
         m = t.depth == d
-        row = acc.setdefault(d, {"nodes": 0, "sde_edges": 0, "trained": 0, "sigma": float(t.sigma[m][0])})
+        row = acc.setdefault(d, {"nodes": 0, "sde_edges": 0, "trained": 0, "sigma": float(t.sigma[m][0]),
+                                 "_r": [0, 0.0, 0.0], "_a": [0, 0.0, 0.0]})
         row["nodes"] += int(m.sum())
         row["sde_edges"] += int((t.sde & m).sum())
+        if reward is not None:
+            _add(row["_r"], reward[m & ~torch.isnan(reward)])
         if adv is not None:
             row["trained"] += int((adv["trained"] & m).sum())
+            _add(row["_a"], adv["advantage"][m & adv["valid"]])
+
+
+def _add(acc: list, x: torch.Tensor) -> None:
+    x = x.double()
+    acc[0] += x.numel()
+    acc[1] += float(x.sum())
+    acc[2] += float((x * x).sum())
+
+
+def _finish(row: dict[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in row.items() if not k.startswith("_")}
+    for key, (n, s1, s2) in (("reward", row["_r"]), ("advantage", row["_a"])):
+        mean = s1 / n if n else None
+        out[f"{key}_mean"] = None if mean is None else round(mean, 6)
+        out[f"{key}_std"] = None if mean is None else round(math.sqrt(max(s2 / n - mean * mean, 0.0)), 6)
+    return out

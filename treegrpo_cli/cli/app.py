@@ -39,5 +39,39 @@ app.command("eval")(eval_cmd.eval_)
 app.command("export")(export_cmd.export)
 
 
+# Placeholders in --help: the option's own word instead of a Python type ("<list[str]>", "<bool>").
+SPECIAL_METAVARS = {"set_": "KEY=VALUE", "reward_opt": "NAME.KEY=VALUE", "metric": "NAMES", "reward": "NAMES",
+                    "weights": "W1,W2", "features": "NAMES"}
+
+
+def readable_help(command) -> None:
+    """Give every option of a click command tree a readable metavar (flags none)."""
+    for sub in getattr(command, "commands", {}).values():
+        readable_help(sub)
+    made = command.get_help_option
+
+    def help_option(ctx, made=made):
+        opt = made(ctx)
+        if opt is not None:
+            opt.metavar = ""
+        return opt
+    command.get_help_option = help_option
+    for p in command.params:
+        if p.metavar is not None:
+            continue
+        if getattr(p, "param_type_name", "") == "argument":
+            p.metavar = p.name.upper()
+            p.display_type_rich = lambda ctx: None          # the name says it; no "<path>" beside it
+        elif getattr(p, "is_flag", False) or getattr(p, "count", False):
+            p.metavar = ""
+        elif p.name in SPECIAL_METAVARS:
+            p.metavar = SPECIAL_METAVARS[p.name]
+        else:
+            kind = getattr(getattr(p, "type_descriptor", None), "annotation", None)
+            p.metavar = "N" if kind is int else "X" if kind is float else p.name.rstrip("_").upper().replace("_", "-")
+
+
 def main() -> None:
-    app()
+    command = typer.main.get_command(app)
+    readable_help(command)
+    command()

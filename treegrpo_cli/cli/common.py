@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
@@ -37,15 +38,28 @@ def guarded() -> Iterator[None]:
 
 
 @contextmanager
-def progress_bar(enabled: bool = True) -> Iterator[Callable[[str, int, int], None]]:
-    """A callback (phase, done, total) that drives one rich bar per phase."""
+def progress_bar(enabled: bool = True, quiet: tuple[str, ...] = (),
+                 every_s: float = 30.0) -> Iterator[Callable[[str, int, int], None]]:
+    """A callback (phase, done, total): one rich bar per phase on a terminal; elsewhere (a log file, CI)
+    a plain line when a phase ends and every `every_s` seconds while it runs (phases in `quiet` excepted)."""
     if not enabled:
         yield lambda phase, done, total: None
+        return
+    if not err.is_terminal:
+        last: dict[str, float] = {}
+
+        def line(phase: str, done: int, total: int) -> None:
+            now = time.monotonic()
+            if phase in quiet or (done < total and now - last.setdefault(phase, now) < every_s):
+                return
+            last[phase] = now
+            err.print(f"{phase}: {done}/{total}", highlight=False, markup=False)
+        yield line
         return
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn(), TimeRemainingColumn())
     tasks: dict[str, int] = {}
-    with Progress(*columns, console=err, transient=False, disable=not err.is_terminal) as bar:
+    with Progress(*columns, console=err, transient=False) as bar:
         def update(phase: str, done: int, total: int) -> None:
             if phase not in tasks:
                 tasks[phase] = bar.add_task(phase, total=total)

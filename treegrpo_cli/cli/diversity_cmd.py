@@ -3,16 +3,16 @@ from __future__ import annotations
 import tempfile
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 from rich.table import Table
 
-from ..diversity import DiversityConfig, compare, generate_set, open_images, parse_features
-from ..diversity.io import ImageSet
 from ..errors import ConfigError
-from ..preflight import check_device, check_writable_dir
 from .common import command_line, err, guarded, out as stdout, print_json, progress_bar
+
+if TYPE_CHECKING:
+    from ..diversity.io import ImageSet
 
 ALPHA = 0.05  # the table's verdict column
 
@@ -50,6 +50,8 @@ def diversity(
 
     Example: treegrpo diversity --generate --preset-a dance-grpo --preset-b branch --num 4096 --features inception,clip --out runs/div
     """
+    from ..diversity import DiversityConfig, compare, generate_set, open_images, parse_features
+    from ..preflight import check_device, check_writable_dir
     with guarded():
         check_device(device)
         if out is not None:
@@ -58,6 +60,11 @@ def diversity(
                               permutations=permutations, test_kernel=test_kernel, by_tree=by_tree,
                               max_images=max_images, batch=batch, seed=seed, device=device,
                               inception_weights=inception_weights, clip_weights=clip_weights, out=out).validate()
+        if generate:                            # before anything is generated
+            from ..diversity.io import generated_trees
+            from ..diversity.report import check_tree_counts
+            check_tree_counts(cfg, *(generated_trees(p, num, model or "tiny-shapes", tuple(s or ()))
+                                     for p, s in ((preset_a, sets_a), (preset_b, sets_b))))
         with ExitStack() as stack, progress_bar() as bar:
             if generate:
                 root = out or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="treegrpo-diversity-")))

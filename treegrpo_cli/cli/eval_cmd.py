@@ -9,11 +9,6 @@ import typer
 from rich.table import Table
 
 from ..errors import ConfigError
-from ..evalio import write_outputs
-from ..preflight import check_device, check_writable_dir
-from ..evaluate import EvalRequest, run_eval
-from ..prompts import load_prompts
-from ..rewards.base import parse_reward_options
 from .common import err, guarded, out as stdout, print_json, progress_bar
 
 
@@ -42,6 +37,11 @@ def eval_(
 
     Example: treegrpo eval --model tiny-shapes --metric shapes --num-images 4 --out runs/eval
     """
+    from ..evalio import write_outputs
+    from ..preflight import check_device, check_writable_dir
+    from ..evaluate import EvalRequest, run_eval
+    from ..prompts import load_prompts
+    from ..rewards.base import parse_reward_options
     with guarded():
         check_device(device)
         if out is not None:

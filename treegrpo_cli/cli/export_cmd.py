@@ -5,8 +5,6 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..export import ExportRequest, export_checkpoint
-from ..preflight import check_device, check_writable_dir
 from .common import err, guarded, print_json
 
 
@@ -23,6 +21,8 @@ def export(
 
     Example: treegrpo export runs/flux-branch --out exports/flux-branch-lora
     """
+    from ..export import ExportRequest, export_checkpoint
+    from ..preflight import check_device, check_writable_dir
     with guarded():
         check_device(device)
         check_writable_dir(out, "--out")

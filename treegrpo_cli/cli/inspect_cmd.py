@@ -6,7 +6,6 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from ..tree_report import inspect_trees
 from .common import guarded, out, print_json
 
 
@@ -18,6 +17,7 @@ def inspect(
 
     Example: treegrpo inspect runs/trees --json
     """
+    from ..tree_report import inspect_trees
     with guarded():
         report = inspect_trees(trees, with_nodes=json_)
     if json_:
@@ -46,8 +46,13 @@ def _render(report: dict) -> None:
         head.add_row("rewards", "not scored yet: run `treegrpo score`")
     out.print(head)
     table = Table(title="per depth (denoising step)")
-    for col in ("depth", "sigma", "nodes", "sde edges", "trained"):
+    for col in ("depth", "sigma", "nodes", "sde edges", "trained", "reward", "advantage"):
         table.add_column(col, justify="right")
     for d in report["depths"]:
-        table.add_row(str(d["depth"]), f"{d['sigma']:.3f}", str(d["nodes"]), str(d["sde_edges"]), str(d["trained"]))
+        table.add_row(str(d["depth"]), f"{d['sigma']:.3f}", str(d["nodes"]), str(d["sde_edges"]), str(d["trained"]),
+                      _mean_std(d["reward_mean"], d["reward_std"]), _mean_std(d["advantage_mean"], d["advantage_std"]))
     out.print(table)
+
+
+def _mean_std(mean: float | None, std: float | None) -> str:
+    return "" if mean is None else f"{mean:+.3f} ± {std:.3f}"

@@ -5,23 +5,24 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from ..config import load_config, preset_names, preset_path
 from .common import guarded, out, print_json
 
 
 def presets(json_: Annotated[bool, typer.Option("--json", help="List as JSON.")] = False) -> None:
     """List the method presets (one TOML file each)."""
+    from ..config import load_config, preset_names, preset_path
     with guarded():
         rows = []
         for name in preset_names():
             cfg = load_config(name)
             rows.append({"name": name, "description": cfg.description, "path": str(preset_path(name)),
-                         "evals_per_tree": cfg.tree.model_evals(cfg.sampler.steps),
-                         "leaves_per_tree": cfg.tree.leaves(cfg.sampler.steps) * cfg.tree.trees_per_prompt})
+                         "trees_per_prompt": cfg.tree.trees_per_prompt,
+                         "leaves_per_prompt": cfg.tree.leaves(cfg.sampler.steps) * cfg.tree.trees_per_prompt,
+                         "evals_per_prompt": cfg.tree.model_evals(cfg.sampler.steps) * cfg.tree.trees_per_prompt})
     if json_:
         print_json(rows)
         return
-    table = Table("preset", "leaves", "evals/tree", "description")
+    table = Table("preset", "leaves/prompt", "evals/prompt", "description")
     for r in rows:
-        table.add_row(r["name"], str(r["leaves_per_tree"]), str(r["evals_per_tree"]), r["description"])
+        table.add_row(r["name"], str(r["leaves_per_prompt"]), str(r["evals_per_prompt"]), r["description"])
     out.print(table)

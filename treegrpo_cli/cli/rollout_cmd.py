@@ -6,10 +6,6 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..config import load_config
-from ..preflight import check_device, check_writable_dir
-from ..prompts import load_prompts
-from ..stages import RolloutRequest, run_rollout
 from .common import command_line, err, guarded, print_json, progress_bar
 from .train_cmd import MODEL_PANEL, policy_sets
 
@@ -40,6 +36,10 @@ def rollout(
 
     Example: treegrpo rollout --preset branch --num-prompts 4 --out runs/trees
     """
+    from ..config import load_config
+    from ..preflight import check_device, check_writable_dir
+    from ..prompts import load_prompts
+    from ..stages import RolloutRequest, run_rollout
     with guarded():
         check_device(device)
         check_writable_dir(out, "--out")

@@ -7,9 +7,6 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..preflight import check_device
-from ..rewards.base import parse_rewards
-from ..stages import ScoreRequest, run_score
 from .common import err, guarded, parse_numbers, print_json, progress_bar
 
 
@@ -33,6 +30,9 @@ def score(
 
     Example: treegrpo score runs/trees --reward jpeg-compressibility --estimator branch
     """
+    from ..preflight import check_device
+    from ..rewards.base import parse_rewards
+    from ..stages import ScoreRequest, run_score
     with guarded():
         check_device(device)
         sets = list(set_ or [])

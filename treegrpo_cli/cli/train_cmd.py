@@ -10,12 +10,6 @@ from typing import Annotated, Iterator, Optional
 import typer
 from rich.table import Table
 
-from .. import rundir
-from ..config import load_config
-from ..loop import Hooks, TrainRequest, train as train_loop
-from ..prompts import load_prompts
-from ..stages import StagedRequest, train_from_trees
-from ..preflight import check_device, check_writable_dir
 from .common import command_line, err, guarded, out, parse_numbers, print_json, progress_bar
 
 
@@ -101,6 +95,7 @@ def train(
 
     Example: treegrpo train --preset branch-mix --iterations 50
     """
+    from ..preflight import check_device
     with guarded():
         check_device(device)
         sets = _sets(set_, model, reward, weights, iterations, seed, max_batch, reward_opt)
@@ -113,6 +108,11 @@ def train(
 
 
 def _online(preset, config, sets, prompts, run_dir, resume, device) -> dict:
+    from .. import rundir
+    from ..config import load_config
+    from ..loop import Hooks, TrainRequest, train as train_loop
+    from ..prompts import load_prompts
+    from ..preflight import check_writable_dir
     sets = sets + ([f"rollout.prompts={json.dumps(prompts)}"] if prompts else [])   # recorded in run.json
     if resume is not None:
         cfg, run = rundir.resume_config(resume, sets), resume
@@ -127,7 +127,7 @@ def _online(preset, config, sets, prompts, run_dir, resume, device) -> dict:
         rundir.check_prompts(run, "eval", eval_prompts)
     req = TrainRequest(cfg, train_prompts, eval_prompts, run, resume is not None, device, command_line())
     shown: list[bool] = []
-    with graceful_stop() as flag, progress_bar() as bar:
+    with graceful_stop() as flag, progress_bar(quiet=("rollout", "iterations", "eval")) as bar:
         def on_row(row: dict) -> None:
             if not shown:
                 shown.append(True)
@@ -141,6 +141,8 @@ def _online(preset, config, sets, prompts, run_dir, resume, device) -> dict:
 
 
 def _staged(trees: Path, run_dir, sets, device) -> dict:
+    from ..stages import StagedRequest, train_from_trees
+    from ..preflight import check_writable_dir
     run = run_dir or Path("runs") / f"staged-{time.strftime('%Y%m%d-%H%M%S')}"
     check_writable_dir(run, "--run-dir")
     with progress_bar() as bar:

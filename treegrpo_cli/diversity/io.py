@@ -139,6 +139,17 @@ def open_images(path: Path) -> ImageSet:
     return TreeImages(path) if (path / INDEX).is_file() else FolderImages(path)
 
 
+def _generate_config(preset: str, model: str, seed: int, sets: tuple[str, ...]):
+    return load_config(preset, None, [f'model="{model}"', f"seed={seed}", "tree.init_same_noise=false", *sets])
+
+
+def generated_trees(preset: str, num: int, model: str = "tiny-shapes", sets: tuple[str, ...] = ()) -> int:
+    """How many trees generate_set rolls out for `num` images (known before any model is loaded)."""
+    cfg = _generate_config(preset, model, 0, sets)
+    per_prompt = cfg.tree.leaves(cfg.sampler.steps) * cfg.tree.trees_per_prompt
+    return math.ceil(num / per_prompt) * cfg.tree.trees_per_prompt
+
+
 def generate_set(preset: str, out: Path, num: int, model: str = "tiny-shapes", seed: int = 0,
                  device: str = "cpu", overwrite: bool = False, command: str = "",
                  progress: Progress | None = None, sets: tuple[str, ...] = ()) -> ImageSet:
@@ -150,7 +161,7 @@ def generate_set(preset: str, out: Path, num: int, model: str = "tiny-shapes", s
     sets that share their prompts make it conservative. Every tree gets its own root noise
     (tree.init_same_noise = false): the training trick would make all images share one. `sets`
     (key=value) override the preset last, e.g. tree.branch_noise="scaled"."""
-    cfg = load_config(preset, None, [f'model="{model}"', f"seed={seed}", "tree.init_same_noise=false", *sets])
+    cfg = _generate_config(preset, model, seed, sets)
     per_prompt = cfg.tree.leaves(cfg.sampler.steps) * cfg.tree.trees_per_prompt
     pool = load_prompts(cfg.rollout.prompts)
     draw = torch.randint(len(pool), (math.ceil(num / per_prompt),), generator=torch.Generator().manual_seed(seed))

@@ -81,6 +81,13 @@ class DiversityConfig:
         return self
 
 
+def check_tree_counts(cfg: "DiversityConfig", trees_a: int, trees_b: int) -> None:
+    """The tree permutation test needs at least 2 trees per set (also checked before generating them)."""
+    if cfg.by_tree and cfg.mmd and cfg.permutations and min(trees_a, trees_b) < 2:
+        raise TreegrpoError(f"the permutation test takes one leaf per tree and needs at least 2 trees per set, got "
+                            f"{trees_a} and {trees_b}; roll out more trees or pass --by-image")
+
+
 def compare(a: ImageSet, b: ImageSet, cfg: DiversityConfig, progress: Progress | None = None) -> dict[str, Any]:
     """KID, MMD^2 and a permutation test of A against B in every feature space of cfg. Sets larger
     than cfg.max_images are subsampled in place."""
@@ -92,10 +99,8 @@ def compare(a: ImageSet, b: ImageSet, cfg: DiversityConfig, progress: Progress |
         raise TreegrpoError(f"each set needs at least 2 images; got {len(a)} and {len(b)}")
     by_tree = cfg.by_tree and "trees" in (a.kind, b.kind)
     groups = torch.cat([a.groups(), b.groups() + int(a.groups().max()) + 1]) if by_tree else None   # [n_a + n_b]
-    trees = (len(a.groups().unique()), len(b.groups().unique()))
-    if by_tree and cfg.mmd and cfg.permutations and min(trees) < 2:
-        raise TreegrpoError(f"the permutation test takes one leaf per tree and needs at least 2 trees per set, got "
-                            f"{trees[0]} and {trees[1]}; roll out more trees or pass --by-image")
+    if by_tree:
+        check_tree_counts(cfg, len(a.groups().unique()), len(b.groups().unique()))
     report: dict[str, Any] = {"a": a.describe(), "b": b.describe(), "test_unit": "tree" if by_tree else "image",
                               "config": {k: v for k, v in as_json(cfg).items() if v is not None}, "features": {}}
     files = []
