@@ -19,11 +19,13 @@ from . import rundir
 from .config import Config
 from .errors import TreegrpoError
 from .engine.credit import assign_credit
-from .engine.grpo import Batch, grpo_update, make_optimizer
+from . import dist
+from .dist import SINGLE, Dist
+from .engine.grpo import Batch, Parallel, grpo_update, loss_denominators, make_optimizer, minibatches
 from .engine.rollout import Progress, TreeConfig, mix_seed, rollout
 from .engine.schedules import tree_for_iteration
 from .engine.sde import make_kernel
-from .engine.tree import Tree
+from .engine.tree import Tree, cat_trees
 from .evaluate import heldout_reward
 from .models.base import Policy
 from .models.registry import load_policy
@@ -41,6 +43,7 @@ class TrainRequest:
     resume: bool = False
     device: str = "cpu"
     command: str = ""
+    dist: Dist = SINGLE            # this process's rank in a data-parallel run (dist.py)
 
 
 @dataclass
@@ -54,9 +57,9 @@ class Hooks:
 class Trainer:
     """Holds the policy, optimizer and EMA of one run."""
 
-    def __init__(self, cfg: Config, device: str):
+    def __init__(self, cfg: Config, device: str, d: Dist = SINGLE):
         cfg.train.validate()
-        self.cfg, self.device = cfg, device
+        self.cfg, self.device, self.d = cfg, device, d
         torch.manual_seed(mix_seed(cfg.seed, 0x6E0B))   # the global generators (LoRA init, anything unseeded) too
         self.policy: Policy = load_policy(cfg.model, device, cfg.policy)
         self.sde = make_kernel(self.policy, cfg.sampler)   # FlowSDE, or the policy's own (DDIM for SD1.5)
@@ -90,25 +93,53 @@ class Trainer:
 
     # -- one iteration -------------------------------------------------------------------
     def iteration(self, prompts: list[str], progress: Progress) -> dict[str, Any]:
-        cfg, it = self.cfg, self.step
+        """Roll out this rank's share of the iteration's prompts, credit over the whole batch, update."""
+        cfg, it, d = self.cfg, self.step, self.d
         t0 = time.perf_counter()
         plan = plan_iteration(cfg, len(prompts), it)
-        tree, nfe = rollout(self.policy, [prompts[i] for i in plan.prompt_ids], plan.prompt_ids, self.sde, plan.tree,
-                            plan.seed, cfg.rollout.max_batch, progress)
+        part = dist.shard(len(plan.prompt_ids), d)
+        mine = plan.prompt_ids[part]
+        tree, nfe = rollout(self.policy, [prompts[i] for i in mine], mine, self.sde, plan.tree, plan.seed,
+                            cfg.rollout.max_batch, progress, earlier_ids=plan.prompt_ids[:part.start])
         t1 = time.perf_counter()
-        images = leaf_images(self.policy, tree)
         leaf_prompts = [prompts[int(p)] for p in tree.tree_prompt[tree.tree[tree.leaves()]]]
-        scores = score_leaves(self.rewards, images, leaf_prompts)
-        adv, trained = credit(cfg, tree, scores, it)
+        scores = score_leaves(self.rewards, leaf_images(self.policy, tree), leaf_prompts)
+        whole, all_scores, nodes = _whole_batch(tree, scores, d)
+        adv, trained = credit(cfg, whole, all_scores, it)
         t2 = time.perf_counter()
-        batch = Batch(tree, trained, adv.edge, self.policy.encode([prompts[int(p)] for p in tree.tree_prompt]))
+        own = slice(nodes, nodes + tree.num_nodes)
+        batch = Batch(tree, trained[own], adv.edge[own], self.policy.encode([prompts[int(p)] for p in tree.tree_prompt]))
+        par = _parallel(Batch(whole, trained, adv.edge, {}), cfg, it, own, d) if d.active else None
         upd = grpo_update(self.policy, self.opt, self.sde, batch, cfg.train, update_generator(cfg, it),
-                          cfg.rollout.max_batch, self.ref, self.update_ema)
+                          cfg.rollout.max_batch, self.ref, self.update_ema, par)
         t3 = time.perf_counter()
         self.step += 1
-        row = _row(it, scores, self.weights, adv.edge[trained], len(images), nfe, upd, plan.tree, self.opt)
+        nfe = sum(dist.gather(nfe, d))
+        row = _row(it, all_scores, self.weights, adv.edge[trained], int(whole.is_leaf().sum()), nfe, upd, plan.tree,
+                   self.opt)
         row["seconds"] = {"rollout": t1 - t0, "score": t2 - t1, "update": t3 - t2, "total": t3 - t0}
         return row
+
+
+def _whole_batch(tree: Tree, scores: dict[str, torch.Tensor], d: Dist) -> tuple[Tree, dict[str, torch.Tensor], int]:
+    """The structure of every rank's trees (no latents) concatenated in rank order, every leaf's scores,
+    and where this rank's nodes start in it. One process: the tree itself."""
+    if not d.active:
+        return tree, scores, 0
+    keep = ("parent", "depth", "tree", "child", "sigma", "sde", "log_prob", "seed", "tree_prompt")
+    parts = dist.gather(({k: getattr(tree, k) for k in keep}, scores), d)
+    skeletons = [Tree(latent=torch.zeros(len(t["parent"]), 0), image_latent=torch.zeros(0, 0), **t) for t, _ in parts]
+    whole = cat_trees(skeletons)
+    all_scores = {n: torch.cat([sc[n] for _, sc in parts]) for n in scores}
+    return whole, all_scores, sum(len(t["parent"]) for t, _ in parts[:d.rank])
+
+
+def _parallel(whole: Batch, cfg: Config, it: int, own: slice, d: Dist) -> Parallel:
+    """The global minibatch plan restricted to this rank's nodes, with global loss divisors."""
+    plan = minibatches(whole, cfg.train, update_generator(cfg, it))
+    mine = [mb[(mb >= own.start) & (mb < own.stop)] - own.start for mb in plan]
+    return Parallel(mine, loss_denominators(whole, cfg.train, plan), lambda ps: dist.sum_gradients(ps, d),
+                    lambda x: torch.cat(dist.gather(x, d)))
 
 
 # --- the steps of an iteration, shared with the staged pipeline (stages.py) -------------------
@@ -198,46 +229,58 @@ def _row(it, scores, weights, adv_trained, leaves, nfe, upd, tree_cfg: TreeConfi
 # --- the run ---------------------------------------------------------------------------------
 
 def train(req: TrainRequest, hooks: Hooks = Hooks()) -> dict[str, Any]:
-    """Train online until cfg.train.iterations; resumable from the last good checkpoint."""
-    cfg = req.config
-    trainer = Trainer(cfg, req.device)
+    """Train online until cfg.train.iterations; resumable from the last good checkpoint. With several
+    processes every rank trains, rank 0 alone writes the run folder (the weights are the same on all)."""
+    cfg, d = req.config, req.dist
+    trainer = Trainer(cfg, req.device, d)
     if cfg.policy.free_text_encoders and hasattr(trainer.policy, "cache_prompts"):
         trainer.policy.cache_prompts(req.prompts + req.eval_prompts)   # embed once, then free the encoders
     if req.resume:
         _resume(trainer, req, hooks)
-    else:
+    elif d.main:
         rundir.create(req.run_dir, cfg, req.command, {"train": req.prompts, "eval": req.eval_prompts})
         if cfg.train.sample_every:
             rundir.sample_grid(req.run_dir, trainer.policy, trainer.sde, req.eval_prompts, trainer.rewards, cfg, 0)
-    if cfg.train.eval_samples and not rundir.read_evals(req.run_dir):
+    if d.main and cfg.train.eval_samples and not rundir.read_evals(req.run_dir):
         _heldout(trainer, req, hooks)
+    dist.barrier(d)
     done_rows = rundir.read_metrics(req.run_dir)
     start, wall0 = trainer.step, time.perf_counter() - (done_rows[-1]["wall"] if done_rows else 0.0)
     stopped, stall = False, 0
     while trainer.step < cfg.train.iterations:
-        row = trainer.iteration(req.prompts, lambda ph, d, t: hooks.progress("rollout", d, t))
+        row = trainer.iteration(req.prompts, lambda ph, dn, t: hooks.progress("rollout", dn, t))
         row["wall"] = time.perf_counter() - wall0
         _check_finite(row, req.run_dir)
-        rundir.append_metrics(req.run_dir, row)
-        hooks.on_row(row)
-        stall = stall + 1 if rundir.stalled(row) else 0
-        if stall == rundir.STALL_ITERATIONS:
-            hooks.note(rundir.stall_message(row["iteration"] - stall + 1, row["iteration"]))
-        stopped = hooks.should_stop()
-        last = trainer.step == cfg.train.iterations
-        if last or stopped or trainer.step % cfg.train.save_every == 0:
-            _save(trainer, req)
-        if cfg.train.sample_every and (last or trainer.step % cfg.train.sample_every == 0):
-            rundir.sample_grid(req.run_dir, trainer.policy, trainer.sde, req.eval_prompts, trainer.rewards,
-                               cfg, trainer.step)
-            if last:
-                rundir.before_after(req.run_dir, trainer.step)
+        stopped = any(dist.gather(hooks.should_stop(), d))
+        if d.main:
+            stall = _record(trainer, req, hooks, row, stall, stopped)
+        dist.barrier(d)
         if stopped:
             break
-    evals = rundir.read_evals(req.run_dir)
-    if cfg.train.eval_samples and trainer.step == cfg.train.iterations and evals[-1]["iteration"] < trainer.step:
-        _heldout(trainer, req, hooks)     # also after a run killed between its last checkpoint and this
-    return rundir.summary(req.run_dir, start, stopped)
+    if d.main:
+        evals = rundir.read_evals(req.run_dir)
+        if cfg.train.eval_samples and trainer.step == cfg.train.iterations and evals[-1]["iteration"] < trainer.step:
+            _heldout(trainer, req, hooks)     # also after a run killed between its last checkpoint and this
+    dist.barrier(d)
+    return rundir.summary(req.run_dir, start, stopped) if d.main else {}
+
+
+def _record(trainer: Trainer, req: TrainRequest, hooks: Hooks, row: dict[str, Any], stall: int, stopped: bool) -> int:
+    """Rank 0's part of an iteration: metrics, hooks, stall warning, checkpoint, sample grid."""
+    cfg = trainer.cfg
+    rundir.append_metrics(req.run_dir, row)
+    hooks.on_row(row)
+    stall = stall + 1 if rundir.stalled(row) else 0
+    if stall == rundir.STALL_ITERATIONS:
+        hooks.note(rundir.stall_message(row["iteration"] - stall + 1, row["iteration"]))
+    last = trainer.step == cfg.train.iterations
+    if last or stopped or trainer.step % cfg.train.save_every == 0:
+        _save(trainer, req)
+    if cfg.train.sample_every and (last or trainer.step % cfg.train.sample_every == 0):
+        rundir.sample_grid(req.run_dir, trainer.policy, trainer.sde, req.eval_prompts, trainer.rewards, cfg, trainer.step)
+        if last:
+            rundir.before_after(req.run_dir, trainer.step)
+    return stall
 
 
 def _resume(trainer: Trainer, req: TrainRequest, hooks: Hooks) -> None:
@@ -256,8 +299,10 @@ def _resume(trainer: Trainer, req: TrainRequest, hooks: Hooks) -> None:
         break
     else:
         hooks.note(f"{req.run_dir} has no usable checkpoint yet: starting again from iteration 0")
-    rundir.truncate_metrics(req.run_dir, trainer.step)
-    rundir.truncate_evals(req.run_dir, trainer.step)
+    dist.barrier(req.dist)                       # every rank has read the checkpoint before rank 0 trims the logs
+    if req.dist.main:
+        rundir.truncate_metrics(req.run_dir, trainer.step)
+        rundir.truncate_evals(req.run_dir, trainer.step)
 
 
 def _check_finite(row: dict[str, Any], run: Path) -> None:

@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
+import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -10,7 +12,8 @@ from typing import Annotated, Iterator, Optional
 import typer
 from rich.table import Table
 
-from .common import command_line, err, guarded, out, parse_numbers, print_json, progress_bar
+from ..errors import TreegrpoError
+from .common import command_line, err, fail, guarded, out, parse_numbers, print_json, progress_bar
 
 
 @contextmanager
@@ -90,42 +93,83 @@ def train(
     lora_targets: Annotated[Optional[str], typer.Option("--lora-targets", help="LoRA target module suffixes, comma separated.", rich_help_panel=MODEL_PANEL)] = None,
     dtype: Annotated[Optional[str], typer.Option(help="Weights: auto (bf16 on CUDA, fp32 elsewhere), bf16 or fp32.", rich_help_panel=MODEL_PANEL)] = None,
     gradient_checkpointing: Annotated[Optional[bool], typer.Option("--gradient-checkpointing/--no-gradient-checkpointing", help="Recompute activations in the backward pass.", show_default=False, rich_help_panel=MODEL_PANEL)] = None,
+    nproc_per_node: Annotated[int, typer.Option("--nproc-per-node", min=1, help="Data-parallel processes on this machine (the prompts of an iteration are split between them); under torchrun, its own.")] = 1,
 ) -> None:
     """Train online: roll out trees, score, compute advantages, prune, update; checkpoints and exact resume.
 
     Example: treegrpo train --preset branch-mix --iterations 50
     """
     from ..preflight import check_device
+    if nproc_per_node > 1 and "RANK" not in os.environ:
+        _relaunch(nproc_per_node)
     with guarded():
         check_device(device)
         sets = _sets(set_, model, reward, weights, iterations, seed, max_batch, reward_opt)
         sets += policy_sets(revision, finetune, lora_rank, lora_alpha, lora_targets, dtype, gradient_checkpointing)
         if trees is not None:
+            if "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+                raise TreegrpoError("train --trees makes one update in one process; run it without --nproc-per-node")
             summary = _staged(trees, run_dir, sets, device)
         else:
             summary = _online(preset, config, sets, prompts, run_dir, resume, device)
-    _report(summary, json_)
+    if summary:                                      # other ranks of a data-parallel run return none
+        _report(summary, json_)
+
+
+def _relaunch(nproc: int) -> None:
+    """Run this same command in nproc processes (launch.py) and exit with their outcome."""
+    from . import launch
+    argv, skip = [], False
+    for a in sys.argv[1:]:
+        if skip:
+            skip = False
+        elif a == "--nproc-per-node":
+            skip = True
+        elif not a.startswith("--nproc-per-node="):
+            argv.append(a)
+    code, line = launch.run(nproc, argv)
+    if line:
+        fail(line, code)
+    raise typer.Exit(code)
 
 
 def _online(preset, config, sets, prompts, run_dir, resume, device) -> dict:
-    from .. import rundir
+    from .. import dist, rundir
     from ..config import load_config
-    from ..loop import Hooks, TrainRequest, train as train_loop
+    from ..loop import TrainRequest, train as train_loop
     from ..prompts import load_prompts
     from ..preflight import check_writable_dir
     sets = sets + ([f"rollout.prompts={json.dumps(prompts)}"] if prompts else [])   # recorded in run.json
+    d = dist.from_env()
     if resume is not None:
         cfg, run = rundir.resume_config(resume, sets), resume
     else:
         cfg = load_config(preset, config, sets)
-        run = run_dir or Path("runs") / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-        rundir.check_new(run)
-        check_writable_dir(run, "--run-dir")
+        run = Path(dist.gather(str(run_dir or Path("runs") / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"), d)[0])
+        if d.main:
+            rundir.check_new(run)
+            check_writable_dir(run, "--run-dir")
+    dist.shard(cfg.rollout.num_prompts, d)         # divisible by the processes, before anything is written
     train_prompts, eval_prompts = load_prompts(cfg.rollout.prompts), load_prompts(cfg.rollout.eval_prompts)
     if resume is not None:
         rundir.check_prompts(run, "train", train_prompts)
         rundir.check_prompts(run, "eval", eval_prompts)
-    req = TrainRequest(cfg, train_prompts, eval_prompts, run, resume is not None, device, command_line())
+    req = TrainRequest(cfg, train_prompts, eval_prompts, run, resume is not None, device, command_line(), d)
+    if d.active:
+        try:
+            return _train_rank(req, train_loop, d, cfg, run)
+        except TreegrpoError:
+            raise
+        except Exception as e:                       # a peer failed (closed connection) or this rank did
+            first = (str(e).strip().splitlines() or [""])[0]
+            raise TreegrpoError(f"{type(e).__name__}: {first}") from None
+    return _train_rank(req, train_loop, d, cfg, run)
+
+
+def _train_rank(req, train_loop, d, cfg, run) -> dict:
+    from ..loop import Hooks
+    if not d.main:                                   # rank 0 speaks for the run
+        return train_loop(req)
     shown: list[bool] = []
     with graceful_stop() as flag, progress_bar(quiet=("rollout", "iterations", "eval")) as bar:
         def on_row(row: dict) -> None:

@@ -89,13 +89,39 @@ class Batch:
     cond: Conditions      # one row per tree of the batch
 
 
-def _minibatches(b: Batch, cfg: TrainConfig, gen: torch.Generator) -> list[Tensor]:
+@dataclass
+class Parallel:
+    """How one rank of a data-parallel update takes part (dist.py): its edges of every optimizer step of
+    the global plan (the same number of steps on every rank, some maybe empty), each step's global loss
+    divisor, a gradient sum over ranks and a concatenation of per-edge tensors over ranks."""
+    minibatches: list[Tensor]
+    denominators: list[float]
+    sync: Callable[[list[torch.nn.Parameter]], None]
+    gather: Callable[[Tensor], Tensor]
+
+
+def canonical_key(tree: Tree) -> Tensor:
+    """[N] int64 (tree index, position among the tree's nodes): the same for a batch rolled out in one
+    process or in rank-sized parts and concatenated, so the minibatch plan does not depend on the layout."""
+    t, n = tree.tree, tree.num_nodes
+    order = torch.argsort(t, stable=True)
+    counts = torch.bincount(t, minlength=int(t.max()) + 1 if n else 0)
+    starts = torch.cumsum(counts, 0) - counts
+    pos = torch.empty_like(t)
+    pos[order] = torch.arange(n) - starts[t[order]]
+    return t * max(n, 1) + pos
+
+
+def minibatches(b: Batch, cfg: TrainConfig, gen: torch.Generator) -> list[Tensor]:
     """Lists of trained child-node ids; a parent's children always stay together in "mean" mode."""
     edges = torch.nonzero(b.trained).flatten()
+    key = canonical_key(b.tree)
     if cfg.loss_norm == "per-transition":
+        edges = edges[torch.argsort(key[edges])]
         edges = edges[torch.randperm(len(edges), generator=gen)]
         return list(edges.split(cfg.accum_edges))
     parents = torch.unique(b.tree.parent[edges])
+    parents = parents[torch.argsort(key[parents])]
     parents = parents[torch.randperm(len(parents), generator=gen)]
     groups = parents.tensor_split(min(cfg.minibatches, max(len(parents), 1)))
     owner = b.tree.parent[edges]
@@ -138,16 +164,24 @@ def _edge_terms(policy: Policy, sde: Kernel, b: Batch, edges: Tensor, ref: Polic
 UpdateHook = Callable[[], None]
 
 
+def loss_denominators(b: Batch, cfg: TrainConfig, plan: list[Tensor]) -> list[float]:
+    """The divisor of each optimizer step's summed edge losses."""
+    if cfg.loss_norm == "mean":
+        return [float(len(mb)) for mb in plan]
+    per_tree = _edges_per_tree(b) if cfg.transition_norm == "tree" else 1.0
+    return [cfg.accum_edges * per_tree for _ in plan]
+
+
 def grpo_update(policy: Policy, opt: torch.optim.Optimizer, sde: Kernel, b: Batch, cfg: TrainConfig,
                 gen: torch.Generator, max_batch: int = 64, ref: Policy | None = None,
-                after_step: UpdateHook | None = None) -> dict[str, float]:
+                after_step: UpdateHook | None = None, parallel: Parallel | None = None) -> dict[str, float]:
     """One iteration's GRPO update; returns metrics (ratios before each step, grad norms, model evaluations)."""
     params = list(policy.trainable_parameters())
-    ratios, losses, norms, kls, evals, first = [], [], [], [], 0, 0
-    per_tree = _edges_per_tree(b) if cfg.transition_norm == "tree" else 1.0
-    for k, mb in enumerate(_minibatches(b, cfg, gen)):
+    ratios, losses, norms, kls, evals, first = [], [], [], [], 0, []
+    plan = parallel.minibatches if parallel else minibatches(b, cfg, gen)
+    denoms = parallel.denominators if parallel else loss_denominators(b, cfg, plan)
+    for k, (mb, denom) in enumerate(zip(plan, denoms)):
         opt.zero_grad(set_to_none=True)
-        denom = len(mb) if cfg.loss_norm == "mean" else cfg.accum_edges * per_tree
         for chunk in _parent_chunks(b.tree.parent, mb, max_batch):
             new_lp, kl, n = _edge_terms(policy, sde, b, chunk, ref, cfg.kl_form)
             adv, old = b.advantage[chunk].to(new_lp.device), b.tree.log_prob[chunk].to(new_lp.device)
@@ -157,14 +191,28 @@ def grpo_update(policy: Policy, opt: torch.optim.Optimizer, sde: Kernel, b: Batc
                 kls.append(kl.detach().cpu())
             (loss_e.sum() / denom).backward()
             ratios.append(ratio.detach().cpu())
-            first += len(chunk) if k == 0 else 0
+            if k == 0:
+                first.append(ratio.detach().cpu())
             losses.append(loss_e.detach().cpu())
             evals += n
+        if parallel:
+            parallel.sync(params)
         norms.append(float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)))
         opt.step()
         if after_step:
             after_step()
+    if parallel:                                       # every rank reports the whole batch's metrics
+        ratios, losses = _all(ratios, parallel), _all(losses, parallel)
+        kls = _all(kls, parallel) if ref is not None else kls
+        first = _all(first, parallel)
+        evals = int(parallel.gather(torch.tensor([evals])).sum())
     return _metrics(ratios, losses, norms, kls, evals, first, cfg)
+
+
+def _all(parts: list[Tensor], parallel: Parallel) -> list[Tensor]:
+    """This rank's per-edge values -> every rank's, in rank order (the metrics are order-free)."""
+    local = torch.cat(parts) if parts else torch.zeros(0)
+    return [parallel.gather(local)]
 
 
 def _edges_per_tree(b: Batch) -> float:
@@ -180,14 +228,15 @@ def _parent_chunks(parent: Tensor, edges: Tensor, max_batch: int) -> list[Tensor
     return [edges[torch.isin(owner, g)] for g in parents.split(max_batch)]
 
 
-def _metrics(ratios, losses, norms, kls, evals, first: int, cfg: TrainConfig) -> dict[str, float]:
+def _metrics(ratios, losses, norms, kls, evals, first: list[Tensor], cfg: TrainConfig) -> dict[str, float]:
     if not ratios:
         return {"edges": 0, "train_evals": 0}
     r, lo = torch.cat(ratios), torch.cat(losses)
     logr = torch.log(r)
     out = {"edges": int(r.numel()), "loss": float(lo.mean()), "ratio_mean": float(r.mean()),
            "ratio_min": float(r.min()), "ratio_max": float(r.max()),
-           "ratio_first_dev": float((r[:first] - 1).abs().max()),  # before this iteration's first step: 0 on-policy
+           "ratio_first_dev": float((torch.cat(first) - 1).abs().max()) if first and torch.cat(first).numel() else 0.0,
+           # ^ the ratios of the first step, taken before any update of this iteration: 0 on-policy
            "clip_frac": float(((r - 1).abs() > cfg.clip_range).float().mean()),
            "approx_kl": float(0.5 * (logr**2).mean()), "grad_norm": sum(norms) / len(norms),
            "optimizer_steps": len(norms), "train_evals": evals}

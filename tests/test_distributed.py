@@ -1,0 +1,135 @@
+"""Data-parallel training with two gloo processes on the CPU: the same weights on both ranks, the same
+curve as one process over the same global batch, checkpoints that resume on another process count,
+and a failure in one process that stops both with one line."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from treegrpo_cli.rundir import read_metrics
+from treegrpo_cli.store.checkpoint import list_checkpoints, load_checkpoint
+
+SETS = ["--set", 'model="pixel-tiny"', "--set", "rollout.num_prompts=4", "--set", "train.save_every=1",
+        "--set", "train.sample_every=0", "--seed", "3"]
+TIMINGS = ("seconds", "wall")
+
+
+def treegrpo(*args, nproc: int = 1, timeout: float = 240, env: dict | None = None) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "treegrpo_cli", "train", *map(str, args)]
+    cmd += ["--nproc-per-node", str(nproc)] if nproc > 1 else []
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                          env=dict(os.environ, OMP_NUM_THREADS="1", **(env or {})))
+
+
+def close(rows_a, rows_b, tol=1e-5):
+    assert len(rows_a) == len(rows_b)
+    for a, b in zip(rows_a, rows_b):
+        assert a.keys() == b.keys()
+        for k in a:
+            if k in TIMINGS:
+                continue
+            if isinstance(a[k], float):
+                assert abs(a[k] - b[k]) <= tol * max(1.0, abs(b[k])), (a["iteration"], k, a[k], b[k])
+            else:
+                assert a[k] == b[k], (a["iteration"], k)
+
+
+def _worker(rank: int, port: int, out: str) -> None:
+    """One rank: one training iteration; writes its tree and its weights after the step."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    from treegrpo_cli import dist, loop
+    from treegrpo_cli.config import load_config
+    d = dist.from_env()
+    cfg = load_config("branch", sets=['model="pixel-tiny"', "rollout.num_prompts=4", "seed=5"])
+    trainer = loop.Trainer(cfg, "cpu", d)
+    seen = {}
+    real = loop.grpo_update
+
+    def spy(policy, opt, sde, batch, *a, **k):
+        seen["tree"] = batch.tree
+        return real(policy, opt, sde, batch, *a, **k)
+    loop.grpo_update = spy
+    trainer.iteration(["a red circle", "two blue squares", "a green triangle", "a big yellow square", "a purple circle"],
+                      lambda *a: None)
+    torch.save({"weights": trainer.policy.trainable_state(), "tree": seen["tree"].tensors()}, Path(out) / f"rank{rank}.pt")
+    dist.shutdown()
+
+
+def test_one_step_leaves_the_same_weights_on_both_ranks_and_the_trees_of_one_process(tmp_path):
+    from treegrpo_cli.cli.launch import free_port
+    from treegrpo_cli import loop
+    from treegrpo_cli.config import load_config
+    from treegrpo_cli.engine.rollout import rollout
+
+    mp.spawn(_worker, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
+    for k in r0["weights"]:
+        assert torch.equal(r0["weights"][k], r1["weights"][k]), k
+    cfg = load_config("branch", sets=['model="pixel-tiny"', "rollout.num_prompts=4", "seed=5"])
+    trainer = loop.Trainer(cfg, "cpu")
+    prompts = ["a red circle", "two blue squares", "a green triangle", "a big yellow square", "a purple circle"]
+    plan = loop.plan_iteration(cfg, len(prompts), 0)
+    for rank, ids in ((0, plan.prompt_ids[:2]), (1, plan.prompt_ids[2:])):    # each rank's half, rolled out alone
+        tree, _ = rollout(trainer.policy, [prompts[i] for i in ids], ids, trainer.sde, plan.tree, plan.seed)
+        got = (r0, r1)[rank]["tree"]
+        for name, value in tree.tensors().items():
+            torch.testing.assert_close(got[name], value, rtol=0, atol=0, equal_nan=True, msg=name)
+
+
+def test_two_processes_match_one_over_the_same_global_batch_and_resume_on_one(tmp_path):
+    one = treegrpo(*SETS, "--iterations", 3, "--run-dir", tmp_path / "one")
+    assert one.returncode == 0, one.stderr
+    two = treegrpo(*SETS, "--iterations", 3, "--run-dir", tmp_path / "two", nproc=2)
+    assert two.returncode == 0, two.stderr
+    close(read_metrics(tmp_path / "two"), read_metrics(tmp_path / "one"))
+    a, b = (load_checkpoint(list_checkpoints(tmp_path / d / "checkpoints")[-1]) for d in ("two", "one"))
+    for k in b.model:
+        torch.testing.assert_close(a.model[k], b.model[k], rtol=1e-4, atol=1e-6)
+    part = treegrpo(*SETS, "--iterations", 2, "--run-dir", tmp_path / "part", nproc=2)
+    assert part.returncode == 0, part.stderr
+    more = treegrpo("--resume", tmp_path / "part", "--iterations", 3)            # written by 2, resumed by 1
+    assert more.returncode == 0, more.stderr
+    close(read_metrics(tmp_path / "part"), read_metrics(tmp_path / "one"))
+    assert json.loads((tmp_path / "two" / "run.json").read_text())["config"]["rollout"]["num_prompts"] == 4
+
+
+def test_a_failure_in_one_process_stops_both_with_one_line(tmp_path):
+    """Process 1 raises in its second iteration (injected by a sitecustomize on its path only)."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(
+        "import os\n"
+        "if os.environ.get('RANK') == '1':\n"
+        "    import treegrpo_cli.loop as loop\n"
+        "    real = loop.Trainer.iteration\n"
+        "    def broken(self, *a, **k):\n"
+        "        if self.step == 1:\n"
+        "            raise RuntimeError('injected failure in process 1')\n"
+        "        return real(self, *a, **k)\n"
+        "    loop.Trainer.iteration = broken\n")
+    env = {"PYTHONPATH": os.pathsep.join([str(hook), os.environ.get("PYTHONPATH", "")])}
+    r = treegrpo(*SETS, "--iterations", 4, "--run-dir", tmp_path / "r", nproc=2, timeout=120, env=env)
+    assert r.returncode != 0
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip() and not ln.startswith(("run folder", "iteration", "eval"))]
+    assert len(lines) == 1 and "injected failure in process 1" in lines[0] and "process 1 of 2" in lines[0], r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_prompts_that_do_not_split_evenly_are_refused_before_anything_is_written(tmp_path):
+    r = treegrpo(*SETS, "--set", "rollout.num_prompts=3", "--run-dir", tmp_path / "r", nproc=2, timeout=120)
+    assert r.returncode != 0 and "divisible by the 2 processes" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("nproc", [2])
+def test_nproc_is_not_passed_on_to_the_workers(nproc, tmp_path):
+    r = treegrpo(*SETS, "--iterations", 1, "--run-dir", tmp_path / "r", f"--nproc-per-node={nproc}")
+    assert r.returncode == 0, r.stderr
+    assert "--nproc-per-node" not in json.loads((tmp_path / "r" / "run.json").read_text())["command"]

@@ -1,0 +1,95 @@
+"""`treegrpo train --nproc-per-node N`: start N copies of the command on this machine with the
+environment torchrun gives its workers (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
+
+Rank 0's stdout is the command's; its stderr is passed through line by line. When a process fails,
+the others are stopped and one line names the failure: the first process to exit non-zero is the
+cause (the others fail after it, on a closed connection). Multi-node runs use torchrun itself:
+`torchrun --nnodes 2 --nproc-per-node 8 ... -m treegrpo_cli train ...`.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+GRACE_S = 5.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(nproc: int, argv: list[str]) -> tuple[int, str | None]:
+    """Run `treegrpo <argv>` in nproc processes; (exit code, the one error line or None)."""
+    port, logs, procs = free_port(), [], []
+    with tempfile.TemporaryDirectory(prefix="treegrpo-launch-") as tmp:
+        for rank in range(nproc):
+            env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc),
+                       LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+            log = Path(tmp) / f"rank{rank}.err"
+            logs.append(log)
+            procs.append(subprocess.Popen([sys.executable, "-m", "treegrpo_cli", *argv], env=env,
+                                          stdout=None if rank == 0 else subprocess.DEVNULL,
+                                          stderr=subprocess.PIPE if rank == 0 else open(log, "wb")))
+        held: list[str] = []
+        pump = threading.Thread(target=_forward, args=(procs[0], held), daemon=True)
+        pump.start()
+        cause = _wait(procs)
+        pump.join(timeout=GRACE_S)
+        if cause is None:
+            for line in held:
+                sys.stderr.write(line)
+            return 0, None
+        text = "".join(held) if cause == 0 else logs[cause].read_text(errors="replace")
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        last = lines[-1].removeprefix("Error: ") if lines else f"exit code {procs[cause].returncode}"
+        return procs[cause].returncode or 1, last + ("" if cause == 0 else f" (process {cause} of {nproc})")
+
+
+def _forward(proc: subprocess.Popen, held: list[str]) -> None:
+    """Rank 0's stderr to ours as it comes; its error lines are held back for the one-line report."""
+    for raw in iter(proc.stderr.readline, b""):
+        line = raw.decode(errors="replace")
+        if line.startswith(("Error: ", "Traceback", "[rank")) or held:
+            held.append(line)
+        else:
+            sys.stderr.write(line)
+            sys.stderr.flush()
+
+
+def _wait(procs: list[subprocess.Popen]) -> int | None:
+    """Wait for every process; on the first failure stop the others. Returns the failing rank or None.
+    Each process has a watcher thread that notes when it ended, so the first to fail is known even when
+    the others follow it within milliseconds."""
+    ended: list[tuple[float, int]] = []
+    lock = threading.Lock()
+
+    def watch(rank: int) -> None:
+        procs[rank].wait()
+        with lock:
+            ended.append((time.monotonic(), rank))
+
+    for r in range(len(procs)):
+        threading.Thread(target=watch, args=(r,), daemon=True).start()
+    while True:
+        with lock:
+            failed = [r for _, r in sorted(ended) if procs[r].returncode != 0]
+            done = len(ended) == len(procs)
+        if failed:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+            for p in procs:
+                p.wait()
+            return failed[0]
+        if done:
+            return None
+        time.sleep(0.02)
