@@ -344,3 +344,51 @@ def test_cfg_uncond_detach_backpropagates_the_conditional_half_only(model_dirs, 
     assert cond_only.abs().max() > 0
     torch.testing.assert_close(detached, w * cond_only, rtol=1e-3, atol=1e-4 * float(cond_only.abs().max()))  # batched vs alone
     assert (exact - detached).abs().max() > 1e-3 * detached.abs().max()
+
+
+def _bf16_policy(folder, finetune):
+    from treegrpo_cli.models.base import PolicyConfig
+    from treegrpo_cli.models.registry import load_policy
+    return load_policy(str(folder), "cpu", PolicyConfig(dtype="bf16", finetune=finetune, resolution=16,
+                                                        max_sequence_length=8))
+
+
+def _velocity_loss(policy, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, *policy.latent_shape, generator=g)
+    v = policy.velocity(x, torch.tensor([0.301, 0.702]), policy.encode(["a red cat", "a blue dog"]))
+    return (v.float() * torch.randn(v.shape, generator=g)).sum(), v
+
+
+def test_full_finetune_in_bf16_keeps_fp32_master_weights_and_small_updates(model_dirs):
+    """bf16 compute, fp32 weights: one AdamW step of lr 1e-5 moves almost every weight; the same step
+    applied to bf16 weights would round away for most of them."""
+    policy = _bf16_policy(model_dirs["sd3"], "full")
+    params = policy.trainable_parameters()
+    assert params and all(p.dtype == torch.float32 for p in params)
+    assert next(policy.pipe.vae.parameters()).dtype == torch.bfloat16           # frozen parts in the compute dtype
+    before = [p.detach().clone() for p in params]
+    opt = torch.optim.AdamW(params, lr=1e-5, weight_decay=0.0)
+    loss, v = _velocity_loss(policy)
+    assert v.dtype == torch.float32
+    loss.backward()
+    opt.step()
+    moved = torch.cat([(p.detach() != b).flatten() for p, b in zip(params, before)]).float().mean()
+    kept_in_bf16 = torch.cat([((b + (p.detach() - b)).bfloat16() != b.bfloat16()).flatten()
+                              for p, b in zip(params, before)]).float().mean()
+    assert moved > 0.9 and kept_in_bf16 < 0.5, (float(moved), float(kept_in_bf16))
+    ref = policy.reference()
+    assert next(ref.frozen.parameters()).dtype == torch.bfloat16                 # the KL reference: bf16, inference only
+
+
+def test_lora_forward_runs_under_bf16_autocast_with_fp32_adapters(model_dirs):
+    policy = _bf16_policy(model_dirs["sd3"], "lora")
+    lora = [m for n, m in policy.denoiser.named_modules() if n.endswith("lora_A.default")]
+    assert lora and all(p.dtype == torch.float32 for p in policy.trainable_parameters())
+    seen = []
+    lora[0].register_forward_hook(lambda m, i, o: seen.append((torch.is_autocast_enabled("cpu"), o.dtype)))
+    loss, v = _velocity_loss(policy)
+    assert seen and all(on and dt == torch.bfloat16 for on, dt in seen), seen
+    assert v.dtype == torch.float32
+    loss.backward()
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in policy.trainable_parameters())

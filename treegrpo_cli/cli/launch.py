@@ -2,14 +2,15 @@
 environment torchrun gives its workers (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
 
 Rank 0's stdout is the command's; its stderr is passed through line by line. When a process fails,
-the others are stopped and one line names the failure: the first process to exit non-zero is the
-cause (the others fail after it, on a closed connection). Multi-node runs use torchrun itself:
+the others get a few seconds to end and are then killed, and one line names the failure: that of
+the first failed process whose error is its own rather than a peer's closed connection. Multi-node runs use torchrun itself:
 `torchrun --nnodes 2 --nproc-per-node 8 ... -m treegrpo_cli train ...`.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -18,7 +19,9 @@ import threading
 import time
 from pathlib import Path
 
-GRACE_S = 5.0
+GRACE_S = 3.0
+# Errors that only say a peer went away: the cause is another process's error.
+PEER_FAILURE = re.compile(r"terminate called|connection|socket|broken pipe|gloo|nccl|timed? ?out|exit code -", re.I)
 
 
 def free_port() -> int:
@@ -42,16 +45,21 @@ def run(nproc: int, argv: list[str]) -> tuple[int, str | None]:
         held: list[str] = []
         pump = threading.Thread(target=_forward, args=(procs[0], held), daemon=True)
         pump.start()
-        cause = _wait(procs)
+        failed = _wait(procs)
         pump.join(timeout=GRACE_S)
-        if cause is None:
+        if not failed:
             for line in held:
                 sys.stderr.write(line)
             return 0, None
-        text = "".join(held) if cause == 0 else logs[cause].read_text(errors="replace")
-        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-        last = lines[-1].removeprefix("Error: ") if lines else f"exit code {procs[cause].returncode}"
-        return procs[cause].returncode or 1, last + ("" if cause == 0 else f" (process {cause} of {nproc})")
+        lasts = {r: _last_line("".join(held) if r == 0 else logs[r].read_text(errors="replace"), procs[r])
+                 for r in failed}
+        cause = next((r for r in failed if not PEER_FAILURE.search(lasts[r])), failed[0])
+        return procs[cause].returncode or 1, lasts[cause] + ("" if cause == 0 else f" (process {cause} of {nproc})")
+
+
+def _last_line(text: str, proc: subprocess.Popen) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[-1].removeprefix("Error: ") if lines else f"exit code {proc.returncode}"
 
 
 def _forward(proc: subprocess.Popen, held: list[str]) -> None:
@@ -65,10 +73,9 @@ def _forward(proc: subprocess.Popen, held: list[str]) -> None:
             sys.stderr.flush()
 
 
-def _wait(procs: list[subprocess.Popen]) -> int | None:
-    """Wait for every process; on the first failure stop the others. Returns the failing rank or None.
-    Each process has a watcher thread that notes when it ended, so the first to fail is known even when
-    the others follow it within milliseconds."""
+def _wait(procs: list[subprocess.Popen]) -> list[int]:
+    """Wait for every process. After the first failure the others get GRACE_S to fail on their own (a
+    peer's closed connection) before they are killed. Returns the failed ranks in the order they ended."""
     ended: list[tuple[float, int]] = []
     lock = threading.Lock()
 
@@ -79,17 +86,18 @@ def _wait(procs: list[subprocess.Popen]) -> int | None:
 
     for r in range(len(procs)):
         threading.Thread(target=watch, args=(r,), daemon=True).start()
+    first_failure = None
     while True:
         with lock:
             failed = [r for _, r in sorted(ended) if procs[r].returncode != 0]
             done = len(ended) == len(procs)
-        if failed:
+        if failed and first_failure is None:
+            first_failure = time.monotonic()
+        if done or (first_failure is not None and time.monotonic() - first_failure > GRACE_S):
             for p in procs:
                 if p.poll() is None:
                     p.kill()
             for p in procs:
                 p.wait()
-            return failed[0]
-        if done:
-            return None
+            return failed
         time.sleep(0.02)

@@ -108,10 +108,21 @@ class DiffusersPolicy(ABC):
 
     # -- set-up ------------------------------------------------------------------------------
     def _place(self) -> None:
+        """Every module in the compute dtype, except a fully fine-tuned denoiser: its weights are the fp32
+        master copy (an lr-1e-5 update to a bf16 weight rounds away) and its forward runs under autocast."""
+        if self.device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = True      # fp32 matmuls that remain (sampler math) on TF32
+            torch.backends.cudnn.allow_tf32 = True
         for attr in ("vae", *self.text_encoder_attrs, self.denoiser_attr):
             module = getattr(self.pipe, attr, None)
             if isinstance(module, nn.Module):
-                module.to(self.device, self.dtype).requires_grad_(False).eval()
+                master = attr == self.denoiser_attr and self.opts.finetune == "full"
+                module.to(self.device, torch.float32 if master else self.dtype).requires_grad_(False).eval()
+
+    def autocast(self):
+        """bf16 autocast for the denoiser's forward when the compute dtype is bf16 (LoRA adapters and full
+        fine-tuning keep fp32 weights; their matmuls run in bf16); a no-op in fp32."""
+        return torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32)
 
     def _lora_config(self) -> Any:
         from peft import LoraConfig
@@ -123,7 +134,7 @@ class DiffusersPolicy(ABC):
 
     def _setup_training(self) -> None:
         """LoRA: a peft adapter (B = 0, so the policy starts as the model), trained in fp32 over the frozen
-        bf16 base. Full: every denoiser weight, in the weights' dtype."""
+        base in the compute dtype. Full: every denoiser weight, fp32 master weights (see _place)."""
         net = self.denoiser
         if self.opts.finetune == "full":
             net.requires_grad_(True)
@@ -144,7 +155,8 @@ class DiffusersPolicy(ABC):
         return 2 if self.uses_negative and self.guidance != 1.0 else 1
 
     def velocity(self, x: Tensor, sigma: Tensor, cond: Conditions) -> Tensor:
-        return self.model_output(self.denoiser, x, sigma, cond)
+        with self.autocast():
+            return self.model_output(self.denoiser, x, sigma, cond).float()
 
     @abstractmethod
     def model_output(self, net: nn.Module, x: Tensor, sigma: Tensor, cond: Conditions) -> Tensor:
@@ -175,7 +187,8 @@ class DiffusersPolicy(ABC):
         """The KL reference: LoRA runs disable the adapter (no copy); full runs keep a frozen copy."""
         if self.opts.finetune == "lora":
             return ReferencePolicy(self, None)
-        return ReferencePolicy(self, copy.deepcopy(self.denoiser).requires_grad_(False))
+        frozen = copy.deepcopy(self.denoiser).requires_grad_(False).to(self.dtype)   # inference only: compute dtype
+        return ReferencePolicy(self, frozen)
 
     def describe(self) -> dict[str, Any]:
         lora = None
@@ -327,9 +340,10 @@ class ReferencePolicy:
 
     def velocity(self, x: Tensor, sigma: Tensor, cond: Conditions) -> Tensor:
         if self.frozen is not None:
-            return self.policy.model_output(self.frozen, x, sigma, cond)
-        with adapters_disabled(self.policy.denoiser):
-            return self.policy.model_output(self.policy.denoiser, x, sigma, cond)
+            with self.policy.autocast():
+                return self.policy.model_output(self.frozen, x, sigma, cond).float()
+        with adapters_disabled(self.policy.denoiser), self.policy.autocast():
+            return self.policy.model_output(self.policy.denoiser, x, sigma, cond).float()
 
     def encode(self, prompts: list[str]) -> Conditions:
         return self.policy.encode(prompts)
