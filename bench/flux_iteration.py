@@ -17,6 +17,15 @@ the library's rollout (engine/rollout.py) and GRPO update (engine/grpo.py) and r
 torch.cuda.max_memory_allocated per phase. A case that runs out of memory is recorded as such.
 The last iteration is the steady-state number (the first includes CUDA warm-up).
 
+Model FLOP utilisation (MFU) of each phase: model FLOPs / (seconds x the GPU's dense bf16 peak,
+--peak-tflops, by default from the device name: H100 and H200 989, A100 312). Model FLOPs of one
+forward (forward_flops): 2 x (weight-matrix entries) x (tokens that pass through them) -- image
+tokens for the image stream of the double blocks, text tokens for the text stream, all tokens in the
+single blocks, one per sample for the adaLN and embedding MLPs -- plus 4 x tokens^2 x width for each
+block's joint attention; checked against torch's FlopCounterMode in the tests. A rollout is
+rollout_evals forwards; training counts 3 forwards per trained parent (forward and backward; the
+recomputation of gradient checkpointing is not model FLOPs).
+
 On a machine without CUDA it refuses (exit 2) unless --tiny is given.
 """
 
@@ -50,6 +59,39 @@ FLUX_DEV = dict(patch_size=1, in_channels=64, num_layers=19, num_single_layers=3
 TINY = dict(FLUX_DEV, num_layers=1, num_single_layers=1, attention_head_dim=16, num_attention_heads=2,
             joint_attention_dim=32, pooled_projection_dim=32, axes_dims_rope=(4, 4, 8))
 VAE_SCALE = 8  # FLUX's VAE: 720 px -> 90 x 90 latents -> 45 x 45 = 2025 packed tokens
+PEAK_TFLOPS = {"H100": 989.4, "H200": 989.4, "A100": 312.0, "L40S": 362.1, "A10G": 70.0}   # dense bf16
+
+
+def forward_flops(net: torch.nn.Module, image_tokens: int, text_tokens: int) -> float:
+    """Model FLOPs of one FluxTransformer2DModel forward of one sample (see the module docstring)."""
+    tokens = image_tokens + text_tokens
+    total = 0.0
+    for name, p in net.named_parameters():
+        if p.dim() != 2:
+            continue
+        if "norm" in name or name.startswith("time_text_embed"):
+            n = 1                                                       # adaLN / embedding MLPs: per sample
+        elif name.startswith("transformer_blocks."):
+            n = text_tokens if ("context" in name or ".add_" in name or "to_add_out" in name) else image_tokens
+        elif name.startswith("single_transformer_blocks."):
+            n = tokens
+        elif name.startswith("context_embedder"):
+            n = text_tokens
+        else:                                                           # x_embedder, proj_out
+            n = image_tokens
+        total += 2.0 * p.numel() * n
+    width = net.config.num_attention_heads * net.config.attention_head_dim
+    blocks = net.config.num_layers + net.config.num_single_layers
+    return total + 4.0 * blocks * tokens * tokens * width
+
+
+def peak_flops(args: argparse.Namespace, device: torch.device) -> float | None:
+    if args.peak_tflops:
+        return args.peak_tflops * 1e12
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name()
+        return next((v * 1e12 for k, v in PEAK_TFLOPS.items() if k in name), None)
+    return None
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -63,6 +105,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--text-len", type=int, default=None, help="T5 tokens (default 512; --tiny 8)")
     ap.add_argument("--no-gradient-checkpointing", action="store_true")
     ap.add_argument("--tiny", action="store_true", help="tiny transformer on the CPU: a smoke test of this script")
+    ap.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak for MFU (default: by GPU name)")
     ap.add_argument("--out", type=Path, default=None, help="JSON results (default bench/results/flux_iteration[_tiny].json)")
     args = ap.parse_args(argv)
     args.resolution = args.resolution or (32 if args.tiny else 720)
@@ -139,10 +182,21 @@ def iteration(policy, kernel, opt, cfg, it: int, args: argparse.Namespace, devic
     batch = Batch(tree, trained, adv.edge, policy.encode([prompts[int(p)] for p in tree.tree_prompt]))
     with Clock(device) as upd:
         metrics = grpo_update(policy, opt, kernel, batch, cfg.train, torch.Generator().manual_seed(it), args.max_batch)
+    flops = forward_flops(policy.denoiser, _image_tokens(policy), args.text_len)
+    rollout_flops, train_flops = nfe * flops, 3 * metrics.get("train_evals", 0) * flops
+    peak = peak_flops(args, device)
+    mfu = lambda f, sec: f / (sec * peak) if peak else None   # noqa: E731
     return {"iteration": it, "rollout_s": roll.seconds, "train_s": upd.seconds, "total_s": roll.seconds + upd.seconds,
             "rollout_peak_gib": roll.peak_gib, "train_peak_gib": upd.peak_gib, "leaves": int(len(leaves)),
             "rollout_evals": nfe, "trained_edges": int(trained.sum()), "train_evals": metrics.get("train_evals", 0),
-            "ratio_first_dev": metrics.get("ratio_first_dev")}
+            "ratio_first_dev": metrics.get("ratio_first_dev"), "forward_gflops": flops / 1e9,
+            "rollout_tflops": rollout_flops / 1e12, "train_tflops": train_flops / 1e12,
+            "rollout_mfu": mfu(rollout_flops, roll.seconds), "train_mfu": mfu(train_flops, upd.seconds)}
+
+
+def _image_tokens(policy) -> int:
+    c, h, w = policy.latent_shape          # FLUX packs 2x2 latent patches into one token
+    return (h // 2) * (w // 2)
 
 
 def run_case(preset: str, mode: str, args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> dict:
@@ -171,15 +225,17 @@ def run_case(preset: str, mode: str, args: argparse.Namespace, device: torch.dev
 
 def print_table(results: list[dict]) -> None:
     print(f"{'preset':<11} {'mode':<5} {'leaves':>6} {'evals':>6} {'edges':>6} {'rollout s':>10} {'train s':>9} "
-          f"{'rollout GiB':>12} {'train GiB':>10}")
+          f"{'rollout GiB':>12} {'train GiB':>10} {'rollout MFU':>12} {'train MFU':>10}")
     for c in results:
         if "error" in c:
             print(f"{c['preset']:<11} {c['mode']:<5} {c['error']}")
             continue
         r = c["iterations"][-1]
-        gib = lambda v: f"{v:.1f}" if v is not None else "-"
+        gib = lambda v: f"{v:.1f}" if v is not None else "-"   # noqa: E731
+        pct = lambda v: f"{100 * v:.1f}%" if v is not None else "-"   # noqa: E731
         print(f"{c['preset']:<11} {c['mode']:<5} {r['leaves']:>6} {r['rollout_evals']:>6} {r['trained_edges']:>6} "
-              f"{r['rollout_s']:>10.2f} {r['train_s']:>9.2f} {gib(r['rollout_peak_gib']):>12} {gib(r['train_peak_gib']):>10}")
+              f"{r['rollout_s']:>10.2f} {r['train_s']:>9.2f} {gib(r['rollout_peak_gib']):>12} {gib(r['train_peak_gib']):>10} "
+              f"{pct(r['rollout_mfu']):>12} {pct(r['train_mfu']):>10}")
 
 
 def main(argv: list[str] | None = None) -> int:
