@@ -64,9 +64,10 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_one_before(tmp_path):
     train(*TINY, "--iterations", 3, "--run-dir", tmp_path / "ref")
     train(*TINY, "--iterations", 3, "--set", "train.keep_last=3", "--run-dir", tmp_path / "r")
     newest = list_checkpoints(tmp_path / "r" / "checkpoints")[-1]
-    blob = bytearray((newest / "model.safetensors").read_bytes())
+    shard = newest / "model-00001-of-00001.safetensors"
+    blob = bytearray(shard.read_bytes())
     blob[-1] ^= 0xFF
-    (newest / "model.safetensors").write_bytes(bytes(blob))
+    shard.write_bytes(bytes(blob))
     r = train("--resume", tmp_path / "r", "--iterations", 3)
     assert "step-3 is damaged" in r.stderr and "from checkpoint step-2" in r.stderr
     assert comparable(read_metrics(tmp_path / "r")) == comparable(read_metrics(tmp_path / "ref"))

@@ -58,7 +58,7 @@ def export_checkpoint(req: ExportRequest) -> dict[str, Any]:
     use_ema = req.ema and ck.ema is not None
     policy = load_policy(cfg.model, req.device, cfg.policy, text_encoders=False)
     if not hasattr(policy, "export"):
-        raise TreegrpoError(f"model {cfg.model!r} has no diffusers format; its weights are {path / 'model.safetensors'}")
+        raise TreegrpoError(f"model {cfg.model!r} has no diffusers format; its weights are the model-*.safetensors shards of {path}")
     files = policy.export(req.out, ck.ema if use_ema else ck.model)
     info = {"run_dir": str(req.run_dir), "checkpoint": str(path), "step": ck.step, "ema": use_ema,
             "model": policy.describe(), "files": files, "created": time.time()}

@@ -1,15 +1,22 @@
 """Training checkpoints: RUN/checkpoints/step-N/ written to a temporary folder and renamed.
 
-    model.safetensors       the trainable weights
-    ema.safetensors         their exponential moving average (when enabled)
-    optimizer.safetensors   optimizer tensors (state.<param>.<key>) + optimizer.json (groups, scalars)
-    rng.safetensors         torch's RNG states: the CPU generator, and every CUDA device's when there are any
-    trainer_state.json      iteration, seed, wall time
-    manifest.json           sha256 of every file above; written last, checked on load
+    model-00001-of-0000K.safetensors ...   the trainable weights, in shards of at most SHARD_BYTES,
+    model.index.json                       with the index of which tensor is in which shard
+    ema-*.safetensors, ema.index.json      their exponential moving average (when enabled)
+    optimizer-*.safetensors, optimizer.index.json   optimizer tensors (state.<param>.<key>)
+    optimizer.json                         param groups and scalar state
+    rng.safetensors                        torch's RNG states: the CPU generator and every CUDA device's
+    trainer_state.json                     iteration, seed, wall time
+    manifest.json                          sha256 of every file above; written last, checked on load
+
+Shards are written one at a time, each moved to the CPU only while it is written, and hashed from the
+file in chunks: a 12B-parameter state never sits in RAM as one buffer. Checkpoints written as single
+model.safetensors / ema.safetensors / optimizer.safetensors files (before shards) still load.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -19,11 +26,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load as st_load
+from safetensors.torch import load_file, save_file
 from safetensors.torch import save as st_save
 
 from ..errors import CorruptFileError, TreegrpoError
-from .shards import atomic_write, sha256
+from .shards import atomic_write
 
 MANIFEST = "manifest.json"
 
@@ -38,22 +45,61 @@ class Checkpoint:
     state: dict[str, Any]                  # trainer state (JSON-able)
 
 
-def _optimizer_files(sd: dict[str, Any]) -> tuple[bytes, bytes]:
+SHARD_BYTES = 2 * 2**30
+
+
+def _optimizer_parts(sd: dict[str, Any]) -> tuple[dict[str, torch.Tensor], bytes]:
     tensors, scalars = {}, {}
     for pid, st in sd["state"].items():
         for k, v in st.items():
             if torch.is_tensor(v):
-                tensors[f"state.{pid}.{k}"] = v.detach().cpu().contiguous()
+                tensors[f"state.{pid}.{k}"] = v
             else:
                 scalars[f"{pid}.{k}"] = v
     meta = {"param_groups": sd["param_groups"], "scalars": scalars}
-    return st_save(tensors), json.dumps(meta).encode()
+    return tensors, json.dumps(meta).encode()
 
 
-def _optimizer_from_files(tensor_bytes: bytes, meta_bytes: bytes) -> dict[str, Any]:
+def _write_sharded(folder: Path, stem: str, tensors: dict[str, torch.Tensor], limit: int) -> list[str]:
+    """stem-0000i-of-0000K.safetensors (at most `limit` bytes each, one tensor at least) and stem.index.json."""
+    groups: list[list[str]] = [[]]
+    size = 0
+    for k, v in tensors.items():
+        n = v.numel() * v.element_size()
+        if groups[-1] and size + n > limit:
+            groups.append([])
+            size = 0
+        groups[-1].append(k)
+        size += n
+    files, index = [], {}
+    for i, keys in enumerate(groups, 1):
+        name = f"{stem}-{i:05d}-of-{len(groups):05d}.safetensors"
+        part = {k: tensors[k].detach().cpu().contiguous() for k in keys}     # only this shard on the CPU
+        save_file(part, str(folder / name))
+        _fsync_file(folder / name)
+        files.append(name)
+        index.update({k: name for k in keys})
+    atomic_write(folder / f"{stem}.index.json", json.dumps({"weight_map": index}, indent=1).encode())
+    return files + [f"{stem}.index.json"]
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def file_sha256(path: Path, chunk: int = 1 << 23) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(chunk), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _optimizer_from_files(tensors: dict[str, torch.Tensor], meta_bytes: bytes) -> dict[str, Any]:
     meta = json.loads(meta_bytes)
     state: dict[int, dict[str, Any]] = {}
-    for key, t in st_load(tensor_bytes).items():
+    for key, t in tensors.items():
         _, pid, k = key.split(".", 2)
         state.setdefault(int(pid), {})[k] = t
     for key, v in meta["scalars"].items():
@@ -62,19 +108,21 @@ def _optimizer_from_files(tensor_bytes: bytes, meta_bytes: bytes) -> dict[str, A
     return {"state": state, "param_groups": meta["param_groups"]}
 
 
-def save_checkpoint(folder: Path, ck: Checkpoint, keep_last: int) -> Path:
+def save_checkpoint(folder: Path, ck: Checkpoint, keep_last: int, shard_bytes: int | None = None) -> Path:
     """Write step-N atomically (temp folder, fsync, rename), then drop all but the newest keep_last."""
     folder.mkdir(parents=True, exist_ok=True)
-    files = {"model.safetensors": st_save({k: v.detach().cpu().contiguous() for k, v in ck.model.items()}),
-             "rng.safetensors": st_save({k: v.cpu().contiguous() for k, v in ck.rng.items()}),
-             "trainer_state.json": json.dumps(ck.state, indent=1).encode()}
-    files["optimizer.safetensors"], files["optimizer.json"] = _optimizer_files(ck.optimizer)
-    if ck.ema is not None:
-        files["ema.safetensors"] = st_save({k: v.detach().cpu().contiguous() for k, v in ck.ema.items()})
     tmp = Path(tempfile.mkdtemp(prefix=f".step-{ck.step}.", dir=folder))
-    for name, data in files.items():
+    limit = shard_bytes or SHARD_BYTES
+    opt_tensors, opt_meta = _optimizer_parts(ck.optimizer)
+    names = _write_sharded(tmp, "model", ck.model, limit) + _write_sharded(tmp, "optimizer", opt_tensors, limit)
+    if ck.ema is not None:
+        names += _write_sharded(tmp, "ema", ck.ema, limit)
+    small = {"rng.safetensors": st_save({k: v.cpu().contiguous() for k, v in ck.rng.items()}),
+             "trainer_state.json": json.dumps(ck.state, indent=1).encode(), "optimizer.json": opt_meta}
+    for name, data in small.items():
         atomic_write(tmp / name, data)
-    atomic_write(tmp / MANIFEST, json.dumps({n: sha256(d) for n, d in files.items()}, indent=1).encode())
+    names += list(small)
+    atomic_write(tmp / MANIFEST, json.dumps({n: file_sha256(tmp / n) for n in names}, indent=1).encode())
     final = folder / f"step-{ck.step}"
     if final.exists():
         shutil.rmtree(final)
@@ -102,7 +150,7 @@ def list_checkpoints(folder: Path) -> list[Path]:
 
 
 def load_checkpoint(path: Path) -> Checkpoint:
-    """Read and verify one step-N folder."""
+    """Read and verify one step-N folder (every file's sha256 against the manifest, streamed)."""
     path = Path(path)
     try:
         manifest = json.loads((path / MANIFEST).read_text())
@@ -110,17 +158,31 @@ def load_checkpoint(path: Path) -> Checkpoint:
         raise TreegrpoError(f"{path}: not a complete checkpoint (no {MANIFEST})") from None
     except ValueError:
         raise CorruptFileError(f"{path / MANIFEST}: not valid JSON") from None
-    data = {}
     for name, digest in manifest.items():
-        try:
-            blob = (path / name).read_bytes()
-        except FileNotFoundError:
-            raise CorruptFileError(f"{path / name}: missing (listed in {MANIFEST})") from None
-        if sha256(blob) != digest:
+        if not (path / name).is_file():
+            raise CorruptFileError(f"{path / name}: missing (listed in {MANIFEST})")
+        if file_sha256(path / name) != digest:
             raise CorruptFileError(f"{path / name}: corrupt, its sha256 does not match {MANIFEST}")
-        data[name] = blob
-    state = json.loads(data["trainer_state.json"])
-    return Checkpoint(step=int(state["step"]), model=st_load(data["model.safetensors"]),
-                      ema=st_load(data["ema.safetensors"]) if "ema.safetensors" in data else None,
-                      optimizer=_optimizer_from_files(data["optimizer.safetensors"], data["optimizer.json"]),
-                      rng=st_load(data["rng.safetensors"]), state=state)
+    state = json.loads((path / "trainer_state.json").read_text())
+    return Checkpoint(step=int(state["step"]), model=_read_tensors(path, "model", manifest),
+                      ema=_read_tensors(path, "ema", manifest) if _has(path, "ema", manifest) else None,
+                      optimizer=_optimizer_from_files(_read_tensors(path, "optimizer", manifest),
+                                                      (path / "optimizer.json").read_bytes()),
+                      rng=load_file(str(path / "rng.safetensors")), state=state)
+
+
+def _has(path: Path, stem: str, manifest: dict) -> bool:
+    return f"{stem}.index.json" in manifest or f"{stem}.safetensors" in manifest
+
+
+def _read_tensors(path: Path, stem: str, manifest: dict) -> dict[str, torch.Tensor]:
+    """The tensors of stem: its shards through stem.index.json, or the single stem.safetensors."""
+    if f"{stem}.index.json" not in manifest:
+        return load_file(str(path / f"{stem}.safetensors"))
+    out: dict[str, torch.Tensor] = {}
+    weight_map = json.loads((path / f"{stem}.index.json").read_text())["weight_map"]
+    for name in sorted(set(weight_map.values())):
+        out.update(load_file(str(path / name)))
+    if set(out) != set(weight_map):
+        raise CorruptFileError(f"{path / (stem + '.index.json')}: its shards hold other tensors than it lists")
+    return out
