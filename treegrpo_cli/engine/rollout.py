@@ -101,22 +101,24 @@ def mix_seed(*values: int) -> int:
     return h & MASK63
 
 
-def node_noise(seed: int, shape: tuple[int, ...]) -> Tensor:
-    """Standard normal noise [*shape] from the node's own CPU generator."""
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(shape, generator=g, dtype=torch.float32)
+def node_noise(seed: int, shape: tuple[int, ...], device: torch.device | str = "cpu") -> Tensor:
+    """Standard normal noise [*shape] from the node's own generator, made on `device` (so a GPU rollout
+    never uploads noise; CUDA's generator draws other numbers than the CPU's for the same seed)."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    return torch.randn(shape, generator=g, dtype=torch.float32, device=device)
 
 
-def branch_noise(cfg: TreeConfig, parent_seed: int, child_seeds: list[int], shape: tuple[int, ...]) -> Tensor:
+def branch_noise(cfg: TreeConfig, parent_seed: int, child_seeds: list[int], shape: tuple[int, ...],
+                 device: torch.device | str = "cpu") -> Tensor:
     """[K, *shape] unit-variance noise for the K children of one parent."""
-    eta = torch.stack([node_noise(s, shape) for s in child_seeds])
+    eta = torch.stack([node_noise(s, shape, device) for s in child_seeds])
     if len(child_seeds) == 1:
         return eta
     if cfg.branch_noise == "scaled":
         return eta * cfg.split_noise_scale
     if math.isinf(cfg.branch_s):
         return eta
-    xi0 = node_noise(mix_seed(parent_seed, SHARED), shape)
+    xi0 = node_noise(mix_seed(parent_seed, SHARED), shape, device)
     return (xi0 + cfg.branch_s * eta) / math.sqrt(1 + cfg.branch_s**2)
 
 
@@ -135,13 +137,13 @@ class _Level:
 
 
 def _roots(cfg: TreeConfig, prompt_ids: list[int], seed: int, shape: tuple[int, ...],
-           earlier_ids: list[int] | tuple[int, ...] = ()) -> _Level:
+           earlier_ids: list[int] | tuple[int, ...] = (), device: torch.device | str = "cpu") -> _Level:
     """One root per tree. Its seed (which all its descendants' seeds derive from) is unique per
     (prompt id, tree); with init_same_noise only the root *latent* is shared by every tree."""
     lvl, seen = _Level(), {}
     for pid in earlier_ids:                            # the same prompt in an earlier part of this batch
         seen[pid] = seen.get(pid, -1) + 1
-    shared = node_noise(mix_seed(seed, SHARED, 0), shape) if cfg.init_same_noise else None
+    shared = node_noise(mix_seed(seed, SHARED, 0), shape, device) if cfg.init_same_noise else None
     for p, pid in enumerate(prompt_ids):
         rep = seen[pid] = seen.get(pid, -1) + 1        # a prompt listed twice gets further trees
         for j in range(cfg.trees_per_prompt):
@@ -150,7 +152,7 @@ def _roots(cfg: TreeConfig, prompt_ids: list[int], seed: int, shape: tuple[int, 
             lvl.tree.append(p * cfg.trees_per_prompt + j)
             lvl.child.append(0)
             lvl.seed.append(s)
-            lvl.latent.append(shared.clone() if shared is not None else node_noise(s, shape))
+            lvl.latent.append(shared.clone() if shared is not None else node_noise(s, shape, device))
             lvl.log_prob.append(torch.tensor(float("nan")))
     return lvl
 
@@ -166,21 +168,22 @@ def _forward(policy: Policy, x: Tensor, sigma: Tensor, cond, rows: Tensor, max_b
 
 
 def _expand(cfg: TreeConfig, sde: Kernel, step: int, lvl: _Level, first_id: int, v: Tensor, x: Tensor) -> _Level:
-    """Children of every node of one frontier, from the batched velocity v [F, C, H, W]."""
-    n, K = x.shape[0], cfg.children(step)
+    """Children of every node of one frontier, from the batched velocity v [F, C, H, W]. Everything stays
+    on x's device: the means, each node's noise (from its own seed), the Gaussian step and the log-probs."""
+    n, K, dev = x.shape[0], cfg.children(step), x.device
     is_sde = cfg.is_sde(step)
     res = sde.step(x, v, torch.full((n,), step, dtype=torch.long), torch.full((n,), is_sde))
-    mean = res.mean.cpu().repeat_interleave(K, dim=0)                 # [F*K, C, H, W]
+    mean = res.mean.repeat_interleave(K, dim=0)                       # [F*K, C, H, W]
     kids = [[mix_seed(s, c) for c in range(K)] for s in lvl.seed]      # per node, its K child seeds
     if is_sde:   # noise per node from its own generators, then one batched Gaussian step and log-prob
-        xi = torch.cat([branch_noise(cfg, s, k, tuple(x.shape[1:])) for s, k in zip(lvl.seed, kids)])
-        std = res.std.cpu().repeat_interleave(K)                        # [F*K]
+        xi = torch.cat([branch_noise(cfg, s, k, tuple(x.shape[1:]), dev) for s, k in zip(lvl.seed, kids)])
+        std = res.std.to(dev).repeat_interleave(K)                      # [F*K]
         lat = mean + std.view(-1, *([1] * (mean.dim() - 1))) * xi
         lp = sde.log_prob(lat, mean, std)
     else:
-        lat, lp = mean, torch.full((n * K,), float("nan"))
+        lat, lp = mean, torch.full((n * K,), float("nan"), device=dev)
     last = step == sde.cfg.steps - 1
-    x0 = res.x0.cpu().repeat_interleave(K, dim=0) if last else None
+    x0 = res.x0.repeat_interleave(K, dim=0) if last else None
     nxt = _Level()
     for f in range(n):
         for c in range(K):
@@ -191,6 +194,20 @@ def _expand(cfg: TreeConfig, sde: Kernel, step: int, lvl: _Level, first_id: int,
     nxt.latent, nxt.log_prob = list(lat.unbind(0)), list(lp.unbind(0))
     nxt.x0 = list(x0.unbind(0)) if last else []
     return nxt
+
+
+def _offload(lvl: _Level) -> _Level:
+    """Copy a finished level's tensors to (pinned) host memory without waiting for the copy; the frontier
+    keeps its device tensors for the next forward. Read only after _assemble synchronises."""
+    def host(ts: list[Tensor]) -> list[Tensor]:
+        if not ts or ts[0].device.type == "cpu":
+            return ts
+        stacked = torch.stack(ts)
+        out = torch.empty(stacked.shape, dtype=stacked.dtype, pin_memory=True)
+        out.copy_(stacked, non_blocking=True)
+        return list(out.unbind(0))
+    done = _Level(lvl.parent, lvl.tree, lvl.child, lvl.seed, host(lvl.latent), host(lvl.log_prob), host(lvl.x0))
+    return done
 
 
 def rollout(policy: Policy, prompts: list[str], prompt_ids: list[int], sde: Kernel, cfg: TreeConfig,
@@ -206,19 +223,23 @@ def rollout(policy: Policy, prompts: list[str], prompt_ids: list[int], sde: Kern
     shape = tuple(policy.latent_shape)
     device = next(iter(policy.trainable_parameters())).device
     cond = policy.encode(prompts)
-    levels = [_roots(cfg, prompt_ids, seed, shape, earlier_ids)]
-    first_ids, nfe = [0], 0
+    frontier = _roots(cfg, prompt_ids, seed, shape, earlier_ids, device)
+    levels, first_ids, nfe = [], [0], 0
     for i in range(T):
-        lvl = levels[-1]
-        x = torch.stack(lvl.latent).to(device)
+        lvl = frontier
+        x = torch.stack(lvl.latent)
         rows = torch.tensor(lvl.tree, device=device) // cfg.trees_per_prompt
         sigma = torch.full((x.shape[0],), float(sde.sigmas[i]), device=device)
         v = _forward(policy, x, sigma, cond, rows, max_batch)
         nfe += x.shape[0] * policy.evals_per_row
         first_ids.append(first_ids[-1] + len(lvl.parent))
-        levels.append(_expand(cfg, sde, i, lvl, first_ids[-2], v, x))
+        frontier = _expand(cfg, sde, i, lvl, first_ids[-2], v, x)
+        levels.append(_offload(lvl))
         if progress:
             progress("rollout", i + 1, T)
+    levels.append(_offload(frontier))
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()        # the pinned copies have landed
     return _assemble(levels, cfg, sde, prompt_ids), nfe
 
 
@@ -226,7 +247,7 @@ def _assemble(levels: list[_Level], cfg: TreeConfig, sde: Kernel, prompt_ids: li
     depth = torch.cat([torch.full((len(l.parent),), d, dtype=torch.long) for d, l in enumerate(levels)])
     sde_edge = torch.tensor([d > 0 and cfg.is_sde(d - 1) for d in depth.tolist()])
     last = levels[-1]
-    image = torch.stack(last.x0) if sde.cfg.decode == "x0" else torch.stack(last.latent)
+    image = torch.stack(last.x0) if sde.cfg.decode == "x0" else torch.stack(last.latent)   # host tensors
     tree_prompt = torch.tensor(prompt_ids, dtype=torch.long).repeat_interleave(cfg.trees_per_prompt)
     return Tree(
         parent=torch.tensor([p for l in levels for p in l.parent], dtype=torch.long),
