@@ -72,3 +72,29 @@ def test_degenerate_noise_is_refused(sets, words):
 def test_eta_zero_is_fine_for_an_ode_only_rollout():
     cfg = load_config("branch", sets=["sampler.eta=0", "tree.sde_steps=[]", "tree.split_steps=[]"])
     assert cfg.sampler.eta == 0 and cfg.tree.sde_steps == ()
+
+
+def _wrong_values(typ: str) -> list:
+    """Values of the wrong type (or not finite) for a config annotation."""
+    base = typ.removesuffix(" | None")
+    inner = base[len("tuple["):].split(",")[0] if base.startswith("tuple[") else None
+    if inner is not None:
+        return {"int": [("x",), (1.5,)], "float": [("x",), (math.nan,)], "str": [(1,), (2.5,)]}[inner]
+    return {"bool": ["yes", 1.5], "int": ["three", 2.5, True, math.nan], "float": ["fast", math.nan, True],
+            "str": [3, 1.5, True]}[base]
+
+
+def _every_key() -> list[tuple[str, str]]:
+    import dataclasses
+    from treegrpo_cli.config import SECTIONS
+    return [(f"{sec}.{f.name}", str(f.type)) for sec, cls in SECTIONS.items() for f in dataclasses.fields(cls)]
+
+
+@pytest.mark.parametrize("key,typ", _every_key())
+def test_every_key_refuses_values_of_the_wrong_type(key, typ):
+    """Generated from the config's own annotations: each wrong value is one ConfigError naming the key."""
+    import re
+    from treegrpo_cli.config import build
+    for value in _wrong_values(typ):
+        with pytest.raises(ConfigError, match=re.escape(key)):
+            build({"model": "pixel-tiny", key: value})
