@@ -133,3 +133,14 @@ def test_nproc_is_not_passed_on_to_the_workers(nproc, tmp_path):
     r = treegrpo(*SETS, "--iterations", 1, "--run-dir", tmp_path / "r", f"--nproc-per-node={nproc}")
     assert r.returncode == 0, r.stderr
     assert "--nproc-per-node" not in json.loads((tmp_path / "r" / "run.json").read_text())["command"]
+
+
+@pytest.mark.parametrize("preset", ["branch-widpru", "flow-grpo", "treepo"])
+def test_batch_wide_statistics_match_one_process(preset, tmp_path):
+    """Width pruning over the whole batch, Flow-GRPO's global std with 2 minibatches, TreePO's global whitening:
+    statistics that span both processes' trees."""
+    args = [*SETS, "--preset", preset, "--iterations", 2, "--set", "train.eval_samples=0"]
+    one = treegrpo(*args, "--run-dir", tmp_path / "one")
+    two = treegrpo(*args, "--run-dir", tmp_path / "two", nproc=2)
+    assert one.returncode == 0 and two.returncode == 0, one.stderr + two.stderr
+    close(read_metrics(tmp_path / "two"), read_metrics(tmp_path / "one"))
