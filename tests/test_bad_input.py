@@ -55,6 +55,7 @@ CASES = {
     "lr negative": (["train", *PIXEL, "--set", "train.lr=-1"], ["train.lr"]),
     "branch a word": (["train", *PIXEL, "--set", 'tree.branch="two"'], ["tree.branch"]),
     "branch 1000": (["train", *PIXEL, "--preset", "branch", "--set", "tree.branch=1000"], ["nodes", "rollout.max_nodes"]),
+    "tree memory": (["train", "--preset", "branch", "--set", "rollout.max_tree_gib=0.0001"], ["GiB", "rollout.max_tree_gib"]),
     "num_prompts 0": (["train", *PIXEL, "--set", "rollout.num_prompts=0"], ["rollout.num_prompts"]),
     "num_prompts negative": (["train", *PIXEL, "--set", "rollout.num_prompts=-3"], ["rollout.num_prompts"]),
     "max_batch 0": (["train", *PIXEL, "--set", "rollout.max_batch=0"], ["rollout.max_batch"]),

@@ -50,11 +50,14 @@ class RolloutConfig:
     prompts: str = "default"  # training prompts: a file, or a built-in list (default, shapes-train, shapes-test, shapes-pretrain)
     eval_prompts: str = "default"  # prompts of the sample grids
     max_nodes: int = 1_000_000  # refuse a rollout whose trees would hold more nodes than this (each keeps its latent)
+    max_tree_gib: float = 32.0  # refuse a rollout whose node latents would take more host memory than this
 
     def validate(self) -> None:
         for name in ("num_prompts", "max_batch", "max_nodes"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
+        if not self.max_tree_gib > 0:
+            raise ConfigError(f"rollout.max_tree_gib must be > 0, got {self.max_tree_gib}")
 
 
 SECTIONS: dict[str, type] = {
@@ -105,10 +108,24 @@ class Config:
         self._check_size()
         return self
 
+    def rollout_nodes(self, num_prompts: int | None = None) -> tuple[int, int]:
+        """(nodes of one rollout, nodes per tree)."""
+        per_tree = self.tree.model_evals(self.sampler.steps) + self.tree.leaves(self.sampler.steps)
+        return per_tree * self.tree.trees_per_prompt * (num_prompts or self.rollout.num_prompts), per_tree
+
+    def check_tree_memory(self, latent_shape: tuple[int, ...], num_prompts: int | None = None) -> None:
+        """Bounded memory, once the model's latent shape is known: every node keeps an fp32 latent."""
+        nodes, _ = self.rollout_nodes(num_prompts)
+        gib = nodes * math.prod(latent_shape) * 4 / 2**30
+        if gib > self.rollout.max_tree_gib:
+            raise ConfigError(f"one rollout would keep {nodes:,} node latents of shape {tuple(latent_shape)}: "
+                              f"{gib:.3g} GiB of host memory, more than rollout.max_tree_gib = "
+                              f"{self.rollout.max_tree_gib:g}; lower rollout.num_prompts or the tree's size, or "
+                              "raise rollout.max_tree_gib")
+
     def _check_size(self) -> None:
         """Bounded work: the nodes of one iteration's trees, before anything is sampled."""
-        per_tree = self.tree.model_evals(self.sampler.steps) + self.tree.leaves(self.sampler.steps)
-        nodes = per_tree * self.tree.trees_per_prompt * self.rollout.num_prompts
+        nodes, per_tree = self.rollout_nodes()
         if nodes > self.rollout.max_nodes:
             raise ConfigError(
                 f"one rollout would hold {nodes:,} nodes ({per_tree:,} per tree x {self.tree.trees_per_prompt} trees x "

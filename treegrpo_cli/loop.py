@@ -62,6 +62,7 @@ class Trainer:
         self.cfg, self.device, self.d = cfg, device, d
         torch.manual_seed(mix_seed(cfg.seed, 0x6E0B))   # the global generators (LoRA init, anything unseeded) too
         self.policy: Policy = load_policy(cfg.model, device, cfg.policy)
+        cfg.check_tree_memory(tuple(self.policy.latent_shape))
         self.sde = make_kernel(self.policy, cfg.sampler)   # FlowSDE, or the policy's own (DDIM for SD1.5)
         self.opt = make_optimizer(list(self.policy.trainable_parameters()), cfg.train)
         self.ema = ({k: v.detach().clone() for k, v in self.policy.trainable_state().items()}

@@ -58,6 +58,7 @@ def run_rollout(req: RolloutRequest, progress: Progress = _noop) -> dict[str, An
     if not req.prompts:
         raise TreegrpoError("no prompts to roll out")
     policy = load_policy(cfg.model, req.device, cfg.policy)
+    cfg.check_tree_memory(tuple(policy.latent_shape), req.prompts_per_shard)     # one shard is in memory at once
     sde = make_kernel(policy, cfg.sampler)
     plan = plan_iteration(cfg, len(req.prompts), req.iteration, req.num_prompts)
     ids, T = plan.prompt_ids, cfg.sampler.steps
