@@ -157,12 +157,16 @@ def _online(preset, config, sets, prompts, run_dir, resume, device) -> dict:
     req = TrainRequest(cfg, train_prompts, eval_prompts, run, resume is not None, device, command_line(), d)
     if d.active:
         try:
-            return _train_rank(req, train_loop, d, cfg, run)
+            summary = _train_rank(req, train_loop, d, cfg, run)
+            dist.barrier(d)                          # every rank done before the group goes away
+            return summary
         except TreegrpoError:
             raise
         except Exception as e:                       # a peer failed (closed connection) or this rank did
             first = (str(e).strip().splitlines() or [""])[0]
             raise TreegrpoError(f"{type(e).__name__}: {first}") from None
+        finally:
+            dist.shutdown()                          # a live gloo group at interpreter exit aborts the process
     return _train_rank(req, train_loop, d, cfg, run)
 
 
