@@ -59,6 +59,7 @@ def _worker(rank: int, port: int, out: str) -> None:
     trainer.iteration(["a red circle", "two blue squares", "a green triangle", "a big yellow square", "a purple circle"],
                       lambda *a: None)
     torch.save({"weights": trainer.policy.trainable_state(), "tree": seen["tree"].tensors()}, Path(out) / f"rank{rank}.pt")
+    dist.barrier(d)
     dist.shutdown()
 
 
