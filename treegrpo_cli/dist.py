@@ -60,8 +60,9 @@ def from_env(timeout_s: float = TIMEOUT_S) -> Dist:
 
 
 def shutdown() -> None:
-    """Destroy the group. After a successful run, barrier first (a rank that tears gloo down while a peer
-    is still in its last collective can abort the peer); after an error never (the peers are elsewhere)."""
+    """Destroy the group, without waiting: after a successful run the caller barriers first (a rank that
+    tears gloo down while a peer is still in its last collective can abort the peer); after an error a
+    barrier would hang (the peers are in another collective)."""
     if tdist.is_initialized():
         tdist.destroy_process_group()
 

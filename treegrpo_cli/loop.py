@@ -127,8 +127,8 @@ def _whole_batch(tree: Tree, scores: dict[str, torch.Tensor], d: Dist) -> tuple[
     and where this rank's nodes start in it. One process: the tree itself."""
     if not d.active:
         return tree, scores, 0
-    keep = ("parent", "depth", "tree", "child", "sigma", "sde", "log_prob", "seed", "tree_prompt")
-    parts = dist.gather(({k: getattr(tree, k) for k in keep}, scores), d)
+    shape = {k: v for k, v in tree.tensors().items() if k not in ("latent", "image_latent")}
+    parts = dist.gather((shape, scores), d)
     skeletons = [Tree(latent=torch.zeros(len(t["parent"]), 0), image_latent=torch.zeros(0, 0), **t) for t, _ in parts]
     whole = cat_trees(skeletons)
     all_scores = {n: torch.cat([sc[n] for _, sc in parts]) for n in scores}
@@ -253,9 +253,8 @@ def train(req: TrainRequest, hooks: Hooks = Hooks()) -> dict[str, Any]:
         row["wall"] = time.perf_counter() - wall0
         _check_finite(row, req.run_dir)
         stopped = any(dist.gather(hooks.should_stop(), d))
-        if d.main:
+        if d.main:          # the other ranks go on; the next iteration's gather waits for rank 0
             stall = _record(trainer, req, hooks, row, stall, stopped)
-        dist.barrier(d)
         if stopped:
             break
     if d.main:

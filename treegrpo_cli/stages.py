@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 
 from . import rundir
-from .config import Config, as_json, config_from_dict
+from .config import Config, as_json, config_from_dict, parse_set
 from .engine.grpo import Batch, grpo_update
 from .engine.rollout import Progress, rollout
 from .engine.sde import make_kernel
@@ -109,8 +109,6 @@ class ScoreRequest:
 
 def scoring_config(store: ShardStore, sets: list[str]) -> Config:
     """The rollout's config with score-time overrides; keys that change the trees or training are refused."""
-    from .config import parse_set
-
     for item in sets:
         key = parse_set(item)[0]
         if key.split(".")[0] not in SCORE_SECTIONS:
