@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 
 import difflib
@@ -99,18 +98,9 @@ def _load_dit(name: str, device: str | torch.device) -> Policy:
         how = ("reinstall treegrpo, or rebuild them with `python scripts/pretrain_shapes.py`" if name == "tiny-shapes"
                else "pass --model with a file written by scripts/pretrain_shapes.py")
         raise TreegrpoError(f"model weights not found: {path}; {how}")
-    if name == "tiny-shapes":
-        _verify_shipped(path)
-    net, ae, meta = load_weights(path)
+    net, ae, meta = load_weights(path, TINY_SHAPES_SHA256 if name == "tiny-shapes" else None)
     return LatentDiTPolicy(net.cfg, net.to(device), ae.to(device), name="tiny-shapes" if name == "tiny-shapes" else path.stem,
                            source=str(path), guidance=meta.get("guidance", 1.0))
-
-
-def _verify_shipped(path: Path) -> None:
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    if digest != TINY_SHAPES_SHA256:
-        raise TreegrpoError(f"{path} is damaged (sha256 {digest[:12]}..., expected {TINY_SHAPES_SHA256[:12]}...); "
-                            "reinstall treegrpo")
 
 
 def require_extra(modules: tuple[str, ...], extra: str, what: str) -> None:

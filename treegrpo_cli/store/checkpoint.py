@@ -16,7 +16,6 @@ model.safetensors / ema.safetensors / optimizer.safetensors files (before shards
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -30,7 +29,7 @@ from safetensors.torch import load_file, save_file
 from safetensors.torch import save as st_save
 
 from ..errors import CorruptFileError, TreegrpoError
-from .shards import atomic_write
+from .shards import atomic_write, file_sha256
 
 MANIFEST = "manifest.json"
 
@@ -86,14 +85,6 @@ def _write_sharded(folder: Path, stem: str, tensors: dict[str, torch.Tensor], li
 def _fsync_file(path: Path) -> None:
     with open(path, "rb") as f:
         os.fsync(f.fileno())
-
-
-def file_sha256(path: Path, chunk: int = 1 << 23) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(chunk), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _optimizer_from_files(tensors: dict[str, torch.Tensor], meta_bytes: bytes) -> dict[str, Any]:

@@ -50,6 +50,15 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def file_sha256(path: Path, chunk: int = 1 << 23) -> str:
+    """sha256 of a file, read in chunks (a large shard is never one buffer)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(chunk), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def _parse_meta(data: bytes, path: Path) -> dict[str, Any]:
     try:
         n = int.from_bytes(data[:8], "little")

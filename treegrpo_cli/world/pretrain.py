@@ -15,6 +15,7 @@ and scores them with the strict `shapes` reward.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import time
@@ -135,11 +136,15 @@ def save_weights(path: Path, net: TinyDiT, ae: ShapesAE, meta: dict[str, Any]) -
         asdict(ae.cfg)), "treegrpo": json.dumps(meta)}))
 
 
-def load_weights(path: Path) -> tuple[TinyDiT, ShapesAE, dict[str, Any]]:
+def load_weights(path: Path, sha256: str | None = None) -> tuple[TinyDiT, ShapesAE, dict[str, Any]]:
+    """The DiT, the autoencoder and the metadata of a weights file; with `sha256`, the bytes read must have it
+    (the shipped weights: a damaged install is refused)."""
     path = Path(path)
     if not path.is_file():
         raise TreegrpoError(f"model weights not found: {path}")
     data = path.read_bytes()
+    if sha256 is not None and (digest := hashlib.sha256(data).hexdigest()) != sha256:
+        raise TreegrpoError(f"{path} is damaged (sha256 {digest[:12]}..., expected {sha256[:12]}...); reinstall treegrpo")
     try:
         n = int.from_bytes(data[:8], "little")
         header = json.loads(data[8:8 + n]).get("__metadata__", {})
