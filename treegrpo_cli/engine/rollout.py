@@ -206,8 +206,7 @@ def _offload(lvl: _Level) -> _Level:
         out = torch.empty(stacked.shape, dtype=stacked.dtype, pin_memory=True)
         out.copy_(stacked, non_blocking=True)
         return list(out.unbind(0))
-    done = _Level(lvl.parent, lvl.tree, lvl.child, lvl.seed, host(lvl.latent), host(lvl.log_prob), host(lvl.x0))
-    return done
+    return _Level(lvl.parent, lvl.tree, lvl.child, lvl.seed, host(lvl.latent), host(lvl.log_prob), host(lvl.x0))
 
 
 def rollout(policy: Policy, prompts: list[str], prompt_ids: list[int], sde: Kernel, cfg: TreeConfig,
