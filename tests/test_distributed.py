@@ -17,7 +17,7 @@ from treegrpo_cli.store.checkpoint import list_checkpoints, load_checkpoint
 
 SETS = ["--set", 'model="pixel-tiny"', "--set", "rollout.num_prompts=4", "--set", "train.save_every=1",
         "--set", "train.sample_every=0", "--seed", "3"]
-TIMINGS = ("seconds", "wall")
+TIMINGS = ("seconds", "wall", "peak_mib")
 
 
 def treegrpo(*args, nproc: int = 1, timeout: float = 240, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -18,7 +18,7 @@ TINY = ["--preset", "tree-grpo", "--set", 'model="pixel-tiny"', "--set", "train.
 
 
 def comparable(rows):
-    return [{k: v for k, v in r.items() if k not in ("seconds", "wall")} for r in rows]
+    return [{k: v for k, v in r.items() if k not in ("seconds", "wall", "peak_mib")} for r in rows]
 
 
 def train(*args):

@@ -119,6 +119,7 @@ class Trainer:
         row = _row(it, all_scores, self.weights, adv.edge[trained], int(whole.is_leaf().sum()), nfe, upd, plan.tree,
                    self.opt)
         row["seconds"] = {"rollout": t1 - t0, "score": t2 - t1, "update": t3 - t2, "total": t3 - t0}
+        row["peak_mib"] = peak_memory_mib(self.device)
         return row
 
 
@@ -189,6 +190,17 @@ def update_generator(cfg: Config, it: int) -> torch.Generator:
     return torch.Generator().manual_seed(mix_seed(cfg.seed, it, 0xB47C))
 
 
+def peak_memory_mib(device: str) -> float:
+    """Peak memory so far: the device's allocated tensors on CUDA, the process's resident set on the CPU."""
+    if str(device).startswith("cuda"):
+        return torch.cuda.max_memory_allocated(torch.device(device)) / 2**20
+    try:
+        import resource
+    except ImportError:                                     # not on Windows
+        return float("nan")
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024     # Linux reports KiB
+
+
 def rng_states() -> dict[str, torch.Tensor]:
     """Every global RNG state torch keeps: the CPU generator and each CUDA device's."""
     states = {"torch": torch.get_rng_state()}
@@ -243,29 +255,44 @@ def train(req: TrainRequest, hooks: Hooks = Hooks()) -> dict[str, Any]:
         if cfg.train.sample_every:
             rundir.sample_grid(req.run_dir, trainer.policy, trainer.sde, req.eval_prompts, trainer.rewards, cfg, 0)
     if d.main and cfg.train.eval_samples and not rundir.read_evals(req.run_dir):
-        _heldout(trainer, req, hooks)
+        _heldout(trainer, req, hooks, 0.0)
     dist.barrier(d)
     done_rows = rundir.read_metrics(req.run_dir)
-    start, wall0 = trainer.step, time.perf_counter() - (done_rows[-1]["wall"] if done_rows else 0.0)
+    start, wall = trainer.step, (done_rows[-1]["wall"] if done_rows else 0.0)
+    wall0, budget = time.perf_counter() - wall, cfg.train.max_minutes * 60
+    finished = trainer.step >= cfg.train.iterations or bool(budget and wall >= budget)
     stopped, stall = False, 0
-    while trainer.step < cfg.train.iterations:
+    while not finished:
         row = trainer.iteration(req.prompts, lambda ph, dn, t: hooks.progress("rollout", dn, t))
-        row["wall"] = time.perf_counter() - wall0
+        row["wall"], last_wall = time.perf_counter() - wall0, wall
+        wall = row["wall"]
         _check_finite(row, req.run_dir)
-        stopped = any(dist.gather(hooks.should_stop(), d))
+        votes = dist.gather((hooks.should_stop(), bool(budget and wall >= budget)), d)
+        stopped = any(v[0] for v in votes)
+        finished = trainer.step == cfg.train.iterations or votes[0][1]       # rank 0's clock decides the budget
         if d.main:          # the other ranks go on; the next iteration's gather waits for rank 0
-            stall = _record(trainer, req, hooks, row, stall, stopped)
+            stall = _record(trainer, req, hooks, row, stall, stopped, finished)
+            if not (finished or stopped) and _eval_due(cfg.train.eval_every_minutes, last_wall, wall):
+                t = time.perf_counter()
+                _heldout(trainer, req, hooks, wall)
+                wall0 += time.perf_counter() - t       # held-out evaluations do not count as training time
         if stopped:
             break
     if d.main:
         evals = rundir.read_evals(req.run_dir)
-        if cfg.train.eval_samples and trainer.step == cfg.train.iterations and evals[-1]["iteration"] < trainer.step:
-            _heldout(trainer, req, hooks)     # also after a run killed between its last checkpoint and this
+        if cfg.train.eval_samples and finished and evals[-1]["iteration"] < trainer.step:
+            _heldout(trainer, req, hooks, wall)     # also after a run killed between its last checkpoint and this
     dist.barrier(d)
     return rundir.summary(req.run_dir, start, stopped) if d.main else {}
 
 
-def _record(trainer: Trainer, req: TrainRequest, hooks: Hooks, row: dict[str, Any], stall: int, stopped: bool) -> int:
+def _eval_due(every_minutes: float, before: float, now: float) -> bool:
+    """Did the training clock cross a multiple of `every_minutes` between `before` and `now` (seconds)?"""
+    return every_minutes > 0 and int(now // (every_minutes * 60)) > int(before // (every_minutes * 60))
+
+
+def _record(trainer: Trainer, req: TrainRequest, hooks: Hooks, row: dict[str, Any], stall: int, stopped: bool,
+            last: bool) -> int:
     """Rank 0's part of an iteration: metrics, hooks, stall warning, checkpoint, sample grid."""
     cfg = trainer.cfg
     rundir.append_metrics(req.run_dir, row)
@@ -273,7 +300,6 @@ def _record(trainer: Trainer, req: TrainRequest, hooks: Hooks, row: dict[str, An
     stall = stall + 1 if rundir.stalled(row) else 0
     if stall == rundir.STALL_ITERATIONS:
         hooks.note(rundir.stall_message(row["iteration"] - stall + 1, row["iteration"]))
-    last = trainer.step == cfg.train.iterations
     if last or stopped or trainer.step % cfg.train.save_every == 0:
         _save(trainer, req)
     if cfg.train.sample_every and (last or trainer.step % cfg.train.sample_every == 0):
@@ -315,13 +341,14 @@ def _check_finite(row: dict[str, Any], run: Path) -> None:
                             f"saving this iteration ({keep}); lower train.lr or check the reward")
 
 
-def _heldout(trainer: Trainer, req: TrainRequest, hooks: Hooks) -> None:
-    """The reward of ODE samples of the eval prompts (same root noises every time) -> eval.jsonl."""
+def _heldout(trainer: Trainer, req: TrainRequest, hooks: Hooks, wall: float) -> None:
+    """The reward of ODE samples of the eval prompts (same root noises every time) -> eval.jsonl, with the
+    seconds of training so far."""
     cfg = trainer.cfg
     row = heldout_reward(trainer.policy, trainer.sde, req.eval_prompts, trainer.rewards, trainer.weights,
                          cfg.train.eval_samples, mix_seed(cfg.seed, 0x4E1D), cfg.rollout.max_batch,
                          lambda ph, d, t: hooks.progress("eval", d, t))
-    rundir.append_eval(req.run_dir, {"iteration": trainer.step, **row})
+    rundir.append_eval(req.run_dir, {"iteration": trainer.step, "wall": wall, **row})
 
 
 def _save(trainer: Trainer, req: TrainRequest) -> None:

@@ -57,8 +57,8 @@ def prompt_record(prompts: list[str]) -> dict[str, Any]:
 
 
 # Keys a resumed run may change: they extend it or change how it is run, not what it learns.
-RESUMABLE = {"train.iterations", "train.save_every", "train.keep_last", "train.sample_every", "rollout.max_batch",
-             "policy.gradient_checkpointing", "policy.prompt_cache", "policy.free_text_encoders"}
+RESUMABLE = {"train.iterations", "train.max_minutes", "train.eval_every_minutes", "train.save_every", "train.keep_last",
+             "train.sample_every", "rollout.max_batch", "policy.gradient_checkpointing", "policy.prompt_cache", "policy.free_text_encoders"}
 
 
 def resume_config(run: Path, sets: list[str]) -> Config:

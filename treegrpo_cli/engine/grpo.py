@@ -51,6 +51,8 @@ class TrainConfig:
     keep_last: int = 2             # checkpoints kept
     sample_every: int = 25         # captioned sample grid every N iterations (0 = off)
     eval_samples: int = 2          # ODE draws per eval prompt for the held-out reward before and after (0 = off)
+    eval_every_minutes: float = 0.0  # also a held-out evaluation every this many minutes of training (0 = off)
+    max_minutes: float = 0.0       # finish after the iteration that reaches this many minutes of training (0 = off)
 
     def validate(self) -> None:
         if self.loss_norm not in LOSS_NORMS:
@@ -68,6 +70,9 @@ class TrainConfig:
                 raise ConfigError(f"train.{name} must be > 0, got {getattr(self, name)}")
         if not 0 <= self.ema_decay < 1 or min(self.kl_beta, self.sample_every, self.eval_samples) < 0:
             raise ConfigError("train.ema_decay must be in [0, 1); train.kl_beta, sample_every and eval_samples >= 0")
+        for name in ("eval_every_minutes", "max_minutes"):
+            if not getattr(self, name) >= 0:
+                raise ConfigError(f"train.{name} must be >= 0 (0 = off), got {getattr(self, name)}")
 
 
 def make_optimizer(params: list[torch.nn.Parameter], cfg: TrainConfig) -> torch.optim.AdamW:

@@ -1,0 +1,126 @@
+"""Every method on the embedded world for the same wall-clock budget: time to reward, side by side.
+
+    python bench/methods.py                               # 9 methods x seeds 0 1 2, 4 minutes each, 2 at a time
+    python bench/methods.py --minutes 1 --seeds 0 --methods branch-mix dance-grpo    # a quick look
+    python bench/methods.py --report-only                 # the table and plots again, from the runs on disk
+
+Each run is `treegrpo train --preset M --seed S` with the world's defaults (16 prompts of shapes-train an
+iteration, lr 1e-4, the same for every method; presets keep the papers' tree shapes), one CPU thread,
+`train.max_minutes` as the budget and a held-out evaluation (56 test prompts x 4 ODE samples, the same
+noises every time) every eighth of it; the training clock excludes those evaluations. Runs go in a
+round-robin order (seed by seed, the method order rotated each seed) on `--parallel` workers, so
+machine noise is shared between methods. An interrupted benchmark picks up where it stopped: finished
+runs are kept, unfinished ones resumed.
+
+Then `treegrpo compare` over all runs, with dance-grpo as the baseline (target: its mean final held-out
+reward): bench/results/methods.json (machine, torch, commit, every run's summary, the table),
+bench/results/methods/{reward_vs_time,pareto}.png, and the full page with sample grids under the work
+folder (runs/bench-methods/compare/index.html). `python bench/readme_table.py` puts the table in README.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+METHODS = ["dance-grpo", "flow-grpo", "mix-grpo", "branch", "branch-widpru", "branch-deppru", "branch-mix",
+           "tree-grpo", "treepo"]
+TREEGRPO = [sys.executable, "-m", "treegrpo_cli"]
+RESULTS = Path("bench/results")
+
+
+def schedule(methods: list[str], seeds: list[int]) -> list[tuple[str, int]]:
+    """Seed by seed, the method order rotated by one each seed (no method always first or last)."""
+    return [(methods[(i + k) % len(methods)], s) for k, s in enumerate(seeds) for i in range(len(methods))]
+
+
+def train_args(method: str, seed: int, run: Path, minutes: float) -> list[str]:
+    sets = {"train.max_minutes": minutes, "train.eval_every_minutes": minutes / 8, "train.iterations": 100_000,
+            "train.sample_every": 100_000, "train.save_every": 10}
+    if (run / "run.json").exists():
+        return ["train", "--resume", str(run), "--json"]
+    return ["train", "--preset", method, "--seed", str(seed), "--run-dir", str(run), "--json",
+            *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")]]
+
+
+def run_one(method: str, seed: int, work: Path, minutes: float, log) -> dict:
+    run = work / f"{method}-seed{seed}"
+    done = run / "summary.json"
+    if done.exists():
+        return json.loads(done.read_text())
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    t0 = time.perf_counter()
+    out = subprocess.run(TREEGRPO + train_args(method, seed, run, minutes), env=env, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"{method} seed {seed} failed: {out.stderr.strip().splitlines()[-1:]}")
+    row = {"method": method, "seed": seed, "run_dir": str(run), "process_minutes": (time.perf_counter() - t0) / 60,
+           "summary": json.loads(out.stdout)}
+    done.write_text(json.dumps(row, indent=1) + "\n")
+    log(f"{method} seed {seed}: {row['summary']['iterations']} iterations, held-out "
+        f"{row['summary'].get('heldout_before', float('nan')):.3f} -> {row['summary'].get('heldout_after', float('nan')):.3f}")
+    return row
+
+
+def machine() -> dict:
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
+    return {"cpu": cpu, "cores": os.cpu_count(), "machine": platform.machine(), "python": platform.python_version(),
+            "torch": torch.__version__, "threads_per_run": 1}
+
+
+def commit() -> str:
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return out.stdout.strip()
+
+
+def report(rows: list[dict], work: Path, args: argparse.Namespace) -> dict:
+    """treegrpo compare over the runs -> the results file and plots."""
+    from treegrpo_cli.compare import compare_runs
+
+    out = work / "compare"
+    table = compare_runs([Path(r["run_dir"]) for r in rows], out, baseline="dance-grpo")
+    plots = RESULTS / "methods"
+    plots.mkdir(parents=True, exist_ok=True)
+    for name in ("reward_vs_time.png", "pareto.png"):
+        (plots / name).write_bytes((out / name).read_bytes())
+    result = {"timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"), "commit": commit(), "machine": machine(),
+              "minutes_per_run": args.minutes, "seeds": args.seeds, "methods": args.methods,
+              "command": "python bench/methods.py " + " ".join(sys.argv[1:]), "runs": rows, "table": table}
+    (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--methods", nargs="+", default=METHODS)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--minutes", type=float, default=4.0, help="training minutes per run (held-out evaluations excluded)")
+    ap.add_argument("--parallel", type=int, default=2, help="runs at a time (one CPU thread each)")
+    ap.add_argument("--work", type=Path, default=Path("runs/bench-methods"))
+    ap.add_argument("--name", default="methods", help="results file name: bench/results/NAME.json")
+    ap.add_argument("--report-only", action="store_true", help="no training: report the runs already finished")
+    args = ap.parse_args()
+    args.work.mkdir(parents=True, exist_ok=True)
+    log = lambda msg: print(time.strftime("%H:%M:%S"), msg, flush=True)   # noqa: E731
+    jobs = schedule(args.methods, args.seeds)
+    if args.report_only:
+        rows = [json.loads(p.read_text()) for m, s in jobs if (p := args.work / f"{m}-seed{s}" / "summary.json").exists()]
+    else:
+        with ThreadPoolExecutor(args.parallel) as pool:
+            rows = list(pool.map(lambda job: run_one(*job, args.work, args.minutes, log), jobs))
+    result = report(rows, args.work, args)
+    log(f"wrote bench/results/{args.name}.json ({len(rows)} runs)")
+    print(json.dumps(result["table"], indent=1))
+
+
+if __name__ == "__main__":
+    main()
