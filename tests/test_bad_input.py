@@ -2,7 +2,6 @@
 traceback, within a time limit, and leaves the folders it was given exactly as they were."""
 
 import hashlib
-import json
 import signal
 from pathlib import Path
 
@@ -31,6 +30,8 @@ def world(tmp_path_factory):
     assert run("rollout", *PIXEL, "-n", 2, "--preset", "branch", "--out", d / "unscored").exit_code == 0
     r = run("train", *PIXEL, "--preset", "branch", "--iterations", 1, "--run-dir", d / "run")
     assert r.exit_code == 0, r.output
+    (d / "nometrics").mkdir()                                      # a run that has not finished an iteration
+    (d / "nometrics" / "run.json").write_bytes((d / "run" / "run.json").read_bytes())
     (d / "file.txt").write_text("a red circle\n")
     (d / "empty.txt").write_text("\n\n")
     (d / "binary.txt").write_bytes(b"\xff\xfe\x00\x81" * 10)
@@ -140,6 +141,16 @@ CASES = {
                                  ["/proc/treegrpo-test"]),
     "export out unwritable": (["export", W + "/run", "--out", "/proc/treegrpo-test"], ["/proc/treegrpo-test"]),
     "rollout out is a file": (["rollout", *PIXEL, "--out", W + "/file.txt"], ["file.txt"]),
+    # compare
+    "compare not a run": (["compare", W + "/trees", "--out", T + "/c"], ["run.json", "not a treegrpo run"]),
+    "compare run missing": (["compare", W + "/none", "--out", T + "/c"], ["no such run folder"]),
+    "compare run without metrics": (["compare", W + "/nometrics", "--out", T + "/c"], ["metrics.jsonl"]),
+    "compare label count": (["compare", W + "/run", "--label", "a", "--label", "b", "--out", T + "/c"], ["--label"]),
+    "compare baseline unknown": (["compare", W + "/run", "--baseline", "nope", "--out", T + "/c"], ["--baseline", "nope"]),
+    "compare target nan": (["compare", W + "/run", "--target", "nan", "--out", T + "/c"], ["--target"]),
+    "compare run twice": (["compare", W + "/run", W + "/run", "--out", T + "/c"], ["twice"]),
+    "compare out unwritable": (["compare", W + "/run", "--out", "/proc/treegrpo-test"], ["/proc/treegrpo-test"]),
+    "compare out is a file": (["compare", W + "/run", "--out", W + "/file.txt"], ["file.txt"]),
 }
 
 

@@ -140,7 +140,7 @@ def test_readme_preset_table_agrees_with_presets():
     assert table == rows
 
 
-@pytest.mark.parametrize("command", ["", "rollout", "score", "train", "eval", "diversity", "export", "inspect", "presets"])
+@pytest.mark.parametrize("command", ["", "rollout", "score", "train", "eval", "diversity", "export", "inspect", "presets", "compare"])
 def test_help_reads_naturally_at_80_columns(command):
     """No Python type placeholders (<bool>, <list[str]>, <str>) in any command's --help."""
     import os

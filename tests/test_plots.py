@@ -105,3 +105,17 @@ def test_save_png_is_atomic(tmp_path):
     with Image.open(path) as back:
         assert back.size == (200, 150)
         assert np.array_equal(np.asarray(back.convert("RGB")), np.asarray(img))
+
+
+def test_band_chart_and_point_chart():
+    band = ([0.0, 1.0, 2.0], [0.2, 0.4, 0.5], [0.1, 0.3, 0.4], [0.3, 0.5, 0.6])
+    img = plots.band_chart({"a": band, "empty": ([], [], [], []), "dot": ([1.0], [0.3], [0.3], [0.3])},
+                           "t", "minutes", "reward", hline=0.45, hline_label="target")
+    pixels = {c for _, c in img.getcolors(1 << 20)}
+    assert plots.PALETTE[0] in pixels and plots.PALETTE[2] in pixels and variance(img) > 0
+    with pytest.raises(ValueError, match="different lengths"):
+        plots.band_chart({"a": ([0.0], [1.0], [], [])}, "t", "x", "y")
+    img = plots.point_chart({"a": (1.0, 2.0), "b": (float("nan"), 1.0), "c": (3.0, 0.5)}, "t", "x", "y")
+    pixels = {c for _, c in img.getcolors(1 << 20)}
+    assert plots.PALETTE[0] in pixels and plots.PALETTE[2] in pixels
+    assert plots.point_chart({}, "t", "x", "y").size == (640, 400)

@@ -8,7 +8,7 @@ import torch
 
 from treegrpo_cli.world.detect import detect
 from treegrpo_cli.world.shapes import (
-    CAPTION_NOISE, COLOURS, DATA, GAP, KINDS, NOISY_COLOURS, PROMPT_FILES, WORLD, is_noisy, load_split, noisy_scene,
+    CAPTION_NOISE, DATA, GAP, NOISY_COLOURS, PROMPT_FILES, WORLD, is_noisy, load_split, noisy_scene,
     parse_prompt, render, render_prompts, sample_pretrain_prompts, sample_scene, split_prompts, all_prompts,
     world_prompts, write_prompt_files,
 )

@@ -168,6 +168,72 @@ def line_chart(series: Series, title: str, xlabel: str, ylabel: str,
     return img
 
 
+Band = tuple[list[float], list[float], list[float], list[float]]    # x, mean, low, high
+
+
+def _dashed(draw: ImageDraw.ImageDraw, a: tuple[float, float], b: tuple[float, float], dash: int = 6) -> None:
+    """A horizontal dashed line from a to b (same y)."""
+    x = a[0]
+    while x < b[0]:
+        draw.line([(x, a[1]), (min(x + dash, b[0]), a[1])], fill=INK, width=1)
+        x += 2 * dash
+
+
+def band_chart(bands: dict[str, Band], title: str, xlabel: str, ylabel: str, hline: float | None = None,
+               hline_label: str = "target", size: tuple[int, int] = (640, 400)) -> Image.Image:
+    """One mean line per series over its shaded low-high band (e.g. min-max over seeds), and an optional
+    dashed horizontal line (a target) labelled hline_label."""
+    for name, b in bands.items():
+        if len({len(v) for v in b}) != 1:
+            raise ValueError(f"band {name!r} has x, mean, low and high of different lengths")
+    xs = [x for b in bands.values() for x in b[0] if math.isfinite(x)]
+    ys = [y for b in bands.values() for v in b[1:] for y in v if math.isfinite(y)]
+    ys += [hline] if hline is not None and math.isfinite(hline) else []
+    xt = _nice_ticks(min(xs, default=0.0), max(xs, default=1.0))
+    yt = _nice_ticks(min(ys, default=0.0), max(ys, default=1.0))
+    img, draw, at = _chart(size, title, list(bands), xlabel, ylabel, xt, yt)
+    if hline is not None and math.isfinite(hline):
+        (x0, y), (x1, _) = at(xt[0], hline), at(xt[1], hline)
+        _dashed(draw, (x0, y), (x1, y))
+        draw.text((x1 - 4 - _width(hline_label), y - line_height()), _text(hline_label), fill=INK, font=_font())
+    for i, (x, mean, low, high) in enumerate(bands.values()):
+        colour = PALETTE[i % len(PALETTE)]
+        keep = [k for k in range(len(x)) if all(math.isfinite(v[k]) for v in (x, low, high))]
+        if len(keep) > 1:
+            draw.polygon([at(x[k], high[k]) for k in keep] + [at(x[k], low[k]) for k in reversed(keep)],
+                         fill=colour + (60,))
+        for r in _finite(x, mean):
+            pts = [at(*p) for p in r]
+            if len(pts) == 1:
+                draw.ellipse([pts[0][0] - 3, pts[0][1] - 3, pts[0][0] + 3, pts[0][1] + 3], fill=colour)
+            else:
+                draw.line(pts, fill=colour, width=2, joint="curve")
+    return img
+
+
+def point_chart(points: dict[str, tuple[float, float]], title: str, xlabel: str, ylabel: str,
+                size: tuple[int, int] = (640, 400)) -> Image.Image:
+    """One labelled dot per name, in palette order (non-finite points skipped)."""
+    ok = {n: p for n, p in points.items() if all(math.isfinite(float(v)) for v in p)}
+    xt, yt = (_padded_ticks([p[k] for p in ok.values()]) for k in (0, 1))
+    img, draw, at = _chart(size, title, list(points), xlabel, ylabel, xt, yt)
+    for i, name in enumerate(points):
+        if name in ok:
+            px, py = at(*ok[name])
+            draw.ellipse([px - 5, py - 5, px + 5, py + 5], fill=PALETTE[i % len(PALETTE)])
+            left = px > (at(xt[0], 0)[0] + at(xt[1], 0)[0]) / 2          # labels point inwards
+            tx = px - 8 - _width(name) if left else px + 8
+            draw.text((tx, py - line_height() / 2), _text(name), fill=INK, font=_font())
+    return img
+
+
+def _padded_ticks(values: list[float]) -> tuple[float, float, list[float]]:
+    """_nice_ticks over the values widened by a tenth of their span, so that no point sits on the frame."""
+    lo, hi = min(values, default=0.0), max(values, default=1.0)
+    d = (hi - lo) * 0.1 or abs(lo) * 0.05 or 1.0
+    return _nice_ticks(lo - d, hi + d)
+
+
 def scatter(xy: Tensor, is_a: Tensor, names: list[str], title: str, xlabel: str, ylabel: str,
             size: tuple[int, int] = (640, 480)) -> Image.Image:
     """Points xy [N, 2], set A (is_a [N] bool) in the first palette colour and B in the second, half

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from .. import __version__
-from . import diversity_cmd, eval_cmd, export_cmd, inspect_cmd, presets_cmd, rollout_cmd, score_cmd, train_cmd
+from . import compare_cmd, diversity_cmd, eval_cmd, export_cmd, inspect_cmd, presets_cmd, rollout_cmd, score_cmd, train_cmd
 
 app = typer.Typer(
     name="treegrpo",
@@ -37,6 +37,7 @@ app.command("presets")(presets_cmd.presets)
 app.command("diversity")(diversity_cmd.diversity)
 app.command("eval")(eval_cmd.eval_)
 app.command("export")(export_cmd.export)
+app.command("compare")(compare_cmd.compare)
 
 
 # Placeholders in --help: the option's own word instead of a Python type ("<list[str]>", "<bool>").

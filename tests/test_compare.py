@@ -1,0 +1,230 @@
+"""`treegrpo compare`: golden numbers on hand-written run folders, the command end to end, two real tiny
+runs, and the page as a headless browser draws it."""
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from clitools import one_line_error, run
+from treegrpo_cli import compare, plots
+
+TINY = ["--set", 'model="pixel-tiny"', "--iterations", 2, "--set", "rollout.num_prompts=1",
+        "--set", "train.eval_samples=1"]
+
+
+def row(it, wall, total, rollout, score, update, fwd, bwd, peak=None):
+    r = {"iteration": it, "reward_mean": 0.0, "wall": wall, "rollout_evals_per_leaf": fwd, "train_evals_per_leaf": bwd,
+         "seconds": {"rollout": rollout, "score": score, "update": update, "total": total}}
+    return {**r, "peak_mib": peak} if peak is not None else r
+
+
+def write_run(folder: Path, name: str, seed: int, metrics: list, evals: list, samples: tuple = ()) -> Path:
+    """A run folder as `treegrpo train` writes it; sample grids are grey (no palette colour in them)."""
+    folder.mkdir(parents=True)
+    info = {"format": "treegrpo-run", "version": 1, "command": "treegrpo train",
+            "config": {"name": name, "seed": seed, "model": "pixel-tiny"}}
+    (folder / "run.json").write_text(json.dumps(info))
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in metrics))
+    (folder / "eval.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
+    for step in samples:
+        (folder / "samples").mkdir(exist_ok=True)
+        Image.new("RGB", (24, 16), (90 + step, 90 + step, 90 + step)).save(folder / "samples" / f"step-{step}.png")
+    return folder
+
+
+@pytest.fixture
+def runs(tmp_path):
+    """Two flow-grpo seeds (the baseline) and two tree-grpo seeds; the numbers in the comments are by hand."""
+    a1 = write_run(tmp_path / "a1", "flow-grpo", 0, [
+        row(0, 50, 50, 30, 5, 15, 10, 4, 100), row(1, 120, 70, 50, 5, 15, 10, 4, 200),
+        row(2, 180, 60, 40, 5, 15, 10, 4, 150), row(3, 240, 60, 40, 5, 15, 10, 4, 120)],
+        # no "wall": iteration 2 -> metrics row 1 (120 s = 2 min), iteration 4 -> row 3 (4 min)
+        [{"iteration": 0, "reward_mean": 0.2}, {"iteration": 2, "reward_mean": 0.4},
+         {"iteration": 4, "reward_mean": 0.6}], samples=(0, 4))
+    a2 = write_run(tmp_path / "a2", "flow-grpo", 1, [row(i, 75 * (i + 1), 75, 50, 5, 20, 10, 4) for i in range(4)],
+                   [{"iteration": 0, "reward_mean": 0.2, "wall": 0.0}, {"iteration": 2, "reward_mean": 0.3, "wall": 150},
+                    {"iteration": 4, "reward_mean": 0.5, "wall": 300}])
+    b1 = write_run(tmp_path / "b1", "tree-grpo", 0, [row(0, 30, 30, 20, 2, 8, 20, 6, 300), row(1, 60, 30, 20, 2, 8, 20, 6, 400)],
+                   [{"iteration": 0, "reward_mean": 0.2}, {"iteration": 2, "reward_mean": 0.7}], samples=(2,))
+    b2 = write_run(tmp_path / "b2", "tree-grpo", 1, [row(0, 30, 30, 20, 2, 8, 20, 6, 500), row(1, 60, 30, 20, 2, 8, 20, 6)],
+                   [{"iteration": 0, "reward_mean": 0.3}, {"iteration": 1, "reward_mean": 0.45},
+                    {"iteration": 2, "reward_mean": 0.65}], samples=(0, 2, 10))
+    return [a1, a2, b1, b2]
+
+
+# --- the library -------------------------------------------------------------------------------
+
+def test_time_to_target_interpolates_between_evaluations():
+    curve = [(0.0, 0.2), (2.0, 0.4), (4.0, 0.6)]
+    assert compare.time_to_target(curve, 0.55) == pytest.approx(3.5)
+    assert compare.time_to_target(curve, 0.4) == pytest.approx(2.0)        # reached exactly at a point
+    assert compare.time_to_target(curve, 0.1) == 0.0                       # already there before training
+    assert compare.time_to_target(curve, 0.61) is None
+    assert compare.time_to_target([], 0.0) is None
+    assert compare.time_to_target([(0, 0.0), (1, 1.0), (2, 0.0), (3, 1.0)], 0.5) == pytest.approx(0.5)  # the first crossing
+
+
+def test_heldout_curve_takes_the_wall_of_the_iteration_before():
+    metrics = [{"iteration": 0, "wall": 30.0}, {"iteration": 1, "wall": 90.0}]
+    evals = [{"iteration": 5, "reward_mean": 0.3}, {"iteration": 0, "reward_mean": 0.1},
+             {"iteration": 1, "reward_mean": 0.2}, {"iteration": 2, "reward_mean": 0.25, "wall": 600.0}]
+    # iteration 0 -> 0; 1 -> row 0 (0.5 min); 2 has its own wall (10 min); 5 -> row 1, the latest there is (1.5 min)
+    assert compare.heldout_curve(metrics, evals) == [(0.0, 0.1), (0.5, 0.2), (10.0, 0.25), (1.5, 0.3)]
+
+
+def test_mean_band_on_a_common_grid():
+    c1, c2 = [(0.0, 0.0), (2.0, 1.0)], [(0.0, 1.0), (1.0, 1.0), (3.0, 3.0)]
+    grid = compare.common_grid([c1, c2], points=3)
+    assert grid == [0.0, 1.0, 2.0]                                          # the span both curves cover
+    x, mean, low, high = compare.mean_band([c1, c2], grid)
+    assert mean == pytest.approx([0.5, 0.75, 1.5])
+    assert low == pytest.approx([0.0, 0.5, 1.0]) and high == pytest.approx([1.0, 1.0, 2.0])
+    assert compare.common_grid([[(0.0, 1.0)]]) == [0.0]
+    assert compare.common_grid([[(0.0, 1.0), (1.0, 1.0)], [(2.0, 1.0), (3.0, 1.0)]]) == []
+
+
+def test_stat_is_the_sample_std_and_zero_for_one():
+    assert compare.stat([1.0, None, 3.0]) == compare.Stat(2.0, pytest.approx(1.41421356), 2)
+    assert compare.stat([5.0]) == compare.Stat(5.0, 0.0, 1)
+    assert compare.stat([None]) == compare.Stat(None, None, 0)
+
+
+def test_runs_and_groups_golden(runs):
+    cmp = compare.compare_runs(runs, baseline="flow-grpo")
+    assert cmp.target == pytest.approx(0.55)                                # (0.6 + 0.5) / 2
+    a1, a2, b1, b2 = cmp.runs
+    assert a1.heldout_curve == [(0.0, 0.2), (2.0, 0.4), (4.0, 0.6)]
+    assert a2.heldout_curve == [(0.0, 0.2), (2.5, 0.3), (5.0, 0.5)]
+    assert (a1.final_heldout, a1.gain, a1.iterations) == (0.6, pytest.approx(0.4), 4)
+    assert a1.seconds_per_iteration == 60 and a1.phase_seconds == {"rollout": 40, "score": 5, "update": 15}
+    assert (a1.forward_nfe_per_sample, a1.backward_nfe_per_sample, a1.peak_mib) == (10, 4, 200)
+    assert a2.peak_mib is None
+    assert a1.minutes_to_target == pytest.approx(3.5) and a2.minutes_to_target is None
+    assert b1.minutes_to_target == pytest.approx(0.7) and b2.minutes_to_target == pytest.approx(0.75)
+    assert Path(b2.sample_grid).name == "step-10.png" and a2.sample_grid is None
+    flow, tree = cmp.groups
+    assert (flow.label, flow.seeds, tree.label, tree.seeds) == ("flow-grpo", [0, 1], "tree-grpo", [0, 1])
+    assert flow.final_heldout == compare.Stat(pytest.approx(0.55), pytest.approx(0.070710678), 2)
+    assert flow.seconds_per_iteration == compare.Stat(67.5, pytest.approx(10.60660172), 2)
+    assert flow.phase_seconds["rollout"] == compare.Stat(45.0, pytest.approx(7.07106781), 2)
+    assert flow.peak_mib == compare.Stat(200.0, 0.0, 1)
+    assert flow.minutes_to_target == compare.Stat(pytest.approx(3.5), 0.0, 1) and flow.reached_target == 1
+    assert (flow.speedup, flow.speedup_min, flow.speedup_max) == (1.0, 1.0, 1.0)
+    assert tree.final_heldout == compare.Stat(pytest.approx(0.675), pytest.approx(0.035355339), 2)
+    assert tree.peak_mib == compare.Stat(450.0, pytest.approx(70.71067812), 2)
+    assert tree.minutes_to_target == compare.Stat(pytest.approx(0.725), pytest.approx(0.035355339), 2)
+    assert tree.speedup == pytest.approx(4.82758621)                         # 3.5 / 0.725
+    assert tree.speedup_min == pytest.approx(4.66666667) and tree.speedup_max == pytest.approx(5.0)  # 3.5/0.75, 3.5/0.7
+
+
+def test_a_given_target_without_baseline_has_no_ratios(runs):
+    cmp = compare.compare_runs(runs, labels=["x", "x", "y", "y"], target=0.45)
+    assert [r.minutes_to_target for r in cmp.runs] == pytest.approx([2.5, 4.375, 0.5, 0.5])
+    x, y = cmp.groups
+    assert x.minutes_to_target == compare.Stat(pytest.approx(3.4375), pytest.approx(1.32582521), 2)
+    assert y.speedup is None and cmp.baseline is None
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    ({"labels": ["x"]}, "--label was given 1 times for 4 runs"),
+    ({"labels": ["x", "", "y", "y"]}, "--label must not be empty"),
+    ({"baseline": "grpo"}, "--baseline 'grpo' is none of the runs' labels (flow-grpo, tree-grpo)"),
+    ({"target": float("nan")}, "--target must be a finite number"),
+])
+def test_refused(runs, kwargs, needle):
+    with pytest.raises(compare.TreegrpoError, match=re.escape(needle)):
+        compare.compare_runs(runs, **kwargs)
+
+
+def test_not_a_run_no_metrics_and_twice(runs, tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(compare.TreegrpoError, match="not a treegrpo run folder"):
+        compare.compare_runs([tmp_path / "empty"])
+    (runs[0] / "metrics.jsonl").write_text("")
+    with pytest.raises(compare.TreegrpoError, match="no iterations in metrics.jsonl"):
+        compare.compare_runs(runs)
+    with pytest.raises(compare.TreegrpoError, match="given twice"):
+        compare.compare_runs([runs[1], runs[1]])
+
+
+# --- the command -------------------------------------------------------------------------------
+
+def test_cli_json_and_files(runs, tmp_path):
+    out = tmp_path / "cmp"
+    r = run("compare", *runs, "--baseline", "flow-grpo", "--out", out, "--json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert set(data) == {"target", "baseline", "groups", "runs", "files"}
+    assert data == json.loads((out / "compare.json").read_text())
+    assert data["baseline"] == "flow-grpo" and data["target"] == pytest.approx(0.55)
+    tree = data["groups"][1]
+    assert tree["speedup"] == pytest.approx(4.82758621) and tree["reached_target"] == 2
+    assert tree["minutes_to_target"]["mean"] == pytest.approx(0.725)
+    assert data["runs"][0]["heldout_curve"] == [[0.0, 0.2], [2.0, 0.4], [4.0, 0.6]]
+    names = {"compare.json", "index.html", "reward_vs_time.png", "pareto.png"}
+    assert {Path(f).name for f in data["files"]} == names == {p.name for p in out.iterdir()}
+    page = (out / "index.html").read_text()
+    srcs = re.findall(r'src="([^"]*)"', page)
+    assert len(srcs) == 2 + 3 and all(s.startswith("data:image/png;base64,") for s in srcs)  # 2 plots, 3 grids
+    assert not re.search(r"<script|<link|https?:|url\(", page)
+    assert "no sample grid" in page and "tree-grpo · seed 1 · b2 · step-10.png" in page
+
+
+def test_cli_table(runs, tmp_path):
+    r = run("compare", *runs, "--label", "x", "--label", "x", "--label", "y", "--label", "y",
+            "--target", 0.45, "--baseline", "x", "--out", tmp_path / "cmp")
+    assert r.exit_code == 0, r.output
+    assert "x" in r.stdout and "minutes to target" in r.stdout and "3.44 ± 1.33 (2/2)" in r.stdout
+    assert "6.88x" in r.stdout                                               # 3.4375 / 0.5
+    assert "wrote" in r.stderr and "index.html" in r.stderr
+
+
+def test_cli_bad_input(runs, tmp_path):
+    one_line_error(run("compare", tmp_path, "--out", tmp_path / "c"), "run.json")
+    one_line_error(run("compare", *runs, "--label", "x", "--out", tmp_path / "c"), "--label")
+    one_line_error(run("compare", *runs, "--baseline", "nope", "--out", tmp_path / "c"), "--baseline", "nope")
+    assert not (tmp_path / "c").exists()
+
+
+def test_two_real_tiny_runs(tmp_path):
+    for preset in ("flow-grpo", "tree-grpo"):
+        r = run("train", "--preset", preset, *TINY, "--run-dir", tmp_path / preset)
+        assert r.exit_code == 0, r.output
+    r = run("compare", tmp_path / "flow-grpo", tmp_path / "tree-grpo", "--baseline", "flow-grpo",
+            "--out", tmp_path / "cmp", "--json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert [g["label"] for g in data["groups"]] == ["flow-grpo", "tree-grpo"]
+    flow = data["runs"][0]
+    metrics = [json.loads(line) for line in (tmp_path / "flow-grpo" / "metrics.jsonl").read_text().splitlines()]
+    assert flow["iterations"] == 2 and len(flow["heldout_curve"]) == 2 and flow["heldout_curve"][0][0] == 0.0
+    assert flow["forward_nfe_per_sample"] == pytest.approx(sum(m["rollout_evals_per_leaf"] for m in metrics) / 2)
+    assert flow["minutes_to_target"] is not None                             # the target is its own final reward
+    assert data["groups"][0]["speedup"] in (None, pytest.approx(1.0))       # None: at the target before training
+    assert Path(flow["sample_grid"]).name == "step-2.png"
+    assert (tmp_path / "cmp" / "index.html").stat().st_size > 1000
+
+
+# --- the page in a browser ---------------------------------------------------------------------
+
+def test_the_page_draws_its_plots_in_a_headless_browser(runs, tmp_path):
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.skip("no chromium on PATH: install Debian's chromium package (apt-get install chromium) to run the browser check")
+    compare.write_report(compare.compare_runs(runs, baseline="flow-grpo"), tmp_path / "cmp")
+    shot = tmp_path / "shot.png"
+    subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path / 'profile'}",
+                    f"--screenshot={shot}", "--window-size=1200,2000", (tmp_path / "cmp" / "index.html").as_uri()],
+                   capture_output=True, timeout=120, check=True)
+    pixels = np.asarray(Image.open(shot).convert("RGB"), dtype=np.int16)
+    assert pixels.shape[:2] == (2000, 1200)
+    assert (np.abs(pixels - 255).sum(-1) > 30).mean() > 0.02                # not a blank page
+    for colour in plots.PALETTE[:2]:                                         # both groups' lines (the grids are grey)
+        near = (np.abs(pixels - np.array(colour)).max(-1) <= 3).sum()
+        assert near > 50, (colour, near)

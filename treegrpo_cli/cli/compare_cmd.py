@@ -1,0 +1,50 @@
+"""`treegrpo compare`: training runs side by side (reward against time, cost, memory), grouped over seeds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from .common import err, guarded, out as stdout, print_json
+
+
+def compare(
+    runs: Annotated[list[Path], typer.Argument(help="Run folders written by `treegrpo train`.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Write compare.json, reward_vs_time.png, pareto.png and index.html here.")],
+    target: Annotated[Optional[float], typer.Option(help="Held-out reward to time the runs to (default: the baseline group's mean final held-out reward).")] = None,
+    baseline: Annotated[Optional[str], typer.Option(help="The group (label) the speed-ups are measured against.")] = None,
+    label: Annotated[Optional[list[str]], typer.Option("--label", help="A run's group label, once per run in order (default: its preset name; runs of one label are seeds of one group).")] = None,
+    json_: Annotated[bool, typer.Option("--json", help="Print compare.json's content.")] = False,
+) -> None:
+    """Compare training runs: held-out reward against wall-clock time, time to a target reward and the speed-up
+    over a baseline, seconds per iteration, model evaluations per sample and peak memory, mean over seeds.
+
+    Example: treegrpo compare runs/flow-s0 runs/flow-s1 runs/tree-s0 runs/tree-s1 --baseline flow-grpo --out runs/cmp
+    """
+    from ..compare import COLUMNS, compare_runs, table_rows, to_dict, write_report
+    from ..preflight import check_writable_dir
+    with guarded():
+        check_writable_dir(out, "--out")
+        cmp = compare_runs(runs, label, target, baseline)
+        write_report(cmp, out)
+    if json_:
+        print_json(to_dict(cmp))
+        return
+    rows = table_rows(cmp)
+    table = Table(title=f"{_count(len(cmp.runs), 'run')} in {_count(len(cmp.groups), 'group')} (mean ± std over seeds)")
+    table.add_column("")
+    for row in rows:
+        table.add_column(row[0], justify="right")
+    for i, name in enumerate(COLUMNS[1:], 1):          # one column per group: narrow terminals keep it readable
+        table.add_row(name, *(row[i] for row in rows))
+    if cmp.target is not None:
+        table.caption = f"target held-out reward {cmp.target:.4f}" + (f"; baseline {cmp.baseline}" if cmp.baseline else "")
+    stdout.print(table)
+    err.print(f"wrote {', '.join(cmp.files)}", highlight=False)
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}" + ("s" if n != 1 else "")

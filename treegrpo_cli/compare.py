@@ -1,0 +1,376 @@
+"""Training runs side by side: held-out reward against wall-clock time, cost per iteration, model
+evaluations per sample and memory, grouped by label (the preset by default) with mean and spread over seeds.
+
+    OUT/compare.json       every number of the table, the target and the baseline
+    OUT/reward_vs_time.png held-out reward against wall-clock minutes: mean over seeds, min-max band (over
+                           the minutes every seed of the group covers)
+    OUT/pareto.png         seconds per iteration against final held-out reward, one point per group
+    OUT/index.html         one self-contained page: table, both plots, each run's latest sample grid
+
+Time to target: the first minute at which a run's held-out curve reaches the target, linearly
+interpolated between consecutive evaluations. Speed-up: the baseline group's mean time to target over
+a group's. Spread over seeds: the sample standard deviation (0 with one run).
+"""
+
+from __future__ import annotations
+
+import base64
+import bisect
+import dataclasses
+import html
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import rundir
+from .errors import TreegrpoError
+from .plots import band_chart, point_chart, save_png
+from .store.shards import atomic_write
+
+PHASES = ("rollout", "score", "update")
+GRID_POINTS = 64        # points of the common time grid a group's mean curve is drawn on
+
+
+@dataclass
+class Stat:
+    """Mean and spread over the runs of a group that have the value (n of them)."""
+    mean: float | None
+    std: float | None
+    n: int
+
+
+@dataclass
+class RunStats:
+    folder: str
+    label: str
+    preset: str
+    seed: int
+    iterations: int
+    heldout_curve: list[tuple[float, float]]          # (wall-clock minutes, held-out reward)
+    final_heldout: float | None
+    gain: float | None                                # final held-out minus the first
+    seconds_per_iteration: float | None
+    phase_seconds: dict[str, float | None]
+    forward_nfe_per_sample: float | None              # mean rollout_evals_per_leaf
+    backward_nfe_per_sample: float | None             # mean train_evals_per_leaf
+    peak_mib: float | None
+    minutes_to_target: float | None = None            # None: never reaches the target (or no target)
+    sample_grid: str | None = None                    # the latest samples/step-N.png
+
+
+@dataclass
+class GroupStats:
+    label: str
+    runs: list[str]
+    seeds: list[int]
+    final_heldout: Stat
+    gain: Stat
+    iterations: Stat
+    seconds_per_iteration: Stat
+    phase_seconds: dict[str, Stat]
+    forward_nfe_per_sample: Stat
+    backward_nfe_per_sample: Stat
+    peak_mib: Stat
+    minutes_to_target: Stat                           # over the runs that reach the target
+    reached_target: int
+    speedup: float | None = None                      # baseline mean minutes / this group's mean minutes
+    speedup_min: float | None = None                  # min and max of baseline mean / each seed's minutes
+    speedup_max: float | None = None
+
+
+@dataclass
+class Comparison:
+    target: float | None
+    baseline: str | None
+    groups: list[GroupStats]
+    runs: list[RunStats]
+    files: list[str] = field(default_factory=list)
+
+
+# --- one run -----------------------------------------------------------------------------------
+
+def _number(v: Any) -> float | None:
+    """v as a float when it is a finite number (a missing key, null or NaN: None)."""
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+
+
+def _mean(values: list[Any]) -> float | None:
+    xs = [x for x in map(_number, values) if x is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
+def heldout_curve(metrics: list[dict[str, Any]], evals: list[dict[str, Any]]) -> list[tuple[float, float]]:
+    """(minutes, reward) of every evaluation; an evaluation without "wall" takes the wall of the metrics row
+    of the iteration before it (or of the latest row before that; 0 at iteration 0)."""
+    walls = sorted((r["iteration"], _number(r.get("wall"))) for r in metrics if _number(r.get("wall")) is not None)
+    curve = []
+    for e in sorted(evals, key=lambda e: e["iteration"]):
+        wall, reward = _number(e.get("wall")), _number(e.get("reward_mean"))
+        if wall is None:
+            k = bisect.bisect_right([it for it, _ in walls], e["iteration"] - 1)
+            wall = walls[k - 1][1] if k else 0.0
+        if reward is not None:
+            curve.append((wall / 60, reward))
+    return curve
+
+
+def latest_sample(run: Path) -> Path | None:
+    """samples/step-N.png with the largest N, or None."""
+    steps = [(int(m.group(1)), p) for p in run.glob("samples/step-*.png")
+             if (m := re.fullmatch(r"step-(\d+)\.png", p.name))]
+    return max(steps)[1] if steps else None
+
+
+def load_run(run: Path, label: str | None = None) -> RunStats:
+    """The numbers of one run folder; refused when it is not a run or has no iterations yet."""
+    cfg = rundir.load_config(run)
+    metrics = rundir.read_metrics(run)
+    if not metrics:
+        raise TreegrpoError(f"{run}: no iterations in {rundir.METRICS} yet; nothing to compare")
+    curve = heldout_curve(metrics, rundir.read_evals(run))
+    peaks = [x for x in (_number(r.get("peak_mib")) for r in metrics) if x is not None]
+    sample = latest_sample(run)
+    return RunStats(
+        folder=str(run), label=label or cfg.name, preset=cfg.name, seed=cfg.seed, iterations=len(metrics),
+        heldout_curve=curve, final_heldout=curve[-1][1] if curve else None,
+        gain=curve[-1][1] - curve[0][1] if len(curve) > 1 else None,
+        seconds_per_iteration=_mean([r.get("seconds", {}).get("total") for r in metrics]),
+        phase_seconds={p: _mean([r.get("seconds", {}).get(p) for r in metrics]) for p in PHASES},
+        forward_nfe_per_sample=_mean([r.get("rollout_evals_per_leaf") for r in metrics]),
+        backward_nfe_per_sample=_mean([r.get("train_evals_per_leaf") for r in metrics]),
+        peak_mib=max(peaks) if peaks else None, sample_grid=str(sample) if sample else None)
+
+
+def time_to_target(curve: list[tuple[float, float]], target: float) -> float | None:
+    """The first minute at which the curve reaches target, interpolated between points; None if never."""
+    for k, (t, y) in enumerate(curve):
+        if y >= target:
+            if k == 0:
+                return t
+            t0, y0 = curve[k - 1]
+            return t0 + (target - y0) / (y - y0) * (t - t0)
+    return None
+
+
+# --- groups ------------------------------------------------------------------------------------
+
+def stat(values: list[float | None]) -> Stat:
+    """Mean and sample standard deviation of the values that are not None (std 0 with one)."""
+    xs = [float(v) for v in values if v is not None]
+    if not xs:
+        return Stat(None, None, 0)
+    m = sum(xs) / len(xs)
+    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else 0.0
+    return Stat(m, sd, len(xs))
+
+
+def group_stats(label: str, runs: list[RunStats], base_minutes: float | None) -> GroupStats:
+    """Mean and spread over a group's runs; the speed-up against base_minutes when it is known."""
+    g = GroupStats(
+        label=label, runs=[r.folder for r in runs], seeds=[r.seed for r in runs],
+        final_heldout=stat([r.final_heldout for r in runs]), gain=stat([r.gain for r in runs]),
+        iterations=stat([r.iterations for r in runs]),
+        seconds_per_iteration=stat([r.seconds_per_iteration for r in runs]),
+        phase_seconds={p: stat([r.phase_seconds[p] for r in runs]) for p in PHASES},
+        forward_nfe_per_sample=stat([r.forward_nfe_per_sample for r in runs]),
+        backward_nfe_per_sample=stat([r.backward_nfe_per_sample for r in runs]),
+        peak_mib=stat([r.peak_mib for r in runs]),
+        minutes_to_target=stat([r.minutes_to_target for r in runs]),
+        reached_target=sum(r.minutes_to_target is not None for r in runs))
+    mean = g.minutes_to_target.mean
+    if base_minutes is not None and mean:          # a group at the target before training has no finite ratio
+        g.speedup = base_minutes / mean
+        each = [base_minutes / r.minutes_to_target for r in runs if r.minutes_to_target]
+        g.speedup_min, g.speedup_max = min(each), max(each)
+    return g
+
+
+def _labels(folders: list[Path], labels: list[str] | None) -> list[str | None]:
+    if labels is not None and len(labels) != len(folders):
+        raise TreegrpoError(f"--label was given {len(labels)} times for {len(folders)} runs; give one per run, in order")
+    if labels is not None and not all(lab.strip() for lab in labels):
+        raise TreegrpoError("--label must not be empty")
+    seen = set()
+    for f in folders:
+        if f.resolve() in seen:
+            raise TreegrpoError(f"{f} is given twice")
+        seen.add(f.resolve())
+    return list(labels) if labels is not None else [None] * len(folders)
+
+
+def compare_runs(folders: list[Path], labels: list[str] | None = None, target: float | None = None,
+                 baseline: str | None = None) -> Comparison:
+    """Load the runs, group them by label, and time each to the target (default: the baseline group's
+    mean final held-out reward)."""
+    if not folders:
+        raise TreegrpoError("give at least one run folder")
+    runs = [load_run(Path(f), lab) for f, lab in zip(folders, _labels([Path(f) for f in folders], labels))]
+    groups: dict[str, list[RunStats]] = {}
+    for r in runs:
+        groups.setdefault(r.label, []).append(r)
+    if baseline is not None and baseline not in groups:
+        raise TreegrpoError(f"--baseline {baseline!r} is none of the runs' labels ({', '.join(groups)})")
+    if target is None and baseline is not None:
+        target = stat([r.final_heldout for r in groups[baseline]]).mean
+        if target is None:
+            raise TreegrpoError(f"the baseline {baseline!r} has no held-out evaluations (eval.jsonl); give --target")
+    if target is not None and not math.isfinite(target):
+        raise TreegrpoError(f"--target must be a finite number, got {target}")
+    for r in runs:
+        r.minutes_to_target = time_to_target(r.heldout_curve, target) if target is not None else None
+    base = stat([r.minutes_to_target for r in groups[baseline]]).mean if baseline is not None else None
+    return Comparison(target, baseline, [group_stats(k, v, base) for k, v in groups.items()], runs)
+
+
+def to_dict(cmp: Comparison) -> dict[str, Any]:
+    return dataclasses.asdict(cmp)
+
+
+# --- plots -------------------------------------------------------------------------------------
+
+def _interp(x: float, curve: list[tuple[float, float]]) -> float:
+    """The curve at x, linear between points, held constant outside them."""
+    xs = [t for t, _ in curve]
+    k = bisect.bisect_right(xs, x)
+    if k == 0:
+        return curve[0][1]
+    if k == len(curve):
+        return curve[-1][1]
+    (t0, y0), (t1, y1) = curve[k - 1], curve[k]
+    return y0 if t1 == t0 else y0 + (x - t0) / (t1 - t0) * (y1 - y0)
+
+
+def common_grid(curves: list[list[tuple[float, float]]], points: int = GRID_POINTS) -> list[float]:
+    """Evenly spaced minutes over the span every curve covers (empty when they do not overlap)."""
+    lo, hi = max(c[0][0] for c in curves), min(c[-1][0] for c in curves)
+    if hi < lo:
+        return []
+    if hi == lo:
+        return [lo]
+    return [lo + (hi - lo) * i / (points - 1) for i in range(points)]
+
+
+def mean_band(curves: list[list[tuple[float, float]]], grid: list[float]):
+    """(grid, mean, min, max) of the curves interpolated onto the grid."""
+    at = [[_interp(x, c) for c in curves] for x in grid]
+    return grid, [sum(v) / len(v) for v in at], [min(v) for v in at], [max(v) for v in at]
+
+
+def reward_plot(cmp: Comparison):
+    bands = {}
+    for g in cmp.groups:
+        curves = [r.heldout_curve for r in cmp.runs if r.label == g.label and r.heldout_curve]
+        bands[g.label] = mean_band(curves, common_grid(curves)) if curves else ([], [], [], [])
+    label = f"target {cmp.target:.4g}" if cmp.target is not None else ""
+    return band_chart(bands, "held-out reward against training time (mean over seeds, min-max band)",
+                      "wall-clock minutes", "held-out reward", cmp.target, label)
+
+
+def pareto_plot(cmp: Comparison):
+    nan = math.nan                                  # a group without the numbers keeps its colour, no point
+    points = {g.label: (_or(g.seconds_per_iteration.mean, nan), _or(g.final_heldout.mean, nan)) for g in cmp.groups}
+    return point_chart(points, "cost against reward (mean over seeds)", "seconds per iteration",
+                       "final held-out reward")
+
+
+def _or(x: float | None, default: float) -> float:
+    return default if x is None else x
+
+
+# --- table and page ----------------------------------------------------------------------------
+
+COLUMNS = ["group", "runs", "final held-out", "gain", "minutes to target (reached)", "speed-up (seeds min-max)",
+           "s / iteration", "rollout s", "score s", "update s", "forward NFE / sample", "backward NFE / sample",
+           "peak MiB"]
+
+
+def _pm(s: Stat, fmt: str = ".4f") -> str:
+    """mean, with +- std when there are several runs; '-' when no run has the value."""
+    if s.mean is None:
+        return "-"
+    return f"{s.mean:{fmt}}" + (f" ± {s.std:{fmt.lstrip('+')}}" if s.n > 1 else "")
+
+
+def _speedup(g: GroupStats) -> str:
+    if g.speedup is None:
+        return "-"
+    return f"{g.speedup:.2f}x ({g.speedup_min:.2f}-{g.speedup_max:.2f})"
+
+
+def table_rows(cmp: Comparison) -> list[list[str]]:
+    """One row of strings per group, in COLUMNS order."""
+    rows = []
+    for g in cmp.groups:
+        reach = f" ({g.reached_target}/{len(g.runs)})" if cmp.target is not None else ""
+        rows.append([g.label, f"{len(g.runs)} (seeds {', '.join(map(str, g.seeds))})", _pm(g.final_heldout),
+                     _pm(g.gain, "+.4f"), _pm(g.minutes_to_target, ".2f") + reach, _speedup(g),
+                     _pm(g.seconds_per_iteration, ".2f"), *(_pm(g.phase_seconds[p], ".2f") for p in PHASES),
+                     _pm(g.forward_nfe_per_sample, ".1f"), _pm(g.backward_nfe_per_sample, ".1f"),
+                     _pm(g.peak_mib, ".0f")])
+    return rows
+
+
+def _data_uri(png: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+
+
+def _html_table(cmp: Comparison) -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in COLUMNS)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in row) + "</tr>" for row in table_rows(cmp))
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _samples_html(cmp: Comparison) -> str:
+    figures = []
+    for r in cmp.runs:
+        caption = html.escape(f"{r.label} · seed {r.seed} · {Path(r.folder).name}")
+        if r.sample_grid is None:
+            figures.append(f"<figure><p>no sample grid</p><figcaption>{caption}</figcaption></figure>")
+            continue
+        name = html.escape(Path(r.sample_grid).name)
+        figures.append(f'<figure><img src="{_data_uri(Path(r.sample_grid).read_bytes())}" alt="{name}">'
+                       f"<figcaption>{caption} · {name}</figcaption></figure>")
+    return '<div class="samples">' + "".join(figures) + "</div>"
+
+
+STYLE = """
+body{font-family:sans-serif;margin:24px;color:#282828}
+table{border-collapse:collapse;margin:12px 0}
+th,td{border:1px solid #ccc;padding:4px 8px;text-align:right}
+td{white-space:nowrap}
+td:first-child,th:first-child{text-align:left}
+th{background:#f2f2f2}
+.plots{display:flex;flex-wrap:wrap;gap:16px}
+.samples{display:flex;gap:16px;overflow-x:auto}
+figure{margin:0}
+figcaption{font-size:13px;margin-top:4px}
+"""
+
+
+def page(cmp: Comparison, pngs: dict[str, bytes]) -> str:
+    """index.html: everything inline (CSS, base64 PNGs), no scripts, nothing fetched."""
+    target = "none" if cmp.target is None else f"{cmp.target:.4f}"
+    images = "".join(f'<img src="{_data_uri(data)}" alt="{html.escape(name)}">' for name, data in pngs.items())
+    return (f"<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>treegrpo compare</title>"
+            f"<style>{STYLE}</style></head><body>\n<h1>treegrpo compare: runs {len(cmp.runs)}, groups {len(cmp.groups)}</h1>\n"
+            f"<p>target held-out reward: {html.escape(target)}; baseline: {html.escape(cmp.baseline or 'none')}. "
+            "Mean ± sample standard deviation over seeds.</p>\n"
+            f"{_html_table(cmp)}\n<h2>Reward against time, cost against reward</h2>\n<div class=\"plots\">{images}</div>\n"
+            f"<h2>Latest samples</h2>\n{_samples_html(cmp)}\n</body></html>\n")
+
+
+def write_report(cmp: Comparison, out: Path) -> list[str]:
+    """reward_vs_time.png, pareto.png, compare.json and index.html under out; returns the paths written."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    pngs = {}
+    for name, image in (("reward_vs_time.png", reward_plot(cmp)), ("pareto.png", pareto_plot(cmp))):
+        save_png(image, out / name)
+        pngs[name] = (out / name).read_bytes()
+    cmp.files = [str(out / n) for n in (*pngs, "compare.json", "index.html")]
+    atomic_write(out / "compare.json", (json.dumps(to_dict(cmp), indent=1, allow_nan=False) + "\n").encode())
+    atomic_write(out / "index.html", page(cmp, pngs).encode())
+    return cmp.files
