@@ -160,9 +160,9 @@ def test_cli_json_and_files(runs, tmp_path):
     r = run("compare", *runs, "--baseline", "flow-grpo", "--out", out, "--json")
     assert r.exit_code == 0, r.output
     data = json.loads(r.stdout)
-    assert set(data) == {"target", "baseline", "groups", "runs", "files"}
+    assert set(data) == {"target", "baseline", "measure", "groups", "runs", "files"}
     assert data == json.loads((out / "compare.json").read_text())
-    assert data["baseline"] == "flow-grpo" and data["target"] == pytest.approx(0.55)
+    assert data["baseline"] == "flow-grpo" and data["measure"] == "reward" and data["target"] == pytest.approx(0.55)
     tree = data["groups"][1]
     assert tree["speedup"] == pytest.approx(4.82758621) and tree["reached_target"] == 2
     assert tree["minutes_to_target"]["mean"] == pytest.approx(0.725)
@@ -228,3 +228,19 @@ def test_the_page_draws_its_plots_in_a_headless_browser(runs, tmp_path):
     for colour in plots.PALETTE[:2]:                                         # both groups' lines (the grids are grey)
         near = (np.abs(pixels - np.array(colour)).max(-1) <= 3).sum()
         assert near > 50, (colour, near)
+
+
+def test_gain_times_each_run_from_its_own_start(runs):
+    # flow-grpo gains 0.4 and 0.3 (target 0.35); tree-grpo b2 starts at 0.3: it reaches +0.35 at its end only
+    cmp = compare.compare_runs(runs, baseline="flow-grpo", gain=True)
+    assert cmp.measure == "gain" and cmp.target == pytest.approx(0.35)
+    a1, a2, b1, b2 = cmp.runs
+    assert a1.minutes_to_target == pytest.approx(3.5)                        # 0.2 + 0.35 = 0.55, as before
+    assert a2.minutes_to_target is None                                      # 0.3 of gain: never
+    assert b1.minutes_to_target == pytest.approx(0.7)
+    assert b2.minutes_to_target == pytest.approx(1.0)                        # 0.65 - 0.3 = 0.35 at its last point
+    tree = cmp.groups[1]
+    assert tree.speedup == pytest.approx(3.5 / 0.85) and tree.speedup_max == pytest.approx(5.0)
+    r = run("compare", *runs, "--baseline", "flow-grpo", "--gain", "--out", runs[0].parent / "g", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["measure"] == "gain"

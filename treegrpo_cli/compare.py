@@ -85,6 +85,7 @@ class GroupStats:
 class Comparison:
     target: float | None
     baseline: str | None
+    measure: str                                      # "reward": held-out reward | "gain": over each run's first
     groups: list[GroupStats]
     runs: list[RunStats]
     files: list[str] = field(default_factory=list)
@@ -202,9 +203,10 @@ def _labels(folders: list[Path], labels: list[str] | None) -> list[str | None]:
 
 
 def compare_runs(folders: list[Path], labels: list[str] | None = None, target: float | None = None,
-                 baseline: str | None = None) -> Comparison:
+                 baseline: str | None = None, gain: bool = False) -> Comparison:
     """Load the runs, group them by label, and time each to the target (default: the baseline group's
-    mean final held-out reward)."""
+    mean final held-out reward). gain=True measures every curve and the target from each run's first
+    held-out evaluation (methods whose samplers start the base model at different rewards)."""
     if not folders:
         raise TreegrpoError("give at least one run folder")
     runs = [load_run(Path(f), lab) for f, lab in zip(folders, _labels([Path(f) for f in folders], labels))]
@@ -214,15 +216,17 @@ def compare_runs(folders: list[Path], labels: list[str] | None = None, target: f
     if baseline is not None and baseline not in groups:
         raise TreegrpoError(f"--baseline {baseline!r} is none of the runs' labels ({', '.join(groups)})")
     if target is None and baseline is not None:
-        target = stat([r.final_heldout for r in groups[baseline]]).mean
+        target = stat([r.gain if gain else r.final_heldout for r in groups[baseline]]).mean
         if target is None:
             raise TreegrpoError(f"the baseline {baseline!r} has no held-out evaluations (eval.jsonl); give --target")
     if target is not None and not math.isfinite(target):
         raise TreegrpoError(f"--target must be a finite number, got {target}")
     for r in runs:
-        r.minutes_to_target = time_to_target(r.heldout_curve, target) if target is not None else None
+        curve = [(t, y - r.heldout_curve[0][1]) for t, y in r.heldout_curve] if gain else r.heldout_curve
+        r.minutes_to_target = time_to_target(curve, target) if target is not None else None
     base = stat([r.minutes_to_target for r in groups[baseline]]).mean if baseline is not None else None
-    return Comparison(target, baseline, [group_stats(k, v, base) for k, v in groups.items()], runs)
+    return Comparison(target, baseline, "gain" if gain else "reward",
+                      [group_stats(k, v, base) for k, v in groups.items()], runs)
 
 
 def to_dict(cmp: Comparison) -> dict[str, Any]:
@@ -260,13 +264,15 @@ def mean_band(curves: list[list[tuple[float, float]]], grid: list[float]):
 
 
 def reward_plot(cmp: Comparison):
-    bands = {}
+    bands, gain = {}, cmp.measure == "gain"
     for g in cmp.groups:
-        curves = [r.heldout_curve for r in cmp.runs if r.label == g.label and r.heldout_curve]
+        curves = [[(t, y - r.heldout_curve[0][1] if gain else y) for t, y in r.heldout_curve]
+                  for r in cmp.runs if r.label == g.label and r.heldout_curve]
         bands[g.label] = mean_band(curves, common_grid(curves)) if curves else ([], [], [], [])
     label = f"target {cmp.target:.4g}" if cmp.target is not None else ""
-    return band_chart(bands, "held-out reward against training time (mean over seeds, min-max band)",
-                      "wall-clock minutes", "held-out reward", cmp.target, label)
+    what = "held-out gain" if gain else "held-out reward"
+    return band_chart(bands, f"{what} against training time (mean over seeds, min-max band)",
+                      "wall-clock minutes", what, cmp.target, label)
 
 
 def pareto_plot(cmp: Comparison):
@@ -356,7 +362,7 @@ def page(cmp: Comparison, pngs: dict[str, bytes]) -> str:
     images = "".join(f'<img src="{_data_uri(data)}" alt="{html.escape(name)}">' for name, data in pngs.items())
     return (f"<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>treegrpo compare</title>"
             f"<style>{STYLE}</style></head><body>\n<h1>treegrpo compare: runs {len(cmp.runs)}, groups {len(cmp.groups)}</h1>\n"
-            f"<p>target held-out reward: {html.escape(target)}; baseline: {html.escape(cmp.baseline or 'none')}. "
+            f"<p>target held-out {cmp.measure}: {html.escape(target)}; baseline: {html.escape(cmp.baseline or 'none')}. "
             "Mean ± sample standard deviation over seeds.</p>\n"
             f"{_html_table(cmp)}\n<h2>Reward against time, cost against reward</h2>\n<div class=\"plots\">{images}</div>\n"
             f"<h2>Latest samples</h2>\n{_samples_html(cmp)}\n</body></html>\n")

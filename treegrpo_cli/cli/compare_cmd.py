@@ -16,6 +16,7 @@ def compare(
     out: Annotated[Path, typer.Option("--out", "-o", help="Write compare.json, reward_vs_time.png, pareto.png and index.html here.")],
     target: Annotated[Optional[float], typer.Option(help="Held-out reward to time the runs to (default: the baseline group's mean final held-out reward).")] = None,
     baseline: Annotated[Optional[str], typer.Option(help="The group (label) the speed-ups are measured against.")] = None,
+    gain: Annotated[bool, typer.Option("--gain", help="Measure every run from its own first held-out evaluation (the target is then a gain).")] = False,
     label: Annotated[Optional[list[str]], typer.Option("--label", help="A run's group label, once per run in order (default: its preset name; runs of one label are seeds of one group).")] = None,
     json_: Annotated[bool, typer.Option("--json", help="Print compare.json's content.")] = False,
 ) -> None:
@@ -28,7 +29,7 @@ def compare(
     from ..preflight import check_writable_dir
     with guarded():
         check_writable_dir(out, "--out")
-        cmp = compare_runs(runs, label, target, baseline)
+        cmp = compare_runs(runs, label, target, baseline, gain)
         write_report(cmp, out)
     if json_:
         print_json(to_dict(cmp))
@@ -41,7 +42,7 @@ def compare(
     for i, name in enumerate(COLUMNS[1:], 1):          # one column per group: narrow terminals keep it readable
         table.add_row(name, *(row[i] for row in rows))
     if cmp.target is not None:
-        table.caption = f"target held-out reward {cmp.target:.4f}" + (f"; baseline {cmp.baseline}" if cmp.baseline else "")
+        table.caption = f"target held-out {cmp.measure} {cmp.target:.4f}" + (f"; baseline {cmp.baseline}" if cmp.baseline else "")
     stdout.print(table)
     err.print(f"wrote {', '.join(cmp.files)}", highlight=False)
 
