@@ -101,3 +101,71 @@ def sum_gradients(params: list[torch.nn.Parameter], d: Dist) -> None:
 def barrier(d: Dist) -> None:
     if d.active:
         tdist.barrier()
+
+
+# --- FSDP2: the denoiser sharded over the ranks (train.parallel = "fsdp") -------------------------
+
+def shard_module(root: torch.nn.Module, bf16_compute: bool = False) -> None:
+    """fully_shard every block of root's ModuleLists (the transformer's layers), then root itself:
+    each rank keeps 1/world of the weights, gradients and optimizer state; a block's weights are
+    gathered for its forward and backward only. bf16_compute (CUDA): gathered and computed in bf16,
+    gradients reduced in fp32, master weights fp32."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16_compute else None
+    kw = {"mp_policy": mp} if mp is not None else {}
+    for module in list(root.children()):
+        if isinstance(module, torch.nn.ModuleList):
+            for block in module:
+                if any(p.requires_grad for p in block.parameters()):
+                    fully_shard(block, **kw)
+    fully_shard(root, reshard_after_forward=True, **kw)    # so that root.parameters() are the shards between forwards
+
+
+def clip_sharded_gradients(params: list[torch.nn.Parameter], max_norm: float) -> float:
+    """clip_grad_norm_ for sharded gradients: the norm of the whole gradient (the local shards' squares
+    summed over the ranks), every shard scaled by min(1, max_norm / norm); returns the norm before."""
+    grads = [p.grad for p in params if p.grad is not None]
+    local = [g.to_local() if hasattr(g, "to_local") else g for g in grads]
+    sq = torch.stack([g.detach().float().pow(2).sum() for g in local]).sum() if local else torch.zeros(())
+    tdist.all_reduce(sq)
+    norm = float(sq.sqrt())
+    coef = min(1.0, max_norm / (norm + 1e-6))
+    if coef < 1.0:
+        for g in local:
+            g.mul_(coef)
+    return norm
+
+
+def full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A sharded tensor's whole value (a collective: every rank calls it, in the same order); others as they are."""
+    return t.detach().full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def full_state(state: dict[str, Any]) -> dict[str, Any]:
+    """{name: tensor} (or an optimizer's state_dict) with every sharded tensor made whole, on the CPU."""
+    if "state" in state and "param_groups" in state:
+        return {"state": {i: full_state(s) for i, s in state["state"].items()}, "param_groups": state["param_groups"]}
+    return {k: full_tensor(v).cpu() if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+
+
+def shard_like(state: dict[str, torch.Tensor], like: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Whole tensors -> this rank's shards, placed as the same-named tensors of `like` are."""
+    from torch.distributed.tensor import distribute_tensor
+
+    out = {}
+    for k, v in state.items():
+        ref = like.get(k)
+        out[k] = (distribute_tensor(v.detach().to(ref.device_mesh.device_type), ref.device_mesh, ref.placements)
+                  if ref is not None and hasattr(ref, "device_mesh") else v)
+    return out
+
+
+def shard_optimizer_state(state: dict[str, Any], params: list[torch.nn.Parameter]) -> dict[str, Any]:
+    """A whole optimizer state_dict -> one whose per-parameter tensors are sharded like the parameters."""
+    out = {"state": {}, "param_groups": state["param_groups"]}
+    for i, s in state["state"].items():
+        p = params[int(i)]
+        like = {k: p for k, v in s.items() if isinstance(v, torch.Tensor) and v.shape == p.shape}
+        out["state"][i] = shard_like(s, like)
+    return out

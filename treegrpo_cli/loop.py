@@ -21,7 +21,8 @@ from .errors import TreegrpoError
 from .engine.credit import assign_credit
 from . import dist
 from .dist import SINGLE, Dist
-from .engine.grpo import Batch, Parallel, grpo_update, loss_denominators, make_optimizer, minibatches
+from .engine.grpo import (Batch, Parallel, grpo_update, loss_denominators, make_optimizer, minibatches,
+                          parent_chunk_count)
 from .engine.rollout import Progress, TreeConfig, mix_seed, rollout
 from .engine.schedules import tree_for_iteration
 from .engine.sde import make_kernel
@@ -64,10 +65,13 @@ class Trainer:
         self.policy: Policy = load_policy(cfg.model, device, cfg.policy)
         cfg.check_tree_memory(tuple(self.policy.latent_shape))
         self.sde = make_kernel(self.policy, cfg.sampler)   # FlowSDE, or the policy's own (DDIM for SD1.5)
+        self.ref = self.policy.reference() if cfg.train.kl_beta > 0 else None     # whole on every rank
+        self.sharded = cfg.train.parallel == "fsdp" and d.active     # one process: nothing to shard
+        if self.sharded:
+            _shard(self.policy, device)
         self.opt = make_optimizer(list(self.policy.trainable_parameters()), cfg.train)
         self.ema = ({k: v.detach().clone() for k, v in self.policy.trainable_state().items()}
                     if cfg.train.ema_decay > 0 else None)
-        self.ref = self.policy.reference() if cfg.train.kl_beta > 0 else None
         self.rewards = build_rewards(cfg, device)
         self.weights = cfg.reward.weight_map()
         self.step = 0
@@ -81,14 +85,25 @@ class Trainer:
                 self.ema[k].mul_(d).add_(v.to(self.ema[k].device), alpha=1 - d)
 
     def checkpoint(self, extra: dict[str, Any]) -> Checkpoint:
-        return Checkpoint(self.step, self.policy.trainable_state(), self.ema, self.opt.state_dict(),
-                          rng_states(), {"step": self.step, "seed": self.cfg.seed, **extra})
+        """The run's state; a sharded run's tensors made whole (a collective: every rank calls it)."""
+        model, ema, opt = self.policy.trainable_state(), self.ema, self.opt.state_dict()
+        if self.sharded:
+            model, opt = dist.full_state(model), dist.full_state(opt)
+            ema = dist.full_state(ema) if ema is not None else None
+        return Checkpoint(self.step, model, ema, opt, rng_states(), {"step": self.step, "seed": self.cfg.seed, **extra})
 
     def restore(self, ck: Checkpoint) -> None:
-        self.policy.load_trainable_state(ck.model)
-        self.opt.load_state_dict(ck.optimizer)
-        if self.ema is not None and ck.ema is not None:
-            self.ema = {k: v.clone() for k, v in ck.ema.items()}
+        """Load a checkpoint (whole tensors, written by any number of processes, sharded or not)."""
+        model, opt, ema = ck.model, ck.optimizer, ck.ema
+        if self.sharded:
+            like = self.policy.trainable_state()
+            model = dist.shard_like(model, like)
+            opt = dist.shard_optimizer_state(opt, list(self.policy.trainable_parameters()))
+            ema = dist.shard_like(ema, like) if ema is not None else None
+        self.policy.load_trainable_state(model)
+        self.opt.load_state_dict(opt)
+        if self.ema is not None and ema is not None:
+            self.ema = {k: v.clone() for k, v in ema.items()}
         set_rng_states(ck.rng)
         self.step = ck.step
 
@@ -105,12 +120,12 @@ class Trainer:
         t1 = time.perf_counter()
         leaf_prompts = [prompts[int(p)] for p in tree.tree_prompt[tree.tree[tree.leaves()]]]
         scores = score_leaves(self.rewards, leaf_images(self.policy, tree), leaf_prompts)
-        whole, all_scores, nodes = _whole_batch(tree, scores, d)
+        whole, all_scores, starts = _whole_batch(tree, scores, d)
         adv, trained = credit(cfg, whole, all_scores, it)
         t2 = time.perf_counter()
-        own = slice(nodes, nodes + tree.num_nodes)
+        own = slice(starts[d.rank], starts[d.rank] + tree.num_nodes)
         batch = Batch(tree, trained[own], adv.edge[own], self.policy.encode([prompts[int(p)] for p in tree.tree_prompt]))
-        par = _parallel(Batch(whole, trained, adv.edge, {}), cfg, it, own, d) if d.active else None
+        par = _parallel(Batch(whole, trained, adv.edge, {}), cfg, it, starts, d, self.sharded) if d.active else None
         upd = grpo_update(self.policy, self.opt, self.sde, batch, cfg.train, update_generator(cfg, it),
                           cfg.rollout.max_batch, self.ref, self.update_ema, par)
         t3 = time.perf_counter()
@@ -123,25 +138,45 @@ class Trainer:
         return row
 
 
-def _whole_batch(tree: Tree, scores: dict[str, torch.Tensor], d: Dist) -> tuple[Tree, dict[str, torch.Tensor], int]:
+def _shard(policy: Policy, device: str) -> None:
+    """FSDP2 over the policy's denoiser (train.parallel = "fsdp")."""
+    root = getattr(policy, "net", None) or getattr(policy, "denoiser", None)
+    if not isinstance(root, torch.nn.Module):
+        raise TreegrpoError(f"train.parallel = fsdp needs a policy with one denoiser module; {type(policy).__name__} "
+                            "has none: use train.parallel = replicate")
+    dist.shard_module(root, str(device).startswith("cuda") and getattr(policy, "dtype", None) == torch.bfloat16)
+
+
+def _whole_batch(tree: Tree, scores: dict[str, torch.Tensor], d: Dist) -> tuple[Tree, dict[str, torch.Tensor], list[int]]:
     """The structure of every rank's trees (no latents) concatenated in rank order, every leaf's scores,
-    and where this rank's nodes start in it. One process: the tree itself."""
+    and where each rank's nodes start in it (and end: the last entry). One process: the tree itself."""
     if not d.active:
-        return tree, scores, 0
+        return tree, scores, [0, tree.num_nodes]
     shape = {k: v for k, v in tree.tensors().items() if k not in ("latent", "image_latent")}
     parts = dist.gather((shape, scores), d)
     skeletons = [Tree(latent=torch.zeros(len(t["parent"]), 0), image_latent=torch.zeros(0, 0), **t) for t, _ in parts]
     whole = cat_trees(skeletons)
     all_scores = {n: torch.cat([sc[n] for _, sc in parts]) for n in scores}
-    return whole, all_scores, sum(len(t["parent"]) for t, _ in parts[:d.rank])
+    sizes = torch.tensor([len(t["parent"]) for t, _ in parts])
+    return whole, all_scores, [0, *torch.cumsum(sizes, 0).tolist()]
 
 
-def _parallel(whole: Batch, cfg: Config, it: int, own: slice, d: Dist) -> Parallel:
-    """The global minibatch plan restricted to this rank's nodes, with global loss divisors."""
+def _parallel(whole: Batch, cfg: Config, it: int, starts: list[int], d: Dist, sharded: bool) -> Parallel:
+    """The global minibatch plan restricted to this rank's nodes, with global loss divisors; for a sharded
+    model also the chunk count every rank runs per step (the most any rank needs), the loss scale that
+    undoes FSDP's gradient averaging, and gradient clipping over the shards."""
     plan = minibatches(whole, cfg.train, update_generator(cfg, it))
-    mine = [mb[(mb >= own.start) & (mb < own.stop)] - own.start for mb in plan]
-    return Parallel(mine, loss_denominators(whole, cfg.train, plan), lambda ps: dist.sum_gradients(ps, d),
-                    lambda x: torch.cat(dist.gather(x, d)))
+
+    def part(mb: torch.Tensor, r: int) -> torch.Tensor:
+        return mb[(mb >= starts[r]) & (mb < starts[r + 1])]
+    mine = [part(mb, d.rank) - starts[d.rank] for mb in plan]
+    gather = lambda x: torch.cat(dist.gather(x, d))       # noqa: E731
+    if not sharded:
+        return Parallel(mine, loss_denominators(whole, cfg.train, plan), lambda ps: dist.sum_gradients(ps, d), gather)
+    chunks = [max(parent_chunk_count(whole.tree.parent, part(mb, r), cfg.rollout.max_batch) for r in range(d.world))
+              for mb in plan]
+    return Parallel(mine, loss_denominators(whole, cfg.train, plan), lambda ps: None, gather,     # FSDP reduce-scatters
+                    chunks, float(d.world), dist.clip_sharded_gradients)
 
 
 # --- the steps of an iteration, shared with the staged pipeline (stages.py) -------------------
@@ -242,19 +277,22 @@ def _row(it, scores, weights, adv_trained, leaves, nfe, upd, tree_cfg: TreeConfi
 # --- the run ---------------------------------------------------------------------------------
 
 def train(req: TrainRequest, hooks: Hooks = Hooks()) -> dict[str, Any]:
-    """Train online until cfg.train.iterations; resumable from the last good checkpoint. With several
-    processes every rank trains, rank 0 alone writes the run folder (the weights are the same on all)."""
+    """Train online until cfg.train.iterations (or train.max_minutes); resumable from the last good
+    checkpoint. With several processes every rank trains and rank 0 alone writes the run folder; the
+    sample grids, held-out evaluations and checkpoints are rank 0's work, or, for a sharded model, every
+    rank's (each forward is a collective)."""
     cfg, d = req.config, req.dist
     trainer = Trainer(cfg, req.device, d)
+    works = d.main or trainer.sharded                 # this rank runs the grids', evaluations' and checkpoints' forwards
     if cfg.policy.free_text_encoders and hasattr(trainer.policy, "cache_prompts"):
         trainer.policy.cache_prompts(req.prompts + req.eval_prompts)   # embed once, then free the encoders
     if req.resume:
         _resume(trainer, req, hooks)
     elif d.main:
         rundir.create(req.run_dir, cfg, req.command, {"train": req.prompts, "eval": req.eval_prompts})
-        if cfg.train.sample_every:
-            rundir.sample_grid(req.run_dir, trainer.policy, trainer.sde, req.eval_prompts, trainer.rewards, cfg, 0)
-    if d.main and cfg.train.eval_samples and not rundir.read_evals(req.run_dir):
+    if not req.resume and cfg.train.sample_every and works:
+        _grid(trainer, req, 0)
+    if cfg.train.eval_samples and _main_says(lambda: not rundir.read_evals(req.run_dir), trainer, d):
         _heldout(trainer, req, hooks, 0.0)
     dist.barrier(d)
     done_rows = rundir.read_metrics(req.run_dir)
@@ -271,19 +309,28 @@ def train(req: TrainRequest, hooks: Hooks = Hooks()) -> dict[str, Any]:
         stopped = any(v[0] for v in votes)
         finished = trainer.step == cfg.train.iterations or votes[0][1]       # rank 0's clock decides the budget
         if d.main:          # the other ranks go on; the next iteration's gather waits for rank 0
-            stall = _record(trainer, req, hooks, row, stall, stopped, finished)
+            stall = _record(req, hooks, row, stall)
+        if works:
+            _outputs(trainer, req, stopped, finished)
             if not (finished or stopped) and _eval_due(cfg.train.eval_every_minutes, last_wall, wall):
                 t = time.perf_counter()
                 _heldout(trainer, req, hooks, wall)
                 wall0 += time.perf_counter() - t       # held-out evaluations do not count as training time
         if stopped:
             break
-    if d.main:
-        evals = rundir.read_evals(req.run_dir)
-        if cfg.train.eval_samples and finished and evals[-1]["iteration"] < trainer.step:
-            _heldout(trainer, req, hooks, wall)     # also after a run killed between its last checkpoint and this
+    last_eval = lambda: rundir.read_evals(req.run_dir)[-1]["iteration"]      # noqa: E731
+    if cfg.train.eval_samples and finished and _main_says(lambda: last_eval() < trainer.step, trainer, d):
+        _heldout(trainer, req, hooks, wall)     # also after a run killed between its last checkpoint and this
     dist.barrier(d)
     return rundir.summary(req.run_dir, start, stopped) if d.main else {}
+
+
+def _main_says(question: Callable[[], bool], trainer: Trainer, d: Dist) -> bool:
+    """Rank 0's answer to a question about the run folder; the other ranks of a sharded run learn it (they
+    take part in what follows), those of a replicated one answer no."""
+    if not trainer.sharded:
+        return d.main and question()
+    return bool(dist.gather(question() if d.main else None, d)[0])
 
 
 def _eval_due(every_minutes: float, before: float, now: float) -> bool:
@@ -291,22 +338,30 @@ def _eval_due(every_minutes: float, before: float, now: float) -> bool:
     return every_minutes > 0 and int(now // (every_minutes * 60)) > int(before // (every_minutes * 60))
 
 
-def _record(trainer: Trainer, req: TrainRequest, hooks: Hooks, row: dict[str, Any], stall: int, stopped: bool,
-            last: bool) -> int:
-    """Rank 0's part of an iteration: metrics, hooks, stall warning, checkpoint, sample grid."""
-    cfg = trainer.cfg
+def _record(req: TrainRequest, hooks: Hooks, row: dict[str, Any], stall: int) -> int:
+    """Rank 0's bookkeeping of an iteration: metrics, hooks, stall warning."""
     rundir.append_metrics(req.run_dir, row)
     hooks.on_row(row)
     stall = stall + 1 if rundir.stalled(row) else 0
     if stall == rundir.STALL_ITERATIONS:
         hooks.note(rundir.stall_message(row["iteration"] - stall + 1, row["iteration"]))
+    return stall
+
+
+def _outputs(trainer: Trainer, req: TrainRequest, stopped: bool, last: bool) -> None:
+    """The checkpoint and sample grid due after an iteration."""
+    cfg = trainer.cfg
     if last or stopped or trainer.step % cfg.train.save_every == 0:
         _save(trainer, req)
     if cfg.train.sample_every and (last or trainer.step % cfg.train.sample_every == 0):
-        rundir.sample_grid(req.run_dir, trainer.policy, trainer.sde, req.eval_prompts, trainer.rewards, cfg, trainer.step)
-        if last:
+        _grid(trainer, req, trainer.step)
+        if last and req.dist.main:
             rundir.before_after(req.run_dir, trainer.step)
-    return stall
+
+
+def _grid(trainer: Trainer, req: TrainRequest, step: int) -> None:
+    rundir.sample_grid(req.run_dir, trainer.policy, trainer.sde, req.eval_prompts, trainer.rewards, trainer.cfg, step,
+                       write=req.dist.main)
 
 
 def _resume(trainer: Trainer, req: TrainRequest, hooks: Hooks) -> None:
@@ -348,9 +403,12 @@ def _heldout(trainer: Trainer, req: TrainRequest, hooks: Hooks, wall: float) -> 
     row = heldout_reward(trainer.policy, trainer.sde, req.eval_prompts, trainer.rewards, trainer.weights,
                          cfg.train.eval_samples, mix_seed(cfg.seed, 0x4E1D), cfg.rollout.max_batch,
                          lambda ph, d, t: hooks.progress("eval", d, t))
-    rundir.append_eval(req.run_dir, {"iteration": trainer.step, "wall": wall, **row})
+    if req.dist.main:
+        rundir.append_eval(req.run_dir, {"iteration": trainer.step, "wall": wall, **row})
 
 
 def _save(trainer: Trainer, req: TrainRequest) -> None:
-    save_checkpoint(req.run_dir / "checkpoints", trainer.checkpoint({"config": trainer.cfg.to_dict()}), trainer.cfg.train.keep_last)
-    rundir.reward_plot(req.run_dir)
+    ck = trainer.checkpoint({"config": trainer.cfg.to_dict()})       # a collective when the model is sharded
+    if req.dist.main:
+        save_checkpoint(req.run_dir / "checkpoints", ck, trainer.cfg.train.keep_last)
+        rundir.reward_plot(req.run_dir)

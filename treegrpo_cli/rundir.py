@@ -57,7 +57,7 @@ def prompt_record(prompts: list[str]) -> dict[str, Any]:
 
 
 # Keys a resumed run may change: they extend it or change how it is run, not what it learns.
-RESUMABLE = {"train.iterations", "train.max_minutes", "train.eval_every_minutes", "train.save_every", "train.keep_last",
+RESUMABLE = {"train.iterations", "train.parallel", "train.max_minutes", "train.eval_every_minutes", "train.save_every", "train.keep_last",
              "train.sample_every", "rollout.max_batch", "policy.gradient_checkpointing", "policy.prompt_cache", "policy.free_text_encoders"}
 
 
@@ -175,8 +175,10 @@ def reward_plot(run: Path) -> None:
     save_png(side_by_side([by_it, by_time]), run / "reward.png")
 
 
-def sample_grid(run: Path, policy, sde, prompts: list[str], rewards: dict, cfg: Config, step: int) -> Path:
-    """ODE samples (no noise after the root) of up to 16 eval prompts, captioned with their reward."""
+def sample_grid(run: Path, policy, sde, prompts: list[str], rewards: dict, cfg: Config, step: int,
+                write: bool = True) -> Path:
+    """ODE samples (no noise after the root) of up to 16 eval prompts, captioned with their reward
+    (write=False: the forwards only, for the other ranks of a sharded model)."""
     prompts = prompts[:16]
     ode = TreeConfig(sde_steps=())
     tree, _ = rollout(policy, prompts, list(range(len(prompts))), sde, ode, mix_seed(cfg.seed, 0xE7A1))
@@ -187,6 +189,8 @@ def sample_grid(run: Path, policy, sde, prompts: list[str], rewards: dict, cfg: 
     total = sum(w * scores[n] for n, w in weights.items())
     captions = [f"{p} ({float(s):.3f})" for p, s in zip(prompts, total)]
     path = run / "samples" / f"step-{step}.png"
+    if not write:
+        return path
     path.parent.mkdir(exist_ok=True)
     save_png(image_grid(images, captions), path)
     return path

@@ -28,6 +28,7 @@ from .tree import Tree
 LOSS_NORMS = ("mean", "per-transition")
 TRANSITION_NORMS = ("tree", "accum")
 KL_FORMS = ("paper", "code")
+PARALLELS = ("replicate", "fsdp")
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,8 @@ class TrainConfig:
     eval_samples: int = 2          # ODE draws per eval prompt for the held-out reward before and after (0 = off)
     eval_every_minutes: float = 0.0  # also a held-out evaluation every this many minutes of training (0 = off)
     max_minutes: float = 0.0       # finish after the iteration that reaches this many minutes of training (0 = off)
+    parallel: str = "replicate"    # several processes: "replicate" (whole weights on every rank, gradients summed:
+                                   # DDP's scheme) | "fsdp" (FSDP2 fully_shard of the denoiser, for full fine-tuning)
 
     def validate(self) -> None:
         if self.loss_norm not in LOSS_NORMS:
@@ -60,6 +63,8 @@ class TrainConfig:
         if self.transition_norm not in TRANSITION_NORMS:
             raise ConfigError(f"train.transition_norm must be one of {', '.join(TRANSITION_NORMS)}; "
                               f"got {self.transition_norm!r}")
+        if self.parallel not in PARALLELS:
+            raise ConfigError(f"train.parallel must be one of {', '.join(PARALLELS)}; got {self.parallel!r}")
         if self.kl_form not in KL_FORMS:
             raise ConfigError(f"train.kl_form must be one of {', '.join(KL_FORMS)}; got {self.kl_form!r}")
         for name in ("iterations", "minibatches", "accum_edges", "save_every", "keep_last"):
@@ -98,11 +103,17 @@ class Batch:
 class Parallel:
     """How one rank of a data-parallel update takes part (dist.py): its edges of every optimizer step of
     the global plan (the same number of steps on every rank, some maybe empty), each step's global loss
-    divisor, a gradient sum over ranks and a concatenation of per-edge tensors over ranks."""
+    divisor, a gradient sum over ranks and a concatenation of per-edge tensors over ranks. A sharded
+    model (FSDP) runs collectives in every forward and backward: `chunks` then gives, per step, the
+    number of forward/backward chunks every rank runs (a rank with fewer pads with zero-weight ones),
+    and `loss_scale` undoes the gradient averaging of its reduce-scatter."""
     minibatches: list[Tensor]
     denominators: list[float]
     sync: Callable[[list[torch.nn.Parameter]], None]
     gather: Callable[[Tensor], Tensor]
+    chunks: list[int] | None = None
+    loss_scale: float = 1.0
+    clip: Callable[[list[torch.nn.Parameter], float], float] | None = None   # a sharded model's gradient clipping
 
 
 def canonical_key(tree: Tree) -> Tensor:
@@ -182,27 +193,32 @@ def grpo_update(policy: Policy, opt: torch.optim.Optimizer, sde: Kernel, b: Batc
                 after_step: UpdateHook | None = None, parallel: Parallel | None = None) -> dict[str, float]:
     """One iteration's GRPO update; returns metrics (ratios before each step, grad norms, model evaluations)."""
     params = list(policy.trainable_parameters())
-    ratios, losses, norms, kls, evals, first = [], [], [], [], 0, []
+    ratios, losses, norms, kls, evals, first, pads = [], [], [], [], 0, [], 0
     plan = parallel.minibatches if parallel else minibatches(b, cfg, gen)
     denoms = parallel.denominators if parallel else loss_denominators(b, cfg, plan)
     for k, (mb, denom) in enumerate(zip(plan, denoms)):
         opt.zero_grad(set_to_none=True)
-        for chunk in _parent_chunks(b.tree.parent, mb, max_batch):
+        chunks = _parent_chunks(b.tree.parent, mb, max_batch)
+        for chunk in chunks:
             new_lp, kl, n = _edge_terms(policy, sde, b, chunk, ref, cfg.kl_form)
             adv, old = b.advantage[chunk].to(new_lp.device), b.tree.log_prob[chunk].to(new_lp.device)
             loss_e, ratio = clipped_loss(new_lp, old, adv, cfg.clip_range)
             if kl is not None:
                 loss_e = loss_e + cfg.kl_beta * kl
                 kls.append(kl.detach().cpu())
-            (loss_e.sum() / denom).backward()
+            (loss_e.sum() * (parallel.loss_scale if parallel else 1.0) / denom).backward()
             ratios.append(ratio.detach().cpu())
             if k == 0:
                 first.append(ratio.detach().cpu())
             losses.append(loss_e.detach().cpu())
             evals += n
+        for _ in range((parallel.chunks[k] if parallel and parallel.chunks else 0) - len(chunks)):
+            _pad_chunk(policy, sde, b, ref, cfg.kl_form)
+            pads += 1
         if parallel:
             parallel.sync(params)
-        norms.append(float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)))
+        clip = parallel.clip if parallel and parallel.clip else _clip_grad_norm
+        norms.append(clip(params, cfg.max_grad_norm))
         opt.step()
         if after_step:
             after_step()
@@ -211,7 +227,27 @@ def grpo_update(policy: Policy, opt: torch.optim.Optimizer, sde: Kernel, b: Batc
         kls = _all(kls, parallel) if ref is not None else kls
         first = _all(first, parallel)
         evals = int(parallel.gather(torch.tensor([evals])).sum())
-    return _metrics(ratios, losses, norms, kls, evals, first, cfg)
+    out = _metrics(ratios, losses, norms, kls, evals, first, cfg)
+    if parallel and parallel.chunks is not None:       # sharded: zero-weight chunks run to keep the ranks in step
+        out["pad_chunks"] = int(parallel.gather(torch.tensor([pads])).sum())
+    return out
+
+
+def _pad_chunk(policy: Policy, sde: Kernel, b: Batch, ref: Policy | None, kl_form: str) -> None:
+    """A forward and backward of zero weight on one edge: a sharded model's collectives stay in step
+    with the ranks that have more chunks in this optimizer step."""
+    edge = torch.nonzero(b.tree.parent >= 0).flatten()[:1]
+    new_lp, kl, _ = _edge_terms(policy, sde, b, edge, ref, kl_form)
+    (new_lp.sum() * 0.0).backward()
+
+
+def parent_chunk_count(parent: Tensor, edges: Tensor, max_batch: int) -> int:
+    """How many forward/backward chunks grpo_update runs for these edges."""
+    return -(-len(torch.unique(parent[edges])) // max_batch)
+
+
+def _clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> float:
+    return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
 
 
 def _all(parts: list[Tensor], parallel: Parallel) -> list[Tensor]:
