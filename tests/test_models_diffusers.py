@@ -415,3 +415,24 @@ def test_lora_forward_runs_under_bf16_autocast_with_fp32_adapters(model_dirs):
     assert v.dtype == torch.float32
     loss.backward()
     assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in policy.trainable_parameters())
+
+
+def test_flux_full_finetune_sharded_over_two_processes_matches_one(model_dirs, tmp_path):
+    """FSDP2 over a real transformer (the tiny FLUX's double and single blocks), two gloo processes."""
+    import os
+    import subprocess
+    import sys
+
+    from treegrpo_cli.rundir import read_metrics
+
+    args = ["train", "--model", str(model_dirs["flux"]), "--preset", "branch", *map(str, TINY), "--finetune", "full",
+            "--set", "rollout.num_prompts=2", "--set", "train.lr=1e-3", "--iterations", "2", "--seed", "1"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    for name, extra in (("one", []), ("two", ["--set", 'train.parallel="fsdp"', "--nproc-per-node", "2"])):
+        r = subprocess.run([sys.executable, "-m", "treegrpo_cli", *args, *extra, "--run-dir", str(tmp_path / name)],
+                           capture_output=True, text=True, timeout=300, env=env)
+        assert r.returncode == 0, r.stderr
+    one, two = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
+    for a, b in zip(one, two):
+        for k in ("reward_mean", "loss", "grad_norm", "ratio_mean", "edges", "train_evals"):
+            assert b[k] == pytest.approx(a[k], rel=1e-4, abs=1e-6), k

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 
 import difflib
 from pathlib import Path
@@ -104,13 +105,18 @@ def _load_dit(name: str, device: str | torch.device) -> Policy:
 
 
 def require_extra(modules: tuple[str, ...], extra: str, what: str) -> None:
-    """One line naming the pip extra when a module that `what` needs is not installed."""
-    missing = []
-    for m in modules:
-        try:
-            importlib.import_module(m)
-        except ImportError:
-            missing.append(m)
+    """One line naming the pip extra when a module that `what` needs is not installed, or the import error
+    of one that is installed but does not import."""
+    from ..compat import ensure_torchvision
+
+    ensure_torchvision()            # transformers and peft import torchvision; the CPU stack needs the shim first
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
     if missing:
         raise TreegrpoError(f"{what} needs {', '.join(missing)}, not installed here: "
                             f"pip install 'treegrpo[{extra}]' (or pip install {' '.join(missing)})")
+    for m in modules:
+        try:
+            importlib.import_module(m)
+        except ImportError as e:
+            raise TreegrpoError(f"{what} needs {m}, which is installed but does not import: "
+                                f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
