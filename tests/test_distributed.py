@@ -153,7 +153,7 @@ FSDP = ["--set", "train.parallel=\"fsdp\""]
 
 
 def _shard_worker(rank: int, port: int, out: str) -> None:
-    """One rank of a sharded trainer: what each rank holds of every weight, and the whole weights after a step."""
+    """One rank of a sharded trainer: what each rank holds of every weight, and its checkpoint after a step."""
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     from treegrpo_cli import dist, loop
@@ -178,7 +178,8 @@ def test_fsdp_keeps_a_shard_of_every_weight_on_each_rank(tmp_path):
     for k, whole in r0["model"].items():
         a, b = r0["local"][k], r1["local"][k]
         assert a[0] + b[0] == whole.shape[0] and a[1:] == b[1:] == tuple(whole.shape[1:]), k   # split on dim 0
-        assert torch.equal(whole, r1["model"][k]) and torch.equal(r0["ema"][k], r1["ema"][k])
+        assert r0["ema"][k].shape == whole.shape
+    assert r1["model"] == {} and r1["ema"] == {}        # rank 1 helped gather and kept nothing: rank 0 writes
     assert sum(v[0] for v in r0["local"].values()) < sum(w.shape[0] for w in r0["model"].values())
     state = r0["opt"]["state"][0]
     assert not hasattr(state["exp_avg"], "device_mesh") and state["exp_avg"].shape == next(iter(r0["model"].values())).shape

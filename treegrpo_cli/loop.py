@@ -85,11 +85,13 @@ class Trainer:
                 self.ema[k].mul_(d).add_(v.to(self.ema[k].device), alpha=1 - d)
 
     def checkpoint(self, extra: dict[str, Any]) -> Checkpoint:
-        """The run's state; a sharded run's tensors made whole (a collective: every rank calls it)."""
+        """The run's state; a sharded run's tensors made whole on rank 0 (a collective: every rank calls it,
+        the others get an empty state)."""
         model, ema, opt = self.policy.trainable_state(), self.ema, self.opt.state_dict()
-        if self.sharded:
-            model, opt = dist.full_state(model), dist.full_state(opt)
-            ema = dist.full_state(ema) if ema is not None else None
+        if self.sharded:             # only rank 0 writes: the others drop what they help gather
+            keep = self.d.main
+            model, opt = dist.full_state(model, keep), dist.full_state(opt, keep)
+            ema = dist.full_state(ema, keep) if ema is not None else None
         return Checkpoint(self.step, model, ema, opt, rng_states(), {"step": self.step, "seed": self.cfg.seed, **extra})
 
     def restore(self, ck: Checkpoint) -> None:
