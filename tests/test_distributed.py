@@ -153,19 +153,25 @@ FSDP = ["--set", "train.parallel=\"fsdp\""]
 
 
 def _shard_worker(rank: int, port: int, out: str) -> None:
-    """One rank of a sharded trainer: what each rank holds of every weight, and its checkpoint after a step."""
+    """One rank of a sharded trainer: what it holds of every weight; after a step, the checkpoint rank 0
+    streams to disk (rank 1 takes part in gathering each tensor)."""
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     from treegrpo_cli import dist, loop
     from treegrpo_cli.config import load_config
+    from treegrpo_cli.store.checkpoint import checkpoint_tensor_order, save_checkpoint
     d = dist.from_env()
     cfg = load_config("branch", sets=['model="pixel-tiny"', "rollout.num_prompts=4", "seed=5", 'train.parallel="fsdp"',
                                       "train.ema_decay=0.9"])
     trainer = loop.Trainer(cfg, "cpu", d)
     local = {k: tuple(p.to_local().shape) for k, p in trainer.policy.net.named_parameters()}
     trainer.iteration(["a red circle", "two blue squares", "a green triangle", "a big yellow square"], lambda *a: None)
-    ck = trainer.checkpoint({})                                    # every rank calls it: the shards are gathered
-    torch.save({"local": local, "model": ck.model, "ema": ck.ema, "opt": ck.optimizer}, Path(out) / f"rank{rank}.pt")
+    ck = trainer.checkpoint({})
+    if rank == 0:
+        save_checkpoint(Path(out) / "checkpoints", ck, 1, shard_bytes=4096)       # several files, one at a time
+    else:
+        dist.follow_gathers(checkpoint_tensor_order(ck))
+    torch.save(local, Path(out) / f"local{rank}.pt")
     dist.barrier(d)
     dist.shutdown()
 
@@ -174,15 +180,15 @@ def test_fsdp_keeps_a_shard_of_every_weight_on_each_rank(tmp_path):
     from treegrpo_cli.cli.launch import free_port
 
     mp.spawn(_shard_worker, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
-    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
-    for k, whole in r0["model"].items():
-        a, b = r0["local"][k], r1["local"][k]
+    l0, l1 = (torch.load(tmp_path / f"local{r}.pt") for r in (0, 1))
+    (path,) = list_checkpoints(tmp_path / "checkpoints")
+    ck = load_checkpoint(path)
+    assert len(list(path.glob("model-*.safetensors"))) > 1
+    for k, whole in ck.model.items():
+        a, b = l0[k], l1[k]
         assert a[0] + b[0] == whole.shape[0] and a[1:] == b[1:] == tuple(whole.shape[1:]), k   # split on dim 0
-        assert r0["ema"][k].shape == whole.shape
-    assert r1["model"] == {} and r1["ema"] == {}        # rank 1 helped gather and kept nothing: rank 0 writes
-    assert sum(v[0] for v in r0["local"].values()) < sum(w.shape[0] for w in r0["model"].values())
-    state = r0["opt"]["state"][0]
-    assert not hasattr(state["exp_avg"], "device_mesh") and state["exp_avg"].shape == next(iter(r0["model"].values())).shape
+        assert ck.ema[k].shape == whole.shape and ck.optimizer["state"][0]["exp_avg"].dim() > 0
+    assert sum(v[0] for v in l0.values()) < sum(w.shape[0] for w in ck.model.values())
 
 
 def test_fsdp_matches_one_process_and_its_checkpoint_resumes_on_one(tmp_path):
@@ -212,4 +218,12 @@ def test_fsdp_matches_one_process_and_its_checkpoint_resumes_on_one(tmp_path):
     rows = read_metrics(tmp_path / "part")
     for r in rows:
         r.pop("pad_chunks", None)
+    close(rows, read_metrics(tmp_path / "one"))
+    solo = treegrpo(*args, "--iterations", 2, "--run-dir", tmp_path / "solo")
+    assert solo.returncode == 0, solo.stderr
+    more = treegrpo("--resume", tmp_path / "solo", "--iterations", 3, *FSDP, nproc=2)   # 1 process, then sharded by 2
+    assert more.returncode == 0, more.stderr
+    rows = read_metrics(tmp_path / "solo")
+    assert "pad_chunks" in rows[-1] and "pad_chunks" not in rows[0]
+    rows[-1].pop("pad_chunks")
     close(rows, read_metrics(tmp_path / "one"))

@@ -142,18 +142,12 @@ def full_tensor(t: torch.Tensor) -> torch.Tensor:
     return t.detach().full_tensor() if hasattr(t, "full_tensor") else t
 
 
-def full_state(state: dict[str, Any], keep: bool = True) -> dict[str, Any]:
-    """{name: tensor} (or an optimizer's state_dict) with every sharded tensor made whole, on the CPU, one
-    tensor at a time. keep=False (the ranks that write nothing) takes part in the gathers and drops each
-    whole tensor at once, so only the writing rank holds the whole state."""
-    if "state" in state and "param_groups" in state:
-        return {"state": {i: full_state(s, keep) for i, s in state["state"].items()}, "param_groups": state["param_groups"]}
-    out = {}
-    for k, v in state.items():
-        whole = full_tensor(v).cpu() if isinstance(v, torch.Tensor) else v
-        if keep:
-            out[k] = whole
-    return out
+def follow_gathers(tensors: list[torch.Tensor]) -> None:
+    """The part of a rank that writes nothing in rank 0's streamed checkpoint: gather each sharded tensor
+    in rank 0's order and drop it (rank 0 holds one checkpoint shard at a time, no rank the whole state)."""
+    for t in tensors:
+        if hasattr(t, "full_tensor"):
+            t.detach().full_tensor()
 
 
 def shard_like(state: dict[str, torch.Tensor], like: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -31,7 +31,8 @@ from .evaluate import heldout_reward
 from .models.base import Policy
 from .models.registry import load_policy
 from .rewards.base import get_reward, parse_reward_options, score_leaves
-from .store.checkpoint import Checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
+from .store.checkpoint import (Checkpoint, checkpoint_tensor_order, list_checkpoints, load_checkpoint,
+                               save_checkpoint)
 from .store.trees import to_uint8
 
 
@@ -85,14 +86,9 @@ class Trainer:
                 self.ema[k].mul_(d).add_(v.to(self.ema[k].device), alpha=1 - d)
 
     def checkpoint(self, extra: dict[str, Any]) -> Checkpoint:
-        """The run's state; a sharded run's tensors made whole on rank 0 (a collective: every rank calls it,
-        the others get an empty state)."""
-        model, ema, opt = self.policy.trainable_state(), self.ema, self.opt.state_dict()
-        if self.sharded:             # only rank 0 writes: the others drop what they help gather
-            keep = self.d.main
-            model, opt = dist.full_state(model, keep), dist.full_state(opt, keep)
-            ema = dist.full_state(ema, keep) if ema is not None else None
-        return Checkpoint(self.step, model, ema, opt, rng_states(), {"step": self.step, "seed": self.cfg.seed, **extra})
+        """The run's state (a sharded run's tensors are its shards: save_checkpoint gathers them)."""
+        return Checkpoint(self.step, self.policy.trainable_state(), self.ema, self.opt.state_dict(),
+                          rng_states(), {"step": self.step, "seed": self.cfg.seed, **extra})
 
     def restore(self, ck: Checkpoint) -> None:
         """Load a checkpoint (whole tensors, written by any number of processes, sharded or not)."""
@@ -410,7 +406,11 @@ def _heldout(trainer: Trainer, req: TrainRequest, hooks: Hooks, wall: float) -> 
 
 
 def _save(trainer: Trainer, req: TrainRequest) -> None:
-    ck = trainer.checkpoint({"config": trainer.cfg.to_dict()})       # a collective when the model is sharded
+    """Rank 0 writes the checkpoint, streamed shard by shard; a sharded model's other ranks take part in
+    gathering each tensor as it is written."""
+    ck = trainer.checkpoint({"config": trainer.cfg.to_dict()})
     if req.dist.main:
         save_checkpoint(req.run_dir / "checkpoints", ck, trainer.cfg.train.keep_last)
         rundir.reward_plot(req.run_dir)
+    elif trainer.sharded:
+        dist.follow_gathers(checkpoint_tensor_order(ck))

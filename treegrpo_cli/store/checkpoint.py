@@ -73,13 +73,25 @@ def _write_sharded(folder: Path, stem: str, tensors: dict[str, torch.Tensor], li
     files, index = [], {}
     for i, keys in enumerate(groups, 1):
         name = f"{stem}-{i:05d}-of-{len(groups):05d}.safetensors"
-        part = {k: tensors[k].detach().cpu().contiguous() for k in keys}     # only this shard on the CPU
+        part = {k: _whole(tensors[k]).cpu().contiguous() for k in keys}     # only this shard on the CPU
         save_file(part, str(folder / name))
         _fsync_file(folder / name)
         files.append(name)
         index.update({k: name for k in keys})
     atomic_write(folder / f"{stem}.index.json", json.dumps({"weight_map": index}, indent=1).encode())
     return files + [f"{stem}.index.json"]
+
+
+def _whole(t: torch.Tensor) -> torch.Tensor:
+    """A tensor's whole value; a sharded one (a DTensor of FSDP) is gathered here, one tensor at a time
+    (a collective: the other ranks follow the same order, dist.follow_checkpoint_gathers)."""
+    return t.detach().full_tensor() if hasattr(t, "full_tensor") else t.detach()
+
+
+def checkpoint_tensor_order(ck: Checkpoint) -> list[torch.Tensor]:
+    """Every tensor save_checkpoint writes, in the order it writes them."""
+    opt_tensors, _ = _optimizer_parts(ck.optimizer)
+    return [*ck.model.values(), *opt_tensors.values(), *(ck.ema.values() if ck.ema is not None else [])]
 
 
 def _fsync_file(path: Path) -> None:
