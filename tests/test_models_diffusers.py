@@ -436,3 +436,7 @@ def test_flux_full_finetune_sharded_over_two_processes_matches_one(model_dirs, t
     for a, b in zip(one, two):
         for k in ("reward_mean", "loss", "grad_norm", "ratio_mean", "edges", "train_evals"):
             assert b[k] == pytest.approx(a[k], rel=1e-4, abs=1e-6), k
+    lora = [a for a in args if a not in ("--finetune", "full")]
+    r = subprocess.run([sys.executable, "-m", "treegrpo_cli", *lora, "--set", 'train.parallel="fsdp"', "--nproc-per-node",
+                        "2", "--run-dir", str(tmp_path / "lora")], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode != 0 and "--finetune full" in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -142,6 +142,9 @@ def _shard(policy: Policy, device: str) -> None:
     if not isinstance(root, torch.nn.Module):
         raise TreegrpoError(f"train.parallel = fsdp needs a policy with one denoiser module; {type(policy).__name__} "
                             "has none: use train.parallel = replicate")
+    if getattr(getattr(policy, "opts", None), "finetune", "full") != "full":
+        raise TreegrpoError("train.parallel = fsdp shards a fully fine-tuned model (--finetune full); a LoRA run keeps "
+                            "the frozen model whole on every process: use train.parallel = replicate")
     dist.shard_module(root, str(device).startswith("cuda") and getattr(policy, "dtype", None) == torch.bfloat16)
 
 
