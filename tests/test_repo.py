@@ -21,3 +21,16 @@ def test_every_preset_names_its_source_and_launch_command():
         head = p.read_text().split("\n\n")[0]
         assert "arXiv" in head, p.name
         assert f"--preset {p.stem}" in head, p.name
+
+
+def test_readmes_performance_table_is_generated_from_the_results_file():
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("readme_table", ROOT / "bench" / "readme_table.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    readme = (ROOT / "README.md").read_text()
+    result = json.loads((ROOT / "bench" / "results" / "methods.json").read_text())
+    assert mod.splice(readme, mod.render(result)) == readme, "run python bench/readme_table.py"
+    assert {g["label"] for g in result["compare"]["groups"]} == set(mod.PAPERS)      # every method measured
