@@ -158,14 +158,17 @@ def line_chart(series: Series, title: str, xlabel: str, ylabel: str,
     yt = _nice_ticks(min((p[1] for p in pts), default=0.0), max((p[1] for p in pts), default=1.0))
     img, draw, at = _chart(size, title, list(series), xlabel, ylabel, xt, yt)
     for i, rs in enumerate(runs.values()):
-        colour = PALETTE[i % len(PALETTE)]
-        for r in rs:
-            xy = [at(*p) for p in r]
-            if len(xy) == 1:
-                draw.ellipse([xy[0][0] - 3, xy[0][1] - 3, xy[0][0] + 3, xy[0][1] + 3], fill=colour)
-            else:
-                draw.line(xy, fill=colour, width=2, joint="curve")
+        _polyline(draw, [[at(*p) for p in r] for r in rs], PALETTE[i % len(PALETTE)])
     return img
+
+
+def _polyline(draw: ImageDraw.ImageDraw, runs: list[list[tuple[float, float]]], colour) -> None:
+    """Each run of pixel points as a line (a lone point as a dot)."""
+    for xy in runs:
+        if len(xy) == 1:
+            draw.ellipse([xy[0][0] - 3, xy[0][1] - 3, xy[0][0] + 3, xy[0][1] + 3], fill=colour)
+        else:
+            draw.line(xy, fill=colour, width=2, joint="curve")
 
 
 Band = tuple[list[float], list[float], list[float], list[float]]    # x, mean, low, high
@@ -202,12 +205,7 @@ def band_chart(bands: dict[str, Band], title: str, xlabel: str, ylabel: str, hli
         if len(keep) > 1:
             draw.polygon([at(x[k], high[k]) for k in keep] + [at(x[k], low[k]) for k in reversed(keep)],
                          fill=colour + (60,))
-        for r in _finite(x, mean):
-            pts = [at(*p) for p in r]
-            if len(pts) == 1:
-                draw.ellipse([pts[0][0] - 3, pts[0][1] - 3, pts[0][0] + 3, pts[0][1] + 3], fill=colour)
-            else:
-                draw.line(pts, fill=colour, width=2, joint="curve")
+        _polyline(draw, [[at(*p) for p in r] for r in _finite(x, mean)], colour)
     return img
 
 
