@@ -3,6 +3,8 @@
     python bench/methods.py                               # 9 methods x seeds 0 1 2, 4 minutes each, 2 at a time
     python bench/methods.py --minutes 1 --seeds 0 --methods branch-mix dance-grpo    # a quick look
     python bench/methods.py --report-only                 # the table and plots again, from the runs on disk
+    python bench/methods.py --seeds 0 --work runs/bench-methods-rerun --name methods-rerun \
+        --against bench/results/methods.json              # a second run, checked against the first one's spread
 
 Each run is `treegrpo train --preset M --seed S` with the world's defaults (16 prompts of shapes-train an
 iteration, lr 1e-4, the same for every method; presets keep the papers' tree shapes), one CPU thread,
@@ -13,9 +15,10 @@ machine noise is shared between methods. An interrupted benchmark picks up where
 runs are kept, unfinished ones resumed.
 
 Then `treegrpo compare` over all runs, with dance-grpo as the baseline (target: its mean final held-out
-reward): bench/results/methods.json (machine, torch, commit, every run's summary, the table),
-bench/results/methods/{reward_vs_time,pareto}.png, and the full page with sample grids under the work
-folder (runs/bench-methods/compare/index.html). `python bench/readme_table.py` puts the table in README.
+gain over each run's first held-out evaluation): bench/results/methods.json (machine, torch, commit,
+every run's summary, compare's numbers), bench/results/methods/{reward_vs_time,pareto}.png, and the
+full page with sample grids under the work folder (runs/bench-methods/compare/index.html).
+`python bench/readme_table.py` puts the table in README.
 """
 
 from __future__ import annotations
@@ -65,8 +68,9 @@ def run_one(method: str, seed: int, work: Path, minutes: float, log) -> dict:
     row = {"method": method, "seed": seed, "run_dir": str(run), "process_minutes": (time.perf_counter() - t0) / 60,
            "summary": json.loads(out.stdout)}
     done.write_text(json.dumps(row, indent=1) + "\n")
-    log(f"{method} seed {seed}: {row['summary']['iterations']} iterations, held-out "
-        f"{row['summary'].get('heldout_before', float('nan')):.3f} -> {row['summary'].get('heldout_after', float('nan')):.3f}")
+    sm, nan = row["summary"], float("nan")
+    log(f"{method} seed {seed}: {sm['iterations']} iterations, held-out "
+        f"{sm.get('heldout_before', nan):.3f} -> {sm.get('heldout_after', nan):.3f}")
     return row
 
 
@@ -83,43 +87,70 @@ def commit() -> str:
 
 
 def report(rows: list[dict], work: Path, args: argparse.Namespace) -> dict:
-    """treegrpo compare over the runs -> the results file and plots."""
-    from treegrpo_cli.compare import compare_runs
+    """treegrpo compare over the runs (gain over each run's own base: the methods' samplers start the base
+    model at slightly different rewards) -> the results file and plots."""
+    from treegrpo_cli.compare import compare_runs, to_dict, write_report
 
     out = work / "compare"
-    table = compare_runs([Path(r["run_dir"]) for r in rows], out, baseline="dance-grpo")
-    plots = RESULTS / "methods"
+    cmp = compare_runs([Path(r["run_dir"]) for r in rows], baseline="dance-grpo", gain=True)
+    write_report(cmp, out)
+    plots = RESULTS / args.name
     plots.mkdir(parents=True, exist_ok=True)
     for name in ("reward_vs_time.png", "pareto.png"):
         (plots / name).write_bytes((out / name).read_bytes())
     result = {"timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"), "commit": commit(), "machine": machine(),
               "minutes_per_run": args.minutes, "seeds": args.seeds, "methods": args.methods,
-              "command": "python bench/methods.py " + " ".join(sys.argv[1:]), "runs": rows, "table": table}
+              "command": "python bench/methods.py " + " ".join(sys.argv[1:]), "runs": rows, "compare": to_dict(cmp)}
+    if args.against:
+        result["against"] = against(to_dict(cmp), json.loads(args.against.read_text())["compare"], str(args.against))
     (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
     return result
+
+
+def against(new: dict, ref: dict, name: str) -> dict:
+    """Each method's held-out gain in this run beside the reference run's mean, std and range over seeds."""
+    ref_runs: dict[str, list[float]] = {}
+    for r in ref["runs"]:
+        ref_runs.setdefault(r["label"], []).append(r["gain"])
+    out = {"reference": name, "methods": {}}
+    for g in new["groups"]:
+        gains, mean = ref_runs.get(g["label"], []), g["gain"]["mean"]
+        if not gains or mean is None:
+            continue
+        m = sum(gains) / len(gains)
+        sd = (sum((x - m) ** 2 for x in gains) / (len(gains) - 1)) ** 0.5 if len(gains) > 1 else 0.0
+        out["methods"][g["label"]] = {"gain": mean, "reference_mean": m, "reference_std": sd,
+                                      "reference_min": min(gains), "reference_max": max(gains),
+                                      "within_range": min(gains) <= mean <= max(gains),
+                                      "within_2_std": abs(mean - m) <= 2 * sd}
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--methods", nargs="+", default=METHODS)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--minutes", type=float, default=4.0, help="training minutes per run (held-out evaluations excluded)")
+    ap.add_argument("--minutes", type=float, default=4.0,
+                    help="training minutes per run (held-out evaluations excluded)")
     ap.add_argument("--parallel", type=int, default=2, help="runs at a time (one CPU thread each)")
     ap.add_argument("--work", type=Path, default=Path("runs/bench-methods"))
     ap.add_argument("--name", default="methods", help="results file name: bench/results/NAME.json")
     ap.add_argument("--report-only", action="store_true", help="no training: report the runs already finished")
+    ap.add_argument("--against", type=Path, default=None,
+                    help="an earlier results file: is each method's gain within its spread?")
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     log = lambda msg: print(time.strftime("%H:%M:%S"), msg, flush=True)   # noqa: E731
     jobs = schedule(args.methods, args.seeds)
     if args.report_only:
-        rows = [json.loads(p.read_text()) for m, s in jobs if (p := args.work / f"{m}-seed{s}" / "summary.json").exists()]
+        done = [args.work / f"{m}-seed{s}" / "summary.json" for m, s in jobs]
+        rows = [json.loads(p.read_text()) for p in done if p.exists()]
     else:
         with ThreadPoolExecutor(args.parallel) as pool:
             rows = list(pool.map(lambda job: run_one(*job, args.work, args.minutes, log), jobs))
-    result = report(rows, args.work, args)
-    log(f"wrote bench/results/{args.name}.json ({len(rows)} runs)")
-    print(json.dumps(result["table"], indent=1))
+    report(rows, args.work, args)
+    log(f"wrote bench/results/{args.name}.json and bench/results/{args.name}/ ({len(rows)} runs); "
+        f"the page with sample grids: {args.work / 'compare' / 'index.html'}")
 
 
 if __name__ == "__main__":

@@ -54,7 +54,8 @@ def render(result: dict) -> str:
         old, new, sec, _ = PAPERS.get(g["label"], ("-", "-", "-", ""))
         n = len(g["runs"])
         rows.append(f"| `{g['label']}` | {_pm(g['forward_nfe_per_sample'], '.2f')} ({old}) "
-                    f"| {_pm(g['backward_nfe_per_sample'], '.2f')} ({new}) | {_pm(g['seconds_per_iteration'], '.2f')} ({sec}) "
+                    f"| {_pm(g['backward_nfe_per_sample'], '.2f')} ({new}) "
+                    f"| {_pm(g['seconds_per_iteration'], '.2f')} ({sec}) "
                     f"| {_pm(g['iterations'], '.0f')} | {_pm(g['gain'], '+.3f')} "
                     f"| {_pm(g['minutes_to_target'], '.2f')} ({g['reached_target']}/{n}) | {_speedup(g)} "
                     f"| {_pm(g['peak_mib'], '.0f')} |")
