@@ -100,7 +100,7 @@ def report(rows: list[dict], work: Path, args: argparse.Namespace) -> dict:
         (plots / name).write_bytes((out / name).read_bytes())
     result = {"timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"), "commit": commit(), "machine": machine(),
               "minutes_per_run": args.minutes, "seeds": args.seeds, "methods": args.methods,
-              "command": "python bench/methods.py " + " ".join(sys.argv[1:]), "runs": rows, "compare": to_dict(cmp)}
+              "command": " ".join(["python bench/methods.py", *(a for a in sys.argv[1:] if a != "--report-only")]), "runs": rows, "compare": to_dict(cmp)}
     if args.against:
         result["against"] = against(to_dict(cmp), json.loads(args.against.read_text())["compare"], str(args.against))
     (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")

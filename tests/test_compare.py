@@ -60,14 +60,16 @@ def runs(tmp_path):
 
 # --- the library -------------------------------------------------------------------------------
 
-def test_time_to_target_interpolates_between_evaluations():
+def test_time_to_target_interpolates_and_needs_the_curve_to_stay():
     curve = [(0.0, 0.2), (2.0, 0.4), (4.0, 0.6)]
     assert compare.time_to_target(curve, 0.55) == pytest.approx(3.5)
     assert compare.time_to_target(curve, 0.4) == pytest.approx(2.0)        # reached exactly at a point
     assert compare.time_to_target(curve, 0.1) == 0.0                       # already there before training
     assert compare.time_to_target(curve, 0.61) is None
     assert compare.time_to_target([], 0.0) is None
-    assert compare.time_to_target([(0, 0.0), (1, 1.0), (2, 0.0), (3, 1.0)], 0.5) == pytest.approx(0.5)  # the first crossing
+    # from the last upward crossing on: a touch of the target that falls back does not count
+    assert compare.time_to_target([(0, 0.0), (1, 1.0), (2, 0.0), (3, 1.0)], 0.5) == pytest.approx(2.5)
+    assert compare.time_to_target([(0, 0.0), (1, 1.0), (2, 0.0)], 0.5) is None
 
 
 def test_heldout_curve_takes_the_wall_of_the_iteration_before():
@@ -115,12 +117,16 @@ def test_runs_and_groups_golden(runs):
     assert flow.phase_seconds["rollout"] == compare.Stat(45.0, pytest.approx(7.07106781), 2)
     assert flow.peak_mib == compare.Stat(200.0, 0.0, 1)
     assert flow.minutes_to_target == compare.Stat(pytest.approx(3.5), 0.0, 1) and flow.reached_target == 1
-    assert (flow.speedup, flow.speedup_min, flow.speedup_max) == (1.0, 1.0, 1.0)
+    # mean curve at the union of the points, a1 held at 0.6 after 4 min: 0.2, 0.34, 0.375, 0.51, 0.55 at 0 2 2.5 4 5
+    assert flow.curve_minutes_to_target == pytest.approx(5.0)
+    assert flow.speedup == 1.0 and flow.speedup_min == flow.speedup_max == pytest.approx(5.0 / 3.5)
     assert tree.final_heldout == compare.Stat(pytest.approx(0.675), pytest.approx(0.035355339), 2)
     assert tree.peak_mib == compare.Stat(450.0, pytest.approx(70.71067812), 2)
     assert tree.minutes_to_target == compare.Stat(pytest.approx(0.725), pytest.approx(0.035355339), 2)
-    assert tree.speedup == pytest.approx(4.82758621)                         # 3.5 / 0.725
-    assert tree.speedup_min == pytest.approx(4.66666667) and tree.speedup_max == pytest.approx(5.0)  # 3.5/0.75, 3.5/0.7
+    # mean curve 0.25, 0.45, 0.675 at 0, 0.5, 1 min: 0.55 at 0.5 + 0.1 / 0.225 x 0.5 = 0.7222
+    assert tree.curve_minutes_to_target == pytest.approx(0.72222222)
+    assert tree.speedup == pytest.approx(6.92307692)                          # 5 / 0.7222
+    assert tree.speedup_min == pytest.approx(6.66666667) and tree.speedup_max == pytest.approx(7.14285714)  # 5/0.75, 5/0.7
 
 
 def test_a_given_target_without_baseline_has_no_ratios(runs):
@@ -164,7 +170,7 @@ def test_cli_json_and_files(runs, tmp_path):
     assert data == json.loads((out / "compare.json").read_text())
     assert data["baseline"] == "flow-grpo" and data["measure"] == "reward" and data["target"] == pytest.approx(0.55)
     tree = data["groups"][1]
-    assert tree["speedup"] == pytest.approx(4.82758621) and tree["reached_target"] == 2
+    assert tree["speedup"] == pytest.approx(6.92307692) and tree["reached_target"] == 2
     assert tree["minutes_to_target"]["mean"] == pytest.approx(0.725)
     assert data["runs"][0]["heldout_curve"] == [[0.0, 0.2], [2.0, 0.4], [4.0, 0.6]]
     names = {"compare.json", "index.html", "reward_vs_time.png", "pareto.png"}
@@ -180,8 +186,9 @@ def test_cli_table(runs, tmp_path):
     r = run("compare", *runs, "--label", "x", "--label", "x", "--label", "y", "--label", "y",
             "--target", 0.45, "--baseline", "x", "--out", tmp_path / "cmp")
     assert r.exit_code == 0, r.output
-    assert "x" in r.stdout and "minutes to target" in r.stdout and "3.44 ± 1.33 (2/2)" in r.stdout
-    assert "6.88x" in r.stdout                                               # 3.4375 / 0.5
+    # x's mean curve crosses 0.45 between (2.5, 0.375) and (4, 0.51): 3.333; y's between (0, 0.25) and (0.5, 0.45)
+    assert "x" in r.stdout and "minutes to target" in r.stdout and "3.33 (2/2)" in r.stdout
+    assert "6.67x" in r.stdout                                               # 3.333 / 0.5
     assert "wrote" in r.stderr and "index.html" in r.stderr
 
 
@@ -239,8 +246,11 @@ def test_gain_times_each_run_from_its_own_start(runs):
     assert a2.minutes_to_target is None                                      # 0.3 of gain: never
     assert b1.minutes_to_target == pytest.approx(0.7)
     assert b2.minutes_to_target == pytest.approx(1.0)                        # 0.65 - 0.3 = 0.35 at its last point
-    tree = cmp.groups[1]
-    assert tree.speedup == pytest.approx(3.5 / 0.85) and tree.speedup_max == pytest.approx(5.0)
+    flow, tree = cmp.groups
+    # gain curves: flow's mean 0, 0.14, 0.175, 0.31, 0.35 at 0 2 2.5 4 5; tree's 0, 0.2, 0.425 at 0 0.5 1
+    assert flow.curve_minutes_to_target == pytest.approx(5.0)
+    assert tree.curve_minutes_to_target == pytest.approx(0.5 + 0.15 / 0.225 * 0.5)
+    assert tree.speedup == pytest.approx(6.0) and (tree.speedup_min, tree.speedup_max) == (pytest.approx(5.0), pytest.approx(5 / 0.7))
     r = run("compare", *runs, "--baseline", "flow-grpo", "--gain", "--out", runs[0].parent / "g", "--json")
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["measure"] == "gain"

@@ -7,9 +7,12 @@ evaluations per sample and memory, grouped by label (the preset by default) with
     OUT/pareto.png         seconds per iteration against final held-out reward, one point per group
     OUT/index.html         one self-contained page: table, both plots, each run's latest sample grid
 
-Time to target: the first minute at which a run's held-out curve reaches the target, linearly
-interpolated between consecutive evaluations. Speed-up: the baseline group's mean time to target over
-a group's. Spread over seeds: the sample standard deviation (0 with one run).
+Time to target: the minute from which a held-out curve stays at or above the target to its end, linearly
+interpolated at its last upward crossing (one noisy evaluation that touches the target and falls back
+does not count), for each run and for each group's mean curve over seeds (every seed held at its last
+value after its end). Speed-up: the baseline group's mean-curve time over a group's; its spread, the
+baseline's mean-curve time over each seed's time (seeds that reach the target). Other spreads over
+seeds: the sample standard deviation (0 with one run).
 """
 
 from __future__ import annotations
@@ -74,10 +77,11 @@ class GroupStats:
     forward_nfe_per_sample: Stat
     backward_nfe_per_sample: Stat
     peak_mib: Stat
-    minutes_to_target: Stat                           # over the runs that reach the target
+    minutes_to_target: Stat                           # each seed's, over the runs that reach the target
     reached_target: int
-    speedup: float | None = None                      # baseline mean minutes / this group's mean minutes
-    speedup_min: float | None = None                  # min and max of baseline mean / each seed's minutes
+    curve_minutes_to_target: float | None = None      # the mean curve over seeds' (what the speed-up uses)
+    speedup: float | None = None                      # baseline's curve minutes / this group's curve minutes
+    speedup_min: float | None = None                  # min and max of baseline curve minutes / each seed's minutes
     speedup_max: float | None = None
 
 
@@ -146,14 +150,16 @@ def load_run(run: Path, label: str | None = None) -> RunStats:
 
 
 def time_to_target(curve: list[tuple[float, float]], target: float) -> float | None:
-    """The first minute at which the curve reaches target, interpolated between points; None if never."""
-    for k, (t, y) in enumerate(curve):
-        if y >= target:
-            if k == 0:
-                return t
-            t0, y0 = curve[k - 1]
-            return t0 + (target - y0) / (y - y0) * (t - t0)
-    return None
+    """The minute from which the curve stays at or above target to its end, interpolated at its last upward
+    crossing (a noisy evaluation that touches the target once and falls back does not count); None if
+    the curve ends below the target."""
+    if not curve or curve[-1][1] < target:
+        return None
+    below = [k for k, (_, y) in enumerate(curve) if y < target]
+    if not below:
+        return curve[0][0]
+    (t0, y0), (t1, y1) = curve[below[-1]], curve[below[-1] + 1]
+    return t0 + (target - y0) / (y1 - y0) * (t1 - t0)
 
 
 # --- groups ------------------------------------------------------------------------------------
@@ -168,8 +174,9 @@ def stat(values: list[float | None]) -> Stat:
     return Stat(m, sd, len(xs))
 
 
-def group_stats(label: str, runs: list[RunStats], base_minutes: float | None) -> GroupStats:
-    """Mean and spread over a group's runs; the speed-up against base_minutes when it is known."""
+def group_stats(label: str, runs: list[RunStats], curve_minutes: float | None, base_minutes: float | None) -> GroupStats:
+    """Mean and spread over a group's runs; the speed-up against base_minutes (the baseline's mean-curve time
+    to target) when both it and this group's mean-curve time are known and positive."""
     g = GroupStats(
         label=label, runs=[r.folder for r in runs], seeds=[r.seed for r in runs],
         final_heldout=stat([r.final_heldout for r in runs]), gain=stat([r.gain for r in runs]),
@@ -180,13 +187,20 @@ def group_stats(label: str, runs: list[RunStats], base_minutes: float | None) ->
         backward_nfe_per_sample=stat([r.backward_nfe_per_sample for r in runs]),
         peak_mib=stat([r.peak_mib for r in runs]),
         minutes_to_target=stat([r.minutes_to_target for r in runs]),
-        reached_target=sum(r.minutes_to_target is not None for r in runs))
-    mean = g.minutes_to_target.mean
-    if base_minutes is not None and mean:          # a group at the target before training has no finite ratio
-        g.speedup = base_minutes / mean
+        reached_target=sum(r.minutes_to_target is not None for r in runs), curve_minutes_to_target=curve_minutes)
+    if base_minutes and curve_minutes:         # a group at the target before training has no finite ratio
+        g.speedup = base_minutes / curve_minutes
         each = [base_minutes / r.minutes_to_target for r in runs if r.minutes_to_target]
-        g.speedup_min, g.speedup_max = min(each), max(each)
+        if each:
+            g.speedup_min, g.speedup_max = min(each), max(each)
     return g
+
+
+def mean_curve(curves: list[list[tuple[float, float]]]) -> list[tuple[float, float]]:
+    """The mean of piecewise-linear curves at every one of their points, each held at its last value after
+    its end (a run that stopped a little earlier keeps its final reward)."""
+    times = sorted({t for c in curves for t, _ in c})
+    return [(t, sum(_interp(t, c) for c in curves) / len(curves)) for t in times]
 
 
 def _labels(folders: list[Path], labels: list[str] | None) -> list[str | None]:
@@ -221,12 +235,23 @@ def compare_runs(folders: list[Path], labels: list[str] | None = None, target: f
             raise TreegrpoError(f"the baseline {baseline!r} has no held-out evaluations (eval.jsonl); give --target")
     if target is not None and not math.isfinite(target):
         raise TreegrpoError(f"--target must be a finite number, got {target}")
+    curves = {id(r): measured(r, gain) for r in runs}
     for r in runs:
-        curve = [(t, y - r.heldout_curve[0][1]) for t, y in r.heldout_curve] if gain else r.heldout_curve
-        r.minutes_to_target = time_to_target(curve, target) if target is not None else None
-    base = stat([r.minutes_to_target for r in groups[baseline]]).mean if baseline is not None else None
+        r.minutes_to_target = time_to_target(curves[id(r)], target) if target is not None else None
+    by_curve = {k: _curve_time([curves[id(r)] for r in v], target) for k, v in groups.items()}
+    base = by_curve[baseline] if baseline is not None else None
     return Comparison(target, baseline, "gain" if gain else "reward",
-                      [group_stats(k, v, base) for k, v in groups.items()], runs)
+                      [group_stats(k, v, by_curve[k], base) for k, v in groups.items()], runs)
+
+
+def measured(r: RunStats, gain: bool) -> list[tuple[float, float]]:
+    """A run's held-out curve, or its gain over its first evaluation."""
+    return [(t, y - r.heldout_curve[0][1]) for t, y in r.heldout_curve] if gain else r.heldout_curve
+
+
+def _curve_time(curves: list[list[tuple[float, float]]], target: float | None) -> float | None:
+    curves = [c for c in curves if c]
+    return time_to_target(mean_curve(curves), target) if curves and target is not None else None
 
 
 def to_dict(cmp: Comparison) -> dict[str, Any]:
@@ -266,8 +291,7 @@ def mean_band(curves: list[list[tuple[float, float]]], grid: list[float]):
 def reward_plot(cmp: Comparison):
     bands, gain = {}, cmp.measure == "gain"
     for g in cmp.groups:
-        curves = [[(t, y - r.heldout_curve[0][1] if gain else y) for t, y in r.heldout_curve]
-                  for r in cmp.runs if r.label == g.label and r.heldout_curve]
+        curves = [measured(r, gain) for r in cmp.runs if r.label == g.label and r.heldout_curve]
         bands[g.label] = mean_band(curves, common_grid(curves)) if curves else ([], [], [], [])
     label = f"target {cmp.target:.4g}" if cmp.target is not None else ""
     what = "held-out gain" if gain else "held-out reward"
@@ -288,7 +312,7 @@ def _or(x: float | None, default: float) -> float:
 
 # --- table and page ----------------------------------------------------------------------------
 
-COLUMNS = ["group", "runs", "final held-out", "gain", "minutes to target (reached)", "speed-up (seeds min-max)",
+COLUMNS = ["group", "runs", "final held-out", "gain", "minutes to target (seeds reaching it)", "speed-up (seeds min-max)",
            "s / iteration", "rollout s", "score s", "update s", "forward NFE / sample", "backward NFE / sample",
            "peak MiB"]
 
@@ -300,19 +324,24 @@ def _pm(s: Stat, fmt: str = ".4f") -> str:
     return f"{s.mean:{fmt}}" + (f" ± {s.std:{fmt.lstrip('+')}}" if s.n > 1 else "")
 
 
+def _minutes(g: GroupStats) -> str:
+    return "never" if g.curve_minutes_to_target is None else f"{g.curve_minutes_to_target:.2f}"
+
+
 def _speedup(g: GroupStats) -> str:
     if g.speedup is None:
         return "-"
-    return f"{g.speedup:.2f}x ({g.speedup_min:.2f}-{g.speedup_max:.2f})"
+    spread = f" ({g.speedup_min:.2f}-{g.speedup_max:.2f})" if g.speedup_min is not None else ""
+    return f"{g.speedup:.2f}x{spread}"
 
 
 def table_rows(cmp: Comparison) -> list[list[str]]:
     """One row of strings per group, in COLUMNS order."""
     rows = []
     for g in cmp.groups:
-        reach = f" ({g.reached_target}/{len(g.runs)})" if cmp.target is not None else ""
+        reach = _minutes(g) + f" ({g.reached_target}/{len(g.runs)})" if cmp.target is not None else "-"
         rows.append([g.label, f"{len(g.runs)} (seeds {', '.join(map(str, g.seeds))})", _pm(g.final_heldout),
-                     _pm(g.gain, "+.4f"), _pm(g.minutes_to_target, ".2f") + reach, _speedup(g),
+                     _pm(g.gain, "+.4f"), reach, _speedup(g),
                      _pm(g.seconds_per_iteration, ".2f"), *(_pm(g.phase_seconds[p], ".2f") for p in PHASES),
                      _pm(g.forward_nfe_per_sample, ".1f"), _pm(g.backward_nfe_per_sample, ".1f"),
                      _pm(g.peak_mib, ".0f")])
