@@ -301,9 +301,11 @@ def reward_plot(cmp: Comparison):
 
 def pareto_plot(cmp: Comparison):
     nan = math.nan                                  # a group without the numbers keeps its colour, no point
-    points = {g.label: (_or(g.seconds_per_iteration.mean, nan), _or(g.final_heldout.mean, nan)) for g in cmp.groups}
+    gain = cmp.measure == "gain"
+    points = {g.label: (_or(g.seconds_per_iteration.mean, nan), _or((g.gain if gain else g.final_heldout).mean, nan))
+              for g in cmp.groups}
     return point_chart(points, "cost against reward (mean over seeds)", "seconds per iteration",
-                       "final held-out reward")
+                       "final held-out gain" if gain else "final held-out reward")
 
 
 def _or(x: float | None, default: float) -> float:
