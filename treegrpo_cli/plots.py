@@ -34,9 +34,10 @@ def _font() -> ImageFont.ImageFont | ImageFont.FreeTypeFont:
 
 
 def _text(s: str) -> str:
-    """The bitmap fallback font (Pillow without FreeType) only encodes latin-1."""
+    """Pillow's default FreeType font has a 2-pixel space, which reads as no space at its size: two of
+    them. The bitmap fallback font (Pillow without FreeType) only encodes latin-1."""
     if isinstance(_font(), ImageFont.FreeTypeFont):
-        return s
+        return s.replace(" ", "  ")
     return s.encode("latin-1", "replace").decode("latin-1")
 
 
