@@ -61,11 +61,12 @@ def run_one(method: str, seed: int, work: Path, minutes: float, log) -> dict:
     if done.exists():
         return json.loads(done.read_text())
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    t0 = time.perf_counter()
+    load0, t0 = os.getloadavg()[0], time.perf_counter()
     out = subprocess.run(TREEGRPO + train_args(method, seed, run, minutes), env=env, capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(f"{method} seed {seed} failed: {out.stderr.strip().splitlines()[-1:]}")
     row = {"method": method, "seed": seed, "run_dir": str(run), "process_minutes": (time.perf_counter() - t0) / 60,
+           "loadavg_1m": [load0, os.getloadavg()[0]],          # the budget is wall-clock: other work slows a run
            "summary": json.loads(out.stdout)}
     done.write_text(json.dumps(row, indent=1) + "\n")
     sm, nan = row["summary"], float("nan")
