@@ -25,7 +25,9 @@ def graceful_stop() -> Iterator[dict]:
         if flag["stop"] and signum == signal.SIGINT:
             raise KeyboardInterrupt
         flag["stop"] = True
-        err.print("stopping after this iteration (checkpoint follows); Ctrl-C again to abort")
+        # a raw write: the signal may land inside a rich print or a lazy import of the main thread, and
+        # printing through rich again from here re-enters them (a half-imported module, exit 1)
+        os.write(2, b"stopping after this iteration (checkpoint follows); Ctrl-C again to abort\n")
 
     old = {s: signal.signal(s, ask) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
