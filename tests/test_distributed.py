@@ -159,7 +159,7 @@ def _shard_worker(rank: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
     from treegrpo_cli import dist, loop
     from treegrpo_cli.config import load_config
-    from treegrpo_cli.store.checkpoint import checkpoint_tensor_order, save_checkpoint
+    from treegrpo_cli.store.checkpoint import follow_checkpoint_gathers, save_checkpoint
     d = dist.from_env()
     cfg = load_config("branch", sets=['model="pixel-tiny"', "rollout.num_prompts=4", "seed=5", 'train.parallel="fsdp"',
                                       "train.ema_decay=0.9"])
@@ -170,7 +170,7 @@ def _shard_worker(rank: int, port: int, out: str) -> None:
     if rank == 0:
         save_checkpoint(Path(out) / "checkpoints", ck, 1, shard_bytes=4096)       # several files, one at a time
     else:
-        dist.follow_gathers(checkpoint_tensor_order(ck))
+        follow_checkpoint_gathers(ck)
     torch.save(local, Path(out) / f"local{rank}.pt")
     dist.barrier(d)
     dist.shutdown()

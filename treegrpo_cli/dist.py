@@ -137,19 +137,6 @@ def clip_sharded_gradients(params: list[torch.nn.Parameter], max_norm: float) ->
     return norm
 
 
-def full_tensor(t: torch.Tensor) -> torch.Tensor:
-    """A sharded tensor's whole value (a collective: every rank calls it, in the same order); others as they are."""
-    return t.detach().full_tensor() if hasattr(t, "full_tensor") else t
-
-
-def follow_gathers(tensors: list[torch.Tensor]) -> None:
-    """The part of a rank that writes nothing in rank 0's streamed checkpoint: gather each sharded tensor
-    in rank 0's order and drop it (rank 0 holds one checkpoint shard at a time, no rank the whole state)."""
-    for t in tensors:
-        if hasattr(t, "full_tensor"):
-            t.detach().full_tensor()
-
-
 def shard_like(state: dict[str, torch.Tensor], like: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Whole tensors -> this rank's shards, placed as the same-named tensors of `like` are."""
     from torch.distributed.tensor import distribute_tensor

@@ -31,7 +31,7 @@ from .evaluate import heldout_reward
 from .models.base import Policy
 from .models.registry import load_policy
 from .rewards.base import get_reward, parse_reward_options, score_leaves
-from .store.checkpoint import (Checkpoint, checkpoint_tensor_order, list_checkpoints, load_checkpoint,
+from .store.checkpoint import (Checkpoint, follow_checkpoint_gathers, list_checkpoints, load_checkpoint,
                                save_checkpoint)
 from .store.trees import to_uint8
 
@@ -164,8 +164,8 @@ def _whole_batch(tree: Tree, scores: dict[str, torch.Tensor], d: Dist) -> tuple[
 
 def _parallel(whole: Batch, cfg: Config, it: int, starts: list[int], d: Dist, sharded: bool) -> Parallel:
     """The global minibatch plan restricted to this rank's nodes, with global loss divisors; for a sharded
-    model also the chunk count every rank runs per step (the most any rank needs), the loss scale that
-    undoes FSDP's gradient averaging, and gradient clipping over the shards."""
+    model also the chunk count every rank runs per step (the most any rank needs), divisors that undo
+    the averaging of FSDP's reduce-scatter (a sum is wanted), and gradient clipping over the shards."""
     plan = minibatches(whole, cfg.train, update_generator(cfg, it))
 
     def part(mb: torch.Tensor, r: int) -> torch.Tensor:
@@ -176,8 +176,9 @@ def _parallel(whole: Batch, cfg: Config, it: int, starts: list[int], d: Dist, sh
         return Parallel(mine, loss_denominators(whole, cfg.train, plan), lambda ps: dist.sum_gradients(ps, d), gather)
     chunks = [max(parent_chunk_count(whole.tree.parent, part(mb, r), cfg.rollout.max_batch) for r in range(d.world))
               for mb in plan]
-    return Parallel(mine, loss_denominators(whole, cfg.train, plan), lambda ps: None, gather,     # FSDP reduce-scatters
-                    chunks, float(d.world), dist.clip_sharded_gradients)
+    denominators = [x / d.world for x in loss_denominators(whole, cfg.train, plan)]
+    return Parallel(mine, denominators, lambda ps: None, gather, chunks,            # FSDP reduce-scatters
+                    dist.clip_sharded_gradients)
 
 
 # --- the steps of an iteration, shared with the staged pipeline (stages.py) -------------------
@@ -416,4 +417,4 @@ def _save(trainer: Trainer, req: TrainRequest) -> None:
         save_checkpoint(req.run_dir / "checkpoints", ck, trainer.cfg.train.keep_last)
         rundir.reward_plot(req.run_dir)
     elif trainer.sharded:
-        dist.follow_gathers(checkpoint_tensor_order(ck))
+        follow_checkpoint_gathers(ck)

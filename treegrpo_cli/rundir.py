@@ -57,8 +57,9 @@ def prompt_record(prompts: list[str]) -> dict[str, Any]:
 
 
 # Keys a resumed run may change: they extend it or change how it is run, not what it learns.
-RESUMABLE = {"train.iterations", "train.parallel", "train.max_minutes", "train.eval_every_minutes", "train.save_every", "train.keep_last",
-             "train.sample_every", "rollout.max_batch", "policy.gradient_checkpointing", "policy.prompt_cache", "policy.free_text_encoders"}
+RESUMABLE = {"train.iterations", "train.parallel", "train.max_minutes", "train.eval_every_minutes",
+             "train.save_every", "train.keep_last", "train.sample_every", "rollout.max_batch",
+             "policy.gradient_checkpointing", "policy.prompt_cache", "policy.free_text_encoders"}
 
 
 def resume_config(run: Path, sets: list[str]) -> Config:
@@ -182,15 +183,15 @@ def sample_grid(run: Path, policy, sde, prompts: list[str], rewards: dict, cfg: 
     prompts = prompts[:16]
     ode = TreeConfig(sde_steps=())
     tree, _ = rollout(policy, prompts, list(range(len(prompts))), sde, ode, mix_seed(cfg.seed, 0xE7A1))
+    path = run / "samples" / f"step-{step}.png"
+    if not write:
+        return path
     with torch.no_grad():
         images = policy.decode(tree.image_latent).cpu()
     scores = score_leaves(rewards, images, prompts)
     weights = cfg.reward.weight_map()
     total = sum(w * scores[n] for n, w in weights.items())
     captions = [f"{p} ({float(s):.3f})" for p, s in zip(prompts, total)]
-    path = run / "samples" / f"step-{step}.png"
-    if not write:
-        return path
     path.parent.mkdir(exist_ok=True)
     save_png(image_grid(images, captions), path)
     return path

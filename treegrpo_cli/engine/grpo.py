@@ -105,14 +105,12 @@ class Parallel:
     the global plan (the same number of steps on every rank, some maybe empty), each step's global loss
     divisor, a gradient sum over ranks and a concatenation of per-edge tensors over ranks. A sharded
     model (FSDP) runs collectives in every forward and backward: `chunks` then gives, per step, the
-    number of forward/backward chunks every rank runs (a rank with fewer pads with zero-weight ones),
-    and `loss_scale` undoes the gradient averaging of its reduce-scatter."""
+    number of forward/backward chunks every rank runs (a rank with fewer pads with zero-weight ones)."""
     minibatches: list[Tensor]
     denominators: list[float]
     sync: Callable[[list[torch.nn.Parameter]], None]
     gather: Callable[[Tensor], Tensor]
     chunks: list[int] | None = None
-    loss_scale: float = 1.0
     clip: Callable[[list[torch.nn.Parameter], float], float] | None = None   # a sharded model's gradient clipping
 
 
@@ -206,7 +204,7 @@ def grpo_update(policy: Policy, opt: torch.optim.Optimizer, sde: Kernel, b: Batc
             if kl is not None:
                 loss_e = loss_e + cfg.kl_beta * kl
                 kls.append(kl.detach().cpu())
-            (loss_e.sum() * (parallel.loss_scale if parallel else 1.0) / denom).backward()
+            (loss_e.sum() / denom).backward()
             ratios.append(ratio.detach().cpu())
             if k == 0:
                 first.append(ratio.detach().cpu())

@@ -84,14 +84,17 @@ def _write_sharded(folder: Path, stem: str, tensors: dict[str, torch.Tensor], li
 
 def _whole(t: torch.Tensor) -> torch.Tensor:
     """A tensor's whole value; a sharded one (a DTensor of FSDP) is gathered here, one tensor at a time
-    (a collective: the other ranks follow the same order, dist.follow_checkpoint_gathers)."""
+    (a collective: the ranks that write nothing run follow_checkpoint_gathers meanwhile)."""
     return t.detach().full_tensor() if hasattr(t, "full_tensor") else t.detach()
 
 
-def checkpoint_tensor_order(ck: Checkpoint) -> list[torch.Tensor]:
-    """Every tensor save_checkpoint writes, in the order it writes them."""
+def follow_checkpoint_gathers(ck: Checkpoint) -> None:
+    """A rank that writes nothing while another saves a sharded checkpoint: gather every tensor in the
+    order save_checkpoint does and drop it (no rank holds the whole state)."""
     opt_tensors, _ = _optimizer_parts(ck.optimizer)
-    return [*ck.model.values(), *opt_tensors.values(), *(ck.ema.values() if ck.ema is not None else [])]
+    for t in [*ck.model.values(), *opt_tensors.values(), *(ck.ema.values() if ck.ema is not None else [])]:
+        if hasattr(t, "full_tensor"):
+            _whole(t)
 
 
 def _fsync_file(path: Path) -> None:
