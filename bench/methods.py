@@ -109,12 +109,16 @@ def report(rows: list[dict], work: Path, args: argparse.Namespace) -> dict:
 
 
 def against(new: dict, ref: dict, name: str) -> dict:
-    """Each method's held-out gain in this run beside the reference run's mean, std and range over seeds."""
+    """Each method's held-out gain in this run beside the reference run's mean, std and range over seeds, and
+    its speed-up against the baseline beside the reference's range over seeds (None: never reaches the target)."""
     ref_runs: dict[str, list[float]] = {}
     for r in ref["runs"]:
         ref_runs.setdefault(r["label"], []).append(r["gain"])
+    ref_groups = {g["label"]: g for g in ref["groups"]}
     out = {"reference": name, "methods": {}}
     for g in new["groups"]:
+        if g["label"] in ref_groups and g["label"] != new["baseline"]:
+            out.setdefault("speedups", {})[g["label"]] = speedup_check(g, ref_groups[g["label"]])
         gains, mean = ref_runs.get(g["label"], []), g["gain"]["mean"]
         if not gains or mean is None:
             continue
@@ -125,6 +129,18 @@ def against(new: dict, ref: dict, name: str) -> dict:
                                       "within_range": min(gains) <= mean <= max(gains),
                                       "within_2_std": abs(mean - m) <= 2 * sd}
     return out
+
+
+def speedup_check(g: dict, ref: dict) -> dict:
+    """A speed-up lands in the reference's spread when it lies within the range of the reference's seeds, or
+    when neither run's mean curve reaches the target."""
+    lo, hi, mean = ref.get("speedup_min"), ref.get("speedup_max"), g.get("speedup")
+    if mean is None or ref.get("speedup") is None:
+        within = mean is None and ref.get("speedup") is None
+    else:
+        within = lo is not None and lo <= mean <= hi
+    return {"speedup": mean, "reference_speedup": ref.get("speedup"), "reference_min": lo, "reference_max": hi,
+            "within_range": within}
 
 
 def main() -> None:
