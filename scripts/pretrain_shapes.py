@@ -2,6 +2,8 @@
 
     python scripts/pretrain_shapes.py --threads 1          # the shipped weights: seed 0, full schedule
     python scripts/pretrain_shapes.py --steps 300 --ae-steps 200 --out /tmp/w.safetensors   # a quick look
+    python scripts/pretrain_shapes.py --threads 1 --steps 20000 --out runs/p20k/w.safetensors \
+        --log runs/p20k/log.jsonl --state runs/p20k/state.pt     # a long one: rerun it to go on after a stop
     python scripts/pretrain_shapes.py --init treegrpo_cli/data/tiny-shapes.safetensors --ae-steps 0 \
         --lr 1e-4 --warmup 1 --decay-from 1 --minutes 15 --out /tmp/more.safetensors  # the equal-compute control
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import fields
 from pathlib import Path
 
@@ -20,10 +23,11 @@ import torch
 
 from treegrpo_cli.engine.rollout import TreeConfig, rollout
 from treegrpo_cli.engine.sde import FlowSDE, SamplerConfig
+from treegrpo_cli.errors import TreegrpoError
 from treegrpo_cli.models.latent import LatentDiTPolicy
 from treegrpo_cli.plots import image_grid, line_chart, save_png, side_by_side
 from treegrpo_cli.rewards.shapes import shapes_scores
-from treegrpo_cli.world.pretrain import PretrainConfig, load_weights, own_distribution_prompts, pretrain
+from treegrpo_cli.world.pretrain import PretrainConfig, load_weights, own_distribution_prompts, pretrain, resume_step
 from treegrpo_cli.world.shapes import load_split
 
 
@@ -34,6 +38,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("treegrpo_cli/data/tiny-shapes.safetensors"))
     ap.add_argument("--init", type=Path, default=None, help="continue from these weights")
     ap.add_argument("--log", type=Path, default=Path("docs/pretrain/log.jsonl"))
+    ap.add_argument("--state", type=Path, default=None,
+                    help="keep the whole training state here at every evaluation; rerun the same command to resume")
     ap.add_argument("--threads", type=int, default=0)
     args = ap.parse_args()
     if args.threads:
@@ -48,8 +54,15 @@ def main() -> None:
             fh.write(json.dumps(row) + "\n")
         print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
 
-    args.log.write_text("")
-    final = pretrain(cfg, args.out, args.init, log=log)
+    start = resume_step(args.state, cfg) if args.state else None
+    if start is None:
+        args.log.write_text("")
+    else:                                   # resuming: keep the log up to the state's step
+        rows = [json.loads(line) for line in args.log.read_text().splitlines() if line.strip()] \
+            if args.log.exists() else []
+        rows = [r for r in rows if r.get("stage") != "dit" or r["step"] <= start]
+        args.log.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    final = pretrain(cfg, args.out, args.init, log=log, state=args.state)
     figures(rows, args.out, args.log.parent)
     print(json.dumps(final))
 
@@ -75,4 +88,7 @@ def figures(rows: list[dict], weights: Path, folder: Path) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except TreegrpoError as e:
+        sys.exit(f"error: {e}")

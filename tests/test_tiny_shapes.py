@@ -65,6 +65,40 @@ def test_pretraining_lowers_the_loss_and_writes_weights(tmp_path):
     assert not torch.equal(ae.scale, torch.ones(4))      # the latent normaliser was fitted
 
 
+def test_pretraining_resumes_exactly_where_it_stopped(tmp_path):
+    from dataclasses import replace
+
+    from treegrpo_cli.world.pretrain import PretrainConfig, pretrain, resume_step
+
+    class Stop(Exception):
+        pass
+
+    def stop_after_first_evaluation(row):
+        if "test_reward" in row:
+            raise Stop
+
+    cfg = PretrainConfig(steps=8, batch=4, warmup=2, eval_every=4, eval_steps=2, ae_steps=20, ae_batch=4)
+    small = dict(dit=latent_dit_config(AEConfig(width=8), dim=32, depth=1, heads=2), ae_cfg=AEConfig(width=8))
+    whole, rest, state = [], [], tmp_path / "state.pt"
+    pretrain(cfg, tmp_path / "a.safetensors", log=whole.append, **small)
+    with pytest.raises(Stop):                               # killed right after the step-4 evaluation
+        pretrain(cfg, tmp_path / "b.safetensors", log=stop_after_first_evaluation, state=state, **small)
+    assert resume_step(state, cfg) == 4
+    pretrain(cfg, tmp_path / "b.safetensors", log=rest.append, state=state, **small)
+    a, b = load_weights(tmp_path / "a.safetensors"), load_weights(tmp_path / "b.safetensors")
+    for one, other in ((a[0], b[0]), (a[1], b[1])):          # the DiT (EMA) and the autoencoder, bit for bit
+        sa, sb = one.state_dict(), other.state_dict()
+        assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+    drop_clock = lambda rows: [{k: v for k, v in r.items() if k != "minutes"} for r in rows]   # noqa: E731
+    assert drop_clock(rest) == drop_clock([r for r in whole if r.get("stage") == "dit" and r["step"] > 4])
+    assert resume_step(tmp_path / "none.pt", cfg) is None
+    with pytest.raises(TreegrpoError, match="other settings"):
+        pretrain(replace(cfg, lr=2e-3), tmp_path / "c.safetensors", state=state, **small)
+    (tmp_path / "torn.pt").write_bytes(state.read_bytes()[:1000])
+    with pytest.raises(TreegrpoError, match="not a pretraining state file"):
+        resume_step(tmp_path / "torn.pt", cfg)
+
+
 def test_guidance_combines_the_prompt_and_the_empty_prompt():
     from treegrpo_cli.models.dit import DiTPolicy
 

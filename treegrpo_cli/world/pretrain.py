@@ -16,6 +16,7 @@ and scores them with the strict `shapes` reward.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import math
 import time
@@ -174,26 +175,86 @@ def load_weights(path: Path, sha256: str | None = None) -> tuple[TinyDiT, Shapes
     return net, ae.requires_grad_(False).eval(), json.loads(header.get("treegrpo", "{}"))
 
 
+def _save_state(path: Path, net: TinyDiT, ae: ShapesAE, opt: torch.optim.Optimizer, ema: Any,
+                g: torch.Generator, cfg: PretrainConfig, row: dict[str, Any]) -> None:
+    """Everything the DiT stage needs to go on exactly where it stopped (torch pickle, written atomically)."""
+    dit_cfg = asdict(net.cfg)
+    dit_cfg["vocab"] = list(dit_cfg["vocab"])
+    state = {"pretrain": asdict(cfg), "row": json.dumps(row), "dit_config": dit_cfg, "ae_config": asdict(ae.cfg),
+             "dit": net.state_dict(), "ae": ae.state_dict(), "opt": opt.state_dict(),
+             "ema": ema.state_dict() if ema else None, "generator": g.get_state(), "torch_rng": torch.get_rng_state()}
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    atomic_write(Path(path), buf.getvalue())
+
+
+def _load_state(path: Path, cfg: PretrainConfig) -> dict[str, Any]:
+    try:
+        state = torch.load(path, weights_only=True)
+        same = {k: v for k, v in state["pretrain"].items() if k != "minutes"} == \
+            {k: v for k, v in asdict(cfg).items() if k != "minutes"}
+    except Exception as e:                                  # a torn or foreign file: say which
+        raise TreegrpoError(f"{path}: not a pretraining state file ({str(e).splitlines()[0][:120]}); "
+                            "delete it to start over") from None
+    if not same:
+        raise TreegrpoError(f"{path} was written by a pretraining with other settings; "
+                            "resume with the same options or delete it to start over")
+    return state
+
+
+def resume_step(path: Path, cfg: PretrainConfig) -> int | None:
+    """The DiT step a pretraining with this state file would go on from (None: no file, a fresh start)."""
+    return json.loads(_load_state(Path(path), cfg)["row"])["step"] if Path(path).exists() else None
+
+
+def _restore(resumed: dict[str, Any], opt: torch.optim.Optimizer, ema: Any,
+             g: torch.Generator) -> tuple[int, float, float, dict[str, Any]]:
+    """Optimizer, EMA and random generators from a state file -> (next step, loss EMA, minutes, last row)."""
+    opt.load_state_dict(resumed["opt"])
+    if ema:
+        ema.load_state_dict(resumed["ema"])
+    g.set_state(resumed["generator"])
+    torch.set_rng_state(resumed["torch_rng"])
+    row = json.loads(resumed["row"])
+    return row["step"], row["loss"], row["minutes"], row
+
+
+def _models(cfg: PretrainConfig, init: Path | None, dit: DiTConfig | None, ae_cfg: AEConfig, prompts: list[str],
+            g: torch.Generator, log: Callable[[dict[str, Any]], None],
+            resumed: dict[str, Any] | None) -> tuple[TinyDiT, ShapesAE]:
+    """The DiT and the (trained, frozen) autoencoder: from a resumed state, from `init`, or new."""
+    if resumed:
+        dit_cfg = dict(resumed["dit_config"], vocab=tuple(resumed["dit_config"]["vocab"]))
+        net, ae = TinyDiT(DiTConfig(**dit_cfg)), ShapesAE(AEConfig(**resumed["ae_config"]))
+        net.load_state_dict(resumed["dit"])
+        ae.load_state_dict(resumed["ae"])
+        return net, ae.requires_grad_(False).eval()
+    net, ae = load_weights(init)[:2] if init else (TinyDiT(dit or latent_dit_config(ae_cfg)), None)
+    if ae is None or cfg.ae_steps:
+        ae = train_autoencoder(cfg, prompts, g, log, ae_cfg)
+    return net, ae
+
+
 def pretrain(cfg: PretrainConfig, out: Path, init: Path | None = None, dit: DiTConfig | None = None,
-             log: Callable[[dict[str, Any]], None] = lambda row: None, ae_cfg: AEConfig = AEConfig()) -> dict[str, Any]:
+             log: Callable[[dict[str, Any]], None] = lambda row: None, ae_cfg: AEConfig = AEConfig(),
+             state: Path | None = None) -> dict[str, Any]:
     """Both stages from scratch (or the DiT stage from `init`, reusing its autoencoder when ae_steps is 0);
-    writes the weights to `out` at every evaluation; returns the last evaluation row."""
+    writes the weights to `out` at every evaluation; returns the last evaluation row. With `state`, the whole
+    training state is written there at every evaluation too, and a call whose `state` file exists goes on
+    from it: the same weights and log rows as a run that was never stopped."""
     torch.manual_seed(cfg.seed)
     g = torch.Generator().manual_seed(cfg.seed)
     train_prompts, test_prompts, own = load_split("pretrain"), load_split("test"), own_distribution_prompts()
-    if init:
-        net, ae, _ = load_weights(init)
-    else:
-        net, ae = TinyDiT(dit or latent_dit_config(ae_cfg)), None
-    if ae is None or cfg.ae_steps:
-        ae = train_autoencoder(cfg, train_prompts, g, log, ae_cfg)
+    resumed = _load_state(Path(state), cfg) if state is not None and Path(state).exists() else None
+    net, ae = _models(cfg, init, dit, ae_cfg, train_prompts, g, log, resumed)
     policy = LatentDiTPolicy(net.cfg, net, ae)
     opt = torch.optim.AdamW(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     ema = torch.optim.swa_utils.AveragedModel(net, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(cfg.ema)) \
         if cfg.ema else None
     shown = LatentDiTPolicy(net.cfg, ema.module, ae) if ema else policy
-    t0, ema_loss, row = time.perf_counter(), None, {}
-    for step in range(cfg.steps):
+    start, ema_loss, done_minutes, row = _restore(resumed, opt, ema, g) if resumed else (0, None, 0.0, {})
+    t0 = time.perf_counter() - 60 * done_minutes
+    for step in range(start, cfg.steps):
         for group in opt.param_groups:
             group["lr"] = lr_at(cfg, step)
         prompts, images = _batch(cfg, train_prompts, cfg.batch, g)
@@ -212,6 +273,8 @@ def pretrain(cfg: PretrainConfig, out: Path, init: Path | None = None, dit: DiTC
                    "images": (step + 1) * cfg.batch, "test_reward": evaluate(shown, test_prompts, cfg.eval_steps),
                    "pretrain_reward": evaluate(shown, own, cfg.eval_steps)}
             save_weights(out, shown.net, ae, {"pretrain": asdict(cfg), "log": row, "guidance": 1.0})
+            if state is not None:
+                _save_state(Path(state), net, ae, opt, ema, g, cfg, row)
             log(row)
         elif (step + 1) % 50 == 0:
             log({"stage": "dit", "step": step + 1, "loss": ema_loss, "lr": lr_at(cfg, step), "minutes": minutes})
