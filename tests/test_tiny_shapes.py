@@ -71,7 +71,7 @@ def test_pretraining_resumes_exactly_where_it_stopped(tmp_path):
     from treegrpo_cli.world.pretrain import PretrainConfig, pretrain, resume_step
 
     class Stop(Exception):
-        pass
+        """What the log callback raises to end a run the way a kill would, right after a state is written."""
 
     def stop_after_first_evaluation(row):
         if "test_reward" in row:

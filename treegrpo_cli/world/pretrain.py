@@ -127,13 +127,16 @@ def own_distribution_prompts(n: int = 120, seed: int = 777) -> list[str]:
     return sample_pretrain_prompts(load_split("pretrain"), n, torch.Generator().manual_seed(seed))
 
 
+def _dit_config(fields: dict[str, Any]) -> DiTConfig:
+    """A DiT config from its fields as JSON or a state file give them back (the vocabulary as a list)."""
+    return DiTConfig(**dict(fields, vocab=tuple(fields["vocab"])))
+
+
 def save_weights(path: Path, net: TinyDiT, ae: ShapesAE, meta: dict[str, Any]) -> None:
     """One safetensors file: the DiT under `dit.`, the autoencoder under `ae.`, both configs in the metadata."""
-    cfg = asdict(net.cfg)
-    cfg["vocab"] = list(cfg["vocab"])
     tensors = {f"dit.{k}": v.detach().cpu().contiguous() for k, v in net.state_dict().items()}
     tensors.update({f"ae.{k}": v.detach().cpu().contiguous() for k, v in ae.state_dict().items()})
-    atomic_write(Path(path), st_save(tensors, metadata={"dit_config": json.dumps(cfg), "ae_config": json.dumps(
+    atomic_write(Path(path), st_save(tensors, metadata={"dit_config": json.dumps(asdict(net.cfg)), "ae_config": json.dumps(
         asdict(ae.cfg)), "treegrpo": json.dumps(meta)}))
 
 
@@ -154,10 +157,8 @@ def load_weights(path: Path, sha256: str | None = None) -> tuple[TinyDiT, Shapes
     if "dit_config" not in header or "ae_config" not in header:
         raise TreegrpoError(f"{path}: not a treegrpo latent shapes model (no dit_config/ae_config metadata); "
                             "build one with `python scripts/pretrain_shapes.py`")
-    cfg = json.loads(header["dit_config"])
-    cfg["vocab"] = tuple(cfg["vocab"])
     try:
-        net, ae = TinyDiT(DiTConfig(**cfg)), ShapesAE(AEConfig(**json.loads(header["ae_config"])))
+        net, ae = TinyDiT(_dit_config(json.loads(header["dit_config"]))), ShapesAE(AEConfig(**json.loads(header["ae_config"])))
         try:
             state = st_load(data)
         except SafetensorError as e:
@@ -169,7 +170,7 @@ def load_weights(path: Path, sha256: str | None = None) -> tuple[TinyDiT, Shapes
             if odd:
                 raise ValueError(f"{len(odd)} tensors differ, e.g. {prefix}{odd[0]}")
             module.load_state_dict(part, strict=True)
-    except (TypeError, ValueError, RuntimeError) as e:
+    except (TypeError, ValueError, KeyError, RuntimeError) as e:
         raise TreegrpoError(f"{path}: weights do not fit this version's latent shapes model "
                             f"({str(e).splitlines()[0]}); rebuild them with `python scripts/pretrain_shapes.py`") from None
     return net, ae.requires_grad_(False).eval(), json.loads(header.get("treegrpo", "{}"))
@@ -178,9 +179,7 @@ def load_weights(path: Path, sha256: str | None = None) -> tuple[TinyDiT, Shapes
 def _save_state(path: Path, net: TinyDiT, ae: ShapesAE, opt: torch.optim.Optimizer, ema: Any,
                 g: torch.Generator, cfg: PretrainConfig, row: dict[str, Any]) -> None:
     """Everything the DiT stage needs to go on exactly where it stopped (torch pickle, written atomically)."""
-    dit_cfg = asdict(net.cfg)
-    dit_cfg["vocab"] = list(dit_cfg["vocab"])
-    state = {"pretrain": asdict(cfg), "row": json.dumps(row), "dit_config": dit_cfg, "ae_config": asdict(ae.cfg),
+    state = {"pretrain": asdict(cfg), "row": json.dumps(row), "dit_config": asdict(net.cfg), "ae_config": asdict(ae.cfg),
              "dit": net.state_dict(), "ae": ae.state_dict(), "opt": opt.state_dict(),
              "ema": ema.state_dict() if ema else None, "generator": g.get_state(), "torch_rng": torch.get_rng_state()}
     buf = io.BytesIO()
@@ -224,8 +223,7 @@ def _models(cfg: PretrainConfig, init: Path | None, dit: DiTConfig | None, ae_cf
             resumed: dict[str, Any] | None) -> tuple[TinyDiT, ShapesAE]:
     """The DiT and the (trained, frozen) autoencoder: from a resumed state, from `init`, or new."""
     if resumed:
-        dit_cfg = dict(resumed["dit_config"], vocab=tuple(resumed["dit_config"]["vocab"]))
-        net, ae = TinyDiT(DiTConfig(**dit_cfg)), ShapesAE(AEConfig(**resumed["ae_config"]))
+        net, ae = TinyDiT(_dit_config(resumed["dit_config"])), ShapesAE(AEConfig(**resumed["ae_config"]))
         net.load_state_dict(resumed["dit"])
         ae.load_state_dict(resumed["ae"])
         return net, ae.requires_grad_(False).eval()
