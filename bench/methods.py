@@ -65,7 +65,8 @@ def run_one(method: str, seed: int, work: Path, minutes: float, log) -> dict:
     out = subprocess.run(TREEGRPO + train_args(method, seed, run, minutes), env=env, capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(f"{method} seed {seed} failed: {out.stderr.strip().splitlines()[-1:]}")
-    row = {"method": method, "seed": seed, "run_dir": str(run), "process_minutes": (time.perf_counter() - t0) / 60,
+    row = {"method": method, "seed": seed, "run_dir": str(run), "commit": commit(),
+           "process_minutes": (time.perf_counter() - t0) / 60,
            "loadavg_1m": [load0, os.getloadavg()[0]],          # the budget is wall-clock: other work slows a run
            "summary": json.loads(out.stdout)}
     done.write_text(json.dumps(row, indent=1) + "\n")
@@ -109,16 +110,18 @@ def report(rows: list[dict], work: Path, args: argparse.Namespace) -> dict:
 
 
 def against(new: dict, ref: dict, name: str) -> dict:
-    """Each method's held-out gain in this run beside the reference run's mean, std and range over seeds, and
-    its speed-up against the baseline beside the reference's range over seeds (None: never reaches the target)."""
+    """This run checked against a reference run's reported spread: each method's held-out gain (mean over seeds)
+    within the reference's mean +- 2 std over seeds (its range over seeds beside it), and its speed-up over the
+    baseline within the reference's 95% interval over seeds drawn again (never reaching the target is a
+    speed-up of 0). `lands`: every method passes both."""
     ref_runs: dict[str, list[float]] = {}
     for r in ref["runs"]:
         ref_runs.setdefault(r["label"], []).append(r["gain"])
     ref_groups = {g["label"]: g for g in ref["groups"]}
-    out = {"reference": name, "methods": {}}
+    out = {"reference": name, "methods": {}, "speedups": {}}
     for g in new["groups"]:
         if g["label"] in ref_groups and g["label"] != new["baseline"]:
-            out.setdefault("speedups", {})[g["label"]] = speedup_check(g, ref_groups[g["label"]])
+            out["speedups"][g["label"]] = speedup_check(g, ref_groups[g["label"]])
         gains, mean = ref_runs.get(g["label"], []), g["gain"]["mean"]
         if not gains or mean is None:
             continue
@@ -128,19 +131,19 @@ def against(new: dict, ref: dict, name: str) -> dict:
                                       "reference_min": min(gains), "reference_max": max(gains),
                                       "within_range": min(gains) <= mean <= max(gains),
                                       "within_2_std": abs(mean - m) <= 2 * sd}
+    out["lands"] = (all(c["within_2_std"] for c in out["methods"].values())
+                    and all(c["within_interval"] for c in out["speedups"].values()))
     return out
 
 
 def speedup_check(g: dict, ref: dict) -> dict:
-    """A speed-up lands in the reference's spread when it lies within the range of the reference's seeds, or
-    when neither run's mean curve reaches the target."""
-    lo, hi, mean = ref.get("speedup_min"), ref.get("speedup_max"), g.get("speedup")
-    if mean is None or ref.get("speedup") is None:
-        within = mean is None and ref.get("speedup") is None
-    else:
-        within = lo is not None and lo <= mean <= hi
-    return {"speedup": mean, "reference_speedup": ref.get("speedup"), "reference_min": lo, "reference_max": hi,
-            "within_range": within}
+    """A speed-up (0 when the mean curve never reaches the target) lands in the reference's spread when it lies
+    within its 95% interval; with no interval there (no draw had a ratio), when neither reaches the target."""
+    lo, hi = ref.get("speedup_low"), ref.get("speedup_high")
+    speedup = g.get("speedup") or 0.0
+    within = lo <= speedup <= hi if lo is not None else g.get("speedup") is None and ref.get("speedup") is None
+    return {"speedup": g.get("speedup"), "reference_speedup": ref.get("speedup"), "reference_low": lo,
+            "reference_high": hi, "within_interval": within}
 
 
 def main() -> None:
@@ -154,7 +157,7 @@ def main() -> None:
     ap.add_argument("--name", default="methods", help="results file name: bench/results/NAME.json")
     ap.add_argument("--report-only", action="store_true", help="no training: report the runs already finished")
     ap.add_argument("--against", type=Path, default=None,
-                    help="an earlier results file: is each method's gain within its spread?")
+                    help="an earlier results file: do this run's gains and speed-ups land within its spread?")
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     log = lambda msg: print(time.strftime("%H:%M:%S"), msg, flush=True)   # noqa: E731

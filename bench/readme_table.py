@@ -15,6 +15,8 @@ import json
 import sys
 from pathlib import Path
 
+from treegrpo_cli.compare import speedup_text
+
 ROOT = Path(__file__).resolve().parents[1]
 BEGIN, END = "<!-- methods-table:begin -->", "<!-- methods-table:end -->"
 
@@ -39,10 +41,9 @@ def _pm(stat: dict, fmt: str) -> str:
 
 
 def _speedup(g: dict) -> str:
-    if g["speedup"] is None:
-        return "never reaches it" if g["curve_minutes_to_target"] is None else "-"
-    spread = f" ({g['speedup_min']:.2f}-{g['speedup_max']:.2f})" if g["speedup_min"] is not None else ""
-    return f"{g['speedup']:.2f}x{spread}"
+    if g["speedup"] is None and g["curve_minutes_to_target"] is not None:
+        return "-"
+    return speedup_text(g["speedup"], g.get("speedup_low"), g.get("speedup_high"), none="never reaches it")
 
 
 def _minutes(g: dict) -> str:
@@ -54,7 +55,7 @@ def render(result: dict) -> str:
     cmp = result["compare"]
     head = ("| method | forward NFE / sample (paper) | backward NFE / sample (paper) | s / iteration (paper, GPU) "
             "| iterations | held-out gain | minutes to target, mean curve (seeds reaching it) "
-            "| speed-up vs dance-grpo (over seeds) "
+            "| speed-up vs dance-grpo (95% interval) "
             "| peak MiB |\n|---|---|---|---|---|---|---|---|---|\n")
     rows = []
     for g in cmp["groups"]:
@@ -68,9 +69,10 @@ def render(result: dict) -> str:
     m = result["machine"]
     foot = (f"\n{len(result['runs'])} runs: {result['minutes_per_run']:g} minutes of training each, seeds "
             f"{', '.join(map(str, result['seeds']))}, one thread per run on {m['cpu'] or m['machine']} "
-            f"({m['cores']} cores), torch {m['torch']}, commit {result['commit']}; target: dance-grpo's mean held-out "
+            f"({m['cores']} cores), torch {m['torch']}, reported at commit {result['commit']}; target: dance-grpo's mean held-out "
             f"gain {cmp['target']:+.3f}; time to target: from when the mean held-out curve over seeds stays at or above it; "
-            f"speed-up: dance-grpo's time over the method's (in brackets: over each seed's that reaches it). "
+            f"speed-up: dance-grpo's time over the method's (in brackets: 95% interval with both methods' seeds drawn "
+            f"again with replacement, the target with them; never: draws that do not reach it). "
             f"Mean ± std over seeds. `{result['command'].strip()}`\n")
     return head + "\n".join(rows) + "\n" + foot
 

@@ -119,14 +119,44 @@ def test_runs_and_groups_golden(runs):
     assert flow.minutes_to_target == compare.Stat(pytest.approx(3.5), 0.0, 1) and flow.reached_target == 1
     # mean curve at the union of the points, a1 held at 0.6 after 4 min: 0.2, 0.34, 0.375, 0.51, 0.55 at 0 2 2.5 4 5
     assert flow.curve_minutes_to_target == pytest.approx(5.0)
-    assert flow.speedup == 1.0 and flow.speedup_min == flow.speedup_max == pytest.approx(5.0 / 3.5)
+    assert flow.speedup == 1.0 and flow.speedup_low is None                 # no interval against itself
     assert tree.final_heldout == compare.Stat(pytest.approx(0.675), pytest.approx(0.035355339), 2)
     assert tree.peak_mib == compare.Stat(450.0, pytest.approx(70.71067812), 2)
     assert tree.minutes_to_target == compare.Stat(pytest.approx(0.725), pytest.approx(0.035355339), 2)
     # mean curve 0.25, 0.45, 0.675 at 0, 0.5, 1 min: 0.55 at 0.5 + 0.1 / 0.225 x 0.5 = 0.7222
     assert tree.curve_minutes_to_target == pytest.approx(0.72222222)
     assert tree.speedup == pytest.approx(6.92307692)                          # 5 / 0.7222
-    assert tree.speedup_min == pytest.approx(6.66666667) and tree.speedup_max == pytest.approx(7.14285714)  # 5/0.75, 5/0.7
+    # seeds drawn again, 4 x 4 draws: flow {a1,a1} target 0.6 at 4 min, {a2,a2} 0.5 at 5, {a1,a2} twice 0.55 at 5;
+    # tree {b1,b1} (0, .2)-(1, .7), {b2,b2} (0, .3)-(.5, .45)-(1, .65), {b1,b2} twice (0, .25)-(.5, .45)-(1, .675).
+    # Slowest: target 0.6, {b2,b2} at 0.875 min: 4 / 0.875; fastest: target 0.5, {b1,b1} at 0.6 min: 5 / 0.6
+    assert (tree.speedup_low, tree.speedup_high, tree.speedup_reach) == (pytest.approx(32 / 7), pytest.approx(25 / 3), 1.0)
+
+
+def test_speedup_interval_counts_draws_that_never_reach_the_target():
+    # gains along straight lines. Baseline seeds end at 0.4 and 0.2 at 4 min: a draw's target is its mean end,
+    # reached at 4 min in every draw. Group seeds end at 0.4 and 0.2 at 2 min. Of the 16 draws (by hand):
+    # target 0.4 (4 draws): {g1,g1} 2 min -> 2x, the 3 others never; target 0.2 (4): 1, 2, 1.33 min ->
+    # 4x, 2x, 3x, 3x; target 0.3 (8): {g1,g1} 1.5 min 2.67x twice, {g2,g2} never twice, {g1,g2} 2 min 2x four times.
+    # Sorted: never x5, 2x x6, 2.67x x2, 3x x2, 4x; 11 of 16 reach it.
+    base = [[(0.0, 0.0), (4.0, 0.4)], [(0.0, 0.0), (4.0, 0.2)]]
+    group = [[(0.0, 0.0), (2.0, 0.4)], [(0.0, 0.0), (2.0, 0.2)]]
+    assert len(compare.seed_draws(2, 2)) == 16
+    assert compare.speedup_interval(base, group, None) == (0.0, pytest.approx(4.0), 11 / 16)
+    # a fixed target: draws whose baseline never reaches it have no ratio; here 0.3 is reached by {b1,b1}
+    # (3 min) and {b1,b2} (4 min, twice), the group's {g1,g1} at 1.5, {g1,g2} at 2, {g2,g2} never
+    low, high, reach = compare.speedup_interval(base, group, 0.3)
+    assert (low, high, reach) == (0.0, pytest.approx(4 / 1.5), 9 / 12)
+    assert compare.speedup_interval(base, group, 0.5) is None              # no baseline draw gets there
+    assert compare.speedup_text(2.476, 0.0, 3.1) == "2.48x (never-3.10)"
+    assert compare.speedup_text(None, 0.0, 1.2, none="never reaches it") == "never reaches it (never-1.20)"
+    assert compare.speedup_text(None, None, None) == "-"
+
+
+def test_seed_draws_are_all_of_them_when_few_and_fixed_when_many():
+    assert len(compare.seed_draws(3, 3)) == 27 * 27 and len(set(compare.seed_draws(3, 3))) == 27 * 27
+    many = compare.seed_draws(5, 4)
+    assert len(many) == compare.RESAMPLES and many == compare.seed_draws(5, 4)
+    assert all(len(b) == 5 and len(g) == 4 and max(b) < 5 and max(g) < 4 for b, g in many)
 
 
 def test_a_given_target_without_baseline_has_no_ratios(runs):
@@ -250,7 +280,7 @@ def test_gain_times_each_run_from_its_own_start(runs):
     # gain curves: flow's mean 0, 0.14, 0.175, 0.31, 0.35 at 0 2 2.5 4 5; tree's 0, 0.2, 0.425 at 0 0.5 1
     assert flow.curve_minutes_to_target == pytest.approx(5.0)
     assert tree.curve_minutes_to_target == pytest.approx(0.5 + 0.15 / 0.225 * 0.5)
-    assert tree.speedup == pytest.approx(6.0) and (tree.speedup_min, tree.speedup_max) == (pytest.approx(5.0), pytest.approx(5 / 0.7))
+    assert tree.speedup == pytest.approx(6.0) and tree.speedup_low < 6.0 < tree.speedup_high
     r = run("compare", *runs, "--baseline", "flow-grpo", "--gain", "--out", runs[0].parent / "g", "--json")
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["measure"] == "gain"

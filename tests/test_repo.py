@@ -24,13 +24,40 @@ def test_every_preset_names_its_source_and_launch_command():
 
 
 def test_readmes_performance_table_is_generated_from_the_results_file():
-    import importlib.util
     import json
 
-    spec = importlib.util.spec_from_file_location("readme_table", ROOT / "bench" / "readme_table.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _bench("readme_table")
     readme = (ROOT / "README.md").read_text()
     result = json.loads((ROOT / "bench" / "results" / "methods.json").read_text())
     assert mod.splice(readme, mod.render(result)) == readme, "run python bench/readme_table.py"
     assert {g["label"] for g in result["compare"]["groups"]} == set(mod.PAPERS)      # every method measured
+
+
+def _bench(name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_a_rerun_is_checked_against_the_reference_spread():
+    """bench/methods.py --against: gains within the reference's mean +- 2 std over seeds, speed-ups within its
+    95% interval (never reaching the target counts as 0)."""
+    methods = _bench("methods")
+    group = lambda label, gain, speedup, low=None, high=None: {                  # noqa: E731
+        "label": label, "gain": {"mean": gain}, "speedup": speedup, "speedup_low": low, "speedup_high": high}
+    ref = {"runs": [{"label": m, "gain": g} for m, gs in {"d": [0.1, 0.2, 0.3], "t": [0.2, 0.3, 0.4],
+                                                          "b": [0.0, 0.0, 0.03]}.items() for g in gs],
+           "groups": [group("d", 0.2, 1.0), group("t", 0.3, 2.0, 1.5, 3.0), group("b", 0.01, None, 0.0, 0.8)]}
+    new = {"baseline": "d", "groups": [group("d", 0.25, 1.0), group("t", 0.45, 2.9), group("b", -0.01, None)]}
+    out = methods.against(new, ref, "ref.json")
+    assert out["methods"]["t"]["within_2_std"] and not out["methods"]["t"]["within_range"]   # 0.45 < 0.3 + 0.2
+    assert out["methods"]["b"]["within_2_std"]                               # std 0.0173: -0.01 is 1.15 std off
+    assert out["speedups"]["t"]["within_interval"] and out["speedups"]["b"]["within_interval"]   # 0 in [0, 0.8]
+    assert "d" not in out["speedups"] and out["lands"]
+    new["groups"][1]["speedup"] = 3.2                                        # past the interval
+    assert not methods.against(new, ref, "ref.json")["lands"]
+    new["groups"][1]["speedup"], new["groups"][2]["gain"]["mean"] = 2.9, 0.06    # 0.05 + 2 x 0.0173 < 0.06
+    assert not methods.against(new, ref, "ref.json")["lands"]

@@ -10,9 +10,12 @@ evaluations per sample and memory, grouped by label (the preset by default) with
 Time to target: the minute from which a held-out curve stays at or above the target to its end, linearly
 interpolated at its last upward crossing (one noisy evaluation that touches the target and falls back
 does not count), for each run and for each group's mean curve over seeds (every seed held at its last
-value after its end). Speed-up: the baseline group's mean-curve time over a group's; its spread, the
-baseline's mean-curve time over each seed's time (seeds that reach the target). Other spreads over
-seeds: the sample standard deviation (0 with one run).
+value after its end). Speed-up: the baseline group's mean-curve time over a group's. Its spread, the range
+a rerun's speed-up is expected in: the whole computation redone on seeds drawn again with replacement
+from both groups (every draw of n of n seeds when there are few, else 4096 fixed random ones; the target
+drawn again with the baseline unless --target fixes it), and the 2.5th and 97.5th percentiles of those
+speed-ups, 0 standing for a draw that never reaches the target. Other spreads over seeds: the sample
+standard deviation (0 with one run).
 """
 
 from __future__ import annotations
@@ -21,8 +24,10 @@ import base64
 import bisect
 import dataclasses
 import html
+import itertools
 import json
 import math
+import random
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +40,8 @@ from .store.shards import atomic_write
 
 PHASES = ("rollout", "score", "update")
 GRID_POINTS = 64        # points of the common time grid a group's mean curve is drawn on
+RESAMPLES = 4096        # most seed draws the speed-up interval is taken over
+LEVEL = 0.95            # the speed-up interval's coverage
 
 
 @dataclass
@@ -81,8 +88,9 @@ class GroupStats:
     reached_target: int
     curve_minutes_to_target: float | None = None      # the mean curve over seeds' (what the speed-up uses)
     speedup: float | None = None                      # baseline's curve minutes / this group's curve minutes
-    speedup_min: float | None = None                  # min and max of baseline curve minutes / each seed's minutes
-    speedup_max: float | None = None
+    speedup_low: float | None = None                  # 95% interval over seeds drawn again (0: never reaches it)
+    speedup_high: float | None = None
+    speedup_reach: float | None = None                # share of those draws that reach the target
 
 
 @dataclass
@@ -176,7 +184,8 @@ def stat(values: list[float | None]) -> Stat:
 
 def group_stats(label: str, runs: list[RunStats], curve_minutes: float | None, base_minutes: float | None) -> GroupStats:
     """Mean and spread over a group's runs; the speed-up against base_minutes (the baseline's mean-curve time
-    to target) when both it and this group's mean-curve time are known and positive."""
+    to target) when both it and this group's mean-curve time are known and positive (its interval: see
+    speedup_interval)."""
     g = GroupStats(
         label=label, runs=[r.folder for r in runs], seeds=[r.seed for r in runs],
         final_heldout=stat([r.final_heldout for r in runs]), gain=stat([r.gain for r in runs]),
@@ -190,10 +199,42 @@ def group_stats(label: str, runs: list[RunStats], curve_minutes: float | None, b
         reached_target=sum(r.minutes_to_target is not None for r in runs), curve_minutes_to_target=curve_minutes)
     if base_minutes and curve_minutes:         # a group at the target before training has no finite ratio
         g.speedup = base_minutes / curve_minutes
-        each = [base_minutes / r.minutes_to_target for r in runs if r.minutes_to_target]
-        if each:
-            g.speedup_min, g.speedup_max = min(each), max(each)
     return g
+
+
+# --- the speed-up's spread: seeds drawn again ------------------------------------------------------
+
+def seed_draws(n_base: int, n_group: int) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """Pairs of draws with replacement (baseline seeds, group seeds): all of them when there are at most
+    RESAMPLES (3 and 3 seeds: 27 x 27), else RESAMPLES fixed random ones (the same every time)."""
+    if (n_base ** n_base) * (n_group ** n_group) <= RESAMPLES:
+        return list(itertools.product(itertools.product(range(n_base), repeat=n_base),
+                                      itertools.product(range(n_group), repeat=n_group)))
+    rng = random.Random(0)
+    return [(tuple(rng.randrange(n_base) for _ in range(n_base)), tuple(rng.randrange(n_group) for _ in range(n_group)))
+            for _ in range(RESAMPLES)]
+
+
+def speedup_interval(base: list[list[tuple[float, float]]], group: list[list[tuple[float, float]]],
+                     target: float | None) -> tuple[float, float, float] | None:
+    """(low, high, share reaching the target) of the speed-up over seed draws, both groups drawn again; the
+    target is the drawn baseline's mean final value unless given. A draw in which the group never reaches the
+    target counts as 0; one in which the baseline never does, or either is there at the start, has no ratio.
+    None when no draw has one."""
+    ratios = []
+    for bi, gi in seed_draws(len(base), len(group)):
+        aim = target if target is not None else sum(base[i][-1][1] for i in bi) / len(bi)
+        t_base = time_to_target(mean_curve([base[i] for i in bi]), aim)
+        if not t_base:
+            continue
+        t = time_to_target(mean_curve([group[i] for i in gi]), aim)
+        if t != 0:
+            ratios.append(0.0 if t is None else t_base / t)
+    if not ratios:
+        return None
+    ratios.sort()
+    tail = (1 - LEVEL) / 2 * (len(ratios) - 1)
+    return ratios[math.floor(tail)], ratios[math.ceil(len(ratios) - 1 - tail)], sum(r > 0 for r in ratios) / len(ratios)
 
 
 def mean_curve(curves: list[list[tuple[float, float]]]) -> list[tuple[float, float]]:
@@ -229,8 +270,9 @@ def compare_runs(folders: list[Path], labels: list[str] | None = None, target: f
         groups.setdefault(r.label, []).append(r)
     if baseline is not None and baseline not in groups:
         raise TreegrpoError(f"--baseline {baseline!r} is none of the runs' labels ({', '.join(groups)})")
+    derived = None                             # the target as the baseline's mean, when it is that
     if target is None and baseline is not None:
-        target = stat([r.gain if gain else r.final_heldout for r in groups[baseline]]).mean
+        target = derived = stat([r.gain if gain else r.final_heldout for r in groups[baseline]]).mean
         if target is None:
             raise TreegrpoError(f"the baseline {baseline!r} has no held-out evaluations (eval.jsonl); give --target")
     if target is not None and not math.isfinite(target):
@@ -240,8 +282,15 @@ def compare_runs(folders: list[Path], labels: list[str] | None = None, target: f
         r.minutes_to_target = time_to_target(curves[id(r)], target) if target is not None else None
     by_curve = {k: _curve_time([curves[id(r)] for r in v], target) for k, v in groups.items()}
     base = by_curve[baseline] if baseline is not None else None
-    return Comparison(target, baseline, "gain" if gain else "reward",
-                      [group_stats(k, v, by_curve[k], base) for k, v in groups.items()], runs)
+    stats = [group_stats(k, v, by_curve[k], base) for k, v in groups.items()]
+    if base:
+        given = target if derived is None else None
+        base_curves = [curves[id(r)] for r in groups[baseline] if curves[id(r)]]
+        for g in stats:
+            if g.label != baseline and (spread := speedup_interval(
+                    base_curves, [curves[id(r)] for r in groups[g.label] if curves[id(r)]], given)):
+                g.speedup_low, g.speedup_high, g.speedup_reach = spread
+    return Comparison(target, baseline, "gain" if gain else "reward", stats, runs)
 
 
 def measured(r: RunStats, gain: bool) -> list[tuple[float, float]]:
@@ -314,7 +363,7 @@ def _or(x: float | None, default: float) -> float:
 
 # --- table and page ----------------------------------------------------------------------------
 
-COLUMNS = ["group", "runs", "final held-out", "gain", "minutes to target (seeds reaching it)", "speed-up (seeds min-max)",
+COLUMNS = ["group", "runs", "final held-out", "gain", "minutes to target (seeds reaching it)", "speed-up (95% over seeds drawn again)",
            "s / iteration", "rollout s", "score s", "update s", "forward NFE / sample", "backward NFE / sample",
            "peak MiB"]
 
@@ -330,11 +379,15 @@ def _minutes(g: GroupStats) -> str:
     return "never" if g.curve_minutes_to_target is None else f"{g.curve_minutes_to_target:.2f}"
 
 
+def speedup_text(speedup: float | None, low: float | None, high: float | None, none: str = "-") -> str:
+    """'2.48x (1.60-3.70)': the speed-up and its interval, 'never' for a bound of 0 (draws that never reach
+    the target); `none` in place of a speed-up the mean curve does not have."""
+    bound = lambda x: "never" if x == 0 else f"{x:.2f}"      # noqa: E731
+    return (none if speedup is None else f"{speedup:.2f}x") + (f" ({bound(low)}-{bound(high)})" if low is not None else "")
+
+
 def _speedup(g: GroupStats) -> str:
-    if g.speedup is None:
-        return "-"
-    spread = f" ({g.speedup_min:.2f}-{g.speedup_max:.2f})" if g.speedup_min is not None else ""
-    return f"{g.speedup:.2f}x{spread}"
+    return speedup_text(g.speedup, g.speedup_low, g.speedup_high)
 
 
 def table_rows(cmp: Comparison) -> list[list[str]]:
