@@ -149,6 +149,7 @@ def test_speedup_interval_counts_draws_that_never_reach_the_target():
     assert compare.speedup_interval(base, group, 0.5) is None              # no baseline draw gets there
     assert compare.speedup_text(2.476, 0.0, 3.1) == "2.48x (never-3.10)"
     assert compare.speedup_text(None, 0.0, 1.2, none="never reaches it") == "never reaches it (never-1.20)"
+    assert compare.speedup_text(None, 0.0, 0.0, none="never") == "never"
     assert compare.speedup_text(None, None, None) == "-"
 
 

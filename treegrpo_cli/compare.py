@@ -381,9 +381,10 @@ def _minutes(g: GroupStats) -> str:
 
 def speedup_text(speedup: float | None, low: float | None, high: float | None, none: str = "-") -> str:
     """'2.48x (1.60-3.70)': the speed-up and its interval, 'never' for a bound of 0 (draws that never reach
-    the target); `none` in place of a speed-up the mean curve does not have."""
+    the target; no interval when none does); `none` in place of a speed-up the mean curve does not have."""
     bound = lambda x: "never" if x == 0 else f"{x:.2f}"      # noqa: E731
-    return (none if speedup is None else f"{speedup:.2f}x") + (f" ({bound(low)}-{bound(high)})" if low is not None else "")
+    spread = f" ({bound(low)}-{bound(high)})" if low is not None and high != 0 else ""      # (never-never): none
+    return (none if speedup is None else f"{speedup:.2f}x") + spread
 
 
 def _speedup(g: GroupStats) -> str:
