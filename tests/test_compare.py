@@ -153,6 +153,14 @@ def test_speedup_interval_counts_draws_that_never_reach_the_target():
     assert compare.speedup_text(None, None, None) == "-"
 
 
+def test_a_group_without_heldout_evaluations_has_no_speedup_interval(runs, tmp_path):
+    quiet = write_run(tmp_path / "c1", "branch", 0, [row(0, 30, 30, 20, 2, 8, 12, 6)], [])
+    cmp = compare.compare_runs([*runs, quiet], baseline="flow-grpo")
+    branch = cmp.groups[-1]
+    assert branch.label == "branch" and branch.curve_minutes_to_target is None
+    assert (branch.speedup, branch.speedup_low, branch.speedup_high, branch.speedup_reach) == (None,) * 4
+
+
 def test_seed_draws_are_all_of_them_when_few_and_fixed_when_many():
     assert len(compare.seed_draws(3, 3)) == 27 * 27 and len(set(compare.seed_draws(3, 3))) == 27 * 27
     many = compare.seed_draws(5, 4)

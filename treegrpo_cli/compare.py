@@ -287,8 +287,8 @@ def compare_runs(folders: list[Path], labels: list[str] | None = None, target: f
         given = target if derived is None else None
         base_curves = [curves[id(r)] for r in groups[baseline] if curves[id(r)]]
         for g in stats:
-            if g.label != baseline and (spread := speedup_interval(
-                    base_curves, [curves[id(r)] for r in groups[g.label] if curves[id(r)]], given)):
+            own = [curves[id(r)] for r in groups[g.label] if curves[id(r)]]
+            if g.label != baseline and own and (spread := speedup_interval(base_curves, own, given)):
                 g.speedup_low, g.speedup_high, g.speedup_reach = spread
     return Comparison(target, baseline, "gain" if gain else "reward", stats, runs)
 
