@@ -363,7 +363,7 @@ def _or(x: float | None, default: float) -> float:
 
 # --- table and page ----------------------------------------------------------------------------
 
-COLUMNS = ["group", "runs", "final held-out", "gain", "minutes to target (seeds reaching it)", "speed-up (95% over seeds drawn again)",
+COLUMNS = ["group", "runs", "final held-out", "gain", "minutes to target (seeds reaching it)", "speed-up (95% interval)",
            "s / iteration", "rollout s", "score s", "update s", "forward NFE / sample", "backward NFE / sample",
            "peak MiB"]
 
@@ -448,7 +448,8 @@ def page(cmp: Comparison, pngs: dict[str, bytes]) -> str:
     return (f"<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>treegrpo compare</title>"
             f"<style>{STYLE}</style></head><body>\n<h1>treegrpo compare: runs {len(cmp.runs)}, groups {len(cmp.groups)}</h1>\n"
             f"<p>target held-out {cmp.measure}: {html.escape(target)}; baseline: {html.escape(cmp.baseline or 'none')}. "
-            "Mean ± sample standard deviation over seeds.</p>\n"
+            "Mean ± sample standard deviation over seeds; speed-up intervals: 95% of the speed-ups with both "
+            "groups' seeds drawn again with replacement (never: draws that do not reach the target).</p>\n"
             f"{_html_table(cmp)}\n<h2>Reward against time, cost against reward</h2>\n<div class=\"plots\">{images}</div>\n"
             f"<h2>Latest samples</h2>\n{_samples_html(cmp)}\n</body></html>\n")
 
