@@ -221,13 +221,17 @@ def speedup_interval(base: list[list[tuple[float, float]]], group: list[list[tup
     target is the drawn baseline's mean final value unless given. A draw in which the group never reaches the
     target counts as 0; one in which the baseline never does, or either is there at the start, has no ratio.
     None when no draw has one."""
-    ratios = []
+    ratios, bases, groups = [], {}, {}          # each distinct draw's mean curve (and target) computed once
     for bi, gi in seed_draws(len(base), len(group)):
-        aim = target if target is not None else sum(base[i][-1][1] for i in bi) / len(bi)
-        t_base = time_to_target(mean_curve([base[i] for i in bi]), aim)
+        if bi not in bases:
+            aim = target if target is not None else sum(base[i][-1][1] for i in bi) / len(bi)
+            bases[bi] = aim, time_to_target(mean_curve([base[i] for i in bi]), aim)
+        aim, t_base = bases[bi]
         if not t_base:
             continue
-        t = time_to_target(mean_curve([group[i] for i in gi]), aim)
+        if gi not in groups:
+            groups[gi] = mean_curve([group[i] for i in gi])
+        t = time_to_target(groups[gi], aim)
         if t != 0:
             ratios.append(0.0 if t is None else t_base / t)
     if not ratios:
