@@ -8,7 +8,9 @@ ODE samples (10 steps, the `tree-grpo` sampler) of
   clean: the own captions that name neither orange nor purple;
 scored with the strict `shapes` reward, by form, plus the colour-following rate: of the asked-for
 objects, the share for which a detection of the asked colour exists, split by noisy (orange, purple)
-and clean colours. Writes bench/results/world_base.json (or --out).
+and clean colours; and, for relations, where their reward goes: the share of samples with both asked
+objects drawn (colour and kind), and of those, the share whose two objects stand in the asked relation
+(about 0.5 when the model knows the axis but not the order). Writes bench/results/world_base.json (or --out).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import torch
 from treegrpo_cli.engine.sde import FlowSDE, SamplerConfig
 from treegrpo_cli.evaluate import generate
 from treegrpo_cli.models.registry import TINY_SHAPES, load_policy
-from treegrpo_cli.rewards.shapes import score_detections
+from treegrpo_cli.rewards.shapes import relation_holds, score_detections
 from treegrpo_cli.world.detect import detect
 from treegrpo_cli.world.pretrain import own_distribution_prompts
 from treegrpo_cli.world.shapes import NOISY_COLOURS, is_noisy, load_split, parse_prompt
@@ -39,17 +41,26 @@ def measure(texts: list[str], images: torch.Tensor) -> dict:
     dets = detect(images)
     rows = {"all": [], "single": [], "count": [], "relation": []}
     follow = {"noisy": [0, 0], "clean": [0, 0]}
+    both, placed = [], []       # relations: both objects drawn; of those, the relation right
     for t, d in zip(texts, dets):
         p = parse_prompt(t)
         s = score_detections(p, d)
         rows["all"].append(s)
         rows[p.form].append(s)
+        if p.form == "relation":
+            a, b = ([x for x in d if x.colour == g.colour and x.kind == g.kind] for g in p.groups)
+            both.append(bool(a and b))
+            if a and b:
+                placed.append(any(relation_holds(x, y, p.relation) for x in a for y in b))
         for g in p.groups:
             key = "noisy" if g.colour in NOISY_COLOURS else "clean"
             follow[key][0] += any(x.colour == g.colour for x in d)
             follow[key][1] += 1
     out = {k: {"mean": sum(v) / len(v), "n": len(v)} for k, v in rows.items() if v}
     out["colour_following"] = {k: (a / b if b else None) for k, (a, b) in follow.items()}
+    if both:
+        out["relation_parts"] = {"both_drawn": sum(both) / len(both),
+                                 "placed_given_both": sum(placed) / len(placed) if placed else None}
     return out
 
 

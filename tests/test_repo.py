@@ -61,3 +61,19 @@ def test_a_rerun_is_checked_against_the_reference_spread():
     assert not methods.against(new, ref, "ref.json")["lands"]
     new["groups"][1]["speedup"], new["groups"][2]["gain"]["mean"] = 2.9, 0.06    # 0.05 + 2 x 0.0173 < 0.06
     assert not methods.against(new, ref, "ref.json")["lands"]
+
+
+def test_world_base_splits_relation_reward_into_drawing_and_placing():
+    from treegrpo_cli.world.shapes import render_prompts
+
+    mod = _bench("world_base")
+    asked = ["a red circle left of a blue square", "a green triangle above a yellow circle"] * 4
+    flipped = ["a red circle right of a blue square", "a green triangle below a yellow circle"] * 4
+    images = render_prompts(asked, 3)
+    right = mod.measure(asked, images)["relation_parts"]
+    assert right == {"both_drawn": 1.0, "placed_given_both": 1.0}
+    # the same pictures asked the other way round: drawn, but never in the asked relation
+    assert mod.measure(flipped, images)["relation_parts"] == {"both_drawn": 1.0, "placed_given_both": 0.0}
+    # a picture of the first object only: not both drawn, and no placement to judge
+    lone = mod.measure(asked[:1], render_prompts(["a red circle"], 3))["relation_parts"]
+    assert lone == {"both_drawn": 0.0, "placed_given_both": None}

@@ -61,7 +61,7 @@ def _near_credit(d: Det, kind: str, soft: bool) -> float:
     return colour + (1 - COLOUR_ONLY) * d.fit(kind) if soft else colour
 
 
-def _relation_holds(a: Det, b: Det, relation: str) -> bool:
+def relation_holds(a: Det, b: Det, relation: str) -> bool:
     """a REL b, from the centroids (y grows downwards)."""
     dx, dy = b.cx - a.cx, b.cy - a.cy
     along, across = {"left of": (dx, dy), "right of": (-dx, dy), "above": (dy, dx), "below": (-dy, dx)}[relation]
@@ -79,7 +79,7 @@ def score_detections(prompt: Prompt, dets: list[Det], soft: bool = False) -> flo
         weight += W_SIZE
     if prompt.relation is not None:
         ma, mb = terms[0][3], terms[1][3]
-        total += W_RELATION * float(any(_relation_holds(a, b, prompt.relation) for a in ma for b in mb))
+        total += W_RELATION * float(any(relation_holds(a, b, prompt.relation) for a in ma for b in mb))
         weight += W_RELATION
     extra = sum((d.colour, d.kind) not in prompt.pairs() for d in dets)
     return total / weight * EXTRA_DECAY ** extra
