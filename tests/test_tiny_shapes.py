@@ -117,6 +117,28 @@ def test_guidance_combines_the_prompt_and_the_empty_prompt():
     assert guided.reference().guidance == 3.0
 
 
+def test_text_layers_read_word_order_and_ignore_padding():
+    from treegrpo_cli.models.dit import DiTPolicy
+
+    torch.manual_seed(0)
+    net = TinyDiT(DiTConfig(dim=32, depth=1, heads=2, text_ada=True, text_layers=2))
+    for p in net.parameters():
+        torch.nn.init.normal_(p, std=0.1)
+    policy = DiTPolicy(net.cfg, net)
+    x, sigma = torch.randn(1, 3, 32, 32).repeat(3, 1, 1, 1), torch.full((3,), 0.5)
+    prompts = ["a red circle left of a blue square", "a blue square left of a red circle", "a red circle"]
+    v = policy.velocity(x, sigma, policy.encode(prompts))
+    assert not torch.allclose(v[0], v[1])               # the same words in another order: another picture
+    with torch.no_grad():                               # what sits at the padded positions changes nothing
+        net.word_pos[:, 3:] += torch.randn_like(net.word_pos[:, 3:])
+    v2 = policy.velocity(x, sigma, policy.encode(prompts))
+    torch.testing.assert_close(v2[2], v[2])
+    assert not torch.allclose(v2[0], v[0])
+    assert torch.isfinite(policy.velocity(x[:1], sigma[:1], policy.encode([""]))).all()   # no words at all
+    assert sum(p.numel() for p in net.text_blocks.parameters()) > 0
+    assert not TinyDiT(DiTConfig(dim=32, depth=1, heads=2)).text_blocks     # off by default: old weights load
+
+
 def test_missing_weights_is_one_line(tmp_path):
     r = CliRunner().invoke(app, ["rollout", "--model", str(tmp_path / "nope.safetensors"), "--out", tmp_path / "t"])
     assert r.exit_code == 1 and len(r.stderr.strip().splitlines()) == 1 and "not found" in r.stderr

@@ -35,6 +35,7 @@ class DiTConfig:
     mlp_ratio: float = 2.5
     max_words: int = 12
     text_ada: bool = False      # also condition adaLN on the prompt's mean word embedding
+    text_layers: int = 0        # transformer layers over the words alone before the joint blocks (a text encoder)
     pos: str = "sincos"         # image-token positions: fixed 2D sin-cos ("sincos") or "learned"
     refine: int = 32            # channels of the convolutional refiner at full resolution (0 = none)
     refine_feats: int = 8       # extra feature channels per pixel the patch decoder hands the refiner
@@ -79,6 +80,28 @@ class Block(nn.Module):
         return h + g2 * self.mlp(x)
 
 
+class TextBlock(nn.Module):
+    """Pre-norm transformer layer over the prompt's words only: gives each word its role in the sentence
+    (which object is named first) before the image tokens read it. Padding attends to itself only."""
+
+    def __init__(self, dim: int, heads: int, mlp_ratio: float):
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        hidden = int(dim * mlp_ratio)
+        self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
+
+    def forward(self, t: Tensor, mask: Tensor) -> Tensor:
+        # t [B, W, D], mask [B, W] bool (True = a word)
+        B, W, D = t.shape
+        allowed = mask[:, None, :] | torch.eye(W, dtype=torch.bool, device=t.device)   # [B, W, W]
+        q, k, v = self.qkv(self.norm1(t)).view(B, W, 3, self.heads, D // self.heads).permute(2, 0, 3, 1, 4)
+        att = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed[:, None])
+        t = t + self.proj(att.transpose(1, 2).reshape(B, W, D))
+        return t + self.mlp(self.norm2(t))
+
+
 class TinyDiT(nn.Module):
     def __init__(self, cfg: DiTConfig):
         super().__init__()
@@ -95,6 +118,7 @@ class TinyDiT(nn.Module):
         self.word_pos = nn.Parameter(torch.randn(1, cfg.max_words, D) * 0.02)
         self.time = nn.Sequential(nn.Linear(D, D), nn.SiLU(), nn.Linear(D, D))
         self.text_pool = nn.Sequential(nn.Linear(D, D), nn.SiLU(), nn.Linear(D, D)) if cfg.text_ada else None
+        self.text_blocks = nn.ModuleList(TextBlock(D, cfg.heads, cfg.mlp_ratio) for _ in range(cfg.text_layers))
         self.blocks = nn.ModuleList(Block(D, cfg.heads, cfg.mlp_ratio) for _ in range(cfg.depth))
         self.norm_out = nn.LayerNorm(D, elementwise_affine=False, eps=1e-6)
         self.ada_out = nn.Linear(D, 2 * D)
@@ -113,11 +137,13 @@ class TinyDiT(nn.Module):
         patches = patches.permute(0, 2, 3, 1, 4, 5).reshape(B, -1, C * p * p)
         img = self.patch_in(patches) + self.pos                            # [B, N, D]
         txt = self.words(ids) + self.word_pos[:, : ids.shape[1]]           # [B, W, D]
+        for block in self.text_blocks:
+            txt = block(txt, mask)
         h = torch.cat([txt, img], dim=1)
         key_mask = torch.cat([mask, torch.ones(B, img.shape[1], dtype=torch.bool, device=x.device)], dim=1)
         c = self.time(sigma_embedding(sigma, self.cfg.dim))                # [B, D]
         if self.text_pool is not None:                                     # + mean word embedding (0 if none)
-            words = self.words(ids) * mask[..., None]
+            words = (txt if self.cfg.text_layers else self.words(ids)) * mask[..., None]
             c = c + self.text_pool(words.sum(1) / mask.sum(1, keepdim=True).clamp(min=1))
         for block in self.blocks:
             h = block(h, c, key_mask)
