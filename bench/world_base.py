@@ -10,7 +10,11 @@ scored with the strict `shapes` reward, by form, plus the colour-following rate:
 objects, the share for which a detection of the asked colour exists, split by noisy (orange, purple)
 and clean colours; and, for relations, where their reward goes: the share of samples with both asked
 objects drawn (colour and kind), and of those, the share whose two objects stand in the asked relation
-(about 0.5 when the model knows the axis but not the order). Writes bench/results/world_base.json (or --out).
+(about 0.5 when the model knows the axis but not the order); and whether the picture depends on word
+order at all: `order_sensitivity`, the mean pixel difference between the samples of "A left of B" and
+"B left of A" (same noises) over that between two noises of the same prompt (0: the model reads the
+prompt as a bag of words; about 1: order matters as much as the noise). Writes
+bench/results/world_base.json (or --out).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from treegrpo_cli.models.registry import TINY_SHAPES, load_policy
 from treegrpo_cli.rewards.shapes import relation_holds, score_detections
 from treegrpo_cli.world.detect import detect
 from treegrpo_cli.world.pretrain import own_distribution_prompts
-from treegrpo_cli.world.shapes import NOISY_COLOURS, is_noisy, load_split, parse_prompt
+from treegrpo_cli.world.shapes import NOISY_COLOURS, Prompt, is_noisy, load_split, parse_prompt
 
 
 def sample(policy, prompts: list[str], samples: int, seed: int) -> tuple[list[str], torch.Tensor]:
@@ -64,6 +68,22 @@ def measure(texts: list[str], images: torch.Tensor) -> dict:
     return out
 
 
+def swap_objects(text: str) -> str:
+    """'A REL B' -> 'B REL A': the same words, the objects in the other order."""
+    p = parse_prompt(text)
+    a, b = p.groups
+    return Prompt("relation", (b, a), p.relation).text()
+
+
+def order_sensitivity(policy, prompts: list[str], samples: int, seed: int) -> float:
+    """mean |x(A REL B) - x(B REL A)| over mean |x(A REL B; seed) - x(A REL B; seed + 1)|, same noises."""
+    rel = [t for t in prompts if parse_prompt(t).form == "relation"]
+    x = sample(policy, rel, samples, seed)[1]
+    swapped = sample(policy, [swap_objects(t) for t in rel], samples, seed)[1]
+    other = sample(policy, rel, samples, seed + 1)[1]
+    return float((x - swapped).abs().mean() / (x - other).abs().mean())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--weights", type=Path, default=TINY_SHAPES)
@@ -78,6 +98,8 @@ def main() -> None:
     for name, prompts in sets.items():
         result[name] = measure(*sample(policy, prompts, args.samples, args.seed))
         print(name, json.dumps(result[name]), flush=True)
+    result["order_sensitivity"] = order_sensitivity(policy, sets["clean"], args.samples, args.seed)
+    print("order_sensitivity", round(result["order_sensitivity"], 4), flush=True)
     result["seconds"] = time.perf_counter() - t0
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")

@@ -77,3 +77,27 @@ def test_world_base_splits_relation_reward_into_drawing_and_placing():
     # a picture of the first object only: not both drawn, and no placement to judge
     lone = mod.measure(asked[:1], render_prompts(["a red circle"], 3))["relation_parts"]
     assert lone == {"both_drawn": 0.0, "placed_given_both": None}
+
+
+def test_world_base_order_sensitivity_tells_a_bag_of_words_from_an_ordered_reader():
+    import torch
+
+    mod = _bench("world_base")
+    assert mod.swap_objects("a red circle left of a blue square") == "a blue square left of a red circle"
+
+    class Words:              # a stand-in policy: draws from the noise plus a picture of the prompt's words
+        def __init__(self, ordered):
+            self.ordered = ordered
+
+        def __call__(self, prompts, samples, seed):
+            g = torch.Generator().manual_seed(seed)
+            noise = torch.rand(len(prompts) * samples, 3, 4, 4, generator=g)
+            words = [p.split() if self.ordered else sorted(p.split()) for p in prompts for _ in range(samples)]
+            code = torch.tensor([[len(w) * 0.1 + (w[0] == "r") for w in ws[:3]] for ws in words])
+            return [p for p in prompts for _ in range(samples)], noise + code[:, :, None, None]
+
+    prompts = ["a red circle left of a blue square", "a green triangle above a yellow circle", "a red circle"]
+    for ordered, expect in ((False, 0.0), (True, None)):
+        mod.sample = lambda policy, p, s, seed, f=Words(ordered): f(p, s, seed)
+        ratio = mod.order_sensitivity(None, prompts, 4, 0)
+        assert (ratio == 0.0) if expect == 0.0 else ratio > 0.1
