@@ -1,6 +1,5 @@
 """The latent shapes model (autoencoder + DiT): weights files, loading through the Policy protocol, pretraining."""
 
-from dataclasses import asdict
 
 import pytest
 import torch
@@ -63,6 +62,17 @@ def test_pretraining_lowers_the_loss_and_writes_weights(tmp_path):
     net, ae, meta = load_weights(tmp_path / "w.safetensors")
     assert meta["log"]["step"] == 12 and net.cfg.dim == 32 and ae.cfg.width == 8
     assert not torch.equal(ae.scale, torch.ones(4))      # the latent normaliser was fitted
+
+
+def test_pretraining_config_shapes_the_dit(tmp_path):
+    from treegrpo_cli.world.pretrain import PretrainConfig, pretrain
+
+    cfg = PretrainConfig(steps=1, batch=2, warmup=1, eval_every=1, eval_steps=1, ae_steps=2, ae_batch=2,
+                         word_std=0.02, text_layers=1)
+    pretrain(cfg, tmp_path / "w.safetensors", ae_cfg=AEConfig(width=8))
+    net, _, meta = load_weights(tmp_path / "w.safetensors")
+    assert (net.cfg.word_std, net.cfg.text_layers, meta["pretrain"]["word_std"]) == (0.02, 1, 0.02)
+    assert float(net.words.weight[2:].std()) < 0.05                  # one step from its 0.02 start, not torch's 1
 
 
 def test_pretraining_resumes_exactly_where_it_stopped(tmp_path):
@@ -157,7 +167,7 @@ def test_shipped_weights_load_and_draw_the_world():
     from treegrpo_cli.engine.sde import FlowSDE, SamplerConfig
     from treegrpo_cli.rewards.shapes import shapes_scores
     from treegrpo_cli.world.detect import detect
-    from treegrpo_cli.world.pretrain import PretrainConfig, own_distribution_prompts
+    from treegrpo_cli.world.pretrain import PretrainConfig, own_distribution_prompts, recorded_config
     from treegrpo_cli.world.shapes import NOISY_COLOURS, load_split, parse_prompt, render_prompts
 
     policy = load_policy("tiny-shapes")
@@ -165,7 +175,7 @@ def test_shipped_weights_load_and_draw_the_world():
     assert TINY_SHAPES.stat().st_size < 20 * 2**20
     net, ae, meta = load_weights(TINY_SHAPES)
     assert net.cfg == latent_dit_config(AEConfig()) and ae.cfg == AEConfig()   # the script's architecture
-    assert meta["pretrain"] == asdict(PretrainConfig())    # the script's defaults rebuild these weights
+    assert recorded_config(meta["pretrain"]) == PretrainConfig()    # the script's defaults rebuild these weights
     assert meta["log"]["step"] == meta["pretrain"]["steps"]
     prompts = load_split("pretrain")[::37]
     images = render_prompts(prompts, 5)

@@ -36,6 +36,7 @@ class DiTConfig:
     max_words: int = 12
     text_ada: bool = False      # also condition adaLN on the prompt's mean word embedding
     text_layers: int = 0        # transformer layers over the words alone before the joint blocks (a text encoder)
+    word_std: float = 1.0       # init std of the word embeddings (1: torch's default; word positions start at 0.02)
     pos: str = "sincos"         # image-token positions: fixed 2D sin-cos ("sincos") or "learned"
     refine: int = 32            # channels of the convolutional refiner at full resolution (0 = none)
     refine_feats: int = 8       # extra feature channels per pixel the patch decoder hands the refiner
@@ -115,6 +116,10 @@ class TinyDiT(nn.Module):
         else:
             self.pos = nn.Parameter(torch.randn(1, n, D) * 0.02)
         self.words = nn.Embedding(len(cfg.vocab), D, padding_idx=0)
+        if cfg.word_std != 1.0:                     # words on the positions' scale, so that word order can count
+            with torch.no_grad():
+                self.words.weight.normal_(0.0, cfg.word_std)
+                self.words.weight[0].zero_()
         self.word_pos = nn.Parameter(torch.randn(1, cfg.max_words, D) * 0.02)
         self.time = nn.Sequential(nn.Linear(D, D), nn.SiLU(), nn.Linear(D, D))
         self.text_pool = nn.Sequential(nn.Linear(D, D), nn.SiLU(), nn.Linear(D, D)) if cfg.text_ada else None

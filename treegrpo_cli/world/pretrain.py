@@ -20,7 +20,7 @@ import io
 import json
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -57,6 +57,8 @@ class PretrainConfig:
     ae_steps: int = 1500        # autoencoder stage (0: keep the autoencoder of --init)
     ae_batch: int = 64
     ae_lr: float = 2e-3
+    word_std: float = 1.0       # init std of the DiT's word embeddings (models/dit.py DiTConfig.word_std)
+    text_layers: int = 0        # the DiT's text layers (DiTConfig.text_layers)
     seed: int = 0
 
 
@@ -187,11 +189,15 @@ def _save_state(path: Path, net: TinyDiT, ae: ShapesAE, opt: torch.optim.Optimiz
     atomic_write(Path(path), buf.getvalue())
 
 
+def recorded_config(fields: dict[str, Any]) -> PretrainConfig:
+    """The config a weights or state file records; a field it predates had its default then."""
+    return PretrainConfig(**fields)
+
+
 def _load_state(path: Path, cfg: PretrainConfig) -> dict[str, Any]:
     try:
         state = torch.load(path, weights_only=True)
-        same = {k: v for k, v in state["pretrain"].items() if k != "minutes"} == \
-            {k: v for k, v in asdict(cfg).items() if k != "minutes"}
+        same = replace(recorded_config(state["pretrain"]), minutes=0.0) == replace(cfg, minutes=0.0)
     except Exception as e:                                  # a torn or foreign file: say which
         raise TreegrpoError(f"{path}: not a pretraining state file ({str(e).splitlines()[0][:120]}); "
                             "delete it to start over") from None
@@ -227,7 +233,8 @@ def _models(cfg: PretrainConfig, init: Path | None, dit: DiTConfig | None, ae_cf
         net.load_state_dict(resumed["dit"])
         ae.load_state_dict(resumed["ae"])
         return net, ae.requires_grad_(False).eval()
-    net, ae = load_weights(init)[:2] if init else (TinyDiT(dit or latent_dit_config(ae_cfg)), None)
+    shape = {"word_std": cfg.word_std, "text_layers": cfg.text_layers}
+    net, ae = load_weights(init)[:2] if init else (TinyDiT(dit or latent_dit_config(ae_cfg, **shape)), None)
     if ae is None or cfg.ae_steps:
         ae = train_autoencoder(cfg, prompts, g, log, ae_cfg)
     return net, ae
