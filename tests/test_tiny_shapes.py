@@ -75,6 +75,19 @@ def test_pretraining_config_shapes_the_dit(tmp_path):
     assert float(net.words.weight[2:].detach().std()) < 0.05                  # one step from its 0.02 start, not torch's 1
 
 
+def test_a_config_recorded_before_a_field_existed_reads_as_it_ran():
+    """Weights and states written before word_std and text_layers existed ran with torch's word init and no
+    text layers, whatever today's defaults are."""
+    from dataclasses import asdict
+
+    from treegrpo_cli.world.pretrain import PretrainConfig, recorded_config
+
+    old = {k: v for k, v in asdict(PretrainConfig(steps=7)).items() if k not in ("word_std", "text_layers")}
+    assert recorded_config(old) == PretrainConfig(steps=7, word_std=1.0, text_layers=0)
+    now = asdict(PretrainConfig(word_std=0.5, text_layers=2))
+    assert recorded_config(now) == PretrainConfig(word_std=0.5, text_layers=2)
+
+
 def test_pretraining_resumes_exactly_where_it_stopped(tmp_path):
     from dataclasses import replace
 

@@ -189,9 +189,13 @@ def _save_state(path: Path, net: TinyDiT, ae: ShapesAE, opt: torch.optim.Optimiz
     atomic_write(Path(path), buf.getvalue())
 
 
+# Fields added to PretrainConfig after weights had been recorded, with what every older run did.
+PREDATED = {"word_std": 1.0, "text_layers": 0}
+
+
 def recorded_config(fields: dict[str, Any]) -> PretrainConfig:
-    """The config a weights or state file records; a field it predates had its default then."""
-    return PretrainConfig(**fields)
+    """The config a weights or state file records; a field it predates gets what runs did before it existed."""
+    return PretrainConfig(**{**PREDATED, **fields})
 
 
 def _load_state(path: Path, cfg: PretrainConfig) -> dict[str, Any]:
