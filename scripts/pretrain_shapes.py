@@ -1,6 +1,6 @@
 """Pretrain the embedded tiny-shapes model (autoencoder, then a latent DiT by rectified flow) on a CPU.
 
-    python scripts/pretrain_shapes.py --threads 1          # the shipped weights: seed 0, full schedule
+    python scripts/pretrain_shapes.py --threads 2 --state runs/ship/state.pt   # the shipped weights: seed 0, the defaults (75 min)
     python scripts/pretrain_shapes.py --steps 300 --ae-steps 200 --out /tmp/w.safetensors   # a quick look
     python scripts/pretrain_shapes.py --threads 1 --steps 20000 --out runs/p20k/w.safetensors \
         --log runs/p20k/log.jsonl --state runs/p20k/state.pt     # a long one: rerun it to go on after a stop

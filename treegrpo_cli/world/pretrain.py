@@ -41,7 +41,7 @@ from .shapes import CAPTION_NOISE, load_split, render_pretrain_batch, sample_pre
 
 @dataclass(frozen=True)
 class PretrainConfig:
-    steps: int = 5000           # DiT optimizer steps (the schedule's length)
+    steps: int = 20000          # DiT optimizer steps (the schedule's length)
     minutes: float = 0.0        # stop the DiT stage early after this many minutes (0 = run all steps)
     batch: int = 128
     lr: float = 1e-3            # peak AdamW learning rate of the DiT
@@ -57,7 +57,7 @@ class PretrainConfig:
     ae_steps: int = 1500        # autoencoder stage (0: keep the autoencoder of --init)
     ae_batch: int = 64
     ae_lr: float = 2e-3
-    word_std: float = 1.0       # init std of the DiT's word embeddings (models/dit.py DiTConfig.word_std)
+    word_std: float = 0.02      # init std of the DiT's word embeddings: the word positions' scale (DiTConfig.word_std)
     text_layers: int = 0        # the DiT's text layers (DiTConfig.text_layers)
     seed: int = 0
 
