@@ -93,7 +93,8 @@ def main() -> None:
 
     result = {"timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"), "torch": torch.__version__,
               "cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
-              "preset": args.preset, "sets": args.set, "run_dir": str(run), "rl_command": run_info.get("command"),
+              "preset": None if args.rl_run else args.preset, "sets": args.set, "run_dir": str(run),
+              "rl_command": run_info.get("command"),
               "rl_config": run_info.get("config"), "samples_per_prompt": args.samples, "sampler_steps": steps,
               "base": base, "rl": rl, "rl_minutes": minutes, "rl_gain": rl["mean"] - base["mean"],
               "control": control, "control_minutes": ctl_minutes, "control_lr": args.control_lr,
