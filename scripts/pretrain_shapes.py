@@ -2,8 +2,8 @@
 
     python scripts/pretrain_shapes.py --threads 2 --state runs/ship/state.pt   # the shipped weights: seed 0, the defaults (75 min)
     python scripts/pretrain_shapes.py --steps 300 --ae-steps 200 --out /tmp/w.safetensors   # a quick look
-    python scripts/pretrain_shapes.py --threads 1 --steps 20000 --out runs/p20k/w.safetensors \
-        --log runs/p20k/log.jsonl --state runs/p20k/state.pt     # a long one: rerun it to go on after a stop
+    python scripts/pretrain_shapes.py --threads 2 --out runs/rerun/w.safetensors \
+        --log runs/rerun/log.jsonl --state runs/rerun/state.pt   # a rerun beside the shipped file: rerun it to go on after a stop
     python scripts/pretrain_shapes.py --init treegrpo_cli/data/tiny-shapes.safetensors --ae-steps 0 \
         --lr 1e-4 --warmup 1 --decay-from 1 --minutes 15 --out /tmp/more.safetensors  # the equal-compute control
 
