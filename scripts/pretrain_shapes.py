@@ -6,6 +6,8 @@
         --log runs/rerun/log.jsonl --state runs/rerun/state.pt   # a rerun beside the shipped file: rerun it to go on after a stop
     python scripts/pretrain_shapes.py --init treegrpo_cli/data/tiny-shapes.safetensors --ae-steps 0 \
         --lr 1e-4 --warmup 1 --decay-from 1 --minutes 15 --out /tmp/more.safetensors  # the equal-compute control
+    python scripts/pretrain_shapes.py --depth 6 --steps 5000 --ae-from treegrpo_cli/data/tiny-shapes.safetensors \
+        --out runs/trial/w.safetensors --log runs/trial/log.jsonl   # a trial of another DiT on the shipped autoencoder
 
 Writes the weights (safetensors, config in the metadata), and next to --log a JSONL log, the loss and
 held-out reward curve (PNG) and a captioned sample grid of the test prompts.
@@ -37,6 +39,8 @@ def main() -> None:
         ap.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default)
     ap.add_argument("--out", type=Path, default=Path("treegrpo_cli/data/tiny-shapes.safetensors"))
     ap.add_argument("--init", type=Path, default=None, help="continue from these weights")
+    ap.add_argument("--ae-from", type=Path, default=None,
+                    help="a new DiT on this weights file's autoencoder: skips the autoencoder stage (and its random draws)")
     ap.add_argument("--log", type=Path, default=Path("docs/pretrain/log.jsonl"))
     ap.add_argument("--state", type=Path, default=None,
                     help="keep the whole training state here at every evaluation; rerun the same command to resume")
@@ -62,7 +66,7 @@ def main() -> None:
             if args.log.exists() else []
         rows = [r for r in rows if r.get("stage") != "dit" or r["step"] <= start]
         args.log.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    final = pretrain(cfg, args.out, args.init, log=log, state=args.state)
+    final = pretrain(cfg, args.out, args.init, log=log, state=args.state, ae_from=args.ae_from)
     figures(rows, args.out, args.log.parent)
     print(json.dumps(final))
 

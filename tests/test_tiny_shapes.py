@@ -65,27 +65,37 @@ def test_pretraining_lowers_the_loss_and_writes_weights(tmp_path):
 
 
 def test_pretraining_config_shapes_the_dit(tmp_path):
+    from dataclasses import replace
+
     from treegrpo_cli.world.pretrain import PretrainConfig, pretrain
 
     cfg = PretrainConfig(steps=1, batch=2, warmup=1, eval_every=1, eval_steps=1, ae_steps=2, ae_batch=2,
-                         word_std=0.02, text_layers=1)
+                         word_std=0.02, text_layers=1, depth=2, dim=32)
     pretrain(cfg, tmp_path / "w.safetensors", ae_cfg=AEConfig(width=8))
-    net, _, meta = load_weights(tmp_path / "w.safetensors")
+    net, ae, meta = load_weights(tmp_path / "w.safetensors")
     assert (net.cfg.word_std, net.cfg.text_layers, meta["pretrain"]["word_std"]) == (0.02, 1, 0.02)
+    assert (net.cfg.depth, net.cfg.dim, len(net.blocks)) == (2, 32, 2)
     assert float(net.words.weight[2:].detach().std()) < 0.05                  # one step from its 0.02 start, not torch's 1
+
+    rows = []                                   # a trial on that autoencoder: no autoencoder stage, its weights kept
+    pretrain(replace(cfg, depth=3), tmp_path / "t.safetensors", log=rows.append, ae_from=tmp_path / "w.safetensors")
+    net3, ae3, _ = load_weights(tmp_path / "t.safetensors")
+    assert [r["stage"] for r in rows] == ["dit"] and (net3.cfg.depth, ae3.cfg.width) == (3, 8)
+    assert all(torch.equal(a, b) for a, b in zip(ae.state_dict().values(), ae3.state_dict().values()))
 
 
 def test_a_config_recorded_before_a_field_existed_reads_as_it_ran():
-    """Weights and states written before word_std and text_layers existed ran with torch's word init and no
-    text layers, whatever today's defaults are."""
+    """Weights and states written before word_std, text_layers, depth and dim existed ran with torch's word
+    init, no text layers and the 4 x 128 DiT, whatever today's defaults are."""
     from dataclasses import asdict
 
     from treegrpo_cli.world.pretrain import PretrainConfig, recorded_config
 
-    old = {k: v for k, v in asdict(PretrainConfig(steps=7)).items() if k not in ("word_std", "text_layers")}
-    assert recorded_config(old) == PretrainConfig(steps=7, word_std=1.0, text_layers=0)
-    now = asdict(PretrainConfig(word_std=0.5, text_layers=2))
-    assert recorded_config(now) == PretrainConfig(word_std=0.5, text_layers=2)
+    later = ("word_std", "text_layers", "depth", "dim")
+    old = {k: v for k, v in asdict(PretrainConfig(steps=7)).items() if k not in later}
+    assert recorded_config(old) == PretrainConfig(steps=7, word_std=1.0, text_layers=0, depth=4, dim=128)
+    now = asdict(PretrainConfig(word_std=0.5, text_layers=2, depth=6, dim=96))
+    assert recorded_config(now) == PretrainConfig(word_std=0.5, text_layers=2, depth=6, dim=96)
 
 
 def test_pretraining_resumes_exactly_where_it_stopped(tmp_path):

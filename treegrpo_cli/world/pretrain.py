@@ -59,6 +59,8 @@ class PretrainConfig:
     ae_lr: float = 2e-3
     word_std: float = 0.02      # init std of the DiT's word embeddings: the word positions' scale (DiTConfig.word_std)
     text_layers: int = 0        # the DiT's text layers (DiTConfig.text_layers)
+    depth: int = 4              # the DiT's transformer blocks (DiTConfig.depth)
+    dim: int = 128              # the DiT's width (DiTConfig.dim)
     seed: int = 0
 
 
@@ -190,7 +192,7 @@ def _save_state(path: Path, net: TinyDiT, ae: ShapesAE, opt: torch.optim.Optimiz
 
 
 # Fields added to PretrainConfig after weights had been recorded, with what every older run did.
-PREDATED = {"word_std": 1.0, "text_layers": 0}
+PREDATED = {"word_std": 1.0, "text_layers": 0, "depth": 4, "dim": 128}
 
 
 def recorded_config(fields: dict[str, Any]) -> PretrainConfig:
@@ -229,25 +231,29 @@ def _restore(resumed: dict[str, Any], opt: torch.optim.Optimizer, ema: Any,
 
 
 def _models(cfg: PretrainConfig, init: Path | None, dit: DiTConfig | None, ae_cfg: AEConfig, prompts: list[str],
-            g: torch.Generator, log: Callable[[dict[str, Any]], None],
-            resumed: dict[str, Any] | None) -> tuple[TinyDiT, ShapesAE]:
-    """The DiT and the (trained, frozen) autoencoder: from a resumed state, from `init`, or new."""
+            g: torch.Generator, log: Callable[[dict[str, Any]], None], resumed: dict[str, Any] | None,
+            ae_from: Path | None = None) -> tuple[TinyDiT, ShapesAE]:
+    """The DiT and the (trained, frozen) autoencoder: from a resumed state, from `init`, or new (its
+    autoencoder trained here, or taken from the weights file `ae_from`)."""
     if resumed:
         net, ae = TinyDiT(_dit_config(resumed["dit_config"])), ShapesAE(AEConfig(**resumed["ae_config"]))
         net.load_state_dict(resumed["dit"])
         ae.load_state_dict(resumed["ae"])
         return net, ae.requires_grad_(False).eval()
-    shape = {"word_std": cfg.word_std, "text_layers": cfg.text_layers}
-    net, ae = load_weights(init)[:2] if init else (TinyDiT(dit or latent_dit_config(ae_cfg, **shape)), None)
-    if ae is None or cfg.ae_steps:
-        ae = train_autoencoder(cfg, prompts, g, log, ae_cfg)
-    return net, ae
+    if init:
+        net, ae = load_weights(init)[:2]
+        return net, (train_autoencoder(cfg, prompts, g, log, ae_cfg) if cfg.ae_steps else ae)
+    ae = load_weights(ae_from)[1].requires_grad_(False).eval() if ae_from else None
+    shape = {"word_std": cfg.word_std, "text_layers": cfg.text_layers, "depth": cfg.depth, "dim": cfg.dim}
+    net = TinyDiT(dit or latent_dit_config(ae.cfg if ae else ae_cfg, **shape))    # before the autoencoder's init:
+    return net, ae or train_autoencoder(cfg, prompts, g, log, ae_cfg)            # the global RNG's order
 
 
 def pretrain(cfg: PretrainConfig, out: Path, init: Path | None = None, dit: DiTConfig | None = None,
              log: Callable[[dict[str, Any]], None] = lambda row: None, ae_cfg: AEConfig = AEConfig(),
-             state: Path | None = None) -> dict[str, Any]:
-    """Both stages from scratch (or the DiT stage from `init`, reusing its autoencoder when ae_steps is 0);
+             state: Path | None = None, ae_from: Path | None = None) -> dict[str, Any]:
+    """Both stages from scratch (or the DiT stage from `init`, reusing its autoencoder when ae_steps is 0,
+    or a new DiT on the autoencoder of the weights file `ae_from`, which skips the autoencoder stage);
     writes the weights to `out` at every evaluation; returns the last evaluation row. With `state`, the whole
     training state is written there at every evaluation too, and a call whose `state` file exists goes on
     from it: the same weights and log rows as a run that was never stopped."""
@@ -255,7 +261,7 @@ def pretrain(cfg: PretrainConfig, out: Path, init: Path | None = None, dit: DiTC
     g = torch.Generator().manual_seed(cfg.seed)
     train_prompts, test_prompts, own = load_split("pretrain"), load_split("test"), own_distribution_prompts()
     resumed = _load_state(Path(state), cfg) if state is not None and Path(state).exists() else None
-    net, ae = _models(cfg, init, dit, ae_cfg, train_prompts, g, log, resumed)
+    net, ae = _models(cfg, init, dit, ae_cfg, train_prompts, g, log, resumed, ae_from)
     policy = LatentDiTPolicy(net.cfg, net, ae)
     opt = torch.optim.AdamW(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     ema = torch.optim.swa_utils.AveragedModel(net, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(cfg.ema)) \
