@@ -79,8 +79,9 @@ def test_pretraining_config_shapes_the_dit(tmp_path):
 
     rows = []                                   # a trial on that autoencoder: no autoencoder stage, its weights kept
     pretrain(replace(cfg, depth=3), tmp_path / "t.safetensors", log=rows.append, ae_from=tmp_path / "w.safetensors")
-    net3, ae3, _ = load_weights(tmp_path / "t.safetensors")
+    net3, ae3, meta3 = load_weights(tmp_path / "t.safetensors")
     assert [r["stage"] for r in rows] == ["dit"] and (net3.cfg.depth, ae3.cfg.width) == (3, 8)
+    assert meta3["ae_from"] == str(tmp_path / "w.safetensors") and "ae_from" not in meta
     assert all(torch.equal(a, b) for a, b in zip(ae.state_dict().values(), ae3.state_dict().values()))
 
 

@@ -287,7 +287,8 @@ def pretrain(cfg: PretrainConfig, out: Path, init: Path | None = None, dit: DiTC
             row = {"stage": "dit", "step": step + 1, "loss": ema_loss, "lr": lr_at(cfg, step), "minutes": minutes,
                    "images": (step + 1) * cfg.batch, "test_reward": evaluate(shown, test_prompts, cfg.eval_steps),
                    "pretrain_reward": evaluate(shown, own, cfg.eval_steps)}
-            save_weights(out, shown.net, ae, {"pretrain": asdict(cfg), "log": row, "guidance": 1.0})
+            save_weights(out, shown.net, ae, {"pretrain": asdict(cfg), "log": row, "guidance": 1.0,
+                                              **({"ae_from": str(ae_from)} if ae_from else {})})
             if state is not None:
                 _save_state(Path(state), net, ae, opt, ema, g, cfg, row)
             log(row)
