@@ -198,8 +198,10 @@ def test_shipped_weights_load_and_draw_the_world():
     assert policy.name == "tiny-shapes" and policy.latent_shape == (4, 8, 8) and policy.evals_per_row == 1
     assert TINY_SHAPES.stat().st_size < 20 * 2**20
     net, ae, meta = load_weights(TINY_SHAPES)
-    assert net.cfg == latent_dit_config(AEConfig(), word_std=PretrainConfig().word_std) and ae.cfg == AEConfig()   # the script's architecture
-    assert recorded_config(meta["pretrain"]) == PretrainConfig()    # the script's defaults rebuild these weights
+    defaults = PretrainConfig()
+    shape = dict(word_std=defaults.word_std, depth=defaults.depth, dim=defaults.dim)
+    assert net.cfg == latent_dit_config(AEConfig(), **shape) and ae.cfg == AEConfig()   # the script's architecture
+    assert recorded_config(meta["pretrain"]) == defaults    # the script's defaults rebuild these weights
     assert meta["log"]["step"] == meta["pretrain"]["steps"]
     prompts = load_split("pretrain")[::37]
     images = render_prompts(prompts, 5)

@@ -59,7 +59,7 @@ class PretrainConfig:
     ae_lr: float = 2e-3
     word_std: float = 0.02      # init std of the DiT's word embeddings: the word positions' scale (DiTConfig.word_std)
     text_layers: int = 0        # the DiT's text layers (DiTConfig.text_layers)
-    depth: int = 4              # the DiT's transformer blocks (DiTConfig.depth)
+    depth: int = 6              # the DiT's transformer blocks (DiTConfig.depth)
     dim: int = 128              # the DiT's width (DiTConfig.dim)
     seed: int = 0
 
