@@ -184,9 +184,9 @@ def test_missing_weights_is_one_line(tmp_path):
 
 def test_shipped_weights_load_and_draw_the_world():
     """The packaged weights load through the Policy protocol and were built by the script's defaults; the
-    autoencoder redraws the world's renders exactly; the DiT draws its own captions clearly better than
-    chance, and follows the noisy colour words (orange, purple) far less often than the clean ones: the
-    headroom the caption noise builds in (docs/world.md)."""
+    autoencoder redraws the world's renders exactly; the DiT draws its own captions well (the world issue's
+    bar is 0.7 over 4 samples each), and follows the noisy colour words (orange, purple) far less often than
+    the clean ones: the headroom the caption noise builds in (docs/world.md)."""
     from treegrpo_cli.engine.rollout import TreeConfig, rollout
     from treegrpo_cli.engine.sde import FlowSDE, SamplerConfig
     from treegrpo_cli.rewards.shapes import shapes_scores
@@ -211,7 +211,7 @@ def test_shipped_weights_load_and_draw_the_world():
     tree, _ = rollout(policy, own, list(range(len(own))), FlowSDE(SamplerConfig(steps=10)), TreeConfig(sde_steps=()), 3)
     with torch.no_grad():
         images = policy.decode(tree.image_latent)
-    assert float(shapes_scores(images, own).mean()) >= 0.35
+    assert float(shapes_scores(images, own).mean()) >= 0.65      # 0.79 here; 0.75 over 4 samples (bench/world_base.py)
     follow = {True: [], False: []}                       # noisy colour? -> asked objects found in that colour
     for text, dets in zip(own, detect(images)):
         for g in parse_prompt(text).groups:
