@@ -199,8 +199,7 @@ def test_shipped_weights_load_and_draw_the_world():
     assert TINY_SHAPES.stat().st_size < 20 * 2**20
     net, ae, meta = load_weights(TINY_SHAPES)
     defaults = PretrainConfig()
-    shape = dict(word_std=defaults.word_std, depth=defaults.depth, dim=defaults.dim)
-    assert net.cfg == latent_dit_config(AEConfig(), **shape) and ae.cfg == AEConfig()   # the script's architecture
+    assert net.cfg == latent_dit_config(AEConfig(), **defaults.dit_shape) and ae.cfg == AEConfig()   # the script's architecture
     assert recorded_config(meta["pretrain"]) == defaults    # the script's defaults rebuild these weights
     assert meta["log"]["step"] == meta["pretrain"]["steps"]
     prompts = load_split("pretrain")[::37]

@@ -19,7 +19,7 @@ TINY_SHAPES = Path(__file__).resolve().parents[1] / "data" / "tiny-shapes.safete
 TINY_SHAPES_SHA256 = "78fd3c79300d4463254af762d29a62717fad97c63b70c2016d2217f502972b90"   # verified at every load
 
 MODELS = {
-    "tiny-shapes": "the embedded shapes world's model: a 1.2M-parameter DiT on the 8x8x4 latents of a small "
+    "tiny-shapes": "the embedded shapes world's model: a 1.7M-parameter DiT on the 8x8x4 latents of a small "
                    "autoencoder (weights built by scripts/pretrain_shapes.py); the default",
     "pixel": "a small pixel-space flow network with seeded random weights (engine tests and benchmarks)",
     "pixel-tiny": "the same network at 8x8 pixels and 8 channels (smoke tests)",
@@ -35,7 +35,7 @@ MODEL_DEFAULTS: dict[str, dict[str, object]] = {
     "pixel": {"train.lr": 1e-3, "train.clip_range": 1e-2, "rollout.num_prompts": 2, "train.iterations": 300},
     "pixel-tiny": {"train.lr": 3e-4, "train.clip_range": 1e-2, "rollout.num_prompts": 2, "train.iterations": 2},
     # the embedded world: its own prompts, verifiable reward and test list, and a step size and budget for
-    # a 1.2M-parameter latent DiT that keep `treegrpo train` (tree-grpo preset) within 15 minutes on 2 CPU cores
+    # a 1.7M-parameter latent DiT that keep `treegrpo train` (tree-grpo preset) within 15 minutes on 2 CPU cores
     "tiny-shapes": {"reward.names": ["shapes"], "rollout.prompts": "shapes-train", "rollout.eval_prompts": "shapes-test",
                     "train.lr": 1e-4, "train.clip_range": 1e-2, "rollout.num_prompts": 16, "train.iterations": 200,
                     "train.eval_samples": 4},

@@ -63,6 +63,11 @@ class PretrainConfig:
     dim: int = 128              # the DiT's width (DiTConfig.dim)
     seed: int = 0
 
+    @property
+    def dit_shape(self) -> dict[str, Any]:
+        """The DiTConfig fields this config sets (latent_dit_config's keywords)."""
+        return {"word_std": self.word_std, "text_layers": self.text_layers, "depth": self.depth, "dim": self.dim}
+
 
 def lr_at(cfg: PretrainConfig, step: int, steps: int | None = None, peak: float | None = None) -> float:
     steps, peak = steps or cfg.steps, peak or cfg.lr
@@ -244,8 +249,7 @@ def _models(cfg: PretrainConfig, init: Path | None, dit: DiTConfig | None, ae_cf
         net, ae = load_weights(init)[:2]
         return net, (train_autoencoder(cfg, prompts, g, log, ae_cfg) if cfg.ae_steps else ae)
     ae = load_weights(ae_from)[1].requires_grad_(False).eval() if ae_from else None
-    shape = {"word_std": cfg.word_std, "text_layers": cfg.text_layers, "depth": cfg.depth, "dim": cfg.dim}
-    net = TinyDiT(dit or latent_dit_config(ae.cfg if ae else ae_cfg, **shape))    # before the autoencoder's init:
+    net = TinyDiT(dit or latent_dit_config(ae.cfg if ae else ae_cfg, **cfg.dit_shape))    # before the autoencoder's init:
     return net, ae or train_autoencoder(cfg, prompts, g, log, ae_cfg)            # the global RNG's order
 
 
