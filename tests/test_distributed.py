@@ -123,6 +123,17 @@ def test_a_failure_in_one_process_stops_both_with_one_line(tmp_path):
     assert "Traceback" not in r.stderr
 
 
+def test_the_launcher_reports_a_process_s_own_error_over_the_teardown_noise_after_it():
+    """gloo's threads can abort the process after it said its error (std::terminate on the way out)."""
+    from types import SimpleNamespace
+    from treegrpo_cli.cli.launch import _last_line
+    proc = SimpleNamespace(returncode=-6)
+    said = "iteration 1\nError: RuntimeError: injected failure\nterminate called without an active exception\n"
+    assert _last_line(said, proc) == "RuntimeError: injected failure"
+    assert _last_line("Fatal Python error: Aborted\n", proc) == "Fatal Python error: Aborted"
+    assert _last_line("\n", proc) == "exit code -6"
+
+
 def test_prompts_that_do_not_split_evenly_are_refused_before_anything_is_written(tmp_path):
     r = treegrpo(*SETS, "--set", "rollout.num_prompts=3", "--run-dir", tmp_path / "r", nproc=2, timeout=120)
     assert r.returncode != 0 and "divisible by the 2 processes" in r.stderr, r.stderr

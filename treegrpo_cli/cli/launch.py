@@ -58,8 +58,11 @@ def run(nproc: int, argv: list[str]) -> tuple[int, str | None]:
 
 
 def _last_line(text: str, proc: subprocess.Popen) -> str:
+    """The process's own error line; else its last line (a crash), else its exit code. An `Error:` line
+    can be followed by noise from the teardown (gloo's threads aborting: "terminate called ...")."""
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    return lines[-1].removeprefix("Error: ") if lines else f"exit code {proc.returncode}"
+    said = [ln for ln in lines if ln.startswith("Error: ")]
+    return (said or lines)[-1].removeprefix("Error: ") if lines else f"exit code {proc.returncode}"
 
 
 def _forward(proc: subprocess.Popen, held: list[str]) -> None:

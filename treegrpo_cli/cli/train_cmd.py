@@ -162,12 +162,13 @@ def _online(preset, config, sets, prompts, run_dir, resume, device) -> dict:
             summary = _train_rank(req, train_loop, d, cfg, run)
             dist.barrier(d)                          # every rank done before the group goes away
             return summary
-        except TreegrpoError:
-            raise
+        except TreegrpoError as e:
+            fail(str(e), e.exit_code)                # said before the group goes: tearing gloo down can abort
         except Exception as e:                       # a peer failed (closed connection) or this rank did
             first = (str(e).strip().splitlines() or [""])[0]
-            raise TreegrpoError(f"{type(e).__name__}: {first}") from None
+            fail(f"{type(e).__name__}: {first}")
         finally:
+            sys.stderr.flush()
             dist.shutdown()                          # a live gloo group at interpreter exit aborts the process
     return _train_rank(req, train_loop, d, cfg, run)
 
