@@ -4,7 +4,6 @@ multi-reward combination, clamping and config errors."""
 from __future__ import annotations
 
 import math
-import time
 
 import pytest
 import torch
@@ -232,7 +231,8 @@ def test_flat_global_std_keeps_group_means():
     close(a.leaf[leaves], [(-0.5 / s).item(), (0.5 / s).item(), (-2 / s).item(), (2 / s).item()])
 
 
-def test_every_estimator_is_fast_on_64_dense_trees():
+def test_every_estimator_runs_on_64_dense_trees():
+    """A batch of the size training sees: finite float32 edge advantages (speed: bench/scoring.py)."""
     gen = torch.Generator().manual_seed(3)
     rewards = [torch.rand(16, generator=gen, dtype=torch.float64) for _ in range(64)]
     args = batch([dense_tree()] * 64, [i // 2 for i in range(64)], rewards)
@@ -240,9 +240,7 @@ def test_every_estimator_is_fast_on_64_dense_trees():
             AdvantageConfig("branch", beta=1.0), AdvantageConfig("branch", beta=1.0, weighting="recursive"),
             AdvantageConfig("treegrpo"), AdvantageConfig("treepo", treepo_weight="group_size")]
     for cfg in cfgs:
-        t0 = time.perf_counter()
         a = estimate(cfg, *args)
-        assert time.perf_counter() - t0 < 2.0, cfg   # ~10 ms in practice; loose for loaded machines
         assert a.edge.dtype == torch.float32 and bool(torch.isfinite(a.edge).all())
 
 
