@@ -80,7 +80,7 @@ def main() -> None:
         result[f"{name} advantages, {args.trees} trees of {nodes} nodes"] = \
             median_seconds(lambda: estimate(cfg, *trees), args.repeat)
     for name, s in result.items():
-        print(f"{name:48s} {s * 1000:8.1f} ms")
+        print(f"{name:56s} {s * 1000:8.1f} ms")
     meta = {"machine": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
             "torch": torch.__version__, "loadavg_1m": os.getloadavg()[0], "repeat": args.repeat}
     args.out.parent.mkdir(parents=True, exist_ok=True)
