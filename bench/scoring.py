@@ -42,19 +42,14 @@ def median_seconds(fn, repeat: int) -> float:
 def dense_trees(n_trees: int, branch: int = 2, levels: int = 4, seed: int = 0):
     """n_trees complete `branch`-ary trees of `levels` splits (16 leaves each by default), two per group:
     (parent, depth, tree, group, reward, log_prob), all [N], rewards on the leaves only."""
-    parent, depth, first = [-1], [0], [0]
-    for level in range(1, levels + 1):
-        nodes = []
-        for p in first:
-            for _ in range(branch):
-                nodes.append(len(parent))
-                parent.append(p)
-                depth.append(level)
-        first = nodes
-    p1, d1, size = torch.tensor(parent), torch.tensor(depth), len(parent)
-    offsets = torch.arange(n_trees).repeat_interleave(size) * size
-    par = torch.where(p1.repeat(n_trees) >= 0, p1.repeat(n_trees) + offsets, -1)
+    size = sum(branch ** level for level in range(levels + 1))     # heap order: node i's parent is (i-1)//branch
+    parent, depth = [-1], [0]
+    for i in range(1, size):
+        parent.append((i - 1) // branch)
+        depth.append(depth[parent[i]] + 1)
+    p1, d1 = torch.tensor(parent), torch.tensor(depth)
     tree = torch.arange(n_trees).repeat_interleave(size)
+    par = torch.where(p1.repeat(n_trees) >= 0, p1.repeat(n_trees) + tree * size, -1)
     gen = torch.Generator().manual_seed(seed)
     reward = torch.full((n_trees * size,), float("nan"), dtype=torch.float64)
     leaf = (d1 == levels).repeat(n_trees)
