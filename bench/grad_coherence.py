@@ -28,9 +28,9 @@ import torch
 from treegrpo_cli.config import load_config
 from treegrpo_cli.engine.grpo import Batch, grpo_update
 from treegrpo_cli.engine.rollout import mix_seed, rollout
-from treegrpo_cli.evaluate import heldout_reward
-from treegrpo_cli.loop import Trainer, credit, leaf_images
 from treegrpo_cli.rewards.base import register, score_leaves
+from treegrpo_cli.training.heldout import heldout_reward
+from treegrpo_cli.training.loop import Trainer, credit, leaf_images
 from treegrpo_cli.world.shapes import load_split
 
 
@@ -43,6 +43,7 @@ class Redness:
 
 class Capture:
     """An optimizer stand-in: keeps the flattened gradient of each step instead of stepping."""
+
     param_groups = [{"lr": 0.0}]
 
     def __init__(self, params: list[torch.nn.Parameter]):
@@ -71,15 +72,28 @@ def batch_gradients(tr: Trainer, prompts: list[str], seed: int, buckets: list[tu
         if n == 0:
             out.append(None)
             continue
-        grpo_update(tr.policy, cap, tr.sde, Batch(tree, mask, adv.edge, tr.policy.encode(prompts)), cfg.train,
-                    torch.Generator().manual_seed(seed), cfg.rollout.max_batch)
-        out.append(cap.grad * n)            # undo the mean over the bucket's edges
+        grpo_update(
+            tr.policy,
+            cap,
+            tr.sde,
+            Batch(tree, mask, adv.edge, tr.policy.encode(prompts)),
+            cfg.train,
+            torch.Generator().manual_seed(seed),
+            cfg.rollout.max_batch,
+        )
+        out.append(cap.grad * n)  # undo the mean over the bucket's edges
     return out, float(sum(scores.values()).mean())
 
 
-GROUPS = {"text": ("words", "word_pos", "text_pool"), "time": ("time.",), "attention": (".qkv", ".proj"),
-          "mlp": (".mlp",), "modulation": (".ada", "ada_out"), "patches": ("patch_in", "patch_out", "pos"),
-          "refiner": ("refiner",)}
+GROUPS = {
+    "text": ("words", "word_pos", "text_pool"),
+    "time": ("time.",),
+    "attention": (".qkv", ".proj"),
+    "mlp": (".mlp",),
+    "modulation": (".ada", "ada_out"),
+    "patches": ("patch_in", "patch_out", "pos"),
+    "refiner": ("refiner",),
+}
 
 
 def group_slices(policy) -> dict[str, torch.Tensor]:
@@ -94,21 +108,26 @@ def group_slices(policy) -> dict[str, torch.Tensor]:
 def coherence(gs: list[torch.Tensor]) -> dict[str, float | None]:
     pair = [cosine(a, b) for a, b in combinations(gs, 2)]
     half = len(gs) // 2
-    return {"mean_pairwise_cos": sum(pair) / len(pair) if pair else None,
-            "halves_cos": cosine(sum(gs[:half]), sum(gs[half:])) if half else None,
-            "grad_norm_per_batch": sum(float(g.norm()) for g in gs) / max(len(gs), 1)}
+    return {
+        "mean_pairwise_cos": sum(pair) / len(pair) if pair else None,
+        "halves_cos": cosine(sum(gs[:half]), sum(gs[half:])) if half else None,
+        "grad_norm_per_batch": sum(float(g.norm()) for g in gs) / max(len(gs), 1),
+    }
 
 
-def line_search(tr: Trainer, prompts: list[str], grad: torch.Tensor, sizes: list[float],
-                sign: bool = False) -> list[dict]:
+def line_search(
+    tr: Trainer, prompts: list[str], grad: torch.Tensor, sizes: list[float], sign: bool = False
+) -> list[dict]:
     """ODE rewards (training prompts x 16, every 4th test prompt x 2) after moving the weights along the
     ascent (-grad) and descent (+grad) directions (and with `sign` along -sign(grad)), scaled to a weight
     RMS of each size; then restores them."""
     params = list(tr.policy.trainable_parameters())
     theta0 = [p.detach().clone() for p in params]
-    units = {"ascent": -grad / grad.norm() * grad.numel() ** 0.5,   # ascent direction with weight RMS 1
-             "descent": grad / grad.norm() * grad.numel() ** 0.5}
-    if sign:   # what Adam's first steps do: every weight moves by the same amount, the gradient's sign
+    units = {
+        "ascent": -grad / grad.norm() * grad.numel() ** 0.5,  # ascent direction with weight RMS 1
+        "descent": grad / grad.norm() * grad.numel() ** 0.5,
+    }
+    if sign:  # what Adam's first steps do: every weight moves by the same amount, the gradient's sign
         units["sign-ascent"] = -torch.sign(grad) / torch.sign(grad).pow(2).mean().sqrt()
 
     def ev(ps: list[str], samples: int) -> float:
@@ -121,11 +140,11 @@ def line_search(tr: Trainer, prompts: list[str], grad: torch.Tensor, sizes: list
     for rms in sizes:
         for name, unit in units.items():
             with torch.no_grad():
-                for p, t, d in zip(params, theta0, (rms * unit).split([p.numel() for p in params])):
+                for p, t, d in zip(params, theta0, (rms * unit).split([p.numel() for p in params]), strict=True):
                     p.copy_(t + d.view_as(p))
             out.append({"rms": rms, "direction": name, **rewards()})
     with torch.no_grad():
-        for p, t in zip(params, theta0):
+        for p, t in zip(params, theta0, strict=True):
             p.copy_(t)
     return out
 
@@ -150,9 +169,11 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     register("redness", Redness)
     buckets = [tuple(int(v) for v in b.split("-")) for b in args.depths.split(",")]
-    cfg = load_config(args.preset, sets=['model="tiny-shapes"', f'reward.names=["{args.reward}"]',
-                                          "train.max_grad_norm=1e30", *args.set])
-    tr, prompts, t0 = Trainer(cfg, "cpu"), load_split("rl_train")[::9][:args.prompts], time.perf_counter()
+    cfg = load_config(
+        args.preset,
+        sets=['model="tiny-shapes"', f'reward.names=["{args.reward}"]', "train.max_grad_norm=1e30", *args.set],
+    )
+    tr, prompts, t0 = Trainer(cfg, "cpu"), load_split("rl_train")[::9][: args.prompts], time.perf_counter()
     grads, rewards = [], []
     for i in range(args.batches):
         g, r = batch_gradients(tr, prompts, mix_seed(123, i), buckets)
@@ -162,15 +183,26 @@ def main() -> None:
     for k, (lo, hi) in enumerate(buckets):
         gs = [g[k] for g in grads if g[k] is not None]
         row = {"depths": [lo, hi], **coherence(gs)}
-        row["by_part"] = {name: coherence([g[m] for g in gs])["mean_pairwise_cos"] for name, m in masks.items() if m.any()}
+        row["by_part"] = {
+            name: coherence([g[m] for g in gs])["mean_pairwise_cos"] for name, m in masks.items() if m.any()
+        }
         rows.append(row)
     if args.line_search:
         total = sum(g for batch in grads for g in batch if g is not None)
-        rows.append({"line_search": line_search(tr, prompts, total, [float(v) for v in args.line_search.split(",")],
-                                                 args.sign)})
-    result = {"preset": args.preset, "reward": args.reward, "sets": args.set, "prompts": prompts,
-              "batches": args.batches, "batch_reward_mean": rewards, "buckets": rows,
-              "seconds": time.perf_counter() - t0, "threads": args.threads}
+        rows.append(
+            {"line_search": line_search(tr, prompts, total, [float(v) for v in args.line_search.split(",")], args.sign)}
+        )
+    result = {
+        "preset": args.preset,
+        "reward": args.reward,
+        "sets": args.set,
+        "prompts": prompts,
+        "batches": args.batches,
+        "batch_reward_mean": rewards,
+        "buckets": rows,
+        "seconds": time.perf_counter() - t0,
+        "threads": args.threads,
+    }
     out = args.out or Path(f"bench/results/grad_coherence-{args.preset}-{args.reward}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))

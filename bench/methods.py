@@ -35,8 +35,17 @@ from pathlib import Path
 
 import torch
 
-METHODS = ["dance-grpo", "flow-grpo", "mix-grpo", "branch", "branch-widpru", "branch-deppru", "branch-mix",
-           "tree-grpo", "treepo"]
+METHODS = [
+    "dance-grpo",
+    "flow-grpo",
+    "mix-grpo",
+    "branch",
+    "branch-widpru",
+    "branch-deppru",
+    "branch-mix",
+    "tree-grpo",
+    "treepo",
+]
 TREEGRPO = [sys.executable, "-m", "treegrpo_cli"]
 RESULTS = Path("bench/results")
 
@@ -47,12 +56,26 @@ def schedule(methods: list[str], seeds: list[int]) -> list[tuple[str, int]]:
 
 
 def train_args(method: str, seed: int, run: Path, minutes: float) -> list[str]:
-    sets = {"train.max_minutes": minutes, "train.eval_every_minutes": minutes / 8, "train.iterations": 100_000,
-            "train.sample_every": 100_000, "train.save_every": 10}
+    sets = {
+        "train.max_minutes": minutes,
+        "train.eval_every_minutes": minutes / 8,
+        "train.iterations": 100_000,
+        "train.sample_every": 100_000,
+        "train.save_every": 10,
+    }
     if (run / "run.json").exists():
         return ["train", "--resume", str(run), "--json"]
-    return ["train", "--preset", method, "--seed", str(seed), "--run-dir", str(run), "--json",
-            *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")]]
+    return [
+        "train",
+        "--preset",
+        method,
+        "--seed",
+        str(seed),
+        "--run-dir",
+        str(run),
+        "--json",
+        *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")],
+    ]
 
 
 def run_one(method: str, seed: int, work: Path, minutes: float, log) -> dict:
@@ -65,22 +88,45 @@ def run_one(method: str, seed: int, work: Path, minutes: float, log) -> dict:
     out = subprocess.run(TREEGRPO + train_args(method, seed, run, minutes), env=env, capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(f"{method} seed {seed} failed: {out.stderr.strip().splitlines()[-1:]}")
-    row = {"method": method, "seed": seed, "run_dir": str(run), "commit": commit(),
-           "process_minutes": (time.perf_counter() - t0) / 60,
-           "loadavg_1m": [load0, os.getloadavg()[0]],          # the budget is wall-clock: other work slows a run
-           "summary": json.loads(out.stdout)}
+    row = {
+        "method": method,
+        "seed": seed,
+        "run_dir": str(run),
+        "commit": commit(),
+        "process_minutes": (time.perf_counter() - t0) / 60,
+        "loadavg_1m": [load0, os.getloadavg()[0]],  # the budget is wall-clock: other work slows a run
+        "summary": json.loads(out.stdout),
+    }
     done.write_text(json.dumps(row, indent=1) + "\n")
     sm, nan = row["summary"], float("nan")
-    log(f"{method} seed {seed}: {sm['iterations']} iterations, held-out "
-        f"{sm.get('heldout_before', nan):.3f} -> {sm.get('heldout_after', nan):.3f}")
+    log(
+        f"{method} seed {seed}: {sm['iterations']} iterations, held-out "
+        f"{sm.get('heldout_before', nan):.3f} -> {sm.get('heldout_after', nan):.3f}"
+    )
     return row
 
 
 def machine() -> dict:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
-    return {"cpu": cpu, "cores": os.cpu_count(), "machine": platform.machine(), "python": platform.python_version(),
-            "torch": torch.__version__, "threads_per_run": 1}
+    cpu = (
+        next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")
+            ),
+            platform.processor(),
+        )
+        if Path("/proc/cpuinfo").exists()
+        else ""
+    )
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "threads_per_run": 1,
+    }
 
 
 def commit() -> str:
@@ -91,7 +137,7 @@ def commit() -> str:
 def report(rows: list[dict], work: Path, args: argparse.Namespace) -> dict:
     """treegrpo compare over the runs (gain over each run's own base: the methods' samplers start the base
     model at slightly different rewards) -> the results file and plots."""
-    from treegrpo_cli.compare import compare_runs, to_dict, write_report
+    from treegrpo_cli.report.compare import compare_runs, to_dict, write_report
 
     out = work / "compare"
     cmp = compare_runs([Path(r["run_dir"]) for r in rows], baseline="dance-grpo", gain=True)
@@ -100,9 +146,17 @@ def report(rows: list[dict], work: Path, args: argparse.Namespace) -> dict:
     plots.mkdir(parents=True, exist_ok=True)
     for name in ("reward_vs_time.png", "pareto.png"):
         (plots / name).write_bytes((out / name).read_bytes())
-    result = {"timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"), "commit": commit(), "machine": machine(),
-              "minutes_per_run": args.minutes, "seeds": args.seeds, "methods": args.methods,
-              "command": " ".join(["python bench/methods.py", *(a for a in sys.argv[1:] if a != "--report-only")]), "runs": rows, "compare": to_dict(cmp)}
+    result = {
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "commit": commit(),
+        "machine": machine(),
+        "minutes_per_run": args.minutes,
+        "seeds": args.seeds,
+        "methods": args.methods,
+        "command": " ".join(["python bench/methods.py", *(a for a in sys.argv[1:] if a != "--report-only")]),
+        "runs": rows,
+        "compare": to_dict(cmp),
+    }
     if args.against:
         result["against"] = against(to_dict(cmp), json.loads(args.against.read_text())["compare"], str(args.against))
     (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
@@ -127,12 +181,18 @@ def against(new: dict, ref: dict, name: str) -> dict:
             continue
         m = sum(gains) / len(gains)
         sd = (sum((x - m) ** 2 for x in gains) / (len(gains) - 1)) ** 0.5 if len(gains) > 1 else 0.0
-        out["methods"][g["label"]] = {"gain": mean, "reference_mean": m, "reference_std": sd,
-                                      "reference_min": min(gains), "reference_max": max(gains),
-                                      "within_range": min(gains) <= mean <= max(gains),
-                                      "within_2_std": abs(mean - m) <= 2 * sd}
-    out["lands"] = (all(c["within_2_std"] for c in out["methods"].values())
-                    and all(c["within_interval"] for c in out["speedups"].values()))
+        out["methods"][g["label"]] = {
+            "gain": mean,
+            "reference_mean": m,
+            "reference_std": sd,
+            "reference_min": min(gains),
+            "reference_max": max(gains),
+            "within_range": min(gains) <= mean <= max(gains),
+            "within_2_std": abs(mean - m) <= 2 * sd,
+        }
+    out["lands"] = all(c["within_2_std"] for c in out["methods"].values()) and all(
+        c["within_interval"] for c in out["speedups"].values()
+    )
     return out
 
 
@@ -142,25 +202,38 @@ def speedup_check(g: dict, ref: dict) -> dict:
     lo, hi = ref.get("speedup_low"), ref.get("speedup_high")
     speedup = g.get("speedup") or 0.0
     within = lo <= speedup <= hi if lo is not None else g.get("speedup") is None and ref.get("speedup") is None
-    return {"speedup": g.get("speedup"), "reference_speedup": ref.get("speedup"), "reference_low": lo,
-            "reference_high": hi, "within_interval": within}
+    return {
+        "speedup": g.get("speedup"),
+        "reference_speedup": ref.get("speedup"),
+        "reference_low": lo,
+        "reference_high": hi,
+        "within_interval": within,
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--methods", nargs="+", default=METHODS)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--minutes", type=float, default=4.0,
-                    help="training minutes per run (held-out evaluations excluded)")
+    ap.add_argument(
+        "--minutes", type=float, default=4.0, help="training minutes per run (held-out evaluations excluded)"
+    )
     ap.add_argument("--parallel", type=int, default=2, help="runs at a time (one CPU thread each)")
     ap.add_argument("--work", type=Path, default=Path("runs/bench-methods"))
     ap.add_argument("--name", default="methods", help="results file name: bench/results/NAME.json")
     ap.add_argument("--report-only", action="store_true", help="no training: report the runs already finished")
-    ap.add_argument("--against", type=Path, default=None,
-                    help="an earlier results file: do this run's gains and speed-ups land within its spread?")
+    ap.add_argument(
+        "--against",
+        type=Path,
+        default=None,
+        help="an earlier results file: do this run's gains and speed-ups land within its spread?",
+    )
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
-    log = lambda msg: print(time.strftime("%H:%M:%S"), msg, flush=True)   # noqa: E731
+
+    def log(msg: str) -> None:
+        print(time.strftime("%H:%M:%S"), msg, flush=True)
+
     jobs = schedule(args.methods, args.seeds)
     if args.report_only:
         done = [args.work / f"{m}-seed{s}" / "summary.json" for m, s in jobs]
@@ -169,8 +242,10 @@ def main() -> None:
         with ThreadPoolExecutor(args.parallel) as pool:
             rows = list(pool.map(lambda job: run_one(*job, args.work, args.minutes, log), jobs))
     report(rows, args.work, args)
-    log(f"wrote bench/results/{args.name}.json and bench/results/{args.name}/ ({len(rows)} runs); "
-        f"the page with sample grids: {args.work / 'compare' / 'index.html'}")
+    log(
+        f"wrote bench/results/{args.name}.json and bench/results/{args.name}/ ({len(rows)} runs); "
+        f"the page with sample grids: {args.work / 'compare' / 'index.html'}"
+    )
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from treegrpo_cli.compare import speedup_text
+from treegrpo_cli.report.compare import speedup_text
 
 ROOT = Path(__file__).resolve().parents[1]
 BEGIN, END = "<!-- methods-table:begin -->", "<!-- methods-table:end -->"
@@ -41,39 +41,46 @@ def _pm(stat: dict, fmt: str) -> str:
 
 
 def _speedup(g: dict) -> str:
-    if g["speedup"] is None and g["curve_minutes_to_target"] is not None:
+    if g["speedup"] is None and g.get("curve_to_target", g.get("curve_minutes_to_target")) is not None:
         return "-"
     return speedup_text(g["speedup"], g.get("speedup_low"), g.get("speedup_high"), none="never reaches it")
 
 
 def _minutes(g: dict) -> str:
-    m = g["curve_minutes_to_target"]
+    m = g.get("curve_to_target", g.get("curve_minutes_to_target"))
     return ("never" if m is None else f"{m:.2f}") + f" ({g['reached_target']}/{len(g['runs'])})"
 
 
 def render(result: dict) -> str:
     cmp = result["compare"]
-    head = ("| method | forward NFE / sample (paper) | backward NFE / sample (paper) | s / iteration (paper, GPU) "
-            "| iterations | held-out gain | minutes to target, mean curve (seeds reaching it) "
-            "| speed-up vs dance-grpo (95% interval) "
-            "| peak MiB |\n|---|---|---|---|---|---|---|---|---|\n")
+    head = (
+        "| method | forward NFE / sample (paper) | backward NFE / sample (paper) | s / iteration (paper, GPU) "
+        "| iterations | held-out gain | minutes to target, mean curve (seeds reaching it) "
+        "| speed-up vs dance-grpo (95% interval) "
+        "| peak MiB |\n|---|---|---|---|---|---|---|---|---|\n"
+    )
     rows = []
     for g in cmp["groups"]:
         old, new, sec, _ = PAPERS.get(g["label"], ("-", "-", "-", ""))
-        rows.append(f"| `{g['label']}` | {_pm(g['forward_nfe_per_sample'], '.2f')} ({old}) "
-                    f"| {_pm(g['backward_nfe_per_sample'], '.2f')} ({new}) "
-                    f"| {_pm(g['seconds_per_iteration'], '.2f')} ({sec}) "
-                    f"| {_pm(g['iterations'], '.0f')} | {_pm(g['gain'], '+.3f')} "
-                    f"| {_minutes(g)} | {_speedup(g)} "
-                    f"| {_pm(g['peak_mib'], '.0f')} |")
+        rows.append(
+            f"| `{g['label']}` | {_pm(g['forward_nfe_per_sample'], '.2f')} ({old}) "
+            f"| {_pm(g['backward_nfe_per_sample'], '.2f')} ({new}) "
+            f"| {_pm(g['seconds_per_iteration'], '.2f')} ({sec}) "
+            f"| {_pm(g['iterations'], '.0f')} | {_pm(g['gain'], '+.3f')} "
+            f"| {_minutes(g)} | {_speedup(g)} "
+            f"| {_pm(g['peak_mib'], '.0f')} |"
+        )
     m = result["machine"]
-    foot = (f"\n{len(result['runs'])} runs: {result['minutes_per_run']:g} minutes of training each, seeds "
-            f"{', '.join(map(str, result['seeds']))}, one thread per run on {m['cpu'] or m['machine']} "
-            f"({m['cores']} cores), torch {m['torch']}, reported at commit {result['commit']}; target: dance-grpo's mean held-out "
-            f"gain {cmp['target']:+.3f}; time to target: from when the mean held-out curve over seeds stays at or above it; "
-            f"speed-up: dance-grpo's time over the method's (in brackets: 95% interval with both methods' seeds drawn "
-            f"again with replacement, the target with them; never: draws that do not reach it). "
-            f"Mean ± std over seeds. `{result['command'].strip()}`\n")
+    foot = (
+        f"\n{len(result['runs'])} runs: {result['minutes_per_run']:g} minutes of training each, seeds "
+        f"{', '.join(map(str, result['seeds']))}, one thread per run on {m['cpu'] or m['machine']} "
+        f"({m['cores']} cores), torch {m['torch']}, reported at commit {result['commit']}; "
+        f"target: dance-grpo's mean held-out gain {cmp['target']:+.3f}; "
+        f"time to target: from when the mean held-out curve over seeds stays at or above it; "
+        f"speed-up: dance-grpo's time over the method's (in brackets: 95% interval with both methods' seeds drawn "
+        f"again with replacement, the target with them; never: draws that do not reach it). "
+        f"Mean ± std over seeds. `{result['command'].strip()}`\n"
+    )
     return head + "\n".join(rows) + "\n" + foot
 
 

@@ -45,14 +45,26 @@ def make_case(policy, prompts: list[str], sets: list[str], max_batch: int):
     """A no-argument rollout of all prompts in one batch, and the counts it reports (after a warm-up)."""
     cfg = load_config("branch", sets=sets)
     sde, ids, T = FlowSDE(cfg.sampler), list(range(len(prompts))), cfg.sampler.steps
-    run = lambda: rollout(policy, prompts, ids, sde, cfg.tree, cfg.seed, max_batch)
+
+    def run():
+        return rollout(policy, prompts, ids, sde, cfg.tree, cfg.seed, max_batch)
+
     tree, nfe = run()  # warm-up
     leaves = int(tree.leaves().numel())  # P * trees_per_prompt * leaves per tree
     assert leaves == len(prompts) * cfg.tree.trees_per_prompt * cfg.tree.leaves(T)
     assert nfe == len(prompts) * cfg.tree.trees_per_prompt * cfg.tree.model_evals(T) * policy.evals_per_row
-    info = {"sets": sets, "steps": T, "prompts": len(prompts), "trees": tree.num_trees,
-            "leaves_per_prompt": leaves // len(prompts), "leaves": leaves, "nodes": tree.num_nodes,
-            "model_evals": nfe, "evals_per_prompt": nfe // len(prompts), "max_batch": max_batch}
+    info = {
+        "sets": sets,
+        "steps": T,
+        "prompts": len(prompts),
+        "trees": tree.num_trees,
+        "leaves_per_prompt": leaves // len(prompts),
+        "leaves": leaves,
+        "nodes": tree.num_nodes,
+        "model_evals": nfe,
+        "evals_per_prompt": nfe // len(prompts),
+        "max_batch": max_batch,
+    }
     return run, info
 
 
@@ -68,29 +80,41 @@ def time_cases(runs: dict, repeats: int) -> dict[str, list[float]]:
 
 
 def print_table(res: dict) -> None:
-    print(f"torch {res['torch']}, {res['cpu']['processor']}, {res['cpu']['count']} cpus, "
-          f"{res['threads']} threads, {res['repeats']} repeats")
-    print(f"{'case':<9} {'max_batch':>9} {'leaves':>6} {'evals':>6} {'evals/p':>7} "
-          f"{'median s':>9} {'min s':>8} {'ms/leaf':>8}")
+    print(
+        f"torch {res['torch']}, {res['cpu']['processor']}, {res['cpu']['count']} cpus, "
+        f"{res['threads']} threads, {res['repeats']} repeats"
+    )
+    print(
+        f"{'case':<9} {'max_batch':>9} {'leaves':>6} {'evals':>6} {'evals/p':>7} "
+        f"{'median s':>9} {'min s':>8} {'ms/leaf':>8}"
+    )
     for name, c in res["cases"].items():
-        print(f"{name:<9} {c['max_batch']:>9} {c['leaves']:>6} {c['model_evals']:>6} {c['evals_per_prompt']:>7} "
-              f"{c['median_s']:>9.3f} {c['min_s']:>8.3f} {1000 * c['s_per_leaf']:>8.2f}")
+        print(
+            f"{name:<9} {c['max_batch']:>9} {c['leaves']:>6} {c['model_evals']:>6} {c['evals_per_prompt']:>7} "
+            f"{c['median_s']:>9.3f} {c['min_s']:>8.3f} {1000 * c['s_per_leaf']:>8.2f}"
+        )
     for k, v in res["ratios"].items():
         print(f"{k:<16} {v:.2f}x median   {res['ratios_min'][k]:.2f}x min")
 
 
 def results(args, cases: dict, load0: tuple) -> dict:
-    ratio = lambda a, b, key: round(cases[a][key] / cases[b][key], 3)
+    def ratio(a: str, b: str, key: str) -> float:
+        return round(cases[a][key] / cases[b][key], 3)
+
     pairs = (("flat", "tree"), ("chains", "tree"), ("tree-mb1", "tree"))
     return {
-        "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "torch": torch.__version__, "python": platform.python_version(),
+        "timestamp": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
         "cpu": {"processor": cpu_name(), "machine": platform.machine(), "count": os.cpu_count()},
-        "threads": torch.get_num_threads(), "repeats": args.repeats, "model": "pixel", "device": "cpu",
+        "threads": torch.get_num_threads(),
+        "repeats": args.repeats,
+        "model": "pixel",
+        "device": "cpu",
         "loadavg_1m": {"start": round(load0[0], 2), "end": round(os.getloadavg()[0], 2)},  # other processes
         "cases": cases,
-        "ratios": {f"{a}/{b}": ratio(a, b, "median_s") for a, b in pairs},      # of the medians
-        "ratios_min": {f"{a}/{b}": ratio(a, b, "min_s") for a, b in pairs},     # of the minima
+        "ratios": {f"{a}/{b}": ratio(a, b, "median_s") for a, b in pairs},  # of the medians
+        "ratios_min": {f"{a}/{b}": ratio(a, b, "min_s") for a, b in pairs},  # of the minima
     }
 
 
@@ -105,16 +129,24 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     policy = load_policy("pixel")
-    prompts = load_prompts()[:args.prompts]
+    prompts = load_prompts()[: args.prompts]
     assert len(prompts) == args.prompts, f"only {len(prompts)} embedded prompts"
     runs, cases, load0 = {}, {}, os.getloadavg()
-    for name, sets, mb in (("tree", [], args.max_batch), ("flat", FLAT, args.max_batch),
-                           ("chains", CHAINS, args.max_batch), ("tree-mb1", [], 1)):
+    for name, sets, mb in (
+        ("tree", [], args.max_batch),
+        ("flat", FLAT, args.max_batch),
+        ("chains", CHAINS, args.max_batch),
+        ("tree-mb1", [], 1),
+    ):
         runs[name], cases[name] = make_case(policy, prompts, sets, mb)
     for name, ts in time_cases(runs, args.repeats).items():
         med = statistics.median(ts)
-        cases[name] |= {"times_s": [round(t, 4) for t in ts], "median_s": round(med, 4),
-                        "min_s": round(min(ts), 4), "s_per_leaf": round(med / cases[name]["leaves"], 6)}
+        cases[name] |= {
+            "times_s": [round(t, 4) for t in ts],
+            "median_s": round(med, 4),
+            "min_s": round(min(ts), 4),
+            "s_per_leaf": round(med / cases[name]["leaves"], 6),
+        }
     res = results(args, cases, load0)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(res, indent=1) + "\n")

@@ -23,10 +23,14 @@ from treegrpo_cli.engine.advantages import AdvantageConfig, estimate
 from treegrpo_cli.rewards.base import get_reward
 from treegrpo_cli.world.shapes import all_prompts, render_prompts
 
-ESTIMATORS = {"flat": AdvantageConfig("flat"), "branch": AdvantageConfig("branch"),
-              "branch-path-weighted": AdvantageConfig("branch", beta=1.0),
-              "branch-recursive": AdvantageConfig("branch", beta=1.0, weighting="recursive"),
-              "treegrpo": AdvantageConfig("treegrpo"), "treepo": AdvantageConfig("treepo")}
+ESTIMATORS = {
+    "flat": AdvantageConfig("flat"),
+    "branch": AdvantageConfig("branch"),
+    "branch-path-weighted": AdvantageConfig("branch", beta=1.0),
+    "branch-recursive": AdvantageConfig("branch", beta=1.0, weighting="recursive"),
+    "treegrpo": AdvantageConfig("treegrpo"),
+    "treepo": AdvantageConfig("treepo"),
+}
 
 
 def median_seconds(fn, repeat: int) -> float:
@@ -42,7 +46,7 @@ def median_seconds(fn, repeat: int) -> float:
 def dense_trees(n_trees: int, branch: int = 2, levels: int = 4, seed: int = 0):
     """n_trees complete `branch`-ary trees of `levels` splits (16 leaves each by default), two per group:
     (parent, depth, tree, group, reward, log_prob), all [N], rewards on the leaves only."""
-    size = sum(branch ** level for level in range(levels + 1))     # heap order: node i's parent is (i-1)//branch
+    size = sum(branch**level for level in range(levels + 1))  # heap order: node i's parent is (i-1)//branch
     parent, depth = [-1], [0]
     for i in range(1, size):
         parent.append((i - 1) // branch)
@@ -66,18 +70,24 @@ def main() -> None:
     ap.add_argument("--trees", type=int, default=64)
     ap.add_argument("--out", type=Path, default=Path("bench/results/scoring.json"))
     args = ap.parse_args()
-    prompts = random.Random(8).sample(all_prompts(), args.images)      # every form of prompt
+    prompts = random.Random(8).sample(all_prompts(), args.images)  # every form of prompt
     images, shapes = render_prompts(prompts, 9), get_reward("shapes")
     result = {f"shapes reward, {args.images} images": median_seconds(lambda: shapes(images, prompts), args.repeat)}
     trees = dense_trees(args.trees)
     nodes = trees[0].numel() // args.trees
     for name, cfg in ESTIMATORS.items():
-        result[f"{name} advantages, {args.trees} trees of {nodes} nodes"] = \
-            median_seconds(lambda: estimate(cfg, *trees), args.repeat)
+        result[f"{name} advantages, {args.trees} trees of {nodes} nodes"] = median_seconds(
+            lambda cfg=cfg: estimate(cfg, *trees), args.repeat
+        )
     for name, s in result.items():
         print(f"{name:56s} {s * 1000:8.1f} ms")
-    meta = {"machine": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
-            "torch": torch.__version__, "loadavg_1m": os.getloadavg()[0], "repeat": args.repeat}
+    meta = {
+        "machine": platform.processor() or platform.machine(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "loadavg_1m": os.getloadavg()[0],
+        "repeat": args.repeat,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"seconds": result, **meta}, indent=2) + "\n")
 

@@ -25,19 +25,27 @@ from pathlib import Path
 import torch
 
 from treegrpo_cli.engine.sde import FlowSDE, SamplerConfig
-from treegrpo_cli.evaluate import heldout_reward
+from treegrpo_cli.models.latent_file import load_weights
 from treegrpo_cli.models.registry import TINY_SHAPES, load_policy
 from treegrpo_cli.rewards.base import get_reward
 from treegrpo_cli.store.checkpoint import list_checkpoints, load_checkpoint
-from treegrpo_cli.world.pretrain import PretrainConfig, load_weights, pretrain
+from treegrpo_cli.training.heldout import heldout_reward
+from treegrpo_cli.training.pretrain import PretrainConfig, pretrain
 from treegrpo_cli.world.shapes import load_split
 
 
 def test_reward(policy, samples: int, steps: int, seed: int = 777) -> dict:
     """Mean and standard error of the shapes reward over test prompts x samples ODE draws (the same
     root noises for every policy evaluated: paired comparisons)."""
-    r = heldout_reward(policy, FlowSDE(SamplerConfig(steps=steps)), load_split("test"),
-                       {"shapes": get_reward("shapes")}, {"shapes": 1.0}, samples, seed)
+    r = heldout_reward(
+        policy,
+        FlowSDE(SamplerConfig(steps=steps)),
+        load_split("test"),
+        {"shapes": get_reward("shapes")},
+        {"shapes": 1.0},
+        samples,
+        seed,
+    )
     return {"mean": r["reward_mean"], "sem": r["reward_sem"], "n": r["prompts"] * samples}
 
 
@@ -56,10 +64,18 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=Path("runs/bench-shapes"))
     ap.add_argument("--out", type=Path, default=Path("bench/results/shapes_rl_vs_pretrain.json"))
     ap.add_argument("--set", action="append", default=[], help="passed to treegrpo train")
-    ap.add_argument("--rl-run", type=Path, default=None,
-                    help="reuse this finished `treegrpo train` run folder instead of training again")
-    ap.add_argument("--rl-minutes", type=float, default=None,
-                    help="with --rl-run: the wall-clock minutes of that command (the control gets as many)")
+    ap.add_argument(
+        "--rl-run",
+        type=Path,
+        default=None,
+        help="reuse this finished `treegrpo train` run folder instead of training again",
+    )
+    ap.add_argument(
+        "--rl-minutes",
+        type=float,
+        default=None,
+        help="with --rl-run: the wall-clock minutes of that command (the control gets as many)",
+    )
     args = ap.parse_args()
     if args.rl_run and args.rl_minutes is None:
         ap.error("--rl-run needs --rl-minutes (the wall-clock of that train command)")
@@ -76,13 +92,14 @@ def main() -> None:
     base = test_reward(policy, args.samples, steps)
     print("base", base, flush=True)
     ck = load_checkpoint(list_checkpoints(run / "checkpoints")[-1])
-    policy.load_trainable_state(ck.ema if ck.ema is not None else ck.model)   # as `treegrpo eval --checkpoint`
+    policy.load_trainable_state(ck.ema if ck.ema is not None else ck.model)  # as `treegrpo eval --checkpoint`
     rl = test_reward(policy, args.samples, steps)
     print("rl", rl, "minutes", minutes, flush=True)
 
     ctl_path = args.work / "control.safetensors"
-    ctl_cfg = PretrainConfig(steps=10**7, minutes=minutes, lr=args.control_lr, warmup=1, decay_from=1.0,
-                             eval_every=10**9, ae_steps=0, seed=1)
+    ctl_cfg = PretrainConfig(
+        steps=10**7, minutes=minutes, lr=args.control_lr, warmup=1, decay_from=1.0, eval_every=10**9, ae_steps=0, seed=1
+    )
     t0 = time.perf_counter()
     pretrain(ctl_cfg, ctl_path, init=TINY_SHAPES)
     ctl_minutes = (time.perf_counter() - t0) / 60
@@ -91,15 +108,28 @@ def main() -> None:
     control = test_reward(policy, args.samples, steps)
     print("control", control, flush=True)
 
-    result = {"timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"), "torch": torch.__version__,
-              "cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
-              "preset": None if args.rl_run else args.preset, "sets": args.set, "run_dir": str(run),
-              "rl_command": run_info.get("command"),
-              "rl_config": run_info.get("config"), "samples_per_prompt": args.samples, "sampler_steps": steps,
-              "base": base, "rl": rl, "rl_minutes": minutes, "rl_gain": rl["mean"] - base["mean"],
-              "control": control, "control_minutes": ctl_minutes, "control_lr": args.control_lr,
-              "control_images": meta.get("log", {}).get("images"),
-              "control_gain": control["mean"] - base["mean"]}
+    result = {
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "torch": torch.__version__,
+        "cpu": platform.processor() or platform.machine(),
+        "threads": torch.get_num_threads(),
+        "preset": None if args.rl_run else args.preset,
+        "sets": args.set,
+        "run_dir": str(run),
+        "rl_command": run_info.get("command"),
+        "rl_config": run_info.get("config"),
+        "samples_per_prompt": args.samples,
+        "sampler_steps": steps,
+        "base": base,
+        "rl": rl,
+        "rl_minutes": minutes,
+        "rl_gain": rl["mean"] - base["mean"],
+        "control": control,
+        "control_minutes": ctl_minutes,
+        "control_lr": args.control_lr,
+        "control_images": meta.get("log", {}).get("images"),
+        "control_gain": control["mean"] - base["mean"],
+    }
     result["control_gain_over_rl_gain"] = result["control_gain"] / result["rl_gain"] if result["rl_gain"] else None
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")

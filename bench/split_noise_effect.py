@@ -31,9 +31,11 @@ from treegrpo_cli.models.registry import load_policy
 from treegrpo_cli.rewards.shapes import shapes_scores
 from treegrpo_cli.world.shapes import load_split
 
-SETS = {"flat": ["tree.split_steps=[]", "tree.trees_per_prompt=16"],
-        "correlated": [],
-        "scaled": ['tree.branch_noise="scaled"']}
+SETS = {
+    "flat": ["tree.split_steps=[]", "tree.trees_per_prompt=16"],
+    "correlated": [],
+    "scaled": ['tree.branch_noise="scaled"'],
+}
 LAPLACE = torch.tensor([[[[0.0, 1, 0], [1, -4, 1], [0, 1, 0]]]])
 
 
@@ -41,8 +43,11 @@ def image_stats(im: torch.Tensor) -> dict[str, torch.Tensor]:
     """im [B, 3, H, W] in [0, 1] -> {stat: [B]}."""
     grey = im.mean(1, keepdim=True)
     lap = F.conv2d(grey, LAPLACE, padding=1)[:, :, 1:-1, 1:-1]
-    return {"laplacian": lap.abs().mean((1, 2, 3)), "pixel_std": im.std((1, 2, 3)),
-            "saturation": (im.max(1).values - im.min(1).values).mean((1, 2))}
+    return {
+        "laplacian": lap.abs().mean((1, 2, 3)),
+        "pixel_std": im.std((1, 2, 3)),
+        "saturation": (im.max(1).values - im.min(1).values).mean((1, 2)),
+    }
 
 
 def per_prompt(policy, prompts: list[str], sets: list[str], seed: int) -> dict[str, torch.Tensor]:
@@ -75,8 +80,11 @@ def main() -> None:
         for stat, flat in means["flat"].items():
             d = means[name][stat] - flat
             se = float(d.std() / math.sqrt(len(d)))
-            result["differences"][f"{name}-flat/{stat}"] = {"mean": float(d.mean()), "se": se,
-                                                             "t": float(d.mean()) / se if se > 0 else 0.0}
+            result["differences"][f"{name}-flat/{stat}"] = {
+                "mean": float(d.mean()),
+                "se": se,
+                "t": float(d.mean()) / se if se > 0 else 0.0,
+            }
     result["flat_means"] = {k: float(v.mean()) for k, v in means["flat"].items()}
     result["seconds"] = time.perf_counter() - t0
     args.out.parent.mkdir(parents=True, exist_ok=True)

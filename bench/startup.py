@@ -15,9 +15,11 @@ import sys
 import time
 from pathlib import Path
 
-CASES = {"python -c pass": [sys.executable, "-c", "pass"],
-         "treegrpo --help": [sys.executable, "-m", "treegrpo_cli", "--help"],
-         "treegrpo train --help": [sys.executable, "-m", "treegrpo_cli", "train", "--help"]}
+CASES = {
+    "python -c pass": [sys.executable, "-c", "pass"],
+    "treegrpo --help": [sys.executable, "-m", "treegrpo_cli", "--help"],
+    "treegrpo train --help": [sys.executable, "-m", "treegrpo_cli", "train", "--help"],
+}
 
 
 def median_seconds(cmd: list[str], repeat: int) -> float:

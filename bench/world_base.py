@@ -14,7 +14,7 @@ objects drawn (colour and kind), and of those, the share whose two objects stand
 order at all: `order_sensitivity`, the mean pixel difference between the samples of "A left of B" and
 "B left of A" (same noises) over that between two noises of the same prompt (0: the model reads the
 prompt as a bag of words; about 1: order matters as much as the noise). Writes
-bench/results/world_base.json (or --out).
+bench/results/world_base-d6.json (or --out).
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ from pathlib import Path
 import torch
 
 from treegrpo_cli.engine.sde import FlowSDE, SamplerConfig
-from treegrpo_cli.evaluate import generate
 from treegrpo_cli.models.registry import TINY_SHAPES, load_policy
+from treegrpo_cli.report.evaluate import generate
 from treegrpo_cli.rewards.shapes import relation_holds, score_detections
+from treegrpo_cli.training.pretrain import own_distribution_prompts
 from treegrpo_cli.world.detect import detect
-from treegrpo_cli.world.pretrain import own_distribution_prompts
 from treegrpo_cli.world.shapes import NOISY_COLOURS, Prompt, is_noisy, load_split, parse_prompt
 
 
@@ -45,8 +45,8 @@ def measure(texts: list[str], images: torch.Tensor) -> dict:
     dets = detect(images)
     rows = {"all": [], "single": [], "count": [], "relation": []}
     follow = {"noisy": [0, 0], "clean": [0, 0]}
-    both, placed = [], []       # relations: both objects drawn; of those, the relation right
-    for t, d in zip(texts, dets):
+    both, placed = [], []  # relations: both objects drawn; of those, the relation right
+    for t, d in zip(texts, dets, strict=True):
         p = parse_prompt(t)
         s = score_detections(p, d)
         rows["all"].append(s)
@@ -63,8 +63,10 @@ def measure(texts: list[str], images: torch.Tensor) -> dict:
     out = {k: {"mean": sum(v) / len(v), "n": len(v)} for k, v in rows.items() if v}
     out["colour_following"] = {k: (a / b if b else None) for k, (a, b) in follow.items()}
     if both:
-        out["relation_parts"] = {"both_drawn": sum(both) / len(both),
-                                 "placed_given_both": sum(placed) / len(placed) if placed else None}
+        out["relation_parts"] = {
+            "both_drawn": sum(both) / len(both),
+            "placed_given_both": sum(placed) / len(placed) if placed else None,
+        }
     return out
 
 
@@ -89,7 +91,7 @@ def main() -> None:
     ap.add_argument("--weights", type=Path, default=TINY_SHAPES)
     ap.add_argument("--samples", type=int, default=4)
     ap.add_argument("--seed", type=int, default=777)
-    ap.add_argument("--out", type=Path, default=Path("bench/results/world_base.json"))
+    ap.add_argument("--out", type=Path, default=Path("bench/results/world_base-d6.json"))
     args = ap.parse_args()
     policy = load_policy(str(args.weights))
     own = own_distribution_prompts()

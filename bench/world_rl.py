@@ -28,21 +28,53 @@ TREEGRPO = [sys.executable, "-m", "treegrpo_cli"]
 
 
 def train(seed: int, preset: str | None, run: Path, extra: list[str]) -> dict:
-    cmd = ["train", *(["--preset", preset] if preset else []), "--seed", str(seed), "--run-dir", str(run), *extra, "--json"]
+    cmd = [
+        "train",
+        *(["--preset", preset] if preset else []),
+        "--seed",
+        str(seed),
+        "--run-dir",
+        str(run),
+        *extra,
+        "--json",
+    ]
     t0 = time.perf_counter()
     done = subprocess.run(TREEGRPO + cmd, check=True, capture_output=True, text=True)
     summary = json.loads(done.stdout)
-    return {"command": "treegrpo " + " ".join(cmd[:-1]), "wall_minutes": (time.perf_counter() - t0) / 60,
-            "summary": summary}
+    return {
+        "command": "treegrpo " + " ".join(cmd[:-1]),
+        "wall_minutes": (time.perf_counter() - t0) / 60,
+        "summary": summary,
+    }
 
 
 def evaluate(run: Path, seed: int, num_images: int) -> dict:
-    cmd = ["eval", "--checkpoint", str(run), "--baseline", "tiny-shapes", "--prompts", "shapes-test", "--metric", "shapes",
-           "--num-images", str(num_images), "--seed", str(seed), "--json"]
+    cmd = [
+        "eval",
+        "--checkpoint",
+        str(run),
+        "--baseline",
+        "tiny-shapes",
+        "--prompts",
+        "shapes-test",
+        "--metric",
+        "shapes",
+        "--num-images",
+        str(num_images),
+        "--seed",
+        str(seed),
+        "--json",
+    ]
     out = json.loads(subprocess.run(TREEGRPO + cmd, check=True, capture_output=True, text=True).stdout)
     m = out["metrics"]["shapes"]
-    return {"command": "treegrpo " + " ".join(cmd[:-1]), "seed": seed, "trained": m["mean"],
-            "baseline": m["baseline_mean"], "gain": m["delta"], "n": m["n"]}
+    return {
+        "command": "treegrpo " + " ".join(cmd[:-1]),
+        "seed": seed,
+        "trained": m["mean"],
+        "baseline": m["baseline_mean"],
+        "gain": m["delta"],
+        "n": m["n"],
+    }
 
 
 def main() -> None:
@@ -73,17 +105,26 @@ def main() -> None:
         row["evals"] = [evaluate(run, e, args.num_images) for e in args.eval_seeds]
         row["seed"], row["run_dir"] = seed, str(run)
         runs.append(row)
-        print(json.dumps({k: row[k] for k in ("seed", "wall_minutes")} | {"gains": [e["gain"] for e in row["evals"]]}),
-              flush=True)
-        result = {"timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"), "torch": torch.__version__,
-                  "machine": platform.machine(), "cpus": torch.get_num_threads(), "commit": _commit(),
-                  "preset": args.preset, "train_args": args.train_arg, "runs": runs}
+        print(
+            json.dumps({k: row[k] for k in ("seed", "wall_minutes")} | {"gains": [e["gain"] for e in row["evals"]]}),
+            flush=True,
+        )
+        result = {
+            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "torch": torch.__version__,
+            "machine": platform.machine(),
+            "cpus": torch.get_num_threads(),
+            "commit": _commit(),
+            "preset": args.preset,
+            "train_args": args.train_arg,
+            "runs": runs,
+        }
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=1) + "\n")
 
 
 def _summary(run: Path) -> dict:
-    from treegrpo_cli.rundir import read_metrics, summary
+    from treegrpo_cli.training.rundir import read_metrics, summary
 
     return summary(run, 0, False) if read_metrics(run) else {}
 

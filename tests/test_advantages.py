@@ -7,11 +7,10 @@ import math
 
 import pytest
 import torch
+from treeshapes import dense_tree
 
 from treegrpo_cli.engine.advantages import AdvantageConfig, Advantages, combine, estimate
 from treegrpo_cli.errors import ConfigError
-
-from treeshapes import dense_tree
 
 NAN = math.nan
 TOL = 1e-3
@@ -31,8 +30,9 @@ def example(cfg: AdvantageConfig, reward: torch.Tensor = EX_REWARD) -> Advantage
 
 
 def close(actual, expected, tol=TOL):
-    assert torch.allclose(actual.double(), torch.tensor(expected, dtype=torch.float64), atol=tol), \
+    assert torch.allclose(actual.double(), torch.tensor(expected, dtype=torch.float64), atol=tol), (
         f"{actual.tolist()} != {expected}"
+    )
 
 
 def one_hot_reward(leaf: int) -> torch.Tensor:
@@ -48,7 +48,7 @@ def batch(trees, groups, rewards, seed=0):
     """Concatenate (parent, depth) trees; rewards[i] is the [leaves] reward of tree i."""
     gen = torch.Generator().manual_seed(seed)
     ps, ds, ts, gs, rs, off = [], [], [], [], [], 0
-    for i, ((p, d), g, r) in enumerate(zip(trees, groups, rewards)):
+    for i, ((p, d), g, r) in enumerate(zip(trees, groups, rewards, strict=True)):
         ps.append(torch.where(p >= 0, p + off, p))
         ds.append(d)
         ts.append(torch.full_like(p, i))
@@ -82,12 +82,12 @@ def test_flat_dancegrpo_group_ddof1():
     a = example(AdvantageConfig("flat", ddof=1, clamp=None))
     close(a.leaf[[A1, A2, B1, B2]], [-1.162, -0.387, 0.387, 1.162])
     close(a.edge[[A1, A2, B1, B2]], [-1.162, -0.387, 0.387, 1.162])
-    close(a.edge[[A, B]], [(-1.162 - 0.387) / 2, (0.387 + 1.162) / 2])   # shared edge: mean of paths
+    close(a.edge[[A, B]], [(-1.162 - 0.387) / 2, (0.387 + 1.162) / 2])  # shared edge: mean of paths
     assert a.valid.tolist() == [False] + [True] * 6 and float(a.edge[R]) == 0.0
 
 
 def test_flat_flowgrpo_population_std():
-    for flat_std in ("global", "group"):   # one group: the batch std is the group std
+    for flat_std in ("global", "group"):  # one group: the batch std is the group std
         a = example(AdvantageConfig("flat", ddof=0, flat_std=flat_std))
         close(a.leaf[[A1, A2, B1, B2]], [-1.342, -0.447, 0.447, 1.342])
         close(a.edge[[A1, A2, B1, B2]], [-1.342, -0.447, 0.447, 1.342])
@@ -128,9 +128,9 @@ def test_branch_leaf_softmax_weights_and_fusion():
     a = example(cfg)
     assert abs(float(a.fused[R]) - 2.370) < TOL
     assert abs(float(example(AdvantageConfig("branch", beta=1.0, weighting="recursive")).fused[R]) - 2.373) < TOL
-    close(a.fused[[A, B]], [1.450, 3.500])   # below A the leaf softmax is the one-level softmax
+    close(a.fused[[A, B]], [1.450, 3.500])  # below A the leaf softmax is the one-level softmax
     close(a.edge[[A, B]], [-0.707, 0.707])
-    assert not a.valid[R] and float(a.edge[R]) == 0.0   # the root has no incoming edge: unused
+    assert not a.valid[R] and float(a.edge[R]) == 0.0  # the root has no incoming edge: unused
 
 
 def test_treegrpo_code_uniform_backup():
@@ -192,16 +192,16 @@ def test_branch_dense_tree():
     r = torch.rand(16, generator=gen, dtype=torch.float64)
     parent, depth, tree, group, reward, logp = batch([dense_tree()], [0], [r])
     a = estimate(AdvantageConfig("branch", clamp=None), parent, depth, tree, group, reward, logp)
-    assert a.valid.tolist() == [False] + [True] * (parent.numel() - 1)   # only the root is alone
+    assert a.valid.tolist() == [False] + [True] * (parent.numel() - 1)  # only the root is alone
     assert float(a.edge[0]) == 0.0
     leaves = torch.nonzero(~torch.isnan(a.leaf)).flatten()
-    z = zscore(r)                                    # leaf order == storage order == reward order
+    z = zscore(r)  # leaf order == storage order == reward order
     for d in range(10, 21):
         ids = torch.nonzero(depth == d).flatten()
         assert ids.numel() == 16
-        close(a.edge[ids], z.tolist(), tol=1e-5)     # uniform fusion: a chain carries its leaf reward
+        close(a.edge[ids], z.tolist(), tol=1e-5)  # uniform fusion: a chain carries its leaf reward
     close(a.leaf[leaves], z.tolist(), tol=1e-5)
-    for d in (1, 2, 3):                              # two nodes: +-1/sqrt(2) whatever the gap
+    for d in (1, 2, 3):  # two nodes: +-1/sqrt(2) whatever the gap
         close(a.edge[depth == d].abs(), [1 / math.sqrt(2)] * 2)
 
 
@@ -212,11 +212,11 @@ def test_branch_per_tree_vs_treegrpo_per_group():
     deep = depth >= 10
     br = estimate(AdvantageConfig("branch", clamp=None), parent, depth, tree, group, reward, logp)
     e0, e1 = br.edge[deep & (tree == 0)], br.edge[deep & (tree == 1)]
-    close(e1, e0.tolist(), tol=1e-5)                 # scale removed independently in each tree
+    close(e1, e0.tolist(), tol=1e-5)  # scale removed independently in each tree
     close(e0[-16:], zscore(r).tolist(), tol=1e-5)
     tg = estimate(AdvantageConfig("treegrpo", clamp=None), parent, depth, tree, group, reward, logp)
     leaves = torch.nonzero(~torch.isnan(tg.leaf)).flatten()
-    close(tg.leaf[leaves], zscore(torch.cat([r, 10 * r + 5])).tolist(), tol=1e-5)   # jointly
+    close(tg.leaf[leaves], zscore(torch.cat([r, 10 * r + 5])).tolist(), tol=1e-5)  # jointly
     assert not torch.allclose(tg.leaf[leaves[:16]], tg.leaf[leaves[16:]], atol=0.1)
 
 
@@ -224,8 +224,9 @@ def test_flat_global_std_keeps_group_means():
     r0, r1 = torch.tensor([0.0, 1.0]), torch.tensor([10.0, 14.0])
     chain2 = (torch.tensor([-1, 0, 0, 1, 2]), torch.tensor([0, 1, 1, 2, 2]))
     parent, depth, tree, group, reward, logp = batch([chain2] * 2, [0, 1], [r0, r1])
-    a = estimate(AdvantageConfig("flat", flat_std="global", ddof=1, clamp=None),
-                 parent, depth, tree, group, reward, logp)
+    a = estimate(
+        AdvantageConfig("flat", flat_std="global", ddof=1, clamp=None), parent, depth, tree, group, reward, logp
+    )
     s = torch.tensor([0.0, 1.0, 10.0, 14.0]).std()
     leaves = torch.nonzero(~torch.isnan(a.leaf)).flatten()
     close(a.leaf[leaves], [(-0.5 / s).item(), (0.5 / s).item(), (-2 / s).item(), (2 / s).item()])
@@ -236,9 +237,14 @@ def test_every_estimator_runs_on_64_dense_trees():
     gen = torch.Generator().manual_seed(3)
     rewards = [torch.rand(16, generator=gen, dtype=torch.float64) for _ in range(64)]
     args = batch([dense_tree()] * 64, [i // 2 for i in range(64)], rewards)
-    cfgs = [AdvantageConfig("flat"), AdvantageConfig("branch"),
-            AdvantageConfig("branch", beta=1.0), AdvantageConfig("branch", beta=1.0, weighting="recursive"),
-            AdvantageConfig("treegrpo"), AdvantageConfig("treepo", treepo_weight="group_size")]
+    cfgs = [
+        AdvantageConfig("flat"),
+        AdvantageConfig("branch"),
+        AdvantageConfig("branch", beta=1.0),
+        AdvantageConfig("branch", beta=1.0, weighting="recursive"),
+        AdvantageConfig("treegrpo"),
+        AdvantageConfig("treepo", treepo_weight="group_size"),
+    ]
     for cfg in cfgs:
         a = estimate(cfg, *args)
         assert a.edge.dtype == torch.float32 and bool(torch.isfinite(a.edge).all())
@@ -250,8 +256,17 @@ def test_every_estimator_runs_on_64_dense_trees():
 def test_combine_rewards_mode_is_estimate_on_weighted_sum():
     cfg = AdvantageConfig("branch", clamp=None)
     r2 = torch.tensor([NAN, NAN, NAN, 4.0, 1.0, 1.0, 0.0])
-    got = combine(cfg, EX_PARENT, EX_DEPTH, EX_TREE, EX_GROUP, {"hps": EX_REWARD, "clip": r2},
-                  {"hps": 0.8, "clip": 0.2}, EX_LOGP, "rewards")
+    got = combine(
+        cfg,
+        EX_PARENT,
+        EX_DEPTH,
+        EX_TREE,
+        EX_GROUP,
+        {"hps": EX_REWARD, "clip": r2},
+        {"hps": 0.8, "clip": 0.2},
+        EX_LOGP,
+        "rewards",
+    )
     want = example(cfg, 0.8 * EX_REWARD + 0.2 * r2)
     close(got.edge, want.edge.tolist(), tol=1e-6)
     close(got.fused, want.fused.tolist(), tol=1e-6)
@@ -260,8 +275,17 @@ def test_combine_rewards_mode_is_estimate_on_weighted_sum():
 def test_combine_advantages_mode_is_weighted_sum_of_advantages():
     cfg = AdvantageConfig("treegrpo", ddof=0)
     r2 = torch.tensor([NAN, NAN, NAN, 4.0, 1.0, 1.0, 0.0])
-    got = combine(cfg, EX_PARENT, EX_DEPTH, EX_TREE, EX_GROUP, {"hps": EX_REWARD, "clip": r2},
-                  {"hps": 0.8, "clip": 0.2}, EX_LOGP, "advantages")
+    got = combine(
+        cfg,
+        EX_PARENT,
+        EX_DEPTH,
+        EX_TREE,
+        EX_GROUP,
+        {"hps": EX_REWARD, "clip": r2},
+        {"hps": 0.8, "clip": 0.2},
+        EX_LOGP,
+        "advantages",
+    )
     a1, a2 = example(cfg), example(cfg, r2)
     close(got.edge, (0.8 * a1.edge + 0.2 * a2.edge).tolist(), tol=1e-6)
     close(got.fused, (0.8 * a1.fused + 0.2 * a2.fused).tolist(), tol=1e-6)
@@ -269,8 +293,17 @@ def test_combine_advantages_mode_is_weighted_sum_of_advantages():
     close(got.leaf[leaves], (0.8 * a1.leaf + 0.2 * a2.leaf)[leaves].tolist(), tol=1e-6)
     assert got.valid.tolist() == a1.valid.tolist()
     # the clamp applies after summing: each part (|A| <= 1.342) fits, the sum does not
-    big = combine(AdvantageConfig("treegrpo", ddof=0, clamp=2.0), EX_PARENT, EX_DEPTH, EX_TREE,
-                  EX_GROUP, {"a": EX_REWARD, "b": EX_REWARD}, {"a": 1.0, "b": 1.0}, EX_LOGP, "advantages")
+    big = combine(
+        AdvantageConfig("treegrpo", ddof=0, clamp=2.0),
+        EX_PARENT,
+        EX_DEPTH,
+        EX_TREE,
+        EX_GROUP,
+        {"a": EX_REWARD, "b": EX_REWARD},
+        {"a": 1.0, "b": 1.0},
+        EX_LOGP,
+        "advantages",
+    )
     close(big.edge[[A1, A2, B2]], [-2.0, -0.894, 2.0])
 
 
@@ -290,16 +323,19 @@ def test_clamp():
     on = example(AdvantageConfig("flat", ddof=0, clamp=1.0), r)
     assert float(off.edge[B2]) > 1.5
     assert float(on.edge.abs().max()) <= 1.0 + 1e-7 and float(on.edge[B2]) == pytest.approx(1.0)
-    assert float(on.leaf[B2]) == pytest.approx(float(off.leaf[B2]))   # leaf values are pre-clamp
+    assert float(on.leaf[B2]) == pytest.approx(float(off.leaf[B2]))  # leaf values are pre-clamp
 
 
-@pytest.mark.parametrize("field,value,choices", [
-    ("estimator", "ppo", "flat, branch, treegrpo, treepo"),
-    ("weighting", "paper", "leaf-softmax, recursive"),
-    ("backup", "max", "logprob, mean"),
-    ("flat_std", "batch", "group, global"),
-    ("ddof", 2, "0, 1"),
-])
+@pytest.mark.parametrize(
+    "field,value,choices",
+    [
+        ("estimator", "ppo", "flat, branch, treegrpo, treepo"),
+        ("weighting", "paper", "leaf-softmax, recursive"),
+        ("backup", "max", "logprob, mean"),
+        ("flat_std", "batch", "group, global"),
+        ("ddof", 2, "0, 1"),
+    ],
+)
 def test_config_error_names_value_and_choices(field, value, choices):
     cfg = AdvantageConfig(**{field: value})
     with pytest.raises(ConfigError, match=choices) as err:

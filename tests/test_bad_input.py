@@ -6,7 +6,6 @@ import signal
 from pathlib import Path
 
 import pytest
-
 from clitools import one_line_error, run
 
 PIXEL = ["--set", 'model="pixel-tiny"']
@@ -30,7 +29,7 @@ def world(tmp_path_factory):
     assert run("rollout", *PIXEL, "-n", 2, "--preset", "branch", "--out", d / "unscored").exit_code == 0
     r = run("train", *PIXEL, "--preset", "branch", "--iterations", 1, "--run-dir", d / "run")
     assert r.exit_code == 0, r.output
-    (d / "nometrics").mkdir()                                      # a run that has not finished an iteration
+    (d / "nometrics").mkdir()  # a run that has not finished an iteration
     (d / "nometrics" / "run.json").write_bytes((d / "run" / "run.json").read_bytes())
     (d / "file.txt").write_text("a red circle\n")
     (d / "empty.txt").write_text("\n\n")
@@ -46,8 +45,8 @@ def world(tmp_path_factory):
     return d
 
 
-T = "{t}"    # the test's own empty folder, where outputs go
-W = "{w}"    # the shared world folder
+T = "{t}"  # the test's own empty folder, where outputs go
+W = "{w}"  # the shared world folder
 
 CASES = {
     # config values (--set), refused before any work or file
@@ -55,8 +54,14 @@ CASES = {
     "lr nan": (["train", *PIXEL, "--set", "train.lr=nan"], ["train.lr"]),
     "lr negative": (["train", *PIXEL, "--set", "train.lr=-1"], ["train.lr"]),
     "branch a word": (["train", *PIXEL, "--set", 'tree.branch="two"'], ["tree.branch"]),
-    "branch 1000": (["train", *PIXEL, "--preset", "branch", "--set", "tree.branch=1000"], ["nodes", "rollout.max_nodes"]),
-    "tree memory": (["train", "--preset", "branch", "--set", "rollout.max_tree_gib=0.0001"], ["GiB", "rollout.max_tree_gib"]),
+    "branch 1000": (
+        ["train", *PIXEL, "--preset", "branch", "--set", "tree.branch=1000"],
+        ["nodes", "rollout.max_nodes"],
+    ),
+    "tree memory": (
+        ["train", "--preset", "branch", "--set", "rollout.max_tree_gib=0.0001"],
+        ["GiB", "rollout.max_tree_gib"],
+    ),
     "num_prompts 0": (["train", *PIXEL, "--set", "rollout.num_prompts=0"], ["rollout.num_prompts"]),
     "num_prompts negative": (["train", *PIXEL, "--set", "rollout.num_prompts=-3"], ["rollout.num_prompts"]),
     "max_batch 0": (["train", *PIXEL, "--set", "rollout.max_batch=0"], ["rollout.max_batch"]),
@@ -137,8 +142,10 @@ CASES = {
     "train run-dir unwritable": (["train", *PIXEL, "--run-dir", "/proc/treegrpo-test"], ["/proc/treegrpo-test"]),
     "eval out under a file": (["eval", "--model", "pixel-tiny", "--out", W + "/file.txt/e"], ["file.txt"]),
     "eval out unwritable": (["eval", "--model", "pixel-tiny", "--out", "/proc/treegrpo-test"], ["/proc/treegrpo-test"]),
-    "diversity out unwritable": (["diversity", W + "/trees", W + "/unscored", "--out", "/proc/treegrpo-test"],
-                                 ["/proc/treegrpo-test"]),
+    "diversity out unwritable": (
+        ["diversity", W + "/trees", W + "/unscored", "--out", "/proc/treegrpo-test"],
+        ["/proc/treegrpo-test"],
+    ),
     "export out unwritable": (["export", W + "/run", "--out", "/proc/treegrpo-test"], ["/proc/treegrpo-test"]),
     "rollout out is a file": (["rollout", *PIXEL, "--out", W + "/file.txt"], ["file.txt"]),
     # compare
@@ -146,7 +153,10 @@ CASES = {
     "compare run missing": (["compare", W + "/none", "--out", T + "/c"], ["no such run folder"]),
     "compare run without metrics": (["compare", W + "/nometrics", "--out", T + "/c"], ["metrics.jsonl"]),
     "compare label count": (["compare", W + "/run", "--label", "a", "--label", "b", "--out", T + "/c"], ["--label"]),
-    "compare baseline unknown": (["compare", W + "/run", "--baseline", "nope", "--out", T + "/c"], ["--baseline", "nope"]),
+    "compare baseline unknown": (
+        ["compare", W + "/run", "--baseline", "nope", "--out", T + "/c"],
+        ["--baseline", "nope"],
+    ),
     "compare target nan": (["compare", W + "/run", "--target", "nan", "--out", T + "/c"], ["--target"]),
     "compare run twice": (["compare", W + "/run", W + "/run", "--out", T + "/c"], ["twice"]),
     "compare out unwritable": (["compare", W + "/run", "--out", "/proc/treegrpo-test"], ["/proc/treegrpo-test"]),
@@ -158,6 +168,7 @@ CASES = {
 def time_limit():
     def expire(signum, frame):
         raise TimeoutError(f"a bad-input case ran longer than {LIMIT_S} s")
+
     old = signal.signal(signal.SIGALRM, expire)
     signal.alarm(LIMIT_S)
     yield
@@ -168,7 +179,7 @@ def time_limit():
 @pytest.mark.parametrize("name", list(CASES))
 def test_bad_input(name, world, tmp_path, monkeypatch, time_limit):
     args, needles = CASES[name]
-    monkeypatch.chdir(tmp_path)                                   # the default runs/ would land here
+    monkeypatch.chdir(tmp_path)  # the default runs/ would land here
     args = [str(a).replace(T, str(tmp_path)).replace(W, str(world)) for a in args]
     before_world, before_here = snapshot(world), snapshot(tmp_path)
     one_line_error(run(*args), *needles)
@@ -182,27 +193,33 @@ def test_the_suite_is_large_enough():
 
 def test_a_model_without_its_extra_names_the_pip_command(tmp_path, monkeypatch):
     import sys
-    monkeypatch.setitem(sys.modules, "diffusers", None)               # as in the README's base install
+
+    monkeypatch.setitem(sys.modules, "diffusers", None)  # as in the README's base install
     one_line_error(run("train", "--model", "flux-dev", "--run-dir", tmp_path / "r"), "pip install 'treegrpo[models]'")
     assert not (tmp_path / "r").exists()
 
 
 def test_shipped_weights_with_a_flipped_byte_are_refused(tmp_path, monkeypatch):
     from treegrpo_cli.models import registry
+
     data = bytearray(registry.TINY_SHAPES.read_bytes())
     data[len(data) // 2] ^= 0x01
     copy = tmp_path / "tiny-shapes.safetensors"
     copy.write_bytes(bytes(data))
     monkeypatch.setattr(registry, "TINY_SHAPES", copy)
     one_line_error(run("eval", "--model", "tiny-shapes", "--metric", "shapes"), "damaged", "sha256", "reinstall")
-    monkeypatch.setattr(registry, "TINY_SHAPES", Path(registry.__file__).parents[1] / "data" / "tiny-shapes.safetensors")
-    assert registry.load_policy("tiny-shapes").name == "tiny-shapes"     # the intact file passes the same check
+    monkeypatch.setattr(
+        registry, "TINY_SHAPES", Path(registry.__file__).parents[1] / "data" / "tiny-shapes.safetensors"
+    )
+    assert registry.load_policy("tiny-shapes").name == "tiny-shapes"  # the intact file passes the same check
 
 
 def test_trees_sampled_with_a_config_that_is_now_refused_are_refused(world, tmp_path):
     """A tree folder whose stored config says eta = nan (written by an older version) is not scored or trained."""
     import shutil
+
     from treegrpo_cli.store.trees import open_trees
+
     folder = tmp_path / "trees"
     shutil.copytree(world / "trees", folder)
     store = open_trees(folder)
@@ -216,5 +233,5 @@ def test_trees_sampled_with_a_config_that_is_now_refused_are_refused(world, tmp_
 
 
 def test_the_default_run_folder_in_an_unwritable_place(monkeypatch):
-    monkeypatch.chdir("/proc")                                        # runs/ would be created here
+    monkeypatch.chdir("/proc")  # runs/ would be created here
     one_line_error(run("train", *PIXEL), "--run-dir", "runs/")

@@ -5,8 +5,18 @@ import pytest
 from treegrpo_cli.config import config_from_dict, load_config, preset_names
 from treegrpo_cli.errors import ConfigError
 
-ALL = ["branch", "branch-deppru", "branch-late", "branch-mix", "branch-widpru", "dance-grpo",
-       "flow-grpo", "mix-grpo", "tree-grpo", "treepo"]
+ALL = [
+    "branch",
+    "branch-deppru",
+    "branch-late",
+    "branch-mix",
+    "branch-widpru",
+    "dance-grpo",
+    "flow-grpo",
+    "mix-grpo",
+    "tree-grpo",
+    "treepo",
+]
 
 
 def test_every_preset_loads_and_round_trips():
@@ -33,12 +43,15 @@ def test_set_overrides_and_config_file(tmp_path):
     assert load_config("branch", sets=["tree.sde_steps=all"]).tree.sde_steps is None
 
 
-@pytest.mark.parametrize("sets,match", [
-    (["tree.brnch=3"], "did you mean 'tree.branch'"),
-    (["nonsense"], "key=value"),
-    (["advantage.estimator=ppo"], "estimator"),
-    (["tree.split_steps=[30]"], "outside"),
-])
+@pytest.mark.parametrize(
+    "sets,match",
+    [
+        (["tree.brnch=3"], "did you mean 'tree.branch'"),
+        (["nonsense"], "key=value"),
+        (["advantage.estimator=ppo"], "estimator"),
+        (["tree.split_steps=[30]"], "outside"),
+    ],
+)
 def test_bad_overrides_are_one_line_errors(sets, match):
     with pytest.raises(ConfigError, match=match):
         load_config("branch", sets=sets)
@@ -58,11 +71,14 @@ def test_bad_config_file(tmp_path):
         load_config("branch", bad)
 
 
-@pytest.mark.parametrize("sets, words", [
-    (["sampler.eta=0"], ["sampler.eta = 0", "tree.sde_steps = []"]),       # SDE steps with no noise: log(0)
-    (["tree.branch_s=0"], ["tree.branch_s must be > 0"]),                 # identical siblings
-    (["tree.branch_s=-1"], ["tree.branch_s must be > 0"]),
-])
+@pytest.mark.parametrize(
+    "sets, words",
+    [
+        (["sampler.eta=0"], ["sampler.eta = 0", "tree.sde_steps = []"]),  # SDE steps with no noise: log(0)
+        (["tree.branch_s=0"], ["tree.branch_s must be > 0"]),  # identical siblings
+        (["tree.branch_s=-1"], ["tree.branch_s must be > 0"]),
+    ],
+)
 def test_degenerate_noise_is_refused(sets, words):
     with pytest.raises(ConfigError) as e:
         load_config("branch", sets=sets)
@@ -77,16 +93,22 @@ def test_eta_zero_is_fine_for_an_ode_only_rollout():
 def _wrong_values(typ: str) -> list:
     """Values of the wrong type (or not finite) for a config annotation."""
     base = typ.removesuffix(" | None")
-    inner = base[len("tuple["):].split(",")[0] if base.startswith("tuple[") else None
+    inner = base[len("tuple[") :].split(",")[0] if base.startswith("tuple[") else None
     if inner is not None:
         return {"int": [("x",), (1.5,)], "float": [("x",), (math.nan,)], "str": [(1,), (2.5,)]}[inner]
-    return {"bool": ["yes", 1.5], "int": ["three", 2.5, True, math.nan], "float": ["fast", math.nan, True],
-            "str": [3, 1.5, True]}[base]
+    return {
+        "bool": ["yes", 1.5],
+        "int": ["three", 2.5, True, math.nan],
+        "float": ["fast", math.nan, True],
+        "str": [3, 1.5, True],
+    }[base]
 
 
 def _every_key() -> list[tuple[str, str]]:
     import dataclasses
+
     from treegrpo_cli.config import SECTIONS
+
     return [(f"{sec}.{f.name}", str(f.type)) for sec, cls in SECTIONS.items() for f in dataclasses.fields(cls)]
 
 
@@ -94,7 +116,9 @@ def _every_key() -> list[tuple[str, str]]:
 def test_every_key_refuses_values_of_the_wrong_type(key, typ):
     """Generated from the config's own annotations: each wrong value is one ConfigError naming the key."""
     import re
+
     from treegrpo_cli.config import build
+
     for value in _wrong_values(typ):
         with pytest.raises(ConfigError, match=re.escape(key)):
             build({"model": "pixel-tiny", key: value})

@@ -11,20 +11,27 @@ import types
 import numpy as np
 import pytest
 import torch
+from clitools import one_line_error, run
 from PIL import Image
 from torch import nn
 
-from clitools import one_line_error, run
 from treegrpo_cli.diversity import DiversityConfig, compare, open_images
 from treegrpo_cli.diversity import features as feats
 from treegrpo_cli.diversity.features import features
 from treegrpo_cli.diversity.inception import FIDInceptionV3
 from treegrpo_cli.diversity.io import FolderImages, TreeImages
-from treegrpo_cli.diversity.kernels import (gaussian_kernel, kid, median_bandwidth, mmd2_pooled, mmd2_unbiased,
-                                            permutation_test, poly_kernel, sq_dists)
+from treegrpo_cli.diversity.kernels import (
+    gaussian_kernel,
+    kid,
+    median_bandwidth,
+    mmd2_pooled,
+    mmd2_unbiased,
+    permutation_test,
+    poly_kernel,
+    sq_dists,
+)
 from treegrpo_cli.diversity.report import one_per_group, pca_2d, statistics
 from treegrpo_cli.errors import ConfigError, TreegrpoError
-
 
 
 def gauss(n: int, d: int, seed: int, shift: float = 0.0) -> torch.Tensor:
@@ -41,6 +48,7 @@ def write_pngs(folder, n: int, seed: int, size=(8, 8), lo: int = 0, hi: int = 25
 
 # --- kernels: golden values ------------------------------------------------------------------
 
+
 def test_kernel_golden_values():
     x, y = torch.tensor([[0.0], [1.0]]), torch.tensor([[2.0], [3.0]])
     # (x.y + 1)^3: kxx off-diagonal 1, kyy off-diagonal 7^3, kxy 1, 1, 27, 64
@@ -49,22 +57,25 @@ def test_kernel_golden_values():
     assert mmd2_unbiased(kxx, kyy, kxy) == pytest.approx(1 + 343 - 2 * 93 / 4, abs=1e-12)
     z = torch.cat([x, y])
     assert mmd2_pooled(poly_kernel(z, z, gamma=1.0), 2) == pytest.approx(297.5, abs=1e-12)
-    assert poly_kernel(torch.eye(2), torch.ones(1, 2)).flatten().tolist() == [1.5 ** 3] * 2   # gamma = 1/dim
+    assert poly_kernel(torch.eye(2), torch.ones(1, 2)).flatten().tolist() == [1.5**3] * 2  # gamma = 1/dim
     g = gaussian_kernel(torch.tensor([[0.0], [1.0]]), torch.tensor([[0.0], [2.0]]), bandwidth=1.0)
     assert torch.allclose(g, torch.tensor([[1.0, math.exp(-2)], [math.exp(-0.5), math.exp(-0.5)]], dtype=torch.float64))
     assert sq_dists(torch.tensor([[3.0, 4.0]]), torch.zeros(1, 2)).item() == 25.0
-    pts = torch.tensor([[0.0], [1.0], [3.0]])                              # distances 1, 3, 2
+    pts = torch.tensor([[0.0], [1.0], [3.0]])  # distances 1, 3, 2
     assert median_bandwidth(pts, torch.Generator().manual_seed(0)) == 2.0
 
 
 # --- KID: torchmetrics parity and calibration -------------------------------------------------
+
 
 class Project(nn.Module):
     """A small fixed feature module: flatten 8x8 images and project them to 16-d."""
 
     def __init__(self, dtype):
         super().__init__()
-        self.w = (torch.randn(3 * 8 * 8, 16, generator=torch.Generator().manual_seed(7), dtype=torch.float64) / 8).to(dtype)
+        self.w = (torch.randn(3 * 8 * 8, 16, generator=torch.Generator().manual_seed(7), dtype=torch.float64) / 8).to(
+            dtype
+        )
 
     def forward(self, x):
         return x.flatten(1).to(self.w.dtype) @ self.w
@@ -80,13 +91,13 @@ def test_kid_equals_torchmetrics(dtype):
     tm = kid_mod.KernelInceptionDistance(feature=module, subsets=7, subset_size=25)
     tm.update(imgs_a, real=True)
     tm.update(imgs_b, real=False)
-    torch.manual_seed(123)                                                 # torchmetrics draws from the global RNG
+    torch.manual_seed(123)  # torchmetrics draws from the global RNG
     tm_mean, tm_std = (float(v) for v in tm.compute())
     z = torch.cat([features(module, [imgs_a], 16), features(module, [imgs_b[:30], imgs_b[30:]], 16)])
     mean, std, vals = kid(poly_kernel(z, z), 40, 7, 25, torch.Generator().manual_seed(123))
     assert vals.shape == (7,) and 0.05 < mean < 0.5
     assert mean == pytest.approx(tm_mean, abs=1e-6) and std == pytest.approx(tm_std, abs=1e-6)
-    if dtype == torch.float64:                                             # the same float64 features: exact
+    if dtype == torch.float64:  # the same float64 features: exact
         assert mean == pytest.approx(tm_mean, rel=1e-12) and std == pytest.approx(tm_std, rel=1e-12)
 
 
@@ -123,16 +134,21 @@ def test_permutation_p_value_is_uniform_under_the_null_and_small_under_a_shift()
 
 def _trees(g, shift=0.0):
     """Set A: 12 trees of 4 leaves, set B: 9 trees of 6; a tree is a centre plus small leaf noise."""
+
     def one(n, leaves, s):
         return (torch.randn(n, 1, 3, generator=g) + s + 0.3 * torch.randn(n, leaves, 3, generator=g)).reshape(-1, 3)
-    return one(12, 4, 0.0), one(9, 6, shift), torch.cat([torch.arange(12).repeat_interleave(4),
-                                                          12 + torch.arange(9).repeat_interleave(6)])
+
+    return (
+        one(12, 4, 0.0),
+        one(9, 6, shift),
+        torch.cat([torch.arange(12).repeat_interleave(4), 12 + torch.arange(9).repeat_interleave(6)]),
+    )
 
 
 def test_one_leaf_per_tree_keeps_the_test_valid_when_leaves_of_a_tree_correlate():
     by_tree, by_image = _p_values(40, _trees, one_per_tree=True), _p_values(40, _trees)
     assert (by_tree <= 0.05).float().mean() <= 0.1 and 0.3 < by_tree.mean() < 0.7
-    assert (by_image <= 0.05).float().mean() >= 0.5                        # why the test takes one leaf per tree
+    assert (by_image <= 0.05).float().mean() >= 0.5  # why the test takes one leaf per tree
     assert _p_values(5, lambda g: _trees(g, shift=2.0), one_per_tree=True).max() <= 0.05
 
 
@@ -147,6 +163,7 @@ def test_one_per_group_and_test_sizes():
 
 # --- features --------------------------------------------------------------------------------
 
+
 def test_features_run_in_batches_with_progress_in_bounded_memory():
     seen, made, calls = [], [0], []
 
@@ -154,7 +171,7 @@ def test_features_run_in_batches_with_progress_in_bounded_memory():
         seen.append((x.shape[0], made[0]))
         return x.flatten(1)[:, :4].float()
 
-    def chunks():                                                          # 23 images, 5 at a time
+    def chunks():  # 23 images, 5 at a time
         for a in range(0, 23, 5):
             made[0] += min(5, 23 - a)
             yield torch.arange(a, min(a + 5, 23)).float()[:, None, None, None].expand(-1, 3, 2, 2)
@@ -162,7 +179,9 @@ def test_features_run_in_batches_with_progress_in_bounded_memory():
     out = features(extractor, chunks(), 8, lambda ph, d, t: calls.append((ph, d, t)), total=23, phase="px")
     assert [s for s, _ in seen] == [8, 8, 7] and out.shape == (23, 4) and out.dtype == torch.float32
     assert out[:, 0].tolist() == list(range(23))
-    assert all(m - done <= 8 + 5 for (_, m), done in zip(seen, (0, 8, 16)))   # never more than a batch + a chunk ahead
+    assert all(
+        m - done <= 8 + 5 for (_, m), done in zip(seen, (0, 8, 16), strict=True)
+    )  # never more than a batch + a chunk ahead
     assert calls == [("px", 8, 23), ("px", 16, 23), ("px", 23, 23)]
 
 
@@ -217,7 +236,9 @@ def test_clip_features_through_open_clip(tmp_path, monkeypatch):
             return x.mean((2, 3)).repeat(1, 171)[:, :512]
 
     made = {}
-    fake = types.SimpleNamespace(create_model=lambda name, pretrained: made.update(name=name, path=pretrained) or Tiny())
+    fake = types.SimpleNamespace(
+        create_model=lambda name, pretrained: made.update(name=name, path=pretrained) or Tiny()
+    )
     monkeypatch.setitem(sys.modules, "torchvision", types.ModuleType("torchvision"))
     monkeypatch.setitem(sys.modules, "open_clip", fake)
     (tmp_path / "clip.bin").write_bytes(b"x")
@@ -226,6 +247,7 @@ def test_clip_features_through_open_clip(tmp_path, monkeypatch):
 
 
 # --- image sets and the report ---------------------------------------------------------------
+
 
 def test_image_folder_set(tmp_path):
     folder = write_pngs(tmp_path / "a", 5, 0)
@@ -242,8 +264,19 @@ def test_image_folder_set(tmp_path):
 
 
 def test_tree_folder_set(tmp_path):
-    r = run("rollout", "--preset", "dance-grpo", "--model", "pixel-tiny", "-n", 2, "--prompts-per-shard", 1,
-            "--out", tmp_path / "t")
+    r = run(
+        "rollout",
+        "--preset",
+        "dance-grpo",
+        "--model",
+        "pixel-tiny",
+        "-n",
+        2,
+        "--prompts-per-shard",
+        1,
+        "--out",
+        tmp_path / "t",
+    )
     assert r.exit_code == 0, r.output
     s = open_images(tmp_path / "t")
     assert isinstance(s, TreeImages) and len(s) == 24 and s.groups().tolist() == [0] * 12 + [1] * 12
@@ -276,6 +309,7 @@ def test_pca_2d_finds_the_main_axis():
 
 # --- the command -----------------------------------------------------------------------------
 
+
 @pytest.fixture
 def two_folders(tmp_path):
     return write_pngs(tmp_path / "a", 10, 1), write_pngs(tmp_path / "b", 10, 2, lo=60)
@@ -293,27 +327,51 @@ def test_cli_json_and_table(two_folders, tmp_path):
 
 
 def test_cli_generate(tmp_path):
-    args = ["diversity", "--generate", "--model", "pixel-tiny", "--features", "pixels", "--kid-subsets", 2,
-            "--permutations", 9, "--out", tmp_path / "o", "--overwrite"]
-    one_line_error(run(*args, "--num", 10), "at least 2 trees per set", "--by-image")   # one tree per set
+    args = [
+        "diversity",
+        "--generate",
+        "--model",
+        "pixel-tiny",
+        "--features",
+        "pixels",
+        "--kid-subsets",
+        2,
+        "--permutations",
+        9,
+        "--out",
+        tmp_path / "o",
+        "--overwrite",
+    ]
+    one_line_error(run(*args, "--num", 10), "at least 2 trees per set", "--by-image")  # one tree per set
     r = run(*args, "--num", 30, "--set-b", 'tree.branch_noise="scaled"', "--json")
     assert r.exit_code == 0, r.output
-    meta = {k: json.loads((tmp_path / "o" / k / "index.json").read_text())["meta"]["config"] for k in ("set-a", "set-b")}
+    meta = {
+        k: json.loads((tmp_path / "o" / k / "index.json").read_text())["meta"]["config"] for k in ("set-a", "set-b")
+    }
     assert (meta["set-a"]["tree"]["branch_noise"], meta["set-b"]["tree"]["branch_noise"]) == ("correlated", "scaled")
     rep = json.loads(r.stdout)
     assert rep["a"]["used"] == rep["b"]["used"] == 30 and rep["test_unit"] == "tree"
-    assert (rep["features"]["pixels"]["test_n_a"], rep["features"]["pixels"]["test_n_b"]) == (3, 2)   # 12 and 16 leaves a tree
+    assert (rep["features"]["pixels"]["test_n_a"], rep["features"]["pixels"]["test_n_b"]) == (
+        3,
+        2,
+    )  # 12 and 16 leaves a tree
     assert rep["a"]["source"].endswith("set-a") and (tmp_path / "o" / "set-b" / "index.json").is_file()
 
 
-@pytest.mark.parametrize("args,needles", [
-    (["--features", "pixels"], ["give two folders"]),
-    (["{a}", "{missing}", "--features", "pixels"], ["no such folder"]),
-    (["{a}", "{b}", "--features", "incepton"], ["did you mean 'inception'"]),
-    (["{a}", "{b}", "--features", "inception", "--inception-weights", "{missing}"], ["weights not found", "--inception-weights"]),
-    (["{a}", "{b}", "--features", "pixels", "--no-kid", "--no-mmd"], ["nothing to compute"]),
-    (["{a}", "{b}", "--features", "pixels", "--test-kernel", "linear"], ["--test-kernel"]),
-])
+@pytest.mark.parametrize(
+    "args,needles",
+    [
+        (["--features", "pixels"], ["give two folders"]),
+        (["{a}", "{missing}", "--features", "pixels"], ["no such folder"]),
+        (["{a}", "{b}", "--features", "incepton"], ["did you mean 'inception'"]),
+        (
+            ["{a}", "{b}", "--features", "inception", "--inception-weights", "{missing}"],
+            ["weights not found", "--inception-weights"],
+        ),
+        (["{a}", "{b}", "--features", "pixels", "--no-kid", "--no-mmd"], ["nothing to compute"]),
+        (["{a}", "{b}", "--features", "pixels", "--test-kernel", "linear"], ["--test-kernel"]),
+    ],
+)
 def test_cli_bad_input_is_one_line(two_folders, tmp_path, args, needles):
     a, b = two_folders
     fill = {"{a}": str(a), "{b}": str(b), "{missing}": str(tmp_path / "missing")}

@@ -5,13 +5,13 @@ import json
 
 import pytest
 import torch
+from clitools import one_line_error, run
 from PIL import Image
 
-from clitools import one_line_error, run
-from treegrpo_cli import evaluate
 from treegrpo_cli.config import load_config
-from treegrpo_cli.evaluate import EvalRequest, run_eval
 from treegrpo_cli.models.registry import load_policy
+from treegrpo_cli.report import evaluate
+from treegrpo_cli.report.evaluate import EvalRequest, run_eval
 from treegrpo_cli.rewards import base
 from treegrpo_cli.store.checkpoint import Checkpoint, save_checkpoint
 
@@ -37,7 +37,7 @@ def test_eval_shapes_prints_the_table_and_writes_the_files(tmp_path):
     mean = sum(float(row["shapes"]) for row in rows) / 6
     assert abs(mean - summary["metrics"]["shapes"]["mean"]) < 1e-6
     with Image.open(out / "samples.png") as im:
-        assert im.width >= 3 * 32 * 4                         # 6 captioned images, 3 per row, scaled 4x
+        assert im.width >= 3 * 32 * 4  # 6 captioned images, 3 per row, scaled 4x
 
 
 def test_eval_json_is_independent_of_the_batch_size():
@@ -49,7 +49,9 @@ def test_eval_json_is_independent_of_the_batch_size():
     for name in a:
         assert a[name]["n"] == 6 and abs(a[name]["mean"] - b[name]["mean"]) < 1e-6
     sde = json.loads(run(*args, "--sde").stdout)
-    assert sde["sampling"] == "sde" and sde["metrics"]["jpeg-compressibility"]["mean"] != a["jpeg-compressibility"]["mean"]
+    assert (
+        sde["sampling"] == "sde" and sde["metrics"]["jpeg-compressibility"]["mean"] != a["jpeg-compressibility"]["mean"]
+    )
 
 
 def test_eval_hps_without_weights_is_one_line(monkeypatch):
@@ -61,22 +63,35 @@ def test_eval_hps_without_weights_is_one_line(monkeypatch):
 
 def test_eval_hps_with_tiny_weights_through_reward_opt(tmp_path):
     open_clip = pytest.importorskip("open_clip")
-    cfg = {"embed_dim": 8, "vision_cfg": {"image_size": 32, "layers": 1, "width": 16, "patch_size": 16, "head_width": 8},
-           "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 16, "heads": 2, "layers": 1}}
+    cfg = {
+        "embed_dim": 8,
+        "vision_cfg": {"image_size": 32, "layers": 1, "width": 16, "patch_size": 16, "head_width": 8},
+        "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 16, "heads": 2, "layers": 1},
+    }
     (tmp_path / "treegrpo-test-eval.json").write_text(json.dumps(cfg))
     open_clip.add_model_config(tmp_path / "treegrpo-test-eval.json")
     torch.manual_seed(0)
     torch.save({"state_dict": open_clip.create_model("treegrpo-test-eval").state_dict()}, tmp_path / "hps.pt")
-    r = run("eval", *SHAPES, "--metric", "hps", "--json", "--reward-opt", f"hps.checkpoint={tmp_path / 'hps.pt'}",
-            "--reward-opt", "hps.arch=treegrpo-test-eval")
+    r = run(
+        "eval",
+        *SHAPES,
+        "--metric",
+        "hps",
+        "--json",
+        "--reward-opt",
+        f"hps.checkpoint={tmp_path / 'hps.pt'}",
+        "--reward-opt",
+        "hps.arch=treegrpo-test-eval",
+    )
     assert r.exit_code == 0, r.output
     m = json.loads(r.stdout)["metrics"]["hps"]
     assert m["n"] == 3 and -1 <= m["mean"] <= 1
-    assert "initialized randomly" not in r.stderr                     # loading is silent: no library chatter
+    assert "initialized randomly" not in r.stderr  # loading is silent: no library chatter
 
 
 class Probe:
     """A reward that records the size of every batch it scores."""
+
     name = "probe-test"
     seen: list[int] = []
 
@@ -91,14 +106,23 @@ def test_256_images_stream_in_batches_with_progress(monkeypatch):
     Probe.seen = []
     trees: list[int] = []
     real = evaluate.rollout
-    monkeypatch.setattr(evaluate, "rollout", lambda policy, prompts, *a, **k: trees.append(len(prompts)) or
-                        real(policy, prompts, *a, **k))
+    monkeypatch.setattr(
+        evaluate,
+        "rollout",
+        lambda policy, prompts, *a, **k: trees.append(len(prompts)) or real(policy, prompts, *a, **k),
+    )
     calls = []
-    req = EvalRequest(metrics=(Probe.name,), prompts=[f"prompt {i}" for i in range(64)], model="pixel-tiny",
-                      num_images=4, steps=2, batch=32)
+    req = EvalRequest(
+        metrics=(Probe.name,),
+        prompts=[f"prompt {i}" for i in range(64)],
+        model="pixel-tiny",
+        num_images=4,
+        steps=2,
+        batch=32,
+    )
     summary, scored = run_eval(req, lambda phase, done, total: calls.append((phase, done, total)))
     assert summary["metrics"][Probe.name]["n"] == 256
-    assert Probe.seen == [32] * 8 and trees == [32] * 8               # never more than a batch at a time
+    assert Probe.seen == [32] * 8 and trees == [32] * 8  # never more than a batch at a time
     assert [c for c in calls if c[0] == "score"] == [("score", 32 * k, 256) for k in range(1, 9)]
     assert [c for c in calls if c[0] == "generate"] == [("generate", 32 * k, 256) for k in range(1, 9)]
     assert scored["model"].grid.shape == (16, 3, 8, 8) and len(scored["model"].rows) == 256
@@ -110,21 +134,44 @@ def _checkpoint(run_dir, shift_model: float, shift_ema: float):
     """A pixel-tiny training checkpoint whose weights are the base weights moved by a constant."""
     cfg = load_config(sets=['model="pixel-tiny"'])
     state = load_policy("pixel-tiny").trainable_state()
-    moved = lambda d: {k: v + d for k, v in state.items()}
-    ck = Checkpoint(1, moved(shift_model), moved(shift_ema), {"state": {}, "param_groups": []},
-                    {"torch": torch.get_rng_state()}, {"step": 1, "seed": 0, "config": cfg.to_dict()})
+
+    def moved(d: float) -> dict:
+        return {k: v + d for k, v in state.items()}
+
+    ck = Checkpoint(
+        1,
+        moved(shift_model),
+        moved(shift_ema),
+        {"state": {}, "param_groups": []},
+        {"torch": torch.get_rng_state()},
+        {"step": 1, "seed": 0, "config": cfg.to_dict()},
+    )
     return save_checkpoint(run_dir / "checkpoints", ck, keep_last=2)
 
 
 def test_eval_checkpoint_uses_ema_and_pairs_with_the_baseline(tmp_path):
     _checkpoint(tmp_path / "run", 0.0, 0.05)
-    args = ("eval", "--checkpoint", tmp_path / "run", "--num-prompts", 4, "--num-images", 2, "--steps", 3,
-            "--metric", "jpeg-compressibility", "--baseline", "pixel-tiny", "--json")
+    args = (
+        "eval",
+        "--checkpoint",
+        tmp_path / "run",
+        "--num-prompts",
+        4,
+        "--num-images",
+        2,
+        "--steps",
+        3,
+        "--metric",
+        "jpeg-compressibility",
+        "--baseline",
+        "pixel-tiny",
+        "--json",
+    )
     ema, plain = (json.loads(run(*args, *extra).stdout) for extra in ((), ("--no-ema",)))
     assert ema["source"]["weights"] == "ema" and plain["source"]["weights"] == "trained"
     assert ema["source"]["step"] == 1 and ema["baseline"] == {"model": "pixel-tiny"}
     m = plain["metrics"]["jpeg-compressibility"]
-    assert m["delta"] == 0.0 and m["baseline_mean"] == m["mean"]           # same weights, same noises
+    assert m["delta"] == 0.0 and m["baseline_mean"] == m["mean"]  # same weights, same noises
     assert ema["metrics"]["jpeg-compressibility"]["delta"] != 0.0
     table = run(*args[:-1])
     assert table.exit_code == 0 and "delta" in table.stdout and "baseline: pixel-tiny" in table.stdout
@@ -152,8 +199,18 @@ def test_eval_scores_an_image_folder(tmp_path):
     assert r.exit_code == 0, r.output
     s = json.loads(r.stdout)
     assert s["sampling"] == "folder" and s["metrics"]["jpeg-incompressibility"]["n"] == 5
-    r = run("eval", "--images", tmp_path / "b", "--baseline", tmp_path / "a", "--metric", "jpeg-incompressibility",
-            "--out", tmp_path / "out", "--json")
+    r = run(
+        "eval",
+        "--images",
+        tmp_path / "b",
+        "--baseline",
+        tmp_path / "a",
+        "--metric",
+        "jpeg-incompressibility",
+        "--out",
+        tmp_path / "out",
+        "--json",
+    )
     assert r.exit_code == 0, r.output
     m = json.loads(r.stdout)["metrics"]["jpeg-incompressibility"]
     assert m["n"] == 3 and m["baseline_n"] == 5 and abs(m["delta"] - (m["mean"] - m["baseline_mean"])) < 1e-9

@@ -13,17 +13,33 @@ PROMPTS = ["a red circle", "two blue squares"]
 
 
 def scored_batch(preset, sets=(), prompts=PROMPTS, seed=3):
-    cfg = load_config(preset, sets=["model=\"pixel-tiny\"", *sets])
+    cfg = load_config(preset, sets=['model="pixel-tiny"', *sets])
     policy = load_policy(cfg.model)
     sde = FlowSDE(cfg.sampler)
     tree, nfe = rollout(policy, prompts, list(range(len(prompts))), sde, cfg.tree, seed)
     leaves = tree.leaves()
     images = policy.decode(tree.image_latent)
-    r = score_leaves({"jpeg": get_reward("jpeg-incompressibility")}, images, [prompts[int(p)] for p in tree.tree_prompt[tree.tree[leaves]]])["jpeg"]
+    r = score_leaves(
+        {"jpeg": get_reward("jpeg-incompressibility")},
+        images,
+        [prompts[int(p)] for p in tree.tree_prompt[tree.tree[leaves]]],
+    )["jpeg"]
     full = torch.full((tree.num_nodes,), float("nan")).index_put_((leaves,), r)
-    adv, trained = assign_credit(tree.parent, tree.depth, tree.tree, tree.group(), tree.sde, tree.log_prob,
-                                 {"jpeg": full}, {"jpeg": 1.0}, "rewards", cfg.advantage, cfg.pruning,
-                                 cfg.sampler.steps, cfg.sampler.decode)
+    adv, trained = assign_credit(
+        tree.parent,
+        tree.depth,
+        tree.tree,
+        tree.group(),
+        tree.sde,
+        tree.log_prob,
+        {"jpeg": full},
+        {"jpeg": 1.0},
+        "rewards",
+        cfg.advantage,
+        cfg.pruning,
+        cfg.sampler.steps,
+        cfg.sampler.decode,
+    )
     cond = policy.encode([prompts[int(p)] for p in tree.tree_prompt])
     return cfg, policy, sde, Batch(tree, trained, adv.edge, cond), nfe
 
@@ -48,22 +64,39 @@ def test_ratio_is_one_before_the_first_update(preset):
         assert abs(m["ratio_min"] - 1) < 1e-5 and abs(m["ratio_max"] - 1) < 1e-5
 
 
+PAPER = ("pruning.train_last=false", 'train.loss_norm="mean"')  # BranchGRPO's objective: one step of the mean
+
+
 def test_training_evaluations_match_the_tree_shape():
-    cfg, policy, sde, batch, nfe = scored_batch("branch", prompts=PROMPTS[:1])
+    cfg, policy, sde, batch, nfe = scored_batch("branch", prompts=PROMPTS[:1], sets=PAPER)
     opt = make_optimizer(list(policy.trainable_parameters()), cfg.train)
     m = grpo_update(policy, opt, sde, batch, cfg.train, torch.Generator().manual_seed(0))
     assert nfe == 203
     assert m["train_evals"] == 203 - 16  # every parent except the last step's (x0 decode: not trained)
-    assert m["edges"] == 218 - 16        # every edge except the last step's
-    _, policy, sde, pruned, _ = scored_batch("branch-widpru", prompts=PROMPTS[:1])
-    m2 = grpo_update(policy, make_optimizer(list(policy.trainable_parameters()), cfg.train), sde, pruned,
-                     cfg.train, torch.Generator().manual_seed(0))
+    assert m["edges"] == 218 - 16  # every edge except the last step's
+    _, policy, sde, pruned, _ = scored_batch("branch-widpru", prompts=PROMPTS[:1], sets=PAPER)
+    m2 = grpo_update(
+        policy,
+        make_optimizer(list(policy.trainable_parameters()), cfg.train),
+        sde,
+        pruned,
+        cfg.train,
+        torch.Generator().manual_seed(0),
+    )
     # Parent-Top1 keeps 8 of the 16 chains below the last split (steps 10..18 -> 9 parents each)
     assert m2["train_evals"] == 187 - 8 * 9  # the 8 dropped chains own no trained edge at depths 10..18
-    _, policy, sde, deep, _ = scored_batch("branch-deppru", prompts=PROMPTS[:1])
-    m3 = grpo_update(policy, make_optimizer(list(policy.trainable_parameters()), cfg.train), sde, deep,
-                     cfg.train, torch.Generator().manual_seed(0))
+    _, policy, sde, deep, _ = scored_batch("branch-deppru", prompts=PROMPTS[:1], sets=PAPER)
+    m3 = grpo_update(
+        policy,
+        make_optimizer(list(policy.trainable_parameters()), cfg.train),
+        sde,
+        deep,
+        cfg.train,
+        torch.Generator().manual_seed(0),
+    )
     assert m3["edges"] == 202 - 4 * 16  # depths 15..18 left out
+    _, _, _, code, _ = scored_batch("branch", prompts=PROMPTS[:1])  # the released code's schedule: the last step too
+    assert int(code.trained.sum()) == 218
 
 
 def test_each_edge_log_prob_moves_with_the_sign_of_its_own_advantage():
@@ -103,8 +136,15 @@ def test_minibatches_and_per_transition_modes():
 def test_kl_to_reference_starts_at_zero():
     cfg, policy, sde, batch, _ = scored_batch("branch")
     tc = TrainConfig(kl_beta=0.04)
-    m = grpo_update(policy, make_optimizer(list(policy.trainable_parameters()), tc), sde, batch, tc,
-                    torch.Generator().manual_seed(0), ref=policy.reference())
+    m = grpo_update(
+        policy,
+        make_optimizer(list(policy.trainable_parameters()), tc),
+        sde,
+        batch,
+        tc,
+        torch.Generator().manual_seed(0),
+        ref=policy.reference(),
+    )
     assert m["kl_ref"] == pytest.approx(0.0, abs=1e-10)
 
 
@@ -128,10 +168,16 @@ def test_per_transition_divides_by_edges_per_tree_as_the_reference():
     for norm in ("tree", "accum"):
         policy = load_policy("pixel-tiny")
         tc = TrainConfig(loss_norm="per-transition", accum_edges=100, transition_norm=norm, max_grad_norm=1e9)
-        m = grpo_update(policy, torch.optim.SGD(list(policy.trainable_parameters()), lr=0.0), sde, batch, tc,
-                        torch.Generator().manual_seed(0))
+        m = grpo_update(
+            policy,
+            torch.optim.SGD(list(policy.trainable_parameters()), lr=0.0),
+            sde,
+            batch,
+            tc,
+            torch.Generator().manual_seed(0),
+        )
         assert m["edges"] == 39 and m["optimizer_steps"] == 1
-        grad[norm] = torch.cat([p.grad.flatten() for p in policy.trainable_parameters()])   # left by the one step
+        grad[norm] = torch.cat([p.grad.flatten() for p in policy.trainable_parameters()])  # left by the one step
     assert grad["accum"].abs().max() > 0
     torch.testing.assert_close(grad["tree"] * 39, grad["accum"], rtol=1e-4, atol=1e-10)
 
@@ -151,7 +197,7 @@ def test_zero_advantage_edges_are_skipped_by_default():
     from treegrpo_cli.engine.advantages import AdvantageConfig
     from treegrpo_cli.engine.pruning import PruneConfig
 
-    parent = torch.tensor([-1, -1, -1, -1, 0, 1, 2, 3])       # 4 roots (one chain each), one step
+    parent = torch.tensor([-1, -1, -1, -1, 0, 1, 2, 3])  # 4 roots (one chain each), one step
     depth = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
     tree = torch.tensor([0, 1, 2, 3, 0, 1, 2, 3])
     group = torch.tensor([0, 0, 1, 1, 0, 0, 1, 1])
@@ -159,9 +205,21 @@ def test_zero_advantage_edges_are_skipped_by_default():
     sde, lp = depth > 0, torch.zeros(8)
     masks = {}
     for skip in (True, False):
-        adv, masks[skip] = assign_credit(parent, depth, tree, group, sde, lp, {"r": reward}, {"r": 1.0}, "rewards",
-                                         AdvantageConfig(estimator="flat"), PruneConfig(skip_zero_advantage=skip),
-                                         1, "final")
+        adv, masks[skip] = assign_credit(
+            parent,
+            depth,
+            tree,
+            group,
+            sde,
+            lp,
+            {"r": reward},
+            {"r": 1.0},
+            "rewards",
+            AdvantageConfig(estimator="flat"),
+            PruneConfig(skip_zero_advantage=skip),
+            1,
+            "final",
+        )
     assert masks[False].tolist() == [False] * 4 + [True] * 4
     assert masks[True].tolist() == [False] * 6 + [True] * 2
     assert adv.edge[6] < 0 < adv.edge[7]
@@ -170,10 +228,28 @@ def test_zero_advantage_edges_are_skipped_by_default():
 def test_a_batch_of_tied_rewards_trains_nothing_and_costs_no_forward():
     """Every group's rewards equal: every advantage is zero, no edge is trained, the update runs no model."""
     cfg, policy, sde, batch, _ = scored_batch("tree-grpo", prompts=PROMPTS[:1])
-    tied = assign_credit(batch.tree.parent, batch.tree.depth, batch.tree.tree, batch.tree.group(), batch.tree.sde,
-                         batch.tree.log_prob, {"r": torch.where(batch.tree.is_leaf(), 0.5, float("nan"))},
-                         {"r": 1.0}, "rewards", cfg.advantage, cfg.pruning, cfg.sampler.steps, cfg.sampler.decode)[1]
+    tied = assign_credit(
+        batch.tree.parent,
+        batch.tree.depth,
+        batch.tree.tree,
+        batch.tree.group(),
+        batch.tree.sde,
+        batch.tree.log_prob,
+        {"r": torch.where(batch.tree.is_leaf(), 0.5, float("nan"))},
+        {"r": 1.0},
+        "rewards",
+        cfg.advantage,
+        cfg.pruning,
+        cfg.sampler.steps,
+        cfg.sampler.decode,
+    )[1]
     assert batch.trained.sum() == 39 and not tied.any()
-    m = grpo_update(policy, make_optimizer(list(policy.trainable_parameters()), cfg.train), sde,
-                    Batch(batch.tree, tied, batch.advantage, batch.cond), cfg.train, torch.Generator().manual_seed(0))
+    m = grpo_update(
+        policy,
+        make_optimizer(list(policy.trainable_parameters()), cfg.train),
+        sde,
+        Batch(batch.tree, tied, batch.advantage, batch.cond),
+        cfg.train,
+        torch.Generator().manual_seed(0),
+    )
     assert m == {"edges": 0, "train_evals": 0}

@@ -11,21 +11,41 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from clitools import one_line_error, run
-from treegrpo_cli.compat import ensure_torchvision
 
-ensure_torchvision()
-from tokenizers.pre_tokenizers import ByteLevel  # noqa: E402
-from transformers import (CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer,  # noqa: E402
-                          T5Config, T5EncoderModel, T5TokenizerFast)
+# transformers imports torchvision: tests/conftest.py has already run ensure_torchvision() (see compat.py)
+from tokenizers.pre_tokenizers import ByteLevel
+from transformers import (
+    CLIPTextConfig,
+    CLIPTextModel,
+    CLIPTextModelWithProjection,
+    CLIPTokenizer,
+    T5Config,
+    T5EncoderModel,
+    T5TokenizerFast,
+)
 
 ADAPTERS = ("flux", "sd3", "sd")
 H = 32  # text width of the tiny encoders
 # 2 prompts x (a 4-step tree splitting into 2 at steps 0 and 1): 4 leaves per tree; 16 px images
-TINY = ["--set", "sampler.steps=4", "--set", "tree.split_steps=[0, 1]", "--set", "tree.branch=2",
-        "--set", "policy.resolution=16", "--set", "policy.dtype=\"fp32\"", "--set", "policy.max_sequence_length=8",
-        "--set", "train.eval_samples=0", "--set", "train.sample_every=0"]
+TINY = [
+    "--set",
+    "sampler.steps=4",
+    "--set",
+    "tree.split_steps=[0, 1]",
+    "--set",
+    "tree.branch=2",
+    "--set",
+    "policy.resolution=16",
+    "--set",
+    'policy.dtype="fp32"',
+    "--set",
+    "policy.max_sequence_length=8",
+    "--set",
+    "train.eval_samples=0",
+    "--set",
+    "train.sample_every=0",
+]
 
 
 def clip_tokenizer():
@@ -39,69 +59,154 @@ def clip_tokenizer():
 
 
 def t5_tokenizer():
-    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("\u2581", -1.0)] + [(c, -2.0) for c in "abcdefghijklmnopqrstuvwxyz"]
+    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("\u2581", -1.0)] + [
+        (c, -2.0) for c in "abcdefghijklmnopqrstuvwxyz"
+    ]
     return T5TokenizerFast(vocab=pieces, extra_ids=0, model_max_length=512)
 
 
 def clip_config(tok, projection: bool = False):
-    return CLIPTextConfig(vocab_size=len(tok), hidden_size=H, intermediate_size=37, num_hidden_layers=2,
-                          num_attention_heads=4, projection_dim=H, bos_token_id=tok.bos_token_id,
-                          eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    return CLIPTextConfig(
+        vocab_size=len(tok),
+        hidden_size=H,
+        intermediate_size=37,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        projection_dim=H,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
 
 
 def t5(tok, width: int):
-    return T5EncoderModel(T5Config(vocab_size=len(tok), d_model=width, d_kv=8, d_ff=37, num_layers=2, num_heads=4,
-                                   relative_attention_num_buckets=8, pad_token_id=tok.pad_token_id,
-                                   eos_token_id=tok.eos_token_id))
+    return T5EncoderModel(
+        T5Config(
+            vocab_size=len(tok),
+            d_model=width,
+            d_kv=8,
+            d_ff=37,
+            num_layers=2,
+            num_heads=4,
+            relative_attention_num_buckets=8,
+            pad_token_id=tok.pad_token_id,
+            eos_token_id=tok.eos_token_id,
+        )
+    )
 
 
 def vae(scaling: float, shift: float | None):
     from diffusers import AutoencoderKL
+
     # 2 blocks: vae_scale_factor 2, so 16 px images have 8 x 8 latents
-    return AutoencoderKL(down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
-                         block_out_channels=(8, 16), layers_per_block=1, latent_channels=4, norm_num_groups=4,
-                         sample_size=16, use_quant_conv=False, use_post_quant_conv=False,
-                         scaling_factor=scaling, shift_factor=shift)
+    return AutoencoderKL(
+        down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2,
+        block_out_channels=(8, 16),
+        layers_per_block=1,
+        latent_channels=4,
+        norm_num_groups=4,
+        sample_size=16,
+        use_quant_conv=False,
+        use_post_quant_conv=False,
+        scaling_factor=scaling,
+        shift_factor=shift,
+    )
 
 
 def tiny_flux():
     from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+
     ct, tt = clip_tokenizer(), t5_tokenizer()
-    tr = FluxTransformer2DModel(patch_size=1, in_channels=16, num_layers=1, num_single_layers=1, attention_head_dim=16,
-                                num_attention_heads=2, joint_attention_dim=H, pooled_projection_dim=H,
-                                guidance_embeds=True, axes_dims_rope=[4, 4, 8])
-    return FluxPipeline(scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=True),
-                        vae=vae(1.5035, 0.0609), text_encoder=CLIPTextModel(clip_config(ct)), tokenizer=ct,
-                        text_encoder_2=t5(tt, H), tokenizer_2=tt, transformer=tr)
+    tr = FluxTransformer2DModel(
+        patch_size=1,
+        in_channels=16,
+        num_layers=1,
+        num_single_layers=1,
+        attention_head_dim=16,
+        num_attention_heads=2,
+        joint_attention_dim=H,
+        pooled_projection_dim=H,
+        guidance_embeds=True,
+        axes_dims_rope=[4, 4, 8],
+    )
+    return FluxPipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=True),
+        vae=vae(1.5035, 0.0609),
+        text_encoder=CLIPTextModel(clip_config(ct)),
+        tokenizer=ct,
+        text_encoder_2=t5(tt, H),
+        tokenizer_2=tt,
+        transformer=tr,
+    )
 
 
 def tiny_sd3():
     from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
+
     ct, tt = clip_tokenizer(), t5_tokenizer()
     # two CLIPs of width 32 concatenate to 64 = the T5 width = joint_attention_dim; pooled 2 x 32
-    tr = SD3Transformer2DModel(sample_size=8, patch_size=2, in_channels=4, num_layers=1, attention_head_dim=8,
-                               num_attention_heads=2, joint_attention_dim=2 * H, caption_projection_dim=16,
-                               pooled_projection_dim=2 * H, out_channels=4, pos_embed_max_size=16)
+    tr = SD3Transformer2DModel(
+        sample_size=8,
+        patch_size=2,
+        in_channels=4,
+        num_layers=1,
+        attention_head_dim=8,
+        num_attention_heads=2,
+        joint_attention_dim=2 * H,
+        caption_projection_dim=16,
+        pooled_projection_dim=2 * H,
+        out_channels=4,
+        pos_embed_max_size=16,
+    )
     return StableDiffusion3Pipeline(
-        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0), vae=vae(1.5035, 0.0609), transformer=tr,
-        text_encoder=CLIPTextModelWithProjection(clip_config(ct)), tokenizer=ct,
-        text_encoder_2=CLIPTextModelWithProjection(clip_config(ct)), tokenizer_2=clip_tokenizer(),
-        text_encoder_3=t5(tt, 2 * H), tokenizer_3=tt)
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
+        vae=vae(1.5035, 0.0609),
+        transformer=tr,
+        text_encoder=CLIPTextModelWithProjection(clip_config(ct)),
+        tokenizer=ct,
+        text_encoder_2=CLIPTextModelWithProjection(clip_config(ct)),
+        tokenizer_2=clip_tokenizer(),
+        text_encoder_3=t5(tt, 2 * H),
+        tokenizer_3=tt,
+    )
 
 
 def tiny_sd():
     from diffusers import PNDMScheduler, StableDiffusionPipeline, UNet2DConditionModel
+
     ct = clip_tokenizer()
-    unet = UNet2DConditionModel(block_out_channels=(8, 16), layers_per_block=1, sample_size=8, in_channels=4,
-                                out_channels=4, down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
-                                up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"), cross_attention_dim=H,
-                                norm_num_groups=4, attention_head_dim=4)
+    unet = UNet2DConditionModel(
+        block_out_channels=(8, 16),
+        layers_per_block=1,
+        sample_size=8,
+        in_channels=4,
+        out_channels=4,
+        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+        up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+        cross_attention_dim=H,
+        norm_num_groups=4,
+        attention_head_dim=4,
+    )
     # the scheduler config SD1.5 ships (PNDM; the adapter samples with DDIM on its betas)
-    sched = PNDMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", set_alpha_to_one=False,
-                          skip_prk_steps=True, steps_offset=1)
-    return StableDiffusionPipeline(vae=vae(0.18215, None), text_encoder=CLIPTextModel(clip_config(ct)), tokenizer=ct,
-                                   unet=unet, scheduler=sched, safety_checker=None, feature_extractor=None,
-                                   requires_safety_checker=False)
+    sched = PNDMScheduler(
+        beta_start=0.00085,
+        beta_end=0.012,
+        beta_schedule="scaled_linear",
+        set_alpha_to_one=False,
+        skip_prk_steps=True,
+        steps_offset=1,
+    )
+    return StableDiffusionPipeline(
+        vae=vae(0.18215, None),
+        text_encoder=CLIPTextModel(clip_config(ct)),
+        tokenizer=ct,
+        unet=unet,
+        scheduler=sched,
+        safety_checker=None,
+        feature_extractor=None,
+        requires_safety_checker=False,
+    )
 
 
 BUILDERS = {"flux": tiny_flux, "sd3": tiny_sd3, "sd": tiny_sd}
@@ -122,6 +227,7 @@ def model_dirs(tmp_path_factory):
 def policy_of(folder, **policy):
     from treegrpo_cli.models.base import PolicyConfig
     from treegrpo_cli.models.registry import load_policy
+
     return load_policy(str(folder), "cpu", PolicyConfig(dtype="fp32", resolution=16, max_sequence_length=8, **policy))
 
 
@@ -129,13 +235,14 @@ def outputs(policy, net, prompt="a red cat", seed=0):
     """The adapter's model output with `net` as the denoiser, on fixed inputs [1, C, h, w]."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(1, *policy.latent_shape, generator=g)
-    sigma = torch.tensor([0.501])                       # t/1000 = 0.501 for SD, sigma 0.501 for the flows
+    sigma = torch.tensor([0.501])  # t/1000 = 0.501 for SD, sigma 0.501 for the flows
     with torch.no_grad():
         return policy.model_output(net, x, sigma, policy.encode([prompt]))
 
 
 def load_pipe(folder):
     from diffusers import DiffusionPipeline
+
     return DiffusionPipeline.from_pretrained(folder, local_files_only=True)
 
 
@@ -150,15 +257,35 @@ def test_rollout_score_train_export_reload(model_dirs, tmp_path, adapter):
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["leaves"] == 8
     ema = ["--set", "train.ema_decay=0.5"] if adapter == "flux" else []
-    r = run("train", "--model", folder, "--preset", "branch", *TINY, "--set", "rollout.num_prompts=2", *ema,
-            "--set", "train.lr=0.01", "--set", "train.kl_beta=0.01", "--iterations", 2, "--run-dir", run_dir, "--json")
+    r = run(
+        "train",
+        "--model",
+        folder,
+        "--preset",
+        "branch",
+        *TINY,
+        "--set",
+        "rollout.num_prompts=2",
+        *ema,
+        "--set",
+        "train.lr=0.01",
+        "--set",
+        "train.kl_beta=0.01",
+        "--set",
+        'train.loss_norm="mean"',  # one step of the mean (the preset's code schedule steps every 12 transitions)
+        "--iterations",
+        2,
+        "--run-dir",
+        run_dir,
+        "--json",
+    )
     assert r.exit_code == 0, r.output
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [row["iteration"] for row in rows] == [0, 1] and all(row["edges"] > 0 for row in rows)
-    first = rows[0]   # one optimizer step per iteration: every ratio of iteration 0 is before the first update
+    first = rows[0]  # one optimizer step per iteration: every ratio of iteration 0 is before the first update
     assert first["optimizer_steps"] == 1 and abs(first["ratio_min"] - 1) < 1e-5 and abs(first["ratio_max"] - 1) < 1e-5
     assert all(row["ratio_first_dev"] < 1e-5 for row in rows)
-    assert first["kl_ref"] < 1e-12 < rows[1]["kl_ref"]    # the adapter-disabled reference is the start
+    assert first["kl_ref"] < 1e-12 < rows[1]["kl_ref"]  # the adapter-disabled reference is the start
     r = run("export", run_dir, "--out", out, "--json")
     assert r.exit_code == 0, r.output
     info = json.loads(r.stdout)
@@ -172,8 +299,9 @@ def test_rollout_score_train_export_reload(model_dirs, tmp_path, adapter):
 
 def check_lora_reload(folder, run_dir, out, adapter, ema):
     from treegrpo_cli.store.checkpoint import list_checkpoints, load_checkpoint
+
     ck = load_checkpoint(list_checkpoints(run_dir / "checkpoints")[-1])
-    assert ck.model and all(".lora_" in k for k in ck.model)        # only the adapter is checkpointed
+    assert ck.model and all(".lora_" in k for k in ck.model)  # only the adapter is checkpointed
     policy = policy_of(folder)
     base = outputs(policy, policy.denoiser)
     policy.load_trainable_state(ck.ema if ema else ck.model)
@@ -182,23 +310,43 @@ def check_lora_reload(folder, run_dir, out, adapter, ema):
     pipe.load_lora_weights(out)
     net = pipe.unet if adapter == "sd" else pipe.transformer
     reloaded = outputs(policy, net)
-    assert (trained - base).abs().max() > 1e-3                        # training moved the model
+    assert (trained - base).abs().max() > 1e-3  # training moved the model
     assert torch.allclose(reloaded, trained, atol=1e-5, rtol=0), (reloaded - trained).abs().max()
 
 
 def test_full_finetune_exports_a_model_folder(model_dirs, tmp_path):
     from diffusers import UNet2DConditionModel
+
     from treegrpo_cli.store.checkpoint import list_checkpoints, load_checkpoint
+
     folder, run_dir, out = model_dirs["sd"], tmp_path / "run", tmp_path / "full"
-    r = run("train", "--model", folder, "--preset", "flow-grpo", *TINY, "--set", "tree.split_steps=[]",
-            "--set", "tree.trees_per_prompt=2", "--finetune", "full", "--set", "train.lr=1e-3",
-            "--iterations", 1, "--run-dir", run_dir, "--json")
+    r = run(
+        "train",
+        "--model",
+        folder,
+        "--preset",
+        "flow-grpo",
+        *TINY,
+        "--set",
+        "tree.split_steps=[]",
+        "--set",
+        "tree.trees_per_prompt=2",
+        "--finetune",
+        "full",
+        "--set",
+        "train.lr=1e-3",
+        "--iterations",
+        1,
+        "--run-dir",
+        run_dir,
+        "--json",
+    )
     assert r.exit_code == 0, r.output
     row = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
     assert row["ratio_first_dev"] < 1e-5
     ck = load_checkpoint(list_checkpoints(run_dir / "checkpoints")[-1])
     policy = policy_of(folder, finetune="full")
-    assert set(ck.model) == {k for k, _ in policy.denoiser.named_parameters()}   # every UNet weight
+    assert set(ck.model) == {k for k, _ in policy.denoiser.named_parameters()}  # every UNet weight
     r = run("export", run_dir, "--out", out, "--no-ema", "--json")
     assert r.exit_code == 0 and json.loads(r.stdout)["files"] == ["unet/"], r.output
     base = outputs(policy, policy.denoiser)
@@ -219,6 +367,7 @@ def test_flux_dev_without_weights_is_one_line(tmp_path, monkeypatch):
 
 def test_incomplete_folder_names_the_missing_files(model_dirs, tmp_path):
     import shutil
+
     folder = tmp_path / "flux"
     shutil.copytree(model_dirs["flux"], folder)
     for f in (folder / "transformer").glob("*.safetensors"):
@@ -229,22 +378,25 @@ def test_incomplete_folder_names_the_missing_files(model_dirs, tmp_path):
 
 
 def test_bad_lora_target_is_one_line(model_dirs, tmp_path):
-    r = run("train", "--model", model_dirs["sd3"], *TINY, "--lora-targets", "no_such_layer", "--run-dir", tmp_path / "r")
+    r = run(
+        "train", "--model", model_dirs["sd3"], *TINY, "--lora-targets", "no_such_layer", "--run-dir", tmp_path / "r"
+    )
     one_line_error(r, "policy.lora_targets")
 
 
 def test_prompt_cache_on_disk_and_freed_encoders(model_dirs, tmp_path):
     from treegrpo_cli.errors import TreegrpoError
+
     cache = tmp_path / "embeddings"
     policy = policy_of(model_dirs["sd3"], prompt_cache=str(cache), free_text_encoders=True)
     want = policy.encode(["a cat", "a dog"])
     policy.cache_prompts(["a cat", "a dog"])
     assert policy.pipe.text_encoder is None and policy.pipe.text_encoder_3 is None
-    assert len(list(cache.glob("*.safetensors"))) == 3                # two prompts and the empty one (CFG)
+    assert len(list(cache.glob("*.safetensors"))) == 3  # two prompts and the empty one (CFG)
     assert all(torch.equal(want[k], v) for k, v in policy.encode(["a cat", "a dog"]).items())
     with pytest.raises(TreegrpoError, match="text encoders were freed"):
         policy.encode(["a bird"])
-    again = policy_of(model_dirs["sd3"], prompt_cache=str(cache))     # a new process reads the disk cache
+    again = policy_of(model_dirs["sd3"], prompt_cache=str(cache))  # a new process reads the disk cache
     again.free_text_encoders()
     got = again.encode(["a dog", "a cat"])
     assert all(torch.equal(v, want[k][[1, 0]]) for k, v in got.items())
@@ -252,12 +404,21 @@ def test_prompt_cache_on_disk_and_freed_encoders(model_dirs, tmp_path):
 
 def test_ddim_kernel_matches_diffusers():
     from diffusers import DDIMScheduler
+
     from treegrpo_cli.engine.sde import DDIMKernel, SamplerConfig
-    sched = DDIMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", clip_sample=False,
-                          set_alpha_to_one=False, steps_offset=1)
+
+    sched = DDIMScheduler(
+        beta_start=0.00085,
+        beta_end=0.012,
+        beta_schedule="scaled_linear",
+        clip_sample=False,
+        set_alpha_to_one=False,
+        steps_offset=1,
+    )
     sched.set_timesteps(10)
-    kern = DDIMKernel(SamplerConfig(steps=10), sched.alphas_cumprod, sched.timesteps, 1000,
-                      float(sched.final_alpha_cumprod), eta=1.0)
+    kern = DDIMKernel(
+        SamplerConfig(steps=10), sched.alphas_cumprod, sched.timesteps, 1000, float(sched.final_alpha_cumprod), eta=1.0
+    )
     g = torch.Generator().manual_seed(0)
     x, eps, noise = (torch.randn(2, 4, 8, 8, generator=g) for _ in range(3))
     for i in (0, 4, 9):
@@ -271,21 +432,29 @@ def test_ddim_kernel_matches_diffusers():
         assert torch.allclose(res.mean + res.std.view(-1, 1, 1, 1) * noise, sde, atol=1e-5)
         assert kern.sigmas[i] == float(t) / 1000
     lp = kern.log_prob(res.mean + res.std.view(-1, 1, 1, 1) * noise, res.mean, res.std)
-    want = (-(noise**2) / 2 - res.std.view(-1, 1, 1, 1).log() - 0.5 * torch.log(torch.tensor(2 * torch.pi))).mean((1, 2, 3))
+    want = (-(noise**2) / 2 - res.std.view(-1, 1, 1, 1).log() - 0.5 * torch.log(torch.tensor(2 * torch.pi))).mean(
+        (1, 2, 3)
+    )
     assert torch.allclose(lp, want, atol=1e-5)
 
 
 def test_flux_packing_matches_diffusers():
     from diffusers import FluxPipeline
+
     from treegrpo_cli.models.flux import image_ids, pack, unpack
+
     x = torch.randn(2, 16, 6, 8)
     assert torch.equal(pack(x), FluxPipeline._pack_latents(x, 2, 16, 6, 8))
     assert torch.equal(unpack(pack(x), 6, 8), x)
-    assert torch.equal(image_ids(3, 4, x.device, x.dtype), FluxPipeline._prepare_latent_image_ids(2, 3, 4, x.device, x.dtype))
+    assert torch.equal(
+        image_ids(3, 4, x.device, x.dtype), FluxPipeline._prepare_latent_image_ids(2, 3, 4, x.device, x.dtype)
+    )
 
 
 def test_bench_tiny_mode_and_cpu_refusal(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("flux_iteration", Path(__file__).parents[1] / "bench" / "flux_iteration.py")
+    spec = importlib.util.spec_from_file_location(
+        "flux_iteration", Path(__file__).parents[1] / "bench" / "flux_iteration.py"
+    )
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     if not torch.cuda.is_available():
@@ -302,14 +471,17 @@ def test_bench_tiny_mode_and_cpu_refusal(tmp_path, capsys):
     lora, full = res["results"]
     assert lora["trainable_params"] < lora["total_params"] and full["trainable_params"] == full["total_params"]
     it = full["iterations"][0]
-    assert it["forward_gflops"] > 0 and it["rollout_mfu"] is None                  # no peak known for a CPU
+    assert it["forward_gflops"] > 0 and it["rollout_mfu"] is None  # no peak known for a CPU
     assert abs(it["train_tflops"] / it["rollout_tflops"] - 3 * it["train_evals"] / it["rollout_evals"]) < 1e-9
 
 
 def test_bench_forward_flops_match_torch_flop_counter():
     """The bench's FLOP formula for a FLUX transformer against torch's own count of one forward."""
     from torch.utils.flop_counter import FlopCounterMode
-    spec = importlib.util.spec_from_file_location("flux_iteration", Path(__file__).parents[1] / "bench" / "flux_iteration.py")
+
+    spec = importlib.util.spec_from_file_location(
+        "flux_iteration", Path(__file__).parents[1] / "bench" / "flux_iteration.py"
+    )
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     cfg = dict(bench.TINY, num_layers=2, num_single_layers=3, attention_head_dim=16, num_attention_heads=4)
@@ -319,15 +491,31 @@ def test_bench_forward_flops_match_torch_flop_counter():
     ids_img = torch.zeros(img, 3)
     ids_img[:, 1], ids_img[:, 2] = torch.arange(img) // 6, torch.arange(img) % 6
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:   # attention as matmuls
-        net(hidden_states=x, encoder_hidden_states=ctx, pooled_projections=torch.randn(1, cfg["pooled_projection_dim"]),
-            timestep=torch.tensor([0.5]), guidance=torch.tensor([3.5]), img_ids=ids_img, txt_ids=torch.zeros(txt, 3))
+
+    with (
+        torch.no_grad(),
+        sdpa_kernel(SDPBackend.MATH),
+        FlopCounterMode(display=False) as counter,
+    ):  # attention as matmuls
+        net(
+            hidden_states=x,
+            encoder_hidden_states=ctx,
+            pooled_projections=torch.randn(1, cfg["pooled_projection_dim"]),
+            timestep=torch.tensor([0.5]),
+            guidance=torch.tensor([3.5]),
+            img_ids=ids_img,
+            txt_ids=torch.zeros(txt, 3),
+        )
     measured = counter.get_total_flops()
-    assert abs(bench.forward_flops(net, img, txt) - measured) / measured < 0.02, (bench.forward_flops(net, img, txt), measured)
+    assert abs(bench.forward_flops(net, img, txt) - measured) / measured < 0.02, (
+        bench.forward_flops(net, img, txt),
+        measured,
+    )
 
 
 def test_hub_id_resolves_from_the_local_cache(model_dirs, tmp_path, monkeypatch):
     import shutil
+
     commit = "0123456789abcdef0123456789abcdef01234567"
     repo = tmp_path / "hf" / "hub" / "models--tiny--sd3"
     shutil.copytree(model_dirs["sd3"], repo / "snapshots" / commit)
@@ -336,12 +524,25 @@ def test_hub_id_resolves_from_the_local_cache(model_dirs, tmp_path, monkeypatch)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
-    r = run("rollout", "--model", "tiny/sd3", "--revision", commit, *TINY, "--set", "tree.split_steps=[]",
-            "-n", 1, "--out", tmp_path / "t", "--json")
+    r = run(
+        "rollout",
+        "--model",
+        "tiny/sd3",
+        "--revision",
+        commit,
+        *TINY,
+        "--set",
+        "tree.split_steps=[]",
+        "-n",
+        1,
+        "--out",
+        tmp_path / "t",
+        "--json",
+    )
     assert r.exit_code == 0, r.output
     meta = json.loads((tmp_path / "t" / "index.json").read_text())["meta"]
     assert meta["model"]["adapter"] == "sd3" and meta["model"]["revision"] == commit
-    assert meta["config"]["sampler"]["grid"] == "flow-match-euler"      # the SD3 adapter's own grid
+    assert meta["config"]["sampler"]["grid"] == "flow-match-euler"  # the SD3 adapter's own grid
 
 
 @pytest.mark.parametrize("adapter", ["sd3", "sd"])
@@ -361,19 +562,25 @@ def test_cfg_uncond_detach_backpropagates_the_conditional_half_only(model_dirs, 
     def grad(mode: str, guidance: float) -> torch.Tensor:
         policy.opts, policy.guidance = replace(policy.opts, cfg_uncond=mode), guidance
         gs = torch.autograd.grad((policy.velocity(x, sigma, cond) * probe).sum(), params, allow_unused=True)
-        return torch.cat([(q if q is not None else torch.zeros_like(p)).flatten() for q, p in zip(gs, params)])
+        return torch.cat(
+            [(q if q is not None else torch.zeros_like(p)).flatten() for q, p in zip(gs, params, strict=True)]
+        )
 
     exact, detached, cond_only = grad("grad", w), grad("detach", w), grad("grad", 1.0)
     assert cond_only.abs().max() > 0
-    torch.testing.assert_close(detached, w * cond_only, rtol=1e-3, atol=1e-4 * float(cond_only.abs().max()))  # batched vs alone
+    torch.testing.assert_close(
+        detached, w * cond_only, rtol=1e-3, atol=1e-4 * float(cond_only.abs().max())
+    )  # batched vs alone
     assert (exact - detached).abs().max() > 1e-3 * detached.abs().max()
 
 
 def _bf16_policy(folder, finetune):
     from treegrpo_cli.models.base import PolicyConfig
     from treegrpo_cli.models.registry import load_policy
-    return load_policy(str(folder), "cpu", PolicyConfig(dtype="bf16", finetune=finetune, resolution=16,
-                                                        max_sequence_length=8))
+
+    return load_policy(
+        str(folder), "cpu", PolicyConfig(dtype="bf16", finetune=finetune, resolution=16, max_sequence_length=8)
+    )
 
 
 def _velocity_loss(policy, seed=0):
@@ -389,19 +596,24 @@ def test_full_finetune_in_bf16_keeps_fp32_master_weights_and_small_updates(model
     policy = _bf16_policy(model_dirs["sd3"], "full")
     params = policy.trainable_parameters()
     assert params and all(p.dtype == torch.float32 for p in params)
-    assert next(policy.pipe.vae.parameters()).dtype == torch.bfloat16           # frozen parts in the compute dtype
+    assert next(policy.pipe.vae.parameters()).dtype == torch.bfloat16  # frozen parts in the compute dtype
     before = [p.detach().clone() for p in params]
     opt = torch.optim.AdamW(params, lr=1e-5, weight_decay=0.0)
     loss, v = _velocity_loss(policy)
     assert v.dtype == torch.float32
     loss.backward()
     opt.step()
-    moved = torch.cat([(p.detach() != b).flatten() for p, b in zip(params, before)]).float().mean()
-    kept_in_bf16 = torch.cat([((b + (p.detach() - b)).bfloat16() != b.bfloat16()).flatten()
-                              for p, b in zip(params, before)]).float().mean()
+    moved = torch.cat([(p.detach() != b).flatten() for p, b in zip(params, before, strict=True)]).float().mean()
+    kept_in_bf16 = (
+        torch.cat(
+            [((b + (p.detach() - b)).bfloat16() != b.bfloat16()).flatten() for p, b in zip(params, before, strict=True)]
+        )
+        .float()
+        .mean()
+    )
     assert moved > 0.9 and kept_in_bf16 < 0.5, (float(moved), float(kept_in_bf16))
     ref = policy.reference()
-    assert next(ref.frozen.parameters()).dtype == torch.bfloat16                 # the KL reference: bf16, inference only
+    assert next(ref.frozen.parameters()).dtype == torch.bfloat16  # the KL reference: bf16, inference only
 
 
 def test_lora_forward_runs_under_bf16_autocast_with_fp32_adapters(model_dirs):
@@ -423,20 +635,57 @@ def test_flux_full_finetune_sharded_over_two_processes_matches_one(model_dirs, t
     import subprocess
     import sys
 
-    from treegrpo_cli.rundir import read_metrics
+    from treegrpo_cli.training.rundir import read_metrics
 
-    args = ["train", "--model", str(model_dirs["flux"]), "--preset", "branch", *map(str, TINY), "--finetune", "full",
-            "--set", "rollout.num_prompts=2", "--set", "train.lr=1e-3", "--iterations", "2", "--seed", "1"]
+    args = [
+        "train",
+        "--model",
+        str(model_dirs["flux"]),
+        "--preset",
+        "branch",
+        *map(str, TINY),
+        "--finetune",
+        "full",
+        "--set",
+        "rollout.num_prompts=2",
+        "--set",
+        "train.lr=1e-3",
+        "--iterations",
+        "2",
+        "--seed",
+        "1",
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     for name, extra in (("one", []), ("two", ["--set", 'train.parallel="fsdp"', "--nproc-per-node", "2"])):
-        r = subprocess.run([sys.executable, "-m", "treegrpo_cli", *args, *extra, "--run-dir", str(tmp_path / name)],
-                           capture_output=True, text=True, timeout=300, env=env)
+        r = subprocess.run(
+            [sys.executable, "-m", "treegrpo_cli", *args, *extra, "--run-dir", str(tmp_path / name)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+        )
         assert r.returncode == 0, r.stderr
     one, two = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
-    for a, b in zip(one, two):
+    for a, b in zip(one, two, strict=True):
         for k in ("reward_mean", "loss", "grad_norm", "ratio_mean", "edges", "train_evals"):
             assert b[k] == pytest.approx(a[k], rel=1e-4, abs=1e-6), k
     lora = [a for a in args if a not in ("--finetune", "full")]
-    r = subprocess.run([sys.executable, "-m", "treegrpo_cli", *lora, "--set", 'train.parallel="fsdp"', "--nproc-per-node",
-                        "2", "--run-dir", str(tmp_path / "lora")], capture_output=True, text=True, timeout=300, env=env)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "treegrpo_cli",
+            *lora,
+            "--set",
+            'train.parallel="fsdp"',
+            "--nproc-per-node",
+            "2",
+            "--run-dir",
+            str(tmp_path / "lora"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert r.returncode != 0 and "--finetune full" in r.stderr and "Traceback" not in r.stderr, r.stderr

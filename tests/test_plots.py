@@ -19,9 +19,13 @@ def variance(img: Image.Image) -> float:
 
 def test_line_chart_size_and_content():
     xs = list(range(50))
-    img = plots.line_chart({"reward": (xs, [math.sin(x / 5) for x in xs]),
-                            "baseline": (xs, [0.1 * x for x in xs])},
-                           "Reward", "iteration", "mean reward", size=(500, 300))
+    img = plots.line_chart(
+        {"reward": (xs, [math.sin(x / 5) for x in xs]), "baseline": (xs, [0.1 * x for x in xs])},
+        "Reward",
+        "iteration",
+        "mean reward",
+        size=(500, 300),
+    )
     assert img.size == (500, 300) and img.mode == "RGB"
     assert variance(img) > 0
     # both series colours appear somewhere on the canvas
@@ -29,15 +33,18 @@ def test_line_chart_size_and_content():
     assert plots.PALETTE[0] in pixels and plots.PALETTE[1] in pixels
 
 
-@pytest.mark.parametrize("series", [
-    {"one": ([3.0], [1.5])},                                    # a single point
-    {"flat": ([0, 1, 2], [2.0, 2.0, 2.0])},                     # constant values
-    {"zero": ([0, 1, 2], [0.0, 0.0, 0.0])},
-    {"nan": ([0, 1, 2, 3, 4], [1.0, float("nan"), 2.0, float("inf"), 3.0])},
-    {"all-nan": ([0, 1], [float("nan"), float("nan")])},
-    {},
-    {"tiny": ([0, 1], [1e-9, 2e-9]), "big": ([0, 1e7], [5e6, 1e6])},
-])
+@pytest.mark.parametrize(
+    "series",
+    [
+        {"one": ([3.0], [1.5])},  # a single point
+        {"flat": ([0, 1, 2], [2.0, 2.0, 2.0])},  # constant values
+        {"zero": ([0, 1, 2], [0.0, 0.0, 0.0])},
+        {"nan": ([0, 1, 2, 3, 4], [1.0, float("nan"), 2.0, float("inf"), 3.0])},
+        {"all-nan": ([0, 1], [float("nan"), float("nan")])},
+        {},
+        {"tiny": ([0, 1], [1e-9, 2e-9]), "big": ([0, 1e7], [5e6, 1e6])},
+    ],
+)
 def test_line_chart_degenerate_inputs(series):
     img = plots.line_chart(series, "t", "x", "y")
     assert img.size == (640, 400)
@@ -56,15 +63,15 @@ def test_side_by_side():
     assert out.getpixel((0, 0)) == (255, 0, 0) and out.getpixel((35, 39)) == (0, 0, 255)
 
 
-@pytest.mark.parametrize("b, ncol, expect", [(5, None, (3, 2)), (4, None, (2, 2)), (1, None, (1, 1)),
-                                             (6, 6, (6, 1)), (3, 10, (3, 1))])
+@pytest.mark.parametrize(
+    "b, ncol, expect", [(5, None, (3, 2)), (4, None, (2, 2)), (1, None, (1, 1)), (6, 6, (6, 1)), (3, 10, (3, 1))]
+)
 def test_image_grid_dimensions(b, ncol, expect):
     imgs = torch.rand(b, 3, 8, 6, generator=torch.Generator().manual_seed(0))
     caps = [f"prompt {i} " + "with a long caption that has to wrap " * 3 for i in range(b)]
     out = plots.image_grid(imgs, caps, ncol=ncol, scale=4)
     cols, rows = expect
-    assert out.size == (cols * (6 * 4 + 2 * plots.PAD),
-                        rows * (8 * 4 + 2 * plots.PAD + plots.caption_height()))
+    assert out.size == (cols * (6 * 4 + 2 * plots.PAD), rows * (8 * 4 + 2 * plots.PAD + plots.caption_height()))
     assert variance(out) > 0
 
 
@@ -76,7 +83,7 @@ def test_image_grid_pixels_and_uint8():
     p = plots.PAD
     assert out.getpixel((p, p)) == (255, 0, 0) and out.getpixel((p + 5, p + 5)) == (255, 0, 0)
     cw = 2 * 3 + 2 * p
-    assert out.getpixel((cw + p + 2, p + 2)) == (0, 0, 255)   # upscaled nearest: a 3x3 block
+    assert out.getpixel((cw + p + 2, p + 2)) == (0, 0, 255)  # upscaled nearest: a 3x3 block
     assert out.getpixel((cw + p + 3, p)) == (0, 0, 0)
 
 
@@ -109,8 +116,14 @@ def test_save_png_is_atomic(tmp_path):
 
 def test_band_chart_and_point_chart():
     band = ([0.0, 1.0, 2.0], [0.2, 0.4, 0.5], [0.1, 0.3, 0.4], [0.3, 0.5, 0.6])
-    img = plots.band_chart({"a": band, "empty": ([], [], [], []), "dot": ([1.0], [0.3], [0.3], [0.3])},
-                           "t", "minutes", "reward", hline=0.45, hline_label="target")
+    img = plots.band_chart(
+        {"a": band, "empty": ([], [], [], []), "dot": ([1.0], [0.3], [0.3], [0.3])},
+        "t",
+        "minutes",
+        "reward",
+        hline=0.45,
+        hline_label="target",
+    )
     pixels = {c for _, c in img.getcolors(1 << 20)}
     assert plots.PALETTE[0] in pixels and plots.PALETTE[2] in pixels and variance(img) > 0
     with pytest.raises(ValueError, match="different lengths"):

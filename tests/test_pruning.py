@@ -6,11 +6,10 @@ import math
 
 import pytest
 import torch
+from treeshapes import dense_tree
 
 from treegrpo_cli.engine.pruning import PruneConfig, base_mask, depth_window, prune, width_mask
 from treegrpo_cli.errors import ConfigError
-
-from treeshapes import dense_tree
 
 
 def batch(n_trees, seed=0, **kw):
@@ -47,7 +46,7 @@ def leaf_of_chain(parent, node):
 def test_base_mask_sde_and_x0_last_edge():
     parent = torch.tensor([-1, 0, 1, 2, 2])
     depth = torch.tensor([0, 1, 2, 3, 3])
-    sde = torch.tensor([False, True, False, True, True])   # the edge into node 2 is an ODE step
+    sde = torch.tensor([False, True, False, True, True])  # the edge into node 2 is an ODE step
     assert base_mask(parent, sde, depth, 3, "x0").tolist() == [False, True, False, False, False]
     assert base_mask(parent, sde, depth, 3, "final").tolist() == [False, True, False, True, True]
     with pytest.raises(ConfigError, match="x0, final"):
@@ -62,15 +61,15 @@ def test_width_none_keeps_everything():
 def test_parent_top1_keeps_the_better_child_of_each_last_split_parent():
     parent, depth, tree, value, leaf_adv = batch(1)
     keep = width_mask(PruneConfig(width="parent-top1"), parent, depth, tree, value, leaf_adv)
-    assert bool(keep[depth <= 9].all())                      # above the last split: untouched
-    heads = torch.nonzero(depth == 10).flatten()             # the 16 last-split children
+    assert bool(keep[depth <= 9].all())  # above the last split: untouched
+    heads = torch.nonzero(depth == 10).flatten()  # the 16 last-split children
     assert int(keep[heads].sum()) == 8
     assert int((keep & leaves_of(parent)).sum()) == 8
     for p in torch.unique(parent[heads]):
         a, b = torch.nonzero(parent == p).flatten().tolist()
         best = a if value[a] >= value[b] else b
         assert keep[best] and not keep[a + b - best]
-    for h in heads.tolist():                                  # whole chains kept or dropped
+    for h in heads.tolist():  # whole chains kept or dropped
         chain = [h]
         while (parent == chain[-1]).any():
             chain.append(int(torch.nonzero(parent == chain[-1])[0]))
@@ -79,8 +78,7 @@ def test_parent_top1_keeps_the_better_child_of_each_last_split_parent():
 
 def test_parent_top1_tie_goes_to_lowest_id():
     parent, depth, tree, _, leaf_adv = batch(1)
-    keep = width_mask(PruneConfig(width="parent-top1"), parent, depth, tree,
-                      torch.zeros(parent.numel()), leaf_adv)
+    keep = width_mask(PruneConfig(width="parent-top1"), parent, depth, tree, torch.zeros(parent.numel()), leaf_adv)
     heads = torch.nonzero(depth == 10).flatten()
     for p in torch.unique(parent[heads]):
         a, b = torch.nonzero(parent == p).flatten().tolist()
@@ -93,7 +91,7 @@ def test_extreme_keeps_best_and_worst_leaves_of_the_batch(n_trees, frac, b):
     keep = width_mask(PruneConfig(width="extreme", extreme_frac=frac), parent, depth, tree, value, leaf_adv)
     assert bool(keep[depth <= 9].all())
     heads = torch.nonzero(depth == 10).flatten()
-    assert int(keep[heads].sum()) == 2 * b                    # 2b chains below the last split
+    assert int(keep[heads].sum()) == 2 * b  # 2b chains below the last split
     leaves = torch.nonzero(leaves_of(parent)).flatten()
     order = leaves[torch.argsort(leaf_adv[leaves])]
     want = set(order[:b].tolist()) | set(order[-b:].tolist())
@@ -140,15 +138,24 @@ def test_prune_combines_base_width_depth_and_stops_after_active_until():
     cfg = PruneConfig(width="parent-top1", depth_window=4, depth_start=15, active_until=0.5)
     width = width_mask(cfg, parent, depth, tree, value, leaf_adv)
     on = prune(cfg, base, parent, depth, tree, value, leaf_adv, iteration=50, max_iterations=100)
-    in_window = (depth >= 14) & (depth <= 17)               # iteration 50: moved by one depth
+    in_window = (depth >= 14) & (depth <= 17)  # iteration 50: moved by one depth
     assert on.tolist() == (base & width & ~in_window).tolist()
     assert not bool(on[in_window].any()) and not bool(on[depth == 20].any())
     off = prune(cfg, base, parent, depth, tree, value, leaf_adv, iteration=51, max_iterations=100)
     assert off.tolist() == base.tolist()
 
 
-@pytest.mark.parametrize("kw", [{"width": "top1"}, {"depth_direction": 0}, {"extreme_frac": 0.0},
-                                {"depth_every": 0}, {"depth_window": -1}, {"active_until": -0.1}])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"width": "top1"},
+        {"depth_direction": 0},
+        {"extreme_frac": 0.0},
+        {"depth_every": 0},
+        {"depth_window": -1},
+        {"active_until": -0.1},
+    ],
+)
 def test_config_errors(kw):
     with pytest.raises(ConfigError) as err:
         PruneConfig(**kw).validate()

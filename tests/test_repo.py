@@ -30,7 +30,7 @@ def test_readmes_performance_table_is_generated_from_the_results_file():
     readme = (ROOT / "README.md").read_text()
     result = json.loads((ROOT / "bench" / "results" / "methods.json").read_text())
     assert mod.splice(readme, mod.render(result)) == readme, "run python bench/readme_table.py"
-    assert {g["label"] for g in result["compare"]["groups"]} == set(mod.PAPERS)      # every method measured
+    assert {g["label"] for g in result["compare"]["groups"]} == set(mod.PAPERS)  # every method measured
 
 
 def _bench(name: str):
@@ -46,20 +46,30 @@ def test_a_rerun_is_checked_against_the_reference_spread():
     """bench/methods.py --against: gains within the reference's mean +- 2 std over seeds, speed-ups within its
     95% interval (never reaching the target counts as 0)."""
     methods = _bench("methods")
-    group = lambda label, gain, speedup, low=None, high=None: {                  # noqa: E731
-        "label": label, "gain": {"mean": gain}, "speedup": speedup, "speedup_low": low, "speedup_high": high}
-    ref = {"runs": [{"label": m, "gain": g} for m, gs in {"d": [0.1, 0.2, 0.3], "t": [0.2, 0.3, 0.4],
-                                                          "b": [0.0, 0.0, 0.03]}.items() for g in gs],
-           "groups": [group("d", 0.2, 1.0), group("t", 0.3, 2.0, 1.5, 3.0), group("b", 0.01, None, 0.0, 0.8)]}
+    group = lambda label, gain, speedup, low=None, high=None: {  # noqa: E731
+        "label": label,
+        "gain": {"mean": gain},
+        "speedup": speedup,
+        "speedup_low": low,
+        "speedup_high": high,
+    }
+    ref = {
+        "runs": [
+            {"label": m, "gain": g}
+            for m, gs in {"d": [0.1, 0.2, 0.3], "t": [0.2, 0.3, 0.4], "b": [0.0, 0.0, 0.03]}.items()
+            for g in gs
+        ],
+        "groups": [group("d", 0.2, 1.0), group("t", 0.3, 2.0, 1.5, 3.0), group("b", 0.01, None, 0.0, 0.8)],
+    }
     new = {"baseline": "d", "groups": [group("d", 0.25, 1.0), group("t", 0.45, 2.9), group("b", -0.01, None)]}
     out = methods.against(new, ref, "ref.json")
-    assert out["methods"]["t"]["within_2_std"] and not out["methods"]["t"]["within_range"]   # 0.45 < 0.3 + 0.2
-    assert out["methods"]["b"]["within_2_std"]                               # std 0.0173: -0.01 is 1.15 std off
-    assert out["speedups"]["t"]["within_interval"] and out["speedups"]["b"]["within_interval"]   # 0 in [0, 0.8]
+    assert out["methods"]["t"]["within_2_std"] and not out["methods"]["t"]["within_range"]  # 0.45 < 0.3 + 0.2
+    assert out["methods"]["b"]["within_2_std"]  # std 0.0173: -0.01 is 1.15 std off
+    assert out["speedups"]["t"]["within_interval"] and out["speedups"]["b"]["within_interval"]  # 0 in [0, 0.8]
     assert "d" not in out["speedups"] and out["lands"]
-    new["groups"][1]["speedup"] = 3.2                                        # past the interval
+    new["groups"][1]["speedup"] = 3.2  # past the interval
     assert not methods.against(new, ref, "ref.json")["lands"]
-    new["groups"][1]["speedup"], new["groups"][2]["gain"]["mean"] = 2.9, 0.06    # 0.05 + 2 x 0.0173 < 0.06
+    new["groups"][1]["speedup"], new["groups"][2]["gain"]["mean"] = 2.9, 0.06  # 0.05 + 2 x 0.0173 < 0.06
     assert not methods.against(new, ref, "ref.json")["lands"]
 
 
@@ -85,7 +95,7 @@ def test_world_base_order_sensitivity_tells_a_bag_of_words_from_an_ordered_reade
     mod = _bench("world_base")
     assert mod.swap_objects("a red circle left of a blue square") == "a blue square left of a red circle"
 
-    class Words:              # a stand-in policy: draws from the noise plus a picture of the prompt's words
+    class Words:  # a stand-in policy: draws from the noise plus a picture of the prompt's words
         def __init__(self, ordered):
             self.ordered = ordered
 
@@ -101,3 +111,79 @@ def test_world_base_order_sensitivity_tells_a_bag_of_words_from_an_ordered_reade
         mod.sample = lambda policy, p, s, seed, f=Words(ordered): f(p, s, seed)
         ratio = mod.order_sensitivity(None, prompts, 4, 0)
         assert (ratio == 0.0) if expect == 0.0 else ratio > 0.1
+
+
+# Backticked repository paths that name what a command writes, not a file kept in the repository.
+_OUTPUT_PATHS = {"bench/results/flux_iteration.json"}  # bench/flux_iteration.py's output; needs a GPU, not run yet
+# Paths in other projects' repositories that docs/methods.md and docs/models.md cite as sources.
+_UPSTREAM_PATHS = {
+    "scripts/finetune/finetune_flux_branchgrpo_8gpus.sh",
+    "scripts/finetune/finetune_flux_grpo_8gpus.sh",
+    "scripts/finetune/finetune_flux_grpo_MixGRPO.sh",
+    "scripts/preprocess/preprocess_flux_rl_embeddings.sh",
+    "scripts/visualization/vis_flux.py",
+    "scripts/train_sd3.py",
+    "scripts/train_sd3_pr.py",
+    "scripts/train_flux.py",
+}
+_REPO_DIRS = ("docs", "bench", "treegrpo_cli", "presets", "scripts", "tests")
+_PACKAGE_DIRS = ("engine", "models", "rewards", "store", "world", "training", "report", "diversity", "cli")
+
+
+def _markdown_files() -> list[Path]:
+    files = [ROOT / "README.md", ROOT / "CHANGELOG.md", ROOT / "bench" / "README.md"]
+    return files + sorted((ROOT / "docs").rglob("*.md"))
+
+
+def test_every_relative_link_in_the_markdown_resolves():
+    """[text](target), ![alt](target), <img src="target"> and [label]: target in README, CHANGELOG,
+    bench/README and docs/: every target that is not a URL or an anchor exists beside the markdown file."""
+    dead = []
+    for md in _markdown_files():
+        text = re.sub(r"^```.*?^```", "", md.read_text(), flags=re.S | re.M)  # code blocks hold no links
+        targets = re.findall(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)", text)
+        targets += re.findall(r"<img\s[^>]*src=\"([^\"]+)\"", text)
+        targets += re.findall(r"^\s*\[[^\]]+\]:\s*<?(\S+?)>?(?:\s|$)", text, re.M)
+        for target in targets:
+            if re.match(r"(https?|mailto|ftp):", target) or target.startswith("#"):
+                continue
+            path = target.split("#")[0]
+            if path and not (md.parent / path).exists():
+                dead.append(f"{md.relative_to(ROOT)}: ({target})")
+    assert not dead, "dead links:\n" + "\n".join(dead)
+
+
+def test_every_backticked_repository_path_in_the_docs_exists():
+    """`docs/...`, `bench/...`, `treegrpo_cli/...`, `presets/...`, `scripts/...`, `tests/...` in README,
+    bench/README and docs/ (relative to the repository), and `models/x.py`-style paths inside the package
+    (relative to treegrpo_cli/), name files or folders that exist. Placeholders (`<run>`, `*`, `{a,b}`,
+    RUN, N), the outputs in _OUTPUT_PATHS and other projects' files in _UPSTREAM_PATHS are not files of
+    this repository."""
+    missing = []
+    for md in _markdown_files():
+        if md.name == "CHANGELOG.md":  # history: names what was
+            continue
+        text = re.sub(r"^```.*?^```", "", md.read_text(), flags=re.S | re.M)
+        for span in re.findall(r"`([^`]+)`", text):  # a code span may wrap a line
+            path = " ".join(span.split())
+            if not re.fullmatch(r"[\w.\-/*<>{},]+", path) or "/" not in path:
+                continue
+            if not (path.endswith("/") or re.search(r"\.[A-Za-z][\w]*$", path)):
+                continue
+            if (
+                re.search(r"[<>*{}]", path)
+                or re.search(r"(?<![A-Za-z])(RUN|N)(?![A-Za-z])", path)
+                or "runs/" in path
+                or path in _OUTPUT_PATHS | _UPSTREAM_PATHS
+            ):
+                continue
+            top = path.split("/")[0]
+            if top in _REPO_DIRS:
+                where = ROOT / path
+            elif top in _PACKAGE_DIRS and path.endswith(".py"):
+                where = ROOT / "treegrpo_cli" / path
+            else:
+                continue
+            if not where.exists():
+                missing.append(f"{md.relative_to(ROOT)}: `{path}`")
+    assert not missing, "paths that do not exist:\n" + "\n".join(missing)

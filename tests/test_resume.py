@@ -5,16 +5,26 @@ import json
 import math
 
 import pytest
-
 from clitools import one_line_error, run
-from treegrpo_cli import loop
+
 from treegrpo_cli.config import load_config
 from treegrpo_cli.errors import TreegrpoError
-from treegrpo_cli.rundir import read_metrics
 from treegrpo_cli.store.checkpoint import list_checkpoints
+from treegrpo_cli.training import loop
+from treegrpo_cli.training.rundir import read_metrics
 
-TINY = ["--preset", "tree-grpo", "--set", 'model="pixel-tiny"', "--set", "train.save_every=1",
-        "--set", "train.sample_every=0", "--set", "train.eval_samples=0"]
+TINY = [
+    "--preset",
+    "tree-grpo",
+    "--set",
+    'model="pixel-tiny"',
+    "--set",
+    "train.save_every=1",
+    "--set",
+    "train.sample_every=0",
+    "--set",
+    "train.eval_samples=0",
+]
 
 
 def comparable(rows):
@@ -32,7 +42,7 @@ def test_resume_keeps_the_prompt_file_and_refuses_other_prompts(tmp_path):
     prompts.write_text("a red circle\ntwo blue squares\n")
     train(*TINY, "--prompts", prompts, "--iterations", 2, "--run-dir", tmp_path / "a")
     train(*TINY, "--prompts", prompts, "--iterations", 1, "--run-dir", tmp_path / "b")
-    r = train("--resume", tmp_path / "b", "--iterations", 2)               # no --prompts: the run's own file
+    r = train("--resume", tmp_path / "b", "--iterations", 2)  # no --prompts: the run's own file
     assert "resuming" in r.stderr and "step-1" in r.stderr
     assert comparable(read_metrics(tmp_path / "b")) == comparable(read_metrics(tmp_path / "a"))
     info = json.loads((tmp_path / "b" / "run.json").read_text())
@@ -40,14 +50,14 @@ def test_resume_keeps_the_prompt_file_and_refuses_other_prompts(tmp_path):
     other = tmp_path / "other.txt"
     other.write_text("a green triangle\n")
     one_line_error(run("train", "--resume", tmp_path / "b", "--prompts", other), "rollout.prompts")
-    prompts.write_text("a red circle\n")                                   # the file changed under the run
+    prompts.write_text("a red circle\n")  # the file changed under the run
     one_line_error(run("train", "--resume", tmp_path / "b", "--iterations", 3), "changed", "mine.txt")
 
 
 def test_resume_refuses_a_setting_that_changes_what_the_run_learns(tmp_path):
     train(*TINY, "--iterations", 1, "--run-dir", tmp_path / "r")
     one_line_error(run("train", "--resume", tmp_path / "r", "--set", "train.lr=0.5"), "train.lr", "new run")
-    train("--resume", tmp_path / "r", "--iterations", 2, "--max-batch", 7)    # extending and batching are fine
+    train("--resume", tmp_path / "r", "--iterations", 2, "--max-batch", 7)  # extending and batching are fine
     assert len(read_metrics(tmp_path / "r")) == 2
 
 
@@ -82,7 +92,7 @@ def test_a_damaged_metrics_line_is_an_error_not_a_truncation(tmp_path):
     before = path.read_bytes()
     one_line_error(run("train", "--resume", tmp_path / "r", "--iterations", 4), "metrics.jsonl", "line 2")
     assert path.read_bytes() == before
-    path.write_text("\n".join(lines[:1]) + "\n" + lines[2][:10])          # a torn last line is normal after kill -9
+    path.write_text("\n".join(lines[:1]) + "\n" + lines[2][:10])  # a torn last line is normal after kill -9
     assert len(read_metrics(tmp_path / "r")) == 1
 
 
@@ -102,8 +112,16 @@ def test_a_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_
         return {**out, "loss": math.nan} if len(calls) == 3 else out
 
     monkeypatch.setattr(loop, "grpo_update", poisoned)
-    cfg = load_config("tree-grpo", sets=['model="pixel-tiny"', "train.save_every=1", "train.sample_every=0",
-                                        "train.eval_samples=0", "train.iterations=5"])
+    cfg = load_config(
+        "tree-grpo",
+        sets=[
+            'model="pixel-tiny"',
+            "train.save_every=1",
+            "train.sample_every=0",
+            "train.eval_samples=0",
+            "train.iterations=5",
+        ],
+    )
     req = loop.TrainRequest(cfg, ["a red circle"], ["a red circle"], tmp_path / "r")
     with pytest.raises(TreegrpoError, match="iteration 2: loss is nan.*last good checkpoint is step-2"):
         loop.train(req)

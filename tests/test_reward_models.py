@@ -18,9 +18,11 @@ from treegrpo_cli.rewards.vision import CLIP_MEAN, CLIP_STD, ImagePrep
 
 open_clip = pytest.importorskip("open_clip")
 TINY = "treegrpo-test-tiny"
-TINY_CFG = {"embed_dim": 16,
-            "vision_cfg": {"image_size": 32, "layers": 1, "width": 32, "patch_size": 8, "head_width": 16},
-            "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 1}}
+TINY_CFG = {
+    "embed_dim": 16,
+    "vision_cfg": {"image_size": 32, "layers": 1, "width": 32, "patch_size": 8, "head_width": 16},
+    "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 1},
+}
 PROMPTS = ["a red circle", "two blue squares above a green triangle", "a photo of a cat"]
 
 
@@ -28,9 +30,18 @@ PROMPTS = ["a red circle", "two blue squares above a green triangle", "a photo o
 def _no_caches(monkeypatch, tmp_path_factory):
     """No weights from this machine's caches or variables: only what a test gives."""
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path_factory.mktemp("empty-hub")))
-    for var in ("TREEGRPO_HPS_CHECKPOINT", "TREEGRPO_CLIP_CHECKPOINT", "TREEGRPO_CLIP", "TREEGRPO_PICKSCORE_MODEL",
-                "TREEGRPO_PICKSCORE_PROCESSOR", "TREEGRPO_IMAGEREWARD_CHECKPOINT", "TREEGRPO_BERT_TOKENIZER",
-                "TREEGRPO_IMAGEREWARD_MED_CONFIG", "TREEGRPO_AESTHETIC_HEAD", "TREEGRPO_AESTHETIC_CLIP"):
+    for var in (
+        "TREEGRPO_HPS_CHECKPOINT",
+        "TREEGRPO_CLIP_CHECKPOINT",
+        "TREEGRPO_CLIP",
+        "TREEGRPO_PICKSCORE_MODEL",
+        "TREEGRPO_PICKSCORE_PROCESSOR",
+        "TREEGRPO_IMAGEREWARD_CHECKPOINT",
+        "TREEGRPO_BERT_TOKENIZER",
+        "TREEGRPO_IMAGEREWARD_MED_CONFIG",
+        "TREEGRPO_AESTHETIC_HEAD",
+        "TREEGRPO_AESTHETIC_CLIP",
+    ):
         monkeypatch.delenv(var, raising=False)
 
 
@@ -66,34 +77,42 @@ def open_clip_direct(model, x, prompts):
 
 # --- registry ----------------------------------------------------------------------------------
 
+
 def test_registry_lists_models_and_imports_nothing_heavy():
     assert {"shapes", "jpeg-compressibility", "hps", "pick", "imagereward", "clip", "aesthetic"} <= set(available())
-    code = ("import sys; from treegrpo_cli.rewards.base import available, get_reward, parse_rewards; available(); "
-            "get_reward('shapes'); parse_rewards('hps,pick,imagereward,clip,aesthetic'); "
-            "print([m for m in ('open_clip', 'transformers', 'timm', 'torchvision') if m in sys.modules])")
+    code = (
+        "import sys; from treegrpo_cli.rewards.base import available, get_reward, parse_rewards; available(); "
+        "get_reward('shapes'); parse_rewards('hps,pick,imagereward,clip,aesthetic'); "
+        "print([m for m in ('open_clip', 'transformers', 'timm', 'torchvision') if m in sys.modules])"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
 
 def test_reward_options_and_names():
     assert parse_reward_options(["hps.checkpoint=/x.pt", "pick.form=logit"]) == {
-        "hps": {"checkpoint": "/x.pt"}, "pick": {"form": "logit"}}
+        "hps": {"checkpoint": "/x.pt"},
+        "pick": {"form": "logit"},
+    }
     for bad in ("hps.nope=1", "hps=1", "nope.checkpoint=1"):
         with pytest.raises(ConfigError):
             parse_reward_options([bad])
     with pytest.raises(ConfigError, match="no option 'nope'"):
         get_reward("hps", nope=1)
-    assert parse_rewards("hps,shapes", "0.8,0.2") == {"hps": 0.8, "shapes": 0.2}   # names only: no weights needed
+    assert parse_rewards("hps,shapes", "0.8,0.2") == {"hps": 0.8, "shapes": 0.2}  # names only: no weights needed
     assert get_reward("shapes")(torch.zeros(1, 3, 32, 32), ["a red circle"]).dtype == torch.float32
 
 
-@pytest.mark.parametrize("name,needles", [
-    ("hps", ["HPS_v2.1_compressed.pt", "TREEGRPO_HPS_CHECKPOINT", "hps.checkpoint"]),
-    ("pick", ["PickScore", "TREEGRPO_PICKSCORE_MODEL", "TREEGRPO_PICKSCORE_PROCESSOR"]),
-    ("imagereward", ["ImageReward.pt", "TREEGRPO_IMAGEREWARD_CHECKPOINT", "TREEGRPO_BERT_TOKENIZER"]),
-    ("clip", ["open_clip ViT-B-32", "TREEGRPO_CLIP_CHECKPOINT"]),
-    ("aesthetic", ["sac+logos+ava1-l14-linearMSE.pth", "TREEGRPO_AESTHETIC_CLIP"]),
-])
+@pytest.mark.parametrize(
+    "name,needles",
+    [
+        ("hps", ["HPS_v2.1_compressed.pt", "TREEGRPO_HPS_CHECKPOINT", "hps.checkpoint"]),
+        ("pick", ["PickScore", "TREEGRPO_PICKSCORE_MODEL", "TREEGRPO_PICKSCORE_PROCESSOR"]),
+        ("imagereward", ["ImageReward.pt", "TREEGRPO_IMAGEREWARD_CHECKPOINT", "TREEGRPO_BERT_TOKENIZER"]),
+        ("clip", ["open_clip ViT-B-32", "TREEGRPO_CLIP_CHECKPOINT"]),
+        ("aesthetic", ["sac+logos+ava1-l14-linearMSE.pth", "TREEGRPO_AESTHETIC_CLIP"]),
+    ],
+)
 def test_missing_weights_is_one_line_naming_the_files(name, needles):
     with pytest.raises(TreegrpoError) as e:
         get_reward(name)
@@ -101,33 +120,47 @@ def test_missing_weights_is_one_line_naming_the_files(name, needles):
     assert "\n" not in msg and all(n in msg for n in needles), msg
 
 
-@pytest.mark.parametrize("h,w", [(37, 53), (13, 19), (24, 24)])   # down, up (the 32 px world to 224), as is
+@pytest.mark.parametrize("h,w", [(37, 53), (13, 19), (24, 24)])  # down, up (the 32 px world to 224), as is
 def test_image_prep_matches_torchvision_resize_and_crop(h, w):
     pytest.importorskip("torchvision")
     from torchvision.transforms import CenterCrop, InterpolationMode, Normalize, Resize
 
     x = images(2, h, w)
-    ref = torch.stack([Normalize(CLIP_MEAN, CLIP_STD)(CenterCrop(24)(Resize(24, InterpolationMode.BICUBIC)(im)))
-                       for im in x])
+    ref = torch.stack(
+        [Normalize(CLIP_MEAN, CLIP_STD)(CenterCrop(24)(Resize(24, InterpolationMode.BICUBIC)(im))) for im in x]
+    )
     assert torch.allclose(ImagePrep(24, 24)(x), ref, atol=1e-5)
 
 
 def test_training_accepts_the_new_reward_names(tmp_path):
     from clitools import one_line_error, run
+
     from treegrpo_cli.config import load_config
 
     cfg = load_config(sets=['reward.names=["hps", "pick", "imagereward", "clip", "aesthetic", "shapes"]'])
     assert len(cfg.reward.weight_map()) == 6
-    r = run("train", "--set", 'model="pixel-tiny"', "--reward", "shapes,hps", "--weights", "0.2,0.8",
-            "--iterations", 1, "--run-dir", tmp_path / "run")
-    one_line_error(r, "hps weights not found", "TREEGRPO_HPS_CHECKPOINT")   # found by name, then no weights here
+    r = run(
+        "train",
+        "--set",
+        'model="pixel-tiny"',
+        "--reward",
+        "shapes,hps",
+        "--weights",
+        "0.2,0.8",
+        "--iterations",
+        1,
+        "--run-dir",
+        tmp_path / "run",
+    )
+    one_line_error(r, "hps weights not found", "TREEGRPO_HPS_CHECKPOINT")  # found by name, then no weights here
 
 
 # --- hps ---------------------------------------------------------------------------------------
 
+
 def test_hps_loads_the_official_layout_and_equals_open_clip(tiny_clip, tmp_path):
     path = tmp_path / "HPS_v2.1_compressed.pt"
-    torch.save({"state_dict": tiny_clip.state_dict()}, path)            # the release wraps the weights
+    torch.save({"state_dict": tiny_clip.state_dict()}, path)  # the release wraps the weights
     reward = get_reward("hps", checkpoint=str(path), arch=TINY, batch_size=2)
     x = images()
     a, b = reward(x, PROMPTS), reward(x, PROMPTS)
@@ -151,7 +184,7 @@ def test_hps_from_env_and_from_the_hub_cache(tiny_clip, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     assert get_reward("hps", version="v2.0", arch=TINY).source.endswith("abc123/HPS_v2_compressed.pt")
     with pytest.raises(TreegrpoError, match="HPS_v2.1_compressed.pt"):
-        get_reward("hps", arch=TINY)                                    # v2.1 is not in that cache
+        get_reward("hps", arch=TINY)  # v2.1 is not in that cache
 
 
 def test_hps_rejects_a_wrong_checkpoint(tiny_clip, tmp_path):
@@ -170,6 +203,7 @@ def test_hps_rejects_a_wrong_checkpoint(tiny_clip, tmp_path):
 
 # --- clip and aesthetic ------------------------------------------------------------------------
 
+
 def test_clip_score_equals_open_clip_and_infers_quick_gelu(tiny_clip, tmp_path):
     (tmp_path / "openai").mkdir()
     for p in (tmp_path / "w.bin", tmp_path / "openai" / "w.bin"):
@@ -177,9 +211,12 @@ def test_clip_score_equals_open_clip_and_infers_quick_gelu(tiny_clip, tmp_path):
     x = images()
     reward = get_reward("clip", checkpoint=str(tmp_path / "w.bin"), arch=TINY)
     a = reward(x, PROMPTS)
-    assert a.dtype == torch.float32 and a.shape == (3,) and torch.equal(a, reward(x, PROMPTS))   # deterministic
+    assert a.dtype == torch.float32 and a.shape == (3,) and torch.equal(a, reward(x, PROMPTS))  # deterministic
     assert torch.allclose(a, open_clip_direct(tiny_clip, x, PROMPTS), atol=1e-5)
-    act = lambda r: type(r.clip.model.visual.transformer.resblocks[0].mlp.gelu).__name__
+
+    def act(r) -> str:
+        return type(r.clip.model.visual.transformer.resblocks[0].mlp.gelu).__name__
+
     assert act(reward) == "GELU"
     assert act(get_reward("clip", checkpoint=str(tmp_path / "openai" / "w.bin"), arch=TINY)) == "QuickGELU"
     clipscore = get_reward("clip", checkpoint=str(tmp_path / "w.bin"), arch=TINY, form="clipscore")(x, PROMPTS)
@@ -194,8 +231,13 @@ def test_aesthetic_head_on_normalised_image_embeddings(tiny_clip, tmp_path):
     assert sorted(head.state_dict()) == sorted(f"layers.{i}.{p}" for i in (0, 2, 4, 6, 7) for p in ("weight", "bias"))
     torch.save(head.state_dict(), tmp_path / "sac+logos+ava1-l14-linearMSE.pth")
     torch.save(tiny_clip.state_dict(), tmp_path / "vit.bin")
-    reward = get_reward("aesthetic", head=str(tmp_path / "sac+logos+ava1-l14-linearMSE.pth"),
-                        clip=str(tmp_path / "vit.bin"), arch=TINY, quick_gelu="false")
+    reward = get_reward(
+        "aesthetic",
+        head=str(tmp_path / "sac+logos+ava1-l14-linearMSE.pth"),
+        clip=str(tmp_path / "vit.bin"),
+        arch=TINY,
+        quick_gelu="false",
+    )
     x = images()
     emb = tiny_clip.encode_image(reward.clip.prep(x), normalize=True)
     with torch.no_grad():
@@ -205,6 +247,7 @@ def test_aesthetic_head_on_normalised_image_embeddings(tiny_clip, tmp_path):
 
 
 # --- pick --------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def tiny_pick(tmp_path_factory):
@@ -220,16 +263,27 @@ def tiny_pick(tmp_path_factory):
     vocab["<|startoftext|>"], vocab["<|endoftext|>"] = len(vocab), len(vocab) + 1
     tok = CLIPTokenizer(vocab=vocab, merges=[], model_max_length=77)
     torch.manual_seed(0)
-    text = dict(vocab_size=len(tok), hidden_size=32, intermediate_size=37, num_hidden_layers=1, num_attention_heads=2,
-                max_position_embeddings=77, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                pad_token_id=tok.pad_token_id)
-    vision = dict(image_size=32, patch_size=8, hidden_size=32, intermediate_size=37, num_hidden_layers=1,
-                  num_attention_heads=2)
+    text = dict(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=37,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        max_position_embeddings=77,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    vision = dict(
+        image_size=32, patch_size=8, hidden_size=32, intermediate_size=37, num_hidden_layers=1, num_attention_heads=2
+    )
     model = CLIPModel(CLIPConfig(text_config=text, vision_config=vision, projection_dim=16)).eval()
     root = tmp_path_factory.mktemp("pick")
     model.save_pretrained(root / "PickScore_v1")
-    proc = CLIPProcessor(image_processor=CLIPImageProcessor(size={"shortest_edge": 32},
-                                                            crop_size={"height": 32, "width": 32}), tokenizer=tok)
+    proc = CLIPProcessor(
+        image_processor=CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}),
+        tokenizer=tok,
+    )
     proc.save_pretrained(root / "processor")
     return model, proc, root
 
@@ -242,7 +296,7 @@ def test_pick_equals_transformers_clip(tiny_pick):
     pil = [Image.fromarray((im * 255).round().byte().permute(1, 2, 0).numpy()) for im in x]
     with torch.no_grad():
         out = model(**proc(text=PROMPTS, images=pil, padding=True, return_tensors="pt"))
-    logit = out.logits_per_image.diag()                                    # logit_scale.exp() * cosine
+    logit = out.logits_per_image.diag()  # logit_scale.exp() * cosine
     opts = dict(model=str(root / "PickScore_v1"), processor=str(root / "processor"), batch_size=2)
     cos = get_reward("pick", **opts)(x, PROMPTS)
     assert torch.equal(cos, get_reward("pick", **opts)(x, PROMPTS))
@@ -254,17 +308,26 @@ def test_pick_equals_transformers_clip(tiny_pick):
 
 # --- imagereward -------------------------------------------------------------------------------
 
+
 def official_imagereward_keys(depth=24, layers=12):
     """The tensor names of THUDM/ImageReward's ImageReward.pt (BLIP_Pretrain(vit='large') + MLP)."""
     v = "blip.visual_encoder."
     keys = [v + "cls_token", v + "pos_embed", v + "patch_embed.proj.weight", v + "patch_embed.proj.bias"]
     for i in range(depth):
-        keys += [f"{v}blocks.{i}.{m}.{p}" for m in ("norm1", "attn.qkv", "attn.proj", "norm2", "mlp.fc1", "mlp.fc2")
-                 for p in ("weight", "bias")]
+        keys += [
+            f"{v}blocks.{i}.{m}.{p}"
+            for m in ("norm1", "attn.qkv", "attn.proj", "norm2", "mlp.fc1", "mlp.fc2")
+            for p in ("weight", "bias")
+        ]
     keys += [v + "norm.weight", v + "norm.bias"]
     t = "blip.text_encoder."
-    keys += [t + "embeddings.position_ids", t + "embeddings.word_embeddings.weight",
-             t + "embeddings.position_embeddings.weight", t + "embeddings.LayerNorm.weight", t + "embeddings.LayerNorm.bias"]
+    keys += [
+        t + "embeddings.position_ids",
+        t + "embeddings.word_embeddings.weight",
+        t + "embeddings.position_embeddings.weight",
+        t + "embeddings.LayerNorm.weight",
+        t + "embeddings.LayerNorm.bias",
+    ]
     parts = [f"{a}.self.{q}" for a in ("attention", "crossattention") for q in ("query", "key", "value")]
     parts += [f"{a}.output.{q}" for a in ("attention", "crossattention") for q in ("dense", "LayerNorm")]
     parts += ["intermediate.dense", "output.dense", "output.LayerNorm"]
@@ -280,18 +343,22 @@ def test_full_size_imagereward_has_the_official_names_and_shapes():
     with torch.device("meta"):
         sd = ImageRewardNet().state_dict()
     assert sorted(sd) == sorted(official_imagereward_keys()) and len(sd) == 625
-    shapes = {"blip.visual_encoder.blocks.0.attn.qkv.weight": (3072, 1024),
-              "blip.visual_encoder.pos_embed": (1, 197, 1024),
-              "blip.visual_encoder.patch_embed.proj.weight": (1024, 3, 16, 16),
-              "blip.text_encoder.encoder.layer.0.crossattention.self.query.weight": (768, 768),
-              "blip.text_encoder.encoder.layer.0.crossattention.self.key.weight": (768, 1024),
-              "blip.text_encoder.embeddings.word_embeddings.weight": (30524, 768),
-              "blip.text_encoder.embeddings.position_ids": (1, 512),
-              "blip.vision_proj.weight": (256, 1024), "blip.text_proj.weight": (256, 768),
-              "mlp.layers.0.weight": (1024, 768), "mlp.layers.7.weight": (1, 16)}
+    shapes = {
+        "blip.visual_encoder.blocks.0.attn.qkv.weight": (3072, 1024),
+        "blip.visual_encoder.pos_embed": (1, 197, 1024),
+        "blip.visual_encoder.patch_embed.proj.weight": (1024, 3, 16, 16),
+        "blip.text_encoder.encoder.layer.0.crossattention.self.query.weight": (768, 768),
+        "blip.text_encoder.encoder.layer.0.crossattention.self.key.weight": (768, 1024),
+        "blip.text_encoder.embeddings.word_embeddings.weight": (30524, 768),
+        "blip.text_encoder.embeddings.position_ids": (1, 512),
+        "blip.vision_proj.weight": (256, 1024),
+        "blip.text_proj.weight": (256, 768),
+        "mlp.layers.0.weight": (1024, 768),
+        "mlp.layers.7.weight": (1, 16),
+    }
     for k, shape in shapes.items():
         assert tuple(sd[k].shape) == shape, k
-    assert 440e6 < sum(t.numel() for t in sd.values()) < 450e6        # ImageReward.pt is 1.79 GB of fp32
+    assert 440e6 < sum(t.numel() for t in sd.values()) < 450e6  # ImageReward.pt is 1.79 GB of fp32
 
 
 @pytest.fixture
@@ -299,13 +366,41 @@ def tiny_imagereward(tmp_path):
     """ImageReward.pt, med_config.json and a WordPiece vocab for a tiny BLIP (ViT width 64, 2 blocks)."""
     from treegrpo_cli.rewards.blip import ImageRewardNet, TextConfig, VisionConfig
 
-    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "red", "circle", "two", "blue", "square", "##s",
-             "above", "green", "triangle", "photo", "of", "cat"]
+    words = [
+        "[PAD]",
+        "[UNK]",
+        "[CLS]",
+        "[SEP]",
+        "[MASK]",
+        "a",
+        "red",
+        "circle",
+        "two",
+        "blue",
+        "square",
+        "##s",
+        "above",
+        "green",
+        "triangle",
+        "photo",
+        "of",
+        "cat",
+    ]
     (tmp_path / "bert").mkdir()
     (tmp_path / "bert" / "vocab.txt").write_text("\n".join(words) + "\n")
-    med = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=37,
-               max_position_embeddings=40, vocab_size=len(words) + 2, hidden_act="gelu", add_cross_attention=True,
-               layer_norm_eps=1e-12, pad_token_id=0, encoder_width=32)
+    med = dict(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=37,
+        max_position_embeddings=40,
+        vocab_size=len(words) + 2,
+        hidden_act="gelu",
+        add_cross_attention=True,
+        layer_norm_eps=1e-12,
+        pad_token_id=0,
+        encoder_width=32,
+    )
     (tmp_path / "med_config.json").write_text(json.dumps(med))
     vision = VisionConfig(image_size=32, patch_size=8, width=64, depth=2, heads=1)
     torch.manual_seed(0)
@@ -314,8 +409,11 @@ def tiny_imagereward(tmp_path):
         torch.nn.init.normal_(p, std=0.2)
     sd = {k: v.clone() for k, v in net.state_dict().items()}
     torch.save(sd, tmp_path / "ImageReward.pt")
-    opts = dict(checkpoint=str(tmp_path / "ImageReward.pt"), med_config=str(tmp_path / "med_config.json"),
-                tokenizer=str(tmp_path / "bert"))
+    opts = dict(
+        checkpoint=str(tmp_path / "ImageReward.pt"),
+        med_config=str(tmp_path / "med_config.json"),
+        tokenizer=str(tmp_path / "bert"),
+    )
     return sd, opts, tmp_path
 
 
@@ -330,16 +428,16 @@ def test_imagereward_loads_every_key_and_round_trips(tiny_imagereward):
     assert a.shape == (3,) and a.dtype == torch.float32 and torch.isfinite(a).all()
     assert torch.equal(a, reward(x, PROMPTS))
     assert torch.allclose(a, get_reward("imagereward", batch_size=1, **opts)(x, PROMPTS), atol=1e-5)
-    assert not torch.equal(a, reward(x.flip(-1), PROMPTS))                     # the image matters
-    assert not torch.equal(a, reward(x, PROMPTS[::-1]))                        # the prompt matters
+    assert not torch.equal(a, reward(x.flip(-1), PROMPTS))  # the image matters
+    assert not torch.equal(a, reward(x, PROMPTS[::-1]))  # the prompt matters
     tok = reward.tokenizer(PROMPTS, padding="max_length", truncation=True, max_length=35, return_tensors="pt")
-    assert tok["input_ids"].shape == (3, 35)                              # padded to 35 tokens, as released
-    assert reward.tokenizer.convert_tokens_to_ids(["[DEC]", "[ENC]"]) == [18, 19]   # BLIP's two added tokens
+    assert tok["input_ids"].shape == (3, 35)  # padded to 35 tokens, as released
+    assert reward.tokenizer.convert_tokens_to_ids(["[DEC]", "[ENC]"]) == [18, 19]  # BLIP's two added tokens
     net = reward.net
     with torch.no_grad():
         h = net.blip.text_encoder(tok["input_ids"], tok["attention_mask"], net.blip.visual_encoder(reward.prep(x)))
-        raw = net.mlp(h[:, 0]).squeeze(-1)                                  # the head on the first token
-    assert torch.allclose(a, (raw - 0.16717362830052426) / 1.0333394966054072, atol=1e-5)   # the release's norm
+        raw = net.mlp(h[:, 0]).squeeze(-1)  # the head on the first token
+    assert torch.allclose(a, (raw - 0.16717362830052426) / 1.0333394966054072, atol=1e-5)  # the release's norm
 
 
 def test_imagereward_rejects_missing_and_unexpected_keys(tiny_imagereward):
@@ -363,9 +461,10 @@ def test_blip_vit_equals_timm_vision_transformer():
     ours = VisionTransformer(VisionConfig(image_size=32, patch_size=8, width=64, depth=2, heads=2))
     for p in ours.parameters():
         torch.nn.init.normal_(p, std=0.2)
-    ref = timm.models.vision_transformer.VisionTransformer(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=2,
-                                                           num_classes=0, global_pool="")
-    ref.load_state_dict(ours.state_dict(), strict=True)                  # same names, same shapes
+    ref = timm.models.vision_transformer.VisionTransformer(
+        img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=2, num_classes=0, global_pool=""
+    )
+    ref.load_state_dict(ours.state_dict(), strict=True)  # same names, same shapes
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         assert torch.allclose(ours.eval()(x), ref.eval().forward_features(x), atol=1e-5)
@@ -381,25 +480,48 @@ def test_blip_text_encoder_equals_transformers_bert_with_cross_attention():
     from transformers import BertConfig
     from transformers import BertModel as HFBert
 
-    med = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=37,
-               max_position_embeddings=40, vocab_size=20, hidden_act="gelu", add_cross_attention=True,
-               layer_norm_eps=1e-12, pad_token_id=0, encoder_width=32)
+    med = dict(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=37,
+        max_position_embeddings=40,
+        vocab_size=20,
+        hidden_act="gelu",
+        add_cross_attention=True,
+        layer_norm_eps=1e-12,
+        pad_token_id=0,
+        encoder_width=32,
+    )
     torch.manual_seed(0)
     ours = BertModel(TextConfig.from_dict(med, 32)).eval()
     for p in ours.parameters():
         torch.nn.init.normal_(p, std=0.2)
-    ref = HFBert(BertConfig(vocab_size=20, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                            intermediate_size=37, max_position_embeddings=40, hidden_act="gelu", layer_norm_eps=1e-12,
-                            pad_token_id=0, is_decoder=True, add_cross_attention=True), add_pooling_layer=False)
+    ref = HFBert(
+        BertConfig(
+            vocab_size=20,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=37,
+            max_position_embeddings=40,
+            hidden_act="gelu",
+            layer_norm_eps=1e-12,
+            pad_token_id=0,
+            is_decoder=True,
+            add_cross_attention=True,
+        ),
+        add_pooling_layer=False,
+    )
     sd = {k: v for k, v in ours.state_dict().items() if k != "embeddings.position_ids"}
     sd["embeddings.token_type_embeddings.weight"] = torch.zeros_like(ref.embeddings.token_type_embeddings.weight)
     ref.load_state_dict(sd, strict=True)
-    ref.config.is_decoder = False        # the layers keep their cross-attention; self-attention is bidirectional
+    ref.config.is_decoder = False  # the layers keep their cross-attention; self-attention is bidirectional
     ref.eval()
     ids = torch.tensor([[2, 5, 6, 7, 3, 0, 0], [2, 8, 9, 10, 11, 12, 3]])
     mask, image = (ids != 0).long(), torch.randn(2, 5, 32)
     with torch.no_grad():
         got = ours(ids, mask, image)
         want = ref(input_ids=ids, attention_mask=mask, encoder_hidden_states=image).last_hidden_state
-    keep = mask.bool()                   # padded positions are never read (the score uses the first token)
+    keep = mask.bool()  # padded positions are never read (the score uses the first token)
     assert torch.allclose(got[keep], want[keep], atol=1e-5), float((got - want)[keep].abs().max())

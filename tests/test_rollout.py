@@ -73,7 +73,10 @@ def test_trees_do_not_depend_on_batch_composition(tiny_policy):
 def test_root_noise_sharing(tiny_policy):
     shared, _ = _roll(tiny_policy, "branch", sets=["tree.init_same_noise=true"])
     own, _ = _roll(tiny_policy, "branch", sets=["tree.init_same_noise=false"])
-    roots = lambda t: t.latent[t.parent < 0]
+
+    def roots(t):
+        return t.latent[t.parent < 0]
+
     assert torch.equal(roots(shared)[0], roots(shared)[1])
     assert not torch.equal(roots(own)[0], roots(own)[1])
 
@@ -98,10 +101,10 @@ def test_ode_steps_are_deterministic(tiny_policy):
     with torch.no_grad():
         v = tiny_policy.velocity(tree.latent[par], tree.sigma[par], {k: t[tree.tree[par]] for k, t in cond.items()})
     euler = sde.step(tree.latent[par], v, tree.depth[par], torch.zeros(len(par), dtype=torch.bool)).mean
-    gap = (tree.latent[edges] - euler).flatten(1).abs().max(1).values                     # [E]
+    gap = (tree.latent[edges] - euler).flatten(1).abs().max(1).values  # [E]
     ode = ~tree.sde[edges]
     assert ode.sum() > 0 and float(gap[ode].max()) < 1e-5
-    assert float(gap[~ode].min()) > 1e-3                                                # noise was added there
+    assert float(gap[~ode].min()) > 1e-3  # noise was added there
 
 
 def _branch_samples(cfg, parents=400, dim=512, K=2):
@@ -155,8 +158,9 @@ def test_rollout_on_pixel_policy_has_expected_shapes(tiny_policy):
 
 def test_shared_root_noise_still_gives_distinct_trees(tiny_policy):
     """init_same_noise shares the root latent only; everything below differs per tree."""
-    tree, _ = _roll(tiny_policy, "flow-grpo", sets=["tree.trees_per_prompt=3", "tree.init_same_noise=true"],
-                    prompts=PROMPTS[:1])
+    tree, _ = _roll(
+        tiny_policy, "flow-grpo", sets=["tree.trees_per_prompt=3", "tree.init_same_noise=true"], prompts=PROMPTS[:1]
+    )
     roots = tree.latent[tree.parent < 0]
     assert torch.equal(roots[0], roots[1])
     leaves = tree.image_latent

@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from treegrpo_cli.engine.rollout import TreeConfig
-from treegrpo_cli.engine.schedules import (ScheduleConfig, geometric_probs, tree_for_iteration,
-                                           window_start)
+from treegrpo_cli.engine.schedules import ScheduleConfig, geometric_probs, tree_for_iteration, window_start
 from treegrpo_cli.errors import ConfigError
 
 
@@ -35,8 +34,8 @@ def test_progressive_start_and_stride():
 
 def test_progressive_default_max_step_depends_on_decode():
     cfg = ScheduleConfig(kind="progressive", window=2, every=1, roll_back=False)
-    assert window_start(cfg, 10, 100, 0, "x0") == 7      # window {7, 8}: never the last step
-    assert window_start(cfg, 10, 100, 0, "final") == 8   # window {8, 9}
+    assert window_start(cfg, 10, 100, 0, "x0") == 7  # window {7, 8}: never the last step
+    assert window_start(cfg, 10, 100, 0, "final") == 8  # window {8, 9}
 
 
 def test_mixgrpo_window_never_reaches_max_step():
@@ -124,22 +123,25 @@ def test_treegrpo_preset_has_27_leaves(kind):
         assert t.leaves(10) == 27 and len(t.split_steps) == 3 and 9 not in t.split_steps
 
 
-@pytest.mark.parametrize("kw, key", [
-    (dict(kind="random"), "schedule.kind"),
-    (dict(kind="progressive", split="some"), "schedule.split"),
-    (dict(kind="progressive", window=0), "schedule.window"),
-    (dict(kind="progressive", window=11), "schedule.window"),
-    (dict(kind="geometric", r=0.0), "schedule.r"),
-    (dict(kind="geometric", r=1.5), "schedule.r"),
-    (dict(kind="progressive", every=0), "schedule.every"),
-    (dict(kind="progressive", start=-1), "schedule.start"),
-    (dict(kind="progressive", max_step=11), "schedule.max_step"),
-    (dict(kind="progressive", window=4, start=7), "schedule.start"),
-    (dict(kind="shifting", window=10), "schedule.start"),
-    (dict(kind="geometric", window=10), "schedule.window"),
-    (dict(split="all"), "schedule.split"),
-    (dict(kind="progressive", max_step=10, split="all"), "schedule.split"),
-])
+@pytest.mark.parametrize(
+    "kw, key",
+    [
+        (dict(kind="random"), "schedule.kind"),
+        (dict(kind="progressive", split="some"), "schedule.split"),
+        (dict(kind="progressive", window=0), "schedule.window"),
+        (dict(kind="progressive", window=11), "schedule.window"),
+        (dict(kind="geometric", r=0.0), "schedule.r"),
+        (dict(kind="geometric", r=1.5), "schedule.r"),
+        (dict(kind="progressive", every=0), "schedule.every"),
+        (dict(kind="progressive", start=-1), "schedule.start"),
+        (dict(kind="progressive", max_step=11), "schedule.max_step"),
+        (dict(kind="progressive", window=4, start=7), "schedule.start"),
+        (dict(kind="shifting", window=10), "schedule.start"),
+        (dict(kind="geometric", window=10), "schedule.window"),
+        (dict(split="all"), "schedule.split"),
+        (dict(kind="progressive", max_step=10, split="all"), "schedule.split"),
+    ],
+)
 def test_validate_names_the_key(kw, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")) as e:
         ScheduleConfig(**kw).validate(10)

@@ -9,11 +9,32 @@ from treegrpo_cli.errors import ConfigError
 
 def test_shifted_grid_golden_values():
     # methods.md 1.1, shift 3
-    want10 = [1, .964, .923, .875, .818, .750, .667, .563, .429, .250, 0]
+    want10 = [1, 0.964, 0.923, 0.875, 0.818, 0.750, 0.667, 0.563, 0.429, 0.250, 0]
     got = sigma_grid(SamplerConfig(steps=10)).tolist()
     assert got == pytest.approx(want10, abs=1e-3)
-    want20 = [1, .983, .964, .944, .923, .900, .875, .848, .818, .786, .750, .711, .667, .618, .563,
-              .500, .429, .346, .250, .136, 0]
+    want20 = [
+        1,
+        0.983,
+        0.964,
+        0.944,
+        0.923,
+        0.900,
+        0.875,
+        0.848,
+        0.818,
+        0.786,
+        0.750,
+        0.711,
+        0.667,
+        0.618,
+        0.563,
+        0.500,
+        0.429,
+        0.346,
+        0.250,
+        0.136,
+        0,
+    ]
     assert sigma_grid(SamplerConfig(steps=20)).tolist() == pytest.approx(want20, abs=1e-3)
 
 
@@ -98,7 +119,7 @@ def test_bad_sampler_config(bad):
 
 # --- the SDE checked against the exact marginals of Gaussian data ----------------------------------
 
-M, S = 0.5, 0.3          # data x0 ~ N(M, S^2) in every latent element
+M, S = 0.5, 0.3  # data x0 ~ N(M, S^2) in every latent element
 
 
 def _exact_velocity(x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
@@ -122,9 +143,9 @@ def test_sde_steps_keep_the_marginals_of_gaussian_data(noise, eta):
     sde = FlowSDE(SamplerConfig(steps=200, shift=1.0, noise=noise, eta=eta))
     g = torch.Generator().manual_seed(0)
     n = 100_000
-    x = torch.randn(n, 1, 1, 1, generator=g)                                   # sigma = 1: N(0, 1)
+    x = torch.randn(n, 1, 1, 1, generator=g)  # sigma = 1: N(0, 1)
     worst = 0.0
-    for i in range(sde.cfg.steps - 1):                                         # down to sigma = 1/200
+    for i in range(sde.cfg.steps - 1):  # down to sigma = 1/200
         sigma = sde.sigmas[i].float()
         out = sde.step(x, _exact_velocity(x, sigma), torch.full((n,), i), torch.ones(n, dtype=torch.bool))
         assert float(out.std[0]) > 0
@@ -143,6 +164,16 @@ def test_ode_step_is_the_euler_step_and_the_sde_mean_tends_to_it():
     ode = FlowSDE(SamplerConfig(steps=10)).step(x, v, i, torch.zeros(4, dtype=torch.bool))
     assert torch.equal(ode.std, torch.zeros(4))
     torch.testing.assert_close(ode.mean, euler, rtol=0, atol=1e-6)
-    gaps = [float((FlowSDE(SamplerConfig(steps=10, eta=eta)).step(x, v, i, torch.ones(4, dtype=torch.bool)).mean
-                   - euler).abs().max()) for eta in (0.4, 0.2, 0.1)]
-    assert gaps[0] > 0 and gaps[1] == pytest.approx(gaps[0] / 4, rel=1e-3) and gaps[2] == pytest.approx(gaps[0] / 16, rel=1e-3)
+    gaps = [
+        float(
+            (FlowSDE(SamplerConfig(steps=10, eta=eta)).step(x, v, i, torch.ones(4, dtype=torch.bool)).mean - euler)
+            .abs()
+            .max()
+        )
+        for eta in (0.4, 0.2, 0.1)
+    ]
+    assert (
+        gaps[0] > 0
+        and gaps[1] == pytest.approx(gaps[0] / 4, rel=1e-3)
+        and gaps[2] == pytest.approx(gaps[0] / 16, rel=1e-3)
+    )

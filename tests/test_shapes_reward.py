@@ -44,7 +44,7 @@ def test_blank_and_noise_images_score_near_zero():
     for fill in (0.0, 1.0, 0.5, 215 / 255):
         assert reward(torch.full((64, 3, 32, 32), fill), prompts).max() == 0
     assert reward(torch.rand(64, 3, 32, 32, generator=gen), prompts).mean() < 0.05
-    red = torch.tensor([220, 40, 40]) / 255.0                 # a whole image of one colour is no shape
+    red = torch.tensor([220, 40, 40]) / 255.0  # a whole image of one colour is no shape
     assert reward(red[None, :, None, None].expand(2, 3, 32, 32), ["a red square"] * 2).max() == 0
 
 
@@ -76,8 +76,8 @@ def test_flipped_relation_loses_the_relation_credit():
     flipped = score([a, b], "a green triangle right of a yellow circle")
     assert 0.5 < flipped < 0.75
     assert score([a, b], "a yellow circle right of a green triangle") == 1.0
-    assert score([a, b], "a green triangle above a yellow circle") == flipped   # sideways is not above
-    assert score([a], "a green triangle left of a yellow circle") < 0.4         # missing object: no relation
+    assert score([a, b], "a green triangle above a yellow circle") == flipped  # sideways is not above
+    assert score([a], "a green triangle left of a yellow circle") < 0.4  # missing object: no relation
 
 
 def test_unparseable_prompts_score_zero():
@@ -96,9 +96,9 @@ def test_a_batch_scores_each_image_as_it_would_alone():
     """Batching (and the vectorised detector behind it) changes no image's score; speed: bench/scoring.py."""
     prompts = _sample(64, 8)
     x = render_prompts(prompts, 9)
-    x[::3] = torch.rand(x[::3].shape, generator=torch.Generator().manual_seed(0))   # some low scores too
+    x[::3] = torch.rand(x[::3].shape, generator=torch.Generator().manual_seed(0))  # some low scores too
     together = reward(x, prompts)
-    alone = torch.cat([reward(x[i:i + 1], prompts[i:i + 1]) for i in range(len(prompts))])
+    alone = torch.cat([reward(x[i : i + 1], prompts[i : i + 1]) for i in range(len(prompts))])
     assert torch.equal(together, alone)
     assert together[1::3].min() > 0.9 and together[::3].max() < 0.3
 
@@ -109,9 +109,9 @@ def _red_block(h: int, w: int, cut: int) -> torch.Tensor:
     img = torch.full((3, 32, 32), 215 / 255)
     red = torch.tensor([220, 40, 40]) / 255.0
     mask = torch.zeros(32, 32, dtype=torch.bool)
-    mask[10:10 + h, 10:10 + w] = True
+    mask[10 : 10 + h, 10 : 10 + w] = True
     for k in range(cut):
-        mask[10 + h - 1 - k, 10 + w - cut + k:10 + w] = False
+        mask[10 + h - 1 - k, 10 + w - cut + k : 10 + w] = False
     return torch.where(mask, red[:, None, None], img)
 
 
@@ -119,8 +119,8 @@ def test_soft_kind_credit_rises_towards_the_asked_kind():
     soft = get_reward("shapes", kind="soft")
     prompts = _sample(200, 0)
     x = render_prompts(prompts, 1)
-    assert torch.equal(soft(x, prompts), reward(x, prompts))          # the world's own renders: unchanged
-    images = torch.stack([_red_block(10, 10, c) for c in (0, 4, 5, 6)])     # fill 1.0, 0.90, 0.85, 0.79
+    assert torch.equal(soft(x, prompts), reward(x, prompts))  # the world's own renders: unchanged
+    images = torch.stack([_red_block(10, 10, c) for c in (0, 4, 5, 6)])  # fill 1.0, 0.90, 0.85, 0.79
     hard_s, soft_s = reward(images, ["a red square"] * 4), soft(images, ["a red square"] * 4)
     assert hard_s[0] == soft_s[0] == 1.0
     assert (soft_s[1:] >= hard_s[1:]).all() and (soft_s[1:] < 1).all()
@@ -132,7 +132,8 @@ def test_soft_kind_option_is_checked_and_reaches_training():
 
     from treegrpo_cli.config import load_config
     from treegrpo_cli.errors import ConfigError
-    from treegrpo_cli.loop import Trainer
+    from treegrpo_cli.training.loop import Trainer
+
     with pytest.raises(ConfigError, match="shapes.kind"):
         get_reward("shapes", kind="fuzzy")
     cfg = load_config("branch", sets=['model="tiny-shapes"', 'reward.options=["shapes.kind=soft"]'])

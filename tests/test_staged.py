@@ -10,13 +10,13 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from treegrpo_cli import loop
 from treegrpo_cli.cli.app import app
 from treegrpo_cli.config import load_config
 from treegrpo_cli.prompts import load_prompts
 from treegrpo_cli.store.checkpoint import load_checkpoint
 from treegrpo_cli.store.shards import ShardStore
 from treegrpo_cli.store.trees import open_trees, read_tree_shard, shard_name
+from treegrpo_cli.training import loop
 
 runner = CliRunner()
 SETS = ['model="pixel-tiny"', "rollout.num_prompts=3", "seed=7"]
@@ -59,7 +59,7 @@ def staged(preset: str, iteration: int, tmp_path: Path) -> dict:
     out = run("train", "--trees", trees, "--run-dir", run_dir, "--json")
     store: ShardStore = open_trees(trees)
     shards = [read_tree_shard(store, n) for n in store.names("trees")]
-    assert len(shards) == 1                       # one shard: the same node order as the online batch
+    assert len(shards) == 1  # one shard: the same node order as the online batch
     rewards = store.read(shard_name("rewards", 0))[0]
     adv = store.read(shard_name("advantages", 0))[0]
     ck = load_checkpoint(Path(__import__("json").loads(out.stdout)["checkpoint"]))
@@ -98,11 +98,24 @@ def test_rollout_honours_the_schedule(tmp_path):
 
 def test_score_uses_reward_options_and_refuses_other_keys(tmp_path):
     trees = tmp_path / "trees"
-    run("rollout", "--preset", "branch", "--set", 'model="pixel-tiny"', "--set", 'reward.names=["shapes"]',
-        "--set", 'reward.options=["shapes.kind=soft"]', "-n", 2, "--out", trees)
+    run(
+        "rollout",
+        "--preset",
+        "branch",
+        "--set",
+        'model="pixel-tiny"',
+        "--set",
+        'reward.names=["shapes"]',
+        "--set",
+        'reward.options=["shapes.kind=soft"]',
+        "-n",
+        2,
+        "--out",
+        trees,
+    )
     run("score", trees)
     assert open_trees(trees).meta["scoring"]["options"] == ["shapes.kind=soft"]
     r = runner.invoke(app, ["score", str(trees), "--set", "tree.branch=3"])
     assert r.exit_code != 0 and len(r.stderr.strip().splitlines()) == 1 and "tree.branch" in r.stderr, r.output
-    r = runner.invoke(app, ["score", str(trees), "--reward-opt", "shapes.kind=bogus"])   # options reach the reward
+    r = runner.invoke(app, ["score", str(trees), "--reward-opt", "shapes.kind=bogus"])  # options reach the reward
     assert r.exit_code != 0 and "shapes.kind must be one of" in r.stderr, r.output

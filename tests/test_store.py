@@ -70,17 +70,19 @@ def test_checkpoints_are_written_in_shards_and_load_back(tmp_path):
     """A small shard limit splits the weights over several files with an index; every tensor, the EMA,
     the optimizer state and the RNG states come back equal; a damaged shard is refused by name."""
     import torch
-    from treegrpo_cli.store.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+
     from treegrpo_cli.errors import CorruptFileError
+    from treegrpo_cli.store.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 
     g = torch.Generator().manual_seed(0)
-    model = {f"w{i}": torch.randn(16, 16, generator=g) for i in range(5)}            # 1 KiB each
+    model = {f"w{i}": torch.randn(16, 16, generator=g) for i in range(5)}  # 1 KiB each
     params = [torch.nn.Parameter(v.clone()) for v in model.values()]
     opt = torch.optim.AdamW(params, lr=1e-3)
     sum(p.sum() for p in params).backward()
     opt.step()
-    ck = Checkpoint(3, model, {k: v * 2 for k, v in model.items()}, opt.state_dict(), {"torch": torch.get_rng_state()},
-                    {"step": 3})
+    ck = Checkpoint(
+        3, model, {k: v * 2 for k, v in model.items()}, opt.state_dict(), {"torch": torch.get_rng_state()}, {"step": 3}
+    )
     path = save_checkpoint(tmp_path / "ck", ck, keep_last=2, shard_bytes=2 * 1024)
     shards = sorted(p.name for p in path.glob("model-*.safetensors"))
     assert shards == [f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3)]
@@ -89,8 +91,10 @@ def test_checkpoints_are_written_in_shards_and_load_back(tmp_path):
     assert torch.equal(back.rng["torch"], ck.rng["torch"]) and back.step == 3
     again = torch.optim.AdamW([torch.nn.Parameter(v.clone()) for v in model.values()], lr=1e-3)
     again.load_state_dict(back.optimizer)
-    assert all(torch.equal(again.state_dict()["state"][i]["exp_avg"], opt.state_dict()["state"][i]["exp_avg"])
-               for i in range(5))
+    assert all(
+        torch.equal(again.state_dict()["state"][i]["exp_avg"], opt.state_dict()["state"][i]["exp_avg"])
+        for i in range(5)
+    )
     blob = bytearray((path / shards[1]).read_bytes())
     blob[-1] ^= 1
     (path / shards[1]).write_bytes(bytes(blob))
@@ -104,6 +108,7 @@ def test_checkpoints_of_the_single_file_format_still_load(tmp_path):
 
     import torch
     from safetensors.torch import save_file
+
     from treegrpo_cli.store.checkpoint import load_checkpoint
 
     d = tmp_path / "step-1"

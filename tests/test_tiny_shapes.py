@@ -1,6 +1,5 @@
 """The latent shapes model (autoencoder + DiT): weights files, loading through the Policy protocol, pretraining."""
 
-
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -10,8 +9,8 @@ from treegrpo_cli.config import load_config
 from treegrpo_cli.errors import TreegrpoError
 from treegrpo_cli.models.dit import DiTConfig, TinyDiT
 from treegrpo_cli.models.latent import AEConfig, ShapesAE, latent_dit_config
+from treegrpo_cli.models.latent_file import load_weights, save_weights
 from treegrpo_cli.models.registry import TINY_SHAPES, load_policy
-from treegrpo_cli.world.pretrain import load_weights, save_weights
 
 
 def _small():
@@ -50,39 +49,55 @@ def test_tiny_shapes_defaults_select_the_world():
 
 
 def test_pretraining_lowers_the_loss_and_writes_weights(tmp_path):
-    from treegrpo_cli.world.pretrain import PretrainConfig, pretrain
+    from treegrpo_cli.training.pretrain import PretrainConfig, pretrain
 
     rows = []
     cfg = PretrainConfig(steps=12, batch=8, warmup=2, eval_every=12, eval_steps=2, lr=1e-3, ae_steps=200, ae_batch=8)
-    last = pretrain(cfg, tmp_path / "w.safetensors", dit=latent_dit_config(AEConfig(width=8), dim=32, depth=1, heads=2),
-                    ae_cfg=AEConfig(width=8), log=rows.append)
+    last = pretrain(
+        cfg,
+        tmp_path / "w.safetensors",
+        dit=latent_dit_config(AEConfig(width=8), dim=32, depth=1, heads=2),
+        ae_cfg=AEConfig(width=8),
+        log=rows.append,
+    )
     assert last["step"] == 12 and 0 <= last["test_reward"] <= 1 and 0 <= last["pretrain_reward"] <= 1
     ae_rows = [r["loss"] for r in rows if r.get("stage") == "autoencoder" and "loss" in r]
-    assert ae_rows[-1] < ae_rows[0]                      # the autoencoder learns
+    assert ae_rows[-1] < ae_rows[0]  # the autoencoder learns
     net, ae, meta = load_weights(tmp_path / "w.safetensors")
     assert meta["log"]["step"] == 12 and net.cfg.dim == 32 and ae.cfg.width == 8
-    assert not torch.equal(ae.scale, torch.ones(4))      # the latent normaliser was fitted
+    assert not torch.equal(ae.scale, torch.ones(4))  # the latent normaliser was fitted
 
 
 def test_pretraining_config_shapes_the_dit(tmp_path):
     from dataclasses import replace
 
-    from treegrpo_cli.world.pretrain import PretrainConfig, pretrain
+    from treegrpo_cli.training.pretrain import PretrainConfig, pretrain
 
-    cfg = PretrainConfig(steps=1, batch=2, warmup=1, eval_every=1, eval_steps=1, ae_steps=2, ae_batch=2,
-                         word_std=0.02, text_layers=1, depth=2, dim=32)
+    cfg = PretrainConfig(
+        steps=1,
+        batch=2,
+        warmup=1,
+        eval_every=1,
+        eval_steps=1,
+        ae_steps=2,
+        ae_batch=2,
+        word_std=0.02,
+        text_layers=1,
+        depth=2,
+        dim=32,
+    )
     pretrain(cfg, tmp_path / "w.safetensors", ae_cfg=AEConfig(width=8))
     net, ae, meta = load_weights(tmp_path / "w.safetensors")
     assert (net.cfg.word_std, net.cfg.text_layers, meta["pretrain"]["word_std"]) == (0.02, 1, 0.02)
     assert (net.cfg.depth, net.cfg.dim, len(net.blocks)) == (2, 32, 2)
-    assert float(net.words.weight[2:].detach().std()) < 0.05                  # one step from its 0.02 start, not torch's 1
+    assert float(net.words.weight[2:].detach().std()) < 0.05  # one step from its 0.02 start, not torch's 1
 
-    rows = []                                   # a trial on that autoencoder: no autoencoder stage, its weights kept
+    rows = []  # a trial on that autoencoder: no autoencoder stage, its weights kept
     pretrain(replace(cfg, depth=3), tmp_path / "t.safetensors", log=rows.append, ae_from=tmp_path / "w.safetensors")
     net3, ae3, meta3 = load_weights(tmp_path / "t.safetensors")
     assert [r["stage"] for r in rows] == ["dit"] and (net3.cfg.depth, ae3.cfg.width) == (3, 8)
     assert meta3["ae_from"] == str(tmp_path / "w.safetensors") and "ae_from" not in meta
-    assert all(torch.equal(a, b) for a, b in zip(ae.state_dict().values(), ae3.state_dict().values()))
+    assert all(torch.equal(a, b) for a, b in zip(ae.state_dict().values(), ae3.state_dict().values(), strict=True))
 
 
 def test_a_config_recorded_before_a_field_existed_reads_as_it_ran():
@@ -90,7 +105,7 @@ def test_a_config_recorded_before_a_field_existed_reads_as_it_ran():
     init, no text layers and the 4 x 128 DiT, whatever today's defaults are."""
     from dataclasses import asdict
 
-    from treegrpo_cli.world.pretrain import PretrainConfig, recorded_config
+    from treegrpo_cli.training.pretrain import PretrainConfig, recorded_config
 
     later = ("word_std", "text_layers", "depth", "dim")
     old = {k: v for k, v in asdict(PretrainConfig(steps=7)).items() if k not in later}
@@ -102,7 +117,7 @@ def test_a_config_recorded_before_a_field_existed_reads_as_it_ran():
 def test_pretraining_resumes_exactly_where_it_stopped(tmp_path):
     from dataclasses import replace
 
-    from treegrpo_cli.world.pretrain import PretrainConfig, pretrain, resume_step
+    from treegrpo_cli.training.pretrain import PretrainConfig, pretrain, resume_step
 
     class Stop(Exception):
         """What the log callback raises to end a run the way a kill would, right after a state is written."""
@@ -115,15 +130,18 @@ def test_pretraining_resumes_exactly_where_it_stopped(tmp_path):
     small = dict(dit=latent_dit_config(AEConfig(width=8), dim=32, depth=1, heads=2), ae_cfg=AEConfig(width=8))
     whole, rest, state = [], [], tmp_path / "state.pt"
     pretrain(cfg, tmp_path / "a.safetensors", log=whole.append, **small)
-    with pytest.raises(Stop):                               # killed right after the step-4 evaluation
+    with pytest.raises(Stop):  # killed right after the step-4 evaluation
         pretrain(cfg, tmp_path / "b.safetensors", log=stop_after_first_evaluation, state=state, **small)
     assert resume_step(state, cfg) == 4
     pretrain(cfg, tmp_path / "b.safetensors", log=rest.append, state=state, **small)
     a, b = load_weights(tmp_path / "a.safetensors"), load_weights(tmp_path / "b.safetensors")
-    for one, other in ((a[0], b[0]), (a[1], b[1])):          # the DiT (EMA) and the autoencoder, bit for bit
+    for one, other in ((a[0], b[0]), (a[1], b[1])):  # the DiT (EMA) and the autoencoder, bit for bit
         sa, sb = one.state_dict(), other.state_dict()
         assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
-    drop_clock = lambda rows: [{k: v for k, v in r.items() if k != "minutes"} for r in rows]   # noqa: E731
+
+    def drop_clock(rows):
+        return [{k: v for k, v in r.items() if k != "minutes"} for r in rows]
+
     assert drop_clock(rest) == drop_clock([r for r in whole if r.get("stage") == "dit" and r["step"] > 4])
     assert resume_step(tmp_path / "none.pt", cfg) is None
     with pytest.raises(TreegrpoError, match="other settings"):
@@ -138,7 +156,7 @@ def test_guidance_combines_the_prompt_and_the_empty_prompt():
 
     torch.manual_seed(0)
     net = TinyDiT(DiTConfig(dim=32, depth=1, heads=2, text_ada=True))
-    for p in net.parameters():                          # leave the zero init, so the output depends on the input
+    for p in net.parameters():  # leave the zero init, so the output depends on the input
         torch.nn.init.normal_(p, std=0.1)
     plain, guided = DiTPolicy(net.cfg, net), DiTPolicy(net.cfg, net, guidance=3.0)
     x, sigma = torch.randn(2, 3, 32, 32), torch.tensor([0.3, 0.8])
@@ -162,21 +180,21 @@ def test_text_layers_read_word_order_and_ignore_padding():
     x, sigma = torch.randn(1, 3, 32, 32).repeat(3, 1, 1, 1), torch.full((3,), 0.5)
     prompts = ["a red circle left of a blue square", "a blue square left of a red circle", "a red circle"]
     v = policy.velocity(x, sigma, policy.encode(prompts))
-    assert not torch.allclose(v[0], v[1])               # the same words in another order: another picture
-    with torch.no_grad():                               # what sits at the padded positions changes nothing
+    assert not torch.allclose(v[0], v[1])  # the same words in another order: another picture
+    with torch.no_grad():  # what sits at the padded positions changes nothing
         net.word_pos[:, 3:] += torch.randn_like(net.word_pos[:, 3:])
     v2 = policy.velocity(x, sigma, policy.encode(prompts))
     torch.testing.assert_close(v2[2], v[2])
     assert not torch.allclose(v2[0], v[0])
-    assert torch.isfinite(policy.velocity(x[:1], sigma[:1], policy.encode([""]))).all()   # no words at all
+    assert torch.isfinite(policy.velocity(x[:1], sigma[:1], policy.encode([""]))).all()  # no words at all
     assert sum(p.numel() for p in net.text_blocks.parameters()) > 0
-    assert not TinyDiT(DiTConfig(dim=32, depth=1, heads=2)).text_blocks     # off by default: old weights load
+    assert not TinyDiT(DiTConfig(dim=32, depth=1, heads=2)).text_blocks  # off by default: old weights load
 
 
 def test_missing_weights_is_one_line(tmp_path):
     r = CliRunner().invoke(app, ["rollout", "--model", str(tmp_path / "nope.safetensors"), "--out", tmp_path / "t"])
     assert r.exit_code == 1 and len(r.stderr.strip().splitlines()) == 1 and "not found" in r.stderr
-    odd = tmp_path / 'we"ird \\ name.safetensors'                      # quotes and backslashes reach the loader intact
+    odd = tmp_path / 'we"ird \\ name.safetensors'  # quotes and backslashes reach the loader intact
     for cmd in (["rollout", "--out", tmp_path / "t2"], ["train", "--run-dir", tmp_path / "r"]):
         r = CliRunner().invoke(app, [*cmd, "--model", str(odd)])
         assert r.exit_code == 1 and "not found" in r.stderr and str(odd) in r.stderr.replace("\n", ""), r.stderr
@@ -190,8 +208,8 @@ def test_shipped_weights_load_and_draw_the_world():
     from treegrpo_cli.engine.rollout import TreeConfig, rollout
     from treegrpo_cli.engine.sde import FlowSDE, SamplerConfig
     from treegrpo_cli.rewards.shapes import shapes_scores
+    from treegrpo_cli.training.pretrain import PretrainConfig, own_distribution_prompts, recorded_config
     from treegrpo_cli.world.detect import detect
-    from treegrpo_cli.world.pretrain import PretrainConfig, own_distribution_prompts, recorded_config
     from treegrpo_cli.world.shapes import NOISY_COLOURS, load_split, parse_prompt, render_prompts
 
     policy = load_policy("tiny-shapes")
@@ -199,8 +217,10 @@ def test_shipped_weights_load_and_draw_the_world():
     assert TINY_SHAPES.stat().st_size < 20 * 2**20
     net, ae, meta = load_weights(TINY_SHAPES)
     defaults = PretrainConfig()
-    assert net.cfg == latent_dit_config(AEConfig(), **defaults.dit_shape) and ae.cfg == AEConfig()   # the script's architecture
-    assert recorded_config(meta["pretrain"]) == defaults    # the script's defaults rebuild these weights
+    assert (
+        net.cfg == latent_dit_config(AEConfig(), **defaults.dit_shape) and ae.cfg == AEConfig()
+    )  # the script's architecture
+    assert recorded_config(meta["pretrain"]) == defaults  # the script's defaults rebuild these weights
     assert meta["log"]["step"] == meta["pretrain"]["steps"]
     prompts = load_split("pretrain")[::37]
     images = render_prompts(prompts, 5)
@@ -210,9 +230,9 @@ def test_shipped_weights_load_and_draw_the_world():
     tree, _ = rollout(policy, own, list(range(len(own))), FlowSDE(SamplerConfig(steps=10)), TreeConfig(sde_steps=()), 3)
     with torch.no_grad():
         images = policy.decode(tree.image_latent)
-    assert float(shapes_scores(images, own).mean()) >= 0.65      # 0.79 here; 0.75 over 4 samples (bench/world_base.py)
-    follow = {True: [], False: []}                       # noisy colour? -> asked objects found in that colour
-    for text, dets in zip(own, detect(images)):
+    assert float(shapes_scores(images, own).mean()) >= 0.65  # 0.79 here; 0.75 over 4 samples (bench/world_base.py)
+    follow = {True: [], False: []}  # noisy colour? -> asked objects found in that colour
+    for text, dets in zip(own, detect(images), strict=True):
         for g in parse_prompt(text).groups:
             follow[g.colour in NOISY_COLOURS].append(any(d.colour == g.colour for d in dets))
     noisy, clean = (sum(follow[k]) / len(follow[k]) for k in (True, False))

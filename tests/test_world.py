@@ -8,9 +8,24 @@ import torch
 
 from treegrpo_cli.world.detect import detect
 from treegrpo_cli.world.shapes import (
-    CAPTION_NOISE, DATA, GAP, NOISY_COLOURS, PROMPT_FILES, WORLD, is_noisy, load_split, noisy_scene,
-    parse_prompt, render, render_prompts, sample_pretrain_prompts, sample_scene, split_prompts, all_prompts,
-    world_prompts, write_prompt_files,
+    CAPTION_NOISE,
+    DATA,
+    GAP,
+    NOISY_COLOURS,
+    PROMPT_FILES,
+    WORLD,
+    all_prompts,
+    is_noisy,
+    load_split,
+    noisy_scene,
+    parse_prompt,
+    render,
+    render_prompts,
+    sample_pretrain_prompts,
+    sample_scene,
+    split_prompts,
+    world_prompts,
+    write_prompt_files,
 )
 
 PROMPTS = all_prompts()
@@ -23,25 +38,40 @@ def test_every_grammar_prompt_parses_back_to_itself():
         assert p is not None and p.text() == text, text
 
 
-@pytest.mark.parametrize("text, form, counts", [
-    ("a red circle", "single", [1]),
-    ("an orange triangle", "single", [1]),
-    ("one big blue square", "count", [1]),
-    ("three small red squares", "count", [3]),
-    ("a green triangle left of a yellow circle", "relation", [1, 1]),
-    ("A Purple Square Below A Red Circle.", "relation", [1, 1]),
-])
+@pytest.mark.parametrize(
+    "text, form, counts",
+    [
+        ("a red circle", "single", [1]),
+        ("an orange triangle", "single", [1]),
+        ("one big blue square", "count", [1]),
+        ("three small red squares", "count", [3]),
+        ("a green triangle left of a yellow circle", "relation", [1, 1]),
+        ("A Purple Square Below A Red Circle.", "relation", [1, 1]),
+    ],
+)
 def test_parse_examples(text, form, counts):
     p = parse_prompt(text)
     assert p.form == form and [g.count for g in p.groups] == counts
 
 
-@pytest.mark.parametrize("text", [
-    "", "a cat", "red circle", "two red circle", "a red circles", "four red circles",
-    "a red circle left of a red circle", "a big red circle left of a blue square",
-    "two red circles left of a blue square", "a red circle next to a blue square", "a red circle left of",
-    "a huge red circle", "a red circle and a blue square",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "a cat",
+        "red circle",
+        "two red circle",
+        "a red circles",
+        "four red circles",
+        "a red circle left of a red circle",
+        "a big red circle left of a blue square",
+        "two red circles left of a blue square",
+        "a red circle next to a blue square",
+        "a red circle left of",
+        "a huge red circle",
+        "a red circle and a blue square",
+    ],
+)
 def test_text_outside_the_grammar_parses_to_none(text):
     assert parse_prompt(text) is None
 
@@ -67,16 +97,17 @@ def _boxes_apart(o, q) -> bool:
 def test_sampled_scenes_satisfy_their_prompts():
     scenes = [sample_scene(t, i) for i, t in enumerate(PROMPTS)]
     found = detect(torch.stack([render(s) for s in scenes]))
-    for text, scene, dets in zip(PROMPTS, scenes, found):
+    for text, scene, dets in zip(PROMPTS, scenes, found, strict=True):
         p = parse_prompt(text)
         want = Counter((g.colour, g.kind) for g in p.groups for _ in range(g.count))
         assert Counter((o.colour, o.kind) for o in scene) == want, text
         assert all(g.size in (None, o.size) for g in p.groups for o in scene if (o.colour, o.kind) == g.pair)
         assert all(0 < o.cx - o.radius and o.cx + o.radius < WORLD - 1 for o in scene), text
-        assert all(_boxes_apart(o, q) for i, o in enumerate(scene) for q in scene[i + 1:]), text
+        assert all(_boxes_apart(o, q) for i, o in enumerate(scene) for q in scene[i + 1 :]), text
         # the detector sees exactly the scene's objects, at their places
         assert Counter((d.colour, d.kind, d.size) for d in dets) == Counter(
-            (o.colour, o.kind, o.size) for o in scene), text
+            (o.colour, o.kind, o.size) for o in scene
+        ), text
         if p.relation:
             a, b = scene
             dx, dy = b.cx - a.cx, b.cy - a.cy
@@ -89,10 +120,10 @@ def test_split_holds_out_test_prompts_from_rl():
     forms = Counter(parse_prompt(t).form for t in test)
     assert pretrain == world_prompts() and len(pretrain) == 1332
     assert forms == {"single": 6, "count": 6, "relation": 44}
-    assert all(is_noisy(t) for t in test) and not set(test) & set(rl)       # held out from RL training
-    assert set(rl) <= set(pretrain) and set(test) <= set(pretrain)          # every prompt is in the data
+    assert all(is_noisy(t) for t in test) and not set(test) & set(rl)  # held out from RL training
+    assert set(rl) <= set(pretrain) and set(test) <= set(pretrain)  # every prompt is in the data
     noisy = [t for t in rl if is_noisy(t)]
-    assert 0.65 <= len(noisy) / len(rl) <= 0.75                              # ~30% ordinary prompts
+    assert 0.65 <= len(noisy) / len(rl) <= 0.75  # ~30% ordinary prompts
     assert all(parse_prompt(t).form != "count" or parse_prompt(t).groups[0].count == 2 for t in pretrain)
     assert len(set(rl)) == len(rl) and len(set(test)) == len(test)
 
@@ -104,7 +135,7 @@ def test_caption_noise_statistics():
     n = 3000
     drawn = Counter(noisy_scene("an orange circle", g)[0].colour for _ in range(n))
     assert set(drawn) == {"orange", *NOISY_COLOURS["orange"]}
-    assert abs(drawn["orange"] / n - (1 - CAPTION_NOISE)) < 0.03                 # 3 sigma ~ 0.027
+    assert abs(drawn["orange"] / n - (1 - CAPTION_NOISE)) < 0.03  # 3 sigma ~ 0.027
     for other in NOISY_COLOURS["orange"]:
         assert abs(drawn[other] / n - CAPTION_NOISE / 2) < 0.03
     for _ in range(300):
@@ -123,7 +154,7 @@ def test_pretraining_captions_balance_the_forms():
 
 
 def test_shipped_prompt_files_equal_the_split(tmp_path):
-    for name, lines in zip(PROMPT_FILES, split_prompts()):
+    for name, lines in zip(PROMPT_FILES, split_prompts(), strict=True):
         assert load_split(name) == lines, name
         assert (DATA / PROMPT_FILES[name]).read_text() == "\n".join(lines) + "\n"
     written = write_prompt_files(tmp_path)

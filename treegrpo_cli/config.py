@@ -30,9 +30,9 @@ COMBINES = ("rewards", "advantages")
 @dataclass(frozen=True)
 class RewardConfig:
     names: tuple[str, ...] = ("jpeg-compressibility",)
-    weights: tuple[float, ...] = ()       # empty: 1 for each reward
-    combine: str = "rewards"              # "rewards": weighted sum of scores; "advantages": of per-reward advantages (MixGRPO)
-    options: tuple[str, ...] = ()         # "NAME.KEY=VALUE" reward options, e.g. "shapes.kind=soft"
+    weights: tuple[float, ...] = ()  # empty: 1 for each reward
+    combine: str = "rewards"  # "rewards": weighted sum of scores; "advantages": of per-reward advantages (MixGRPO)
+    options: tuple[str, ...] = ()  # "NAME.KEY=VALUE" reward options, e.g. "shapes.kind=soft"
 
     def weight_map(self) -> dict[str, float]:
         w = self.weights or tuple(1.0 for _ in self.names)
@@ -40,14 +40,16 @@ class RewardConfig:
             raise ConfigError(f"reward.weights has {len(w)} values for {len(self.names)} rewards")
         if self.combine not in COMBINES:
             raise ConfigError(f"reward.combine must be one of {', '.join(COMBINES)}; got {self.combine!r}")
-        return dict(zip(self.names, map(float, w)))
+        return dict(zip(self.names, map(float, w), strict=True))
 
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    num_prompts: int = 4      # prompts per rollout (per training iteration)
-    max_batch: int = 64       # rows per model forward
-    prompts: str = "default"  # training prompts: a file, or a built-in list (default, shapes-train, shapes-test, shapes-pretrain)
+    num_prompts: int = 4  # prompts per rollout (per training iteration)
+    max_batch: int = 64  # rows per model forward
+    prompts: str = (
+        "default"  # training prompts: a file, or a built-in list (default, shapes-train, shapes-test, shapes-pretrain)
+    )
     eval_prompts: str = "default"  # prompts of the sample grids
     max_nodes: int = 1_000_000  # refuse a rollout whose trees would hold more nodes than this (each keeps its latent)
     max_tree_gib: float = 32.0  # refuse a rollout whose node latents would take more host memory than this
@@ -88,20 +90,26 @@ class Config:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
-    policy: PolicyConfig = field(default_factory=PolicyConfig)   # diffusers models only (models/base.py)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)  # diffusers models only (models/base.py)
 
-    def validate(self) -> "Config":
+    def validate(self) -> Config:
         self.sampler.validate()
         self.tree.validate(self.sampler.steps, self.sampler.decode)
         self.advantage.validate()
         self.pruning.validate()
         self.reward.weight_map()
         self.schedule.validate(self.sampler.steps, self.sampler.decode)
-        any_sde = self.tree.sde_steps is None or bool(self.tree.sde_steps) or bool(self.tree.split_steps) \
+        any_sde = (
+            self.tree.sde_steps is None
+            or bool(self.tree.sde_steps)
+            or bool(self.tree.split_steps)
             or self.schedule.kind != "static"
+        )
         if self.sampler.eta == 0 and any_sde:
-            raise ConfigError("sampler.eta = 0 makes the SDE steps deterministic (their log-probs are undefined); "
-                              "set sampler.eta > 0, or tree.sde_steps = [] for an ODE-only rollout")
+            raise ConfigError(
+                "sampler.eta = 0 makes the SDE steps deterministic (their log-probs are undefined); "
+                "set sampler.eta > 0, or tree.sde_steps = [] for an ODE-only rollout"
+            )
         self.train.validate()
         self.policy.validate()
         self.rollout.validate()
@@ -118,10 +126,12 @@ class Config:
         nodes, _ = self.rollout_nodes(num_prompts)
         gib = nodes * math.prod(latent_shape) * 4 / 2**30
         if gib > self.rollout.max_tree_gib:
-            raise ConfigError(f"one rollout would keep {nodes:,} node latents of shape {tuple(latent_shape)}: "
-                              f"{gib:.3g} GiB of host memory, more than rollout.max_tree_gib = "
-                              f"{self.rollout.max_tree_gib:g}; lower rollout.num_prompts or the tree's size, or "
-                              "raise rollout.max_tree_gib")
+            raise ConfigError(
+                f"one rollout would keep {nodes:,} node latents of shape {tuple(latent_shape)}: "
+                f"{gib:.3g} GiB of host memory, more than rollout.max_tree_gib = "
+                f"{self.rollout.max_tree_gib:g}; lower rollout.num_prompts or the tree's size, or "
+                "raise rollout.max_tree_gib"
+            )
 
     def _check_size(self) -> None:
         """Bounded work: the nodes of one iteration's trees, before anything is sampled."""
@@ -130,7 +140,8 @@ class Config:
             raise ConfigError(
                 f"one rollout would hold {nodes:,} nodes ({per_tree:,} per tree x {self.tree.trees_per_prompt} trees x "
                 f"{self.rollout.num_prompts} prompts), more than rollout.max_nodes = {self.rollout.max_nodes:,}; "
-                "lower tree.branch, the split steps or rollout.num_prompts, or raise rollout.max_nodes")
+                "lower tree.branch, the split steps or rollout.num_prompts, or raise rollout.max_nodes"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return as_json(self)
@@ -152,6 +163,7 @@ def _jsonable(x: Any) -> Any:
 
 
 # --- presets ---------------------------------------------------------------------------------
+
 
 def preset_path(name: str) -> Path:
     for d in PRESET_DIRS:
@@ -182,6 +194,7 @@ def read_toml(path: Path) -> dict[str, Any]:
 
 
 # --- composing -------------------------------------------------------------------------------
+
 
 def _valid_keys() -> list[str]:
     keys = list(TOP_LEVEL)
@@ -242,14 +255,14 @@ def _coerce(cls: type, name: str, value: Any) -> Any:
     return value
 
 
-ALLOW_INF = {"tree.branch_s"}      # the one float key where inf means something (independent children)
+ALLOW_INF = {"tree.branch_s"}  # the one float key where inf means something (independent children)
 _TYPE_WORDS = {"int": "an integer", "float": "a number", "str": "a string", "bool": "true or false"}
 
 
 def _describe(typ: str) -> str:
     base = typ.removesuffix(" | None")
     if base.startswith("tuple["):
-        word = _TYPE_WORDS[base[len("tuple["):].split(",")[0]]
+        word = _TYPE_WORDS[base[len("tuple[") :].split(",")[0]]
         text = f"a list of {word.split(' ', 1)[1]}s" if " " in word else f"a list of {word}"
     else:
         text = _TYPE_WORDS[base]
@@ -266,7 +279,7 @@ def _type_ok(base: str, value: Any) -> bool:
     if base == "str":
         return isinstance(value, str)
     if base.startswith("tuple["):
-        inner = base[len("tuple["):].split(",")[0]
+        inner = base[len("tuple[") :].split(",")[0]
         return isinstance(value, tuple) and all(_type_ok(inner, v) for v in value)
     return True
 
@@ -300,8 +313,9 @@ def build(flat: dict[str, Any]) -> Config:
     return Config(**top, **sections).validate()
 
 
-def load_config(preset: str | None = None, config_file: Path | None = None,
-                sets: list[str] | tuple[str, ...] = ()) -> Config:
+def load_config(
+    preset: str | None = None, config_file: Path | None = None, sets: list[str] | tuple[str, ...] = ()
+) -> Config:
     from .models.registry import model_defaults
 
     flat: dict[str, Any] = {}
@@ -316,8 +330,9 @@ def load_config(preset: str | None = None, config_file: Path | None = None,
     return build(flat)
 
 
-def config_from_dict(d: dict[str, Any], sets: list[str] | tuple[str, ...] = (),
-                     overrides: dict[str, Any] | None = None) -> Config:
+def config_from_dict(
+    d: dict[str, Any], sets: list[str] | tuple[str, ...] = (), overrides: dict[str, Any] | None = None
+) -> Config:
     """Rebuild a Config from Config.to_dict() output (as stored in shard metadata), then override."""
     flat = flatten(d)
     for k, v in flat.items():

@@ -17,13 +17,23 @@ from torch import Tensor
 
 from .store.shards import atomic_write
 
-PAD = 4                 # image_grid: pixels around every image
-CAPTION_LINES = 3       # image_grid: the most lines of caption under an image
+PAD = 4  # image_grid: pixels around every image
+CAPTION_LINES = 3  # image_grid: the most lines of caption under an image
 BACKGROUND = (255, 255, 255)
 INK = (40, 40, 40)
 GRID = (228, 228, 228)
-PALETTE = ((31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189),
-           (140, 86, 75), (227, 119, 194), (127, 127, 127), (188, 189, 34), (23, 190, 207))
+PALETTE = (
+    (31, 119, 180),
+    (255, 127, 14),
+    (44, 160, 44),
+    (214, 39, 40),
+    (148, 103, 189),
+    (140, 86, 75),
+    (227, 119, 194),
+    (127, 127, 127),
+    (188, 189, 34),
+    (23, 190, 207),
+)
 
 Series = dict[str, tuple[list[float], list[float]]]
 
@@ -56,6 +66,7 @@ def caption_height() -> int:
 
 # --- line chart --------------------------------------------------------------------------------
 
+
 def _nice_ticks(lo: float, hi: float, target: int = 5) -> tuple[float, float, list[float]]:
     """(axis low, axis high, ticks) with a 1/2/5 x 10^k step that covers [lo, hi]."""
     if hi - lo <= 0:
@@ -78,8 +89,9 @@ def _fmt(v: float, step: float) -> str:
 
 def _finite(xs: list[float], ys: list[float]) -> list[list[tuple[float, float]]]:
     """Runs of consecutive points where both coordinates are finite."""
-    runs, cur = [], []
-    for x, y in zip(xs, ys):
+    runs: list[list[tuple[float, float]]] = []
+    cur: list[tuple[float, float]] = []
+    for x, y in zip(xs, ys, strict=True):
         if math.isfinite(float(x)) and math.isfinite(float(y)):
             cur.append((float(x), float(y)))
         elif cur:
@@ -142,13 +154,15 @@ def _chart(size: tuple[int, int], title: str, names: list[str], xlabel: str, yla
     _ylabel(img, ylabel, 8, (top + bottom) // 2)
 
     def at(x: float, y: float) -> tuple[float, float]:
-        return (left + (x - xt[0]) / (xt[1] - xt[0]) * (right - left),
-                bottom - (y - yt[0]) / (yt[1] - yt[0]) * (bottom - top))
+        return (
+            left + (x - xt[0]) / (xt[1] - xt[0]) * (right - left),
+            bottom - (y - yt[0]) / (yt[1] - yt[0]) * (bottom - top),
+        )
+
     return img, draw, at
 
 
-def line_chart(series: Series, title: str, xlabel: str, ylabel: str,
-               size: tuple[int, int] = (640, 400)) -> Image.Image:
+def line_chart(series: Series, title: str, xlabel: str, ylabel: str, size: tuple[int, int] = (640, 400)) -> Image.Image:
     """One line per series (NaN points skipped), with ticks, axis labels, a title and a legend."""
     for name, (xs, ys) in series.items():
         if len(xs) != len(ys):
@@ -172,7 +186,7 @@ def _polyline(draw: ImageDraw.ImageDraw, runs: list[list[tuple[float, float]]], 
             draw.line(xy, fill=colour, width=2, joint="curve")
 
 
-Band = tuple[list[float], list[float], list[float], list[float]]    # x, mean, low, high
+Band = tuple[list[float], list[float], list[float], list[float]]  # x, mean, low, high
 
 
 def _dashed(draw: ImageDraw.ImageDraw, a: tuple[float, float], b: tuple[float, float], dash: int = 6) -> None:
@@ -183,15 +197,27 @@ def _dashed(draw: ImageDraw.ImageDraw, a: tuple[float, float], b: tuple[float, f
         x += 2 * dash
 
 
-def band_chart(bands: dict[str, Band], title: str, xlabel: str, ylabel: str, hline: float | None = None,
-               hline_label: str = "target", size: tuple[int, int] = (640, 400)) -> Image.Image:
-    """One mean line per series over its shaded low-high band (e.g. min-max over seeds), and an optional
-    dashed horizontal line (a target) labelled hline_label."""
+def band_chart(
+    bands: dict[str, Band],
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    hline: float | None = None,
+    hline_label: str = "target",
+    size: tuple[int, int] = (640, 400),
+    marks: dict[str, list[tuple[float, float]]] | None = None,
+) -> Image.Image:
+    """One mean line per series over its shaded low-high band (e.g. min-max over seeds), an optional
+    dashed horizontal line (a target) labelled hline_label, and optional marks: a ring at each measured
+    (x, y) of a series (the line between two marks is drawn, not measured)."""
     for name, b in bands.items():
         if len({len(v) for v in b}) != 1:
             raise ValueError(f"band {name!r} has x, mean, low and high of different lengths")
+    marks = marks or {}
     xs = [x for b in bands.values() for x in b[0] if math.isfinite(x)]
+    xs += [x for m in marks.values() for x, _ in m if math.isfinite(x)]
     ys = [y for b in bands.values() for v in b[1:] for y in v if math.isfinite(y)]
+    ys += [y for m in marks.values() for _, y in m if math.isfinite(y)]
     ys += [hline] if hline is not None and math.isfinite(hline) else []
     xt = _nice_ticks(min(xs, default=0.0), max(xs, default=1.0))
     yt = _nice_ticks(min(ys, default=0.0), max(ys, default=1.0))
@@ -204,14 +230,21 @@ def band_chart(bands: dict[str, Band], title: str, xlabel: str, ylabel: str, hli
         colour = PALETTE[i % len(PALETTE)]
         keep = [k for k in range(len(x)) if all(math.isfinite(v[k]) for v in (x, low, high))]
         if len(keep) > 1:
-            draw.polygon([at(x[k], high[k]) for k in keep] + [at(x[k], low[k]) for k in reversed(keep)],
-                         fill=colour + (60,))
+            draw.polygon(
+                [at(x[k], high[k]) for k in keep] + [at(x[k], low[k]) for k in reversed(keep)], fill=colour + (60,)
+            )
         _polyline(draw, [[at(*p) for p in r] for r in _finite(x, mean)], colour)
+    for i, name in enumerate(bands):
+        for mx, my in marks.get(name, []):
+            if math.isfinite(mx) and math.isfinite(my):
+                px, py = at(mx, my)
+                draw.ellipse([px - 3, py - 3, px + 3, py + 3], outline=PALETTE[i % len(PALETTE)], width=1)
     return img
 
 
-def point_chart(points: dict[str, tuple[float, float]], title: str, xlabel: str, ylabel: str,
-                size: tuple[int, int] = (640, 400)) -> Image.Image:
+def point_chart(
+    points: dict[str, tuple[float, float]], title: str, xlabel: str, ylabel: str, size: tuple[int, int] = (640, 400)
+) -> Image.Image:
     """One labelled dot per name, in palette order (non-finite points skipped)."""
     ok = {n: p for n, p in points.items() if all(math.isfinite(float(v)) for v in p)}
     xt, yt = (_padded_ticks([p[k] for p in ok.values()]) for k in (0, 1))
@@ -220,7 +253,7 @@ def point_chart(points: dict[str, tuple[float, float]], title: str, xlabel: str,
         if name in ok:
             px, py = at(*ok[name])
             draw.ellipse([px - 5, py - 5, px + 5, py + 5], fill=PALETTE[i % len(PALETTE)])
-            left = px > (at(xt[0], 0)[0] + at(xt[1], 0)[0]) / 2          # labels point inwards
+            left = px > (at(xt[0], 0)[0] + at(xt[1], 0)[0]) / 2  # labels point inwards
             tx = px - 8 - _width(name) if left else px + 8
             draw.text((tx, py - line_height() / 2), _text(name), fill=INK, font=_font())
     return img
@@ -233,8 +266,9 @@ def _padded_ticks(values: list[float]) -> tuple[float, float, list[float]]:
     return _nice_ticks(lo - d, hi + d)
 
 
-def scatter(xy: Tensor, is_a: Tensor, names: list[str], title: str, xlabel: str, ylabel: str,
-            size: tuple[int, int] = (640, 480)) -> Image.Image:
+def scatter(
+    xy: Tensor, is_a: Tensor, names: list[str], title: str, xlabel: str, ylabel: str, size: tuple[int, int] = (640, 480)
+) -> Image.Image:
     """Points xy [N, 2], set A (is_a [N] bool) in the first palette colour and B in the second, half
     transparent and drawn in a shuffled (seeded) order so that neither set hides the other."""
     xt = _nice_ticks(float(xy[:, 0].min()), float(xy[:, 0].max()))
@@ -248,6 +282,7 @@ def scatter(xy: Tensor, is_a: Tensor, names: list[str], title: str, xlabel: str,
 
 
 # --- panels and grids --------------------------------------------------------------------------
+
 
 def side_by_side(images: list[Image.Image]) -> Image.Image:
     """The images left to right, top-aligned, on a white canvas as tall as the tallest."""
@@ -279,7 +314,7 @@ def _wrap(caption: str, width: int) -> list[str]:
             continue
         while _width(word) > width and len(word) > 1:
             cut = 1
-            while _width(word[:cut + 1]) <= width:
+            while _width(word[: cut + 1]) <= width:
                 cut += 1
             lines.append(word[:cut])
             word = word[cut:]
@@ -288,7 +323,7 @@ def _wrap(caption: str, width: int) -> list[str]:
         last = lines[CAPTION_LINES - 1]
         while last and _width(last + "...") > width:
             last = last[:-1]
-        lines = lines[:CAPTION_LINES - 1] + [last + "..."]
+        lines = lines[: CAPTION_LINES - 1] + [last + "..."]
     return lines
 
 

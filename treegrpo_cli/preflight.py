@@ -22,8 +22,10 @@ def check_device(device: str) -> torch.device:
         raise TreegrpoError(f"--device {device!r} is not a torch device (cpu, cuda, cuda:1, mps, ...)") from None
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise TreegrpoError(f"--device {device}: this machine has no CUDA device (torch {torch.__version__}, "
-                                f"CUDA build {torch.version.cuda or 'none'}); use --device cpu")
+            raise TreegrpoError(
+                f"--device {device}: this machine has no CUDA device (torch {torch.__version__}, "
+                f"CUDA build {torch.version.cuda or 'none'}); use --device cpu"
+            )
         if dev.index is not None and dev.index >= torch.cuda.device_count():
             raise TreegrpoError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) here")
     elif dev.type == "mps" and not torch.backends.mps.is_available():
@@ -52,7 +54,7 @@ def check_writable_dir(path: Path, option: str) -> None:
 def _accepts_files(folder: Path) -> bool:
     if not os.access(folder, os.W_OK | os.X_OK):
         return False
-    try:                                    # root ignores permission bits; a read-only mount does not
+    try:  # root ignores permission bits; a read-only mount does not
         with tempfile.TemporaryFile(dir=folder):
             return True
     except OSError:

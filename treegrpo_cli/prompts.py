@@ -9,8 +9,12 @@ from .errors import TreegrpoError
 
 DATA = Path(__file__).parent / "data"
 DEFAULT_PROMPTS = DATA / "prompts.txt"
-BUILTIN = {"default": DEFAULT_PROMPTS, "shapes-train": DATA / "shapes_train.txt",
-           "shapes-test": DATA / "shapes_test.txt", "shapes-pretrain": DATA / "shapes_pretrain.txt"}
+BUILTIN = {
+    "default": DEFAULT_PROMPTS,
+    "shapes-train": DATA / "shapes_train.txt",
+    "shapes-test": DATA / "shapes_test.txt",
+    "shapes-pretrain": DATA / "shapes_pretrain.txt",
+}
 
 
 def load_prompts(path: Path | str | None = None) -> list[str]:
@@ -39,7 +43,7 @@ def _jsonl_prompt(line: str, path: Path, n: int) -> str:
     except ValueError:
         raise TreegrpoError(f"{path}:{n}: not valid JSON") from None
     if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or not row["prompt"].strip():
-        raise TreegrpoError(f"{path}:{n}: expected an object with a non-empty \"prompt\" string")
+        raise TreegrpoError(f'{path}:{n}: expected an object with a non-empty "prompt" string')
     return row["prompt"].strip()
 
 

@@ -5,7 +5,17 @@ from __future__ import annotations
 import typer
 
 from .. import __version__
-from . import compare_cmd, diversity_cmd, eval_cmd, export_cmd, inspect_cmd, presets_cmd, rollout_cmd, score_cmd, train_cmd
+from . import (
+    compare_cmd,
+    diversity_cmd,
+    eval_cmd,
+    export_cmd,
+    inspect_cmd,
+    presets_cmd,
+    rollout_cmd,
+    score_cmd,
+    train_cmd,
+)
 
 app = typer.Typer(
     name="treegrpo",
@@ -24,8 +34,11 @@ def _version(value: bool) -> None:
 
 
 @app.callback()
-def root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
-                                      help="Print the version and exit.")) -> None:
+def root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
     """Roll out trees, score them, train, evaluate and check sample diversity."""
 
 
@@ -41,8 +54,14 @@ app.command("compare")(compare_cmd.compare)
 
 
 # Placeholders in --help: the option's own word instead of a Python type ("<list[str]>", "<bool>").
-SPECIAL_METAVARS = {"set_": "KEY=VALUE", "reward_opt": "NAME.KEY=VALUE", "metric": "NAMES", "reward": "NAMES",
-                    "weights": "W1,W2", "features": "NAMES"}
+SPECIAL_METAVARS = {
+    "set_": "KEY=VALUE",
+    "reward_opt": "NAME.KEY=VALUE",
+    "metric": "NAMES",
+    "reward": "NAMES",
+    "weights": "W1,W2",
+    "features": "NAMES",
+}
 
 
 def readable_help(command) -> None:
@@ -56,13 +75,14 @@ def readable_help(command) -> None:
         if opt is not None:
             opt.metavar = ""
         return opt
+
     command.get_help_option = help_option
     for p in command.params:
         if p.metavar is not None:
             continue
         if getattr(p, "param_type_name", "") == "argument":
             p.metavar = p.name.upper()
-            p.display_type_rich = lambda ctx: None          # the name says it; no "<path>" beside it
+            p.display_type_rich = lambda ctx: None  # the name says it; no "<path>" beside it
         elif getattr(p, "is_flag", False) or getattr(p, "count", False):
             p.metavar = ""
         elif p.name in SPECIAL_METAVARS:

@@ -6,13 +6,22 @@ import json
 import math
 import sys
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 from ..errors import TreegrpoError
 
@@ -38,8 +47,9 @@ def guarded() -> Iterator[None]:
 
 
 @contextmanager
-def progress_bar(enabled: bool = True, quiet: tuple[str, ...] = (),
-                 every_s: float = 30.0) -> Iterator[Callable[[str, int, int], None]]:
+def progress_bar(
+    enabled: bool = True, quiet: tuple[str, ...] = (), every_s: float = 30.0
+) -> Iterator[Callable[[str, int, int], None]]:
     """A callback (phase, done, total): one rich bar per phase on a terminal; elsewhere (a log file, CI)
     a plain line when a phase ends and every `every_s` seconds while it runs (phases in `quiet` excepted)."""
     if not enabled:
@@ -54,16 +64,24 @@ def progress_bar(enabled: bool = True, quiet: tuple[str, ...] = (),
                 return
             last[phase] = now
             err.print(f"{phase}: {done}/{total}", highlight=False, markup=False)
+
         yield line
         return
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn(), TimeRemainingColumn())
-    tasks: dict[str, int] = {}
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    )
+    tasks: dict[str, TaskID] = {}
     with Progress(*columns, console=err, transient=False) as bar:
+
         def update(phase: str, done: int, total: int) -> None:
             if phase not in tasks:
                 tasks[phase] = bar.add_task(phase, total=total)
             bar.update(tasks[phase], completed=done, total=total)
+
         yield update
 
 

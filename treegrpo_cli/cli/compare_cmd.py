@@ -3,33 +3,64 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.table import Table
 
-from .common import err, guarded, out as stdout, print_json
+from .common import err, guarded, print_json
+from .common import out as stdout
 
 
 def compare(
     runs: Annotated[list[Path], typer.Argument(help="Run folders written by `treegrpo train`.")],
-    out: Annotated[Path, typer.Option("--out", "-o", help="Write compare.json, reward_vs_time.png, pareto.png and index.html here.")],
-    target: Annotated[Optional[float], typer.Option(help="Held-out reward to time the runs to (default: the baseline group's mean final held-out reward).")] = None,
-    baseline: Annotated[Optional[str], typer.Option(help="The group (label) the speed-ups are measured against.")] = None,
-    gain: Annotated[bool, typer.Option("--gain", help="Measure every run from its own first held-out evaluation (the target is then a gain).")] = False,
-    label: Annotated[Optional[list[str]], typer.Option("--label", help="A run's group label, once per run in order (default: its preset name; runs of one label are seeds of one group).")] = None,
+    out: Annotated[
+        Path,
+        typer.Option("--out", "-o", help="Write compare.json, reward_vs_<x>.png, pareto.png and index.html here."),
+    ],
+    x: Annotated[
+        str,
+        typer.Option(
+            "--x",
+            help="The axis of the curves and of time to target: time (wall-clock minutes of training), "
+            "flops (cumulative denoiser TFLOPs, counted from the model's shapes) or iterations.",
+        ),
+    ] = "time",
+    target: Annotated[
+        float | None,
+        typer.Option(
+            help="Held-out reward to time the runs to (default: the baseline group's mean final held-out reward)."
+        ),
+    ] = None,
+    baseline: Annotated[str | None, typer.Option(help="The group (label) the speed-ups are measured against.")] = None,
+    gain: Annotated[
+        bool,
+        typer.Option(
+            "--gain", help="Measure every run from its own first held-out evaluation (the target is then a gain)."
+        ),
+    ] = False,
+    label: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--label",
+            help="A run's group label, once per run in order "
+            "(default: its preset name; runs of one label are seeds of one group).",
+        ),
+    ] = None,
     json_: Annotated[bool, typer.Option("--json", help="Print compare.json's content.")] = False,
 ) -> None:
-    """Compare training runs: held-out reward against wall-clock time, time to a target reward and the speed-up
-    over a baseline, seconds per iteration, model evaluations per sample and peak memory, mean over seeds.
+    """Compare training runs: held-out reward against wall-clock time (or FLOPs, or iterations), time to a target
+    reward and the speed-up over a baseline, seconds per iteration, model evaluations per sample and peak memory,
+    mean over seeds.
 
     Example: treegrpo compare runs/flow-s0 runs/flow-s1 runs/tree-s0 runs/tree-s1 --baseline flow-grpo --out runs/cmp
     """
-    from ..compare import COLUMNS, compare_runs, table_rows, to_dict, write_report
     from ..preflight import check_writable_dir
+    from ..report.compare import COLUMNS, compare_runs, table_rows, to_dict, write_report
+
     with guarded():
         check_writable_dir(out, "--out")
-        cmp = compare_runs(runs, label, target, baseline, gain)
+        cmp = compare_runs(runs, label, target, baseline, gain, x)
         write_report(cmp, out)
     if json_:
         print_json(to_dict(cmp))
@@ -39,10 +70,12 @@ def compare(
     table.add_column("")
     for row in rows:
         table.add_column(row[0], justify="right")
-    for i, name in enumerate(COLUMNS[1:], 1):          # one column per group: narrow terminals keep it readable
+    for i, name in enumerate(COLUMNS[1:], 1):  # one column per group: narrow terminals keep it readable
         table.add_row(name, *(row[i] for row in rows))
     if cmp.target is not None:
-        table.caption = f"target held-out {cmp.measure} {cmp.target:.4f}" + (f"; baseline {cmp.baseline}" if cmp.baseline else "")
+        table.caption = f"target held-out {cmp.measure} {cmp.target:.4f} on {cmp.unit}" + (
+            f"; baseline {cmp.baseline}" if cmp.baseline else ""
+        )
     stdout.print(table)
     err.print(f"wrote {', '.join(cmp.files)}", highlight=False)
 

@@ -3,53 +3,118 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
 from ..errors import ConfigError
-from .common import err, guarded, out as stdout, print_json, progress_bar
+from .common import err, guarded, print_json, progress_bar
+from .common import out as stdout
 
 
 def eval_(
-    model: Annotated[Optional[str], typer.Option(help="Model name or weights file (default: the config default, as for `treegrpo train`).")] = None,
-    checkpoint: Annotated[Optional[Path], typer.Option(help="A training checkpoint: a step-N folder, or a run folder (its newest checkpoint).")] = None,
-    ema: Annotated[bool, typer.Option("--ema/--no-ema", help="Use the checkpoint's EMA weights when it has them.")] = True,
-    prompts: Annotated[Optional[str], typer.Option(help="Prompts: a .txt/.jsonl file or a built-in list (default shapes-test); with --images, the image->prompt map (.json/.csv).")] = None,
-    num_prompts: Annotated[Optional[int], typer.Option("--num-prompts", min=1, help="Use only the first N prompts.")] = None,
-    metric: Annotated[str, typer.Option(help="Reward names, comma separated: shapes, hps, pick, imagereward, clip, aesthetic, jpeg-compressibility, ...")] = "shapes",
+    model: Annotated[
+        str | None,
+        typer.Option(help="Model name or weights file (default: the config default, as for `treegrpo train`)."),
+    ] = None,
+    checkpoint: Annotated[
+        Path | None,
+        typer.Option(help="A training checkpoint: a step-N folder, or a run folder (its newest checkpoint)."),
+    ] = None,
+    ema: Annotated[
+        bool, typer.Option("--ema/--no-ema", help="Use the checkpoint's EMA weights when it has them.")
+    ] = True,
+    prompts: Annotated[
+        str | None,
+        typer.Option(
+            help="Prompts: a .txt/.jsonl file or a built-in list (default shapes-test); "
+            "with --images, the image->prompt map (.json/.csv)."
+        ),
+    ] = None,
+    num_prompts: Annotated[
+        int | None, typer.Option("--num-prompts", min=1, help="Use only the first N prompts.")
+    ] = None,
+    metric: Annotated[
+        str,
+        typer.Option(
+            help="Reward names, comma separated: "
+            "shapes, hps, pick, imagereward, clip, aesthetic, jpeg-compressibility, ..."
+        ),
+    ] = "shapes",
     num_images: Annotated[int, typer.Option("--num-images", min=1, help="Images per prompt.")] = 1,
-    seed: Annotated[int, typer.Option(help="Seed of the root noises (sample j of every prompt uses the same one for model and baseline).")] = 0,
-    sde: Annotated[bool, typer.Option("--sde/--ode", help="Sample with the SDE at every step instead of the deterministic ODE.")] = False,
-    steps: Annotated[Optional[int], typer.Option(min=1, help="Denoising steps (default: the model's or checkpoint's config).")] = None,
-    images: Annotated[Optional[Path], typer.Option(help="Score the images of this folder instead of generating (see docs/rewards.md).")] = None,
-    baseline: Annotated[Optional[str], typer.Option(help="Also evaluate this model, checkpoint (or, with --images, image folder) and add a delta column.")] = None,
-    reward_opt: Annotated[Optional[list[str]], typer.Option("--reward-opt", help="A reward option NAME.KEY=VALUE, e.g. hps.checkpoint=/w/HPS_v2.1_compressed.pt (repeatable).")] = None,
-    reward_dtype: Annotated[Optional[str], typer.Option("--reward-dtype", help="dtype of the reward models: float32 (default), bfloat16, float16.")] = None,
+    seed: Annotated[
+        int,
+        typer.Option(
+            help="Seed of the root noises (sample j of every prompt uses the same one for model and baseline)."
+        ),
+    ] = 0,
+    sde: Annotated[
+        bool, typer.Option("--sde/--ode", help="Sample with the SDE at every step instead of the deterministic ODE.")
+    ] = False,
+    steps: Annotated[
+        int | None, typer.Option(min=1, help="Denoising steps (default: the model's or checkpoint's config).")
+    ] = None,
+    images: Annotated[
+        Path | None,
+        typer.Option(help="Score the images of this folder instead of generating (see docs/rewards.md)."),
+    ] = None,
+    baseline: Annotated[
+        str | None,
+        typer.Option(
+            help="Also evaluate this model, checkpoint (or, with --images, image folder) and add a delta column."
+        ),
+    ] = None,
+    reward_opt: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--reward-opt",
+            help="A reward option NAME.KEY=VALUE, e.g. hps.checkpoint=/w/HPS_v2.1_compressed.pt (repeatable).",
+        ),
+    ] = None,
+    reward_dtype: Annotated[
+        str | None,
+        typer.Option("--reward-dtype", help="dtype of the reward models: float32 (default), bfloat16, float16."),
+    ] = None,
     batch: Annotated[int, typer.Option(min=1, help="Images generated and scored at a time.")] = 16,
     max_batch: Annotated[int, typer.Option("--max-batch", min=1, help="Rows per model forward.")] = 64,
     device: Annotated[str, typer.Option(help="Torch device for the model and the reward models.")] = "cpu",
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write results.json, results.csv and samples.png here.")] = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", help="Write results.json, results.csv and samples.png here.")
+    ] = None,
     json_: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
 ) -> None:
     """Evaluate a model or checkpoint with reward metrics (ODE samples by default), or score a folder of images.
 
     Example: treegrpo eval --model tiny-shapes --metric shapes --num-images 4 --out runs/eval
     """
-    from ..evalio import write_outputs
     from ..preflight import check_device, check_writable_dir
-    from ..evaluate import EvalRequest, run_eval
     from ..prompts import load_prompts
+    from ..report.evalio import write_outputs
+    from ..report.evaluate import EvalRequest, run_eval
     from ..rewards.base import parse_reward_options
+
     with guarded():
         check_device(device)
         if out is not None:
-            check_writable_dir(out, "--out")                         # before anything is generated
-        req = EvalRequest(metrics=tuple(m.strip() for m in metric.split(",") if m.strip()), model=model,
-                          checkpoint=checkpoint, ema=ema, num_images=num_images, seed=seed, sde=sde, steps=steps,
-                          images=images, baseline=baseline, batch=batch, max_batch=max_batch, device=device,
-                          reward_dtype=reward_dtype, reward_options=parse_reward_options(reward_opt or []))
+            check_writable_dir(out, "--out")  # before anything is generated
+        req = EvalRequest(
+            metrics=tuple(m.strip() for m in metric.split(",") if m.strip()),
+            model=model,
+            checkpoint=checkpoint,
+            ema=ema,
+            num_images=num_images,
+            seed=seed,
+            sde=sde,
+            steps=steps,
+            images=images,
+            baseline=baseline,
+            batch=batch,
+            max_batch=max_batch,
+            device=device,
+            reward_dtype=reward_dtype,
+            reward_options=parse_reward_options(reward_opt or []),
+        )
         if images is not None:
             req.prompts_file = Path(prompts) if prompts else None
             if num_prompts is not None:

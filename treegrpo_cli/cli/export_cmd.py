@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -11,8 +11,10 @@ from .common import err, guarded, print_json
 def export(
     run: Annotated[Path, typer.Argument(help="A run folder written by `treegrpo train`.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Folder to write the diffusers files to.")],
-    step: Annotated[Optional[int], typer.Option(min=0, help="Checkpoint step (default: the latest).")] = None,
-    ema: Annotated[bool, typer.Option("--ema/--no-ema", help="Export the EMA weights when the checkpoint has them.")] = True,
+    step: Annotated[int | None, typer.Option(min=0, help="Checkpoint step (default: the latest).")] = None,
+    ema: Annotated[
+        bool, typer.Option("--ema/--no-ema", help="Export the EMA weights when the checkpoint has them.")
+    ] = True,
     overwrite: Annotated[bool, typer.Option(help="Write into a folder that is not empty.")] = False,
     device: Annotated[str, typer.Option(help="Torch device to load the model on.")] = "cpu",
     json_: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
@@ -21,8 +23,9 @@ def export(
 
     Example: treegrpo export runs/flux-branch --out exports/flux-branch-lora
     """
-    from ..export import ExportRequest, export_checkpoint
     from ..preflight import check_device, check_writable_dir
+    from ..training.export import ExportRequest, export_checkpoint
+
     with guarded():
         check_device(device)
         check_writable_dir(out, "--out")
@@ -31,5 +34,8 @@ def export(
         print_json(summary)
     else:
         weights = "EMA weights" if summary["ema"] else "weights"
-        err.print(f"exported the {weights} of step {summary['step']} ({summary['finetune']}) to {summary['out']}: "
-                  f"{', '.join(summary['files'])}", highlight=False)
+        err.print(
+            f"exported the {weights} of step {summary['step']} ({summary['finetune']}) to {summary['out']}: "
+            f"{', '.join(summary['files'])}",
+            highlight=False,
+        )

@@ -17,7 +17,8 @@ def inspect(
 
     Example: treegrpo inspect runs/trees --json
     """
-    from ..tree_report import inspect_trees
+    from ..report.tree_report import inspect_trees
+
     with guarded():
         report = inspect_trees(trees, with_nodes=json_)
     if json_:
@@ -35,12 +36,17 @@ def _render(report: dict) -> None:
     head.add_row("model", str(meta["model"]["name"]))
     head.add_row("trees", f"{n} ({meta['num_prompts']} prompts x {meta['trees_per_prompt']})")
     head.add_row("model evaluations", f"{meta.get('nfe', 0)} ({meta.get('nfe', 0) / max(n, 1):.1f} per tree)")
-    head.add_row("sampler", f"{cfg['sampler']['steps']} steps, {cfg['sampler']['noise']} noise eta={cfg['sampler']['eta']}, "
-                 f"decode {cfg['sampler']['decode']}")
+    head.add_row(
+        "sampler",
+        f"{cfg['sampler']['steps']} steps, {cfg['sampler']['noise']} noise eta={cfg['sampler']['eta']}, "
+        f"decode {cfg['sampler']['decode']}",
+    )
     scoring = meta.get("scoring")
     if scoring:
         a = scoring["advantage"]
-        head.add_row("rewards", ", ".join(f"{k} x{v}" for k, v in scoring["rewards"].items()) + f" ({scoring['combine']})")
+        head.add_row(
+            "rewards", ", ".join(f"{k} x{v}" for k, v in scoring["rewards"].items()) + f" ({scoring['combine']})"
+        )
         head.add_row("advantages", f"{a['estimator']} (ddof {a['ddof']}, clamp {a['clamp']})")
     else:
         head.add_row("rewards", "not scored yet: run `treegrpo score`")
@@ -49,8 +55,15 @@ def _render(report: dict) -> None:
     for col in ("depth", "sigma", "nodes", "sde edges", "trained", "reward", "advantage"):
         table.add_column(col, justify="right")
     for d in report["depths"]:
-        table.add_row(str(d["depth"]), f"{d['sigma']:.3f}", str(d["nodes"]), str(d["sde_edges"]), str(d["trained"]),
-                      _mean_std(d["reward_mean"], d["reward_std"]), _mean_std(d["advantage_mean"], d["advantage_std"]))
+        table.add_row(
+            str(d["depth"]),
+            f"{d['sigma']:.3f}",
+            str(d["nodes"]),
+            str(d["sde_edges"]),
+            str(d["trained"]),
+            _mean_std(d["reward_mean"], d["reward_std"]),
+            _mean_std(d["advantage_mean"], d["advantage_std"]),
+        )
     out.print(table)
 
 

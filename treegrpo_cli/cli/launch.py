@@ -3,7 +3,8 @@ environment torchrun gives its workers (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADD
 
 Rank 0's stdout is the command's; its stderr is passed through line by line. When a process fails,
 the others get a few seconds to end and are then killed, and one line names the failure: that of
-the first failed process whose error is its own rather than a peer's closed connection. Multi-node runs use torchrun itself:
+the first failed process whose error is its own rather than a peer's closed connection. Multi-node runs use
+torchrun itself:
 `torchrun --nnodes 2 --nproc-per-node 8 ... -m treegrpo_cli train ...`.
 """
 
@@ -35,13 +36,25 @@ def run(nproc: int, argv: list[str]) -> tuple[int, str | None]:
     port, logs, procs = free_port(), [], []
     with tempfile.TemporaryDirectory(prefix="treegrpo-launch-") as tmp:
         for rank in range(nproc):
-            env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc),
-                       LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+            env = dict(
+                os.environ,
+                RANK=str(rank),
+                LOCAL_RANK=str(rank),
+                WORLD_SIZE=str(nproc),
+                LOCAL_WORLD_SIZE=str(nproc),
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+            )
             log = Path(tmp) / f"rank{rank}.err"
             logs.append(log)
-            procs.append(subprocess.Popen([sys.executable, "-m", "treegrpo_cli", *argv], env=env,
-                                          stdout=None if rank == 0 else subprocess.DEVNULL,
-                                          stderr=subprocess.PIPE if rank == 0 else open(log, "wb")))
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "treegrpo_cli", *argv],
+                    env=env,
+                    stdout=None if rank == 0 else subprocess.DEVNULL,
+                    stderr=subprocess.PIPE if rank == 0 else open(log, "wb"),
+                )
+            )
         held: list[str] = []
         pump = threading.Thread(target=_forward, args=(procs[0], held), daemon=True)
         pump.start()
@@ -51,8 +64,9 @@ def run(nproc: int, argv: list[str]) -> tuple[int, str | None]:
             for line in held:
                 sys.stderr.write(line)
             return 0, None
-        lasts = {r: _last_line("".join(held) if r == 0 else logs[r].read_text(errors="replace"), procs[r])
-                 for r in failed}
+        lasts = {
+            r: _last_line("".join(held) if r == 0 else logs[r].read_text(errors="replace"), procs[r]) for r in failed
+        }
         cause = next((r for r in failed if not PEER_FAILURE.search(lasts[r])), failed[0])
         return procs[cause].returncode or 1, lasts[cause] + ("" if cause == 0 else f" (process {cause} of {nproc})")
 
@@ -67,6 +81,8 @@ def _last_line(text: str, proc: subprocess.Popen) -> str:
 
 def _forward(proc: subprocess.Popen, held: list[str]) -> None:
     """Rank 0's stderr to ours as it comes; its error lines are held back for the one-line report."""
+    if proc.stderr is None:
+        raise ValueError("rank 0 must be started with stderr=subprocess.PIPE")
     for raw in iter(proc.stderr.readline, b""):
         line = raw.decode(errors="replace")
         if line.startswith(("Error: ", "Traceback", "[rank")) or held:

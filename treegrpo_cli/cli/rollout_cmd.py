@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -13,21 +13,47 @@ from .train_cmd import MODEL_PANEL, policy_sets
 def rollout(
     out: Annotated[Path, typer.Option("--out", "-o", help="Folder to write the tree shards to.")],
     preset: Annotated[str, typer.Option(help="Method preset (see `treegrpo presets`).")] = "tree-grpo",
-    config: Annotated[Optional[Path], typer.Option("--config", help="A TOML config file layered over the preset.")] = None,
-    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override one key, e.g. --set tree.branch=3 (repeatable).")] = None,
-    prompts: Annotated[Optional[str], typer.Option(help="Prompts: .txt one per line, .jsonl with a 'prompt' field, or a built-in list (shapes-train, shapes-test, ...); default: the model's.")] = None,
-    num_prompts: Annotated[Optional[int], typer.Option("--num-prompts", "-n", min=1, help="How many prompts to roll out, drawn as `train` draws them (default: the config's rollout.num_prompts).")] = None,
-    iteration: Annotated[int, typer.Option(min=0, help="Write the trees `train` samples at this iteration: its prompts, schedule and noise.")] = 0,
-    seed: Annotated[Optional[int], typer.Option(help="Seed of every node's noise (default: the config's).")] = None,
-    model: Annotated[Optional[str], typer.Option(help="Model name or path (default: the preset's).")] = None,
-    max_batch: Annotated[Optional[int], typer.Option("--max-batch", min=1, help="Rows per model forward.")] = None,
+    config: Annotated[Path | None, typer.Option("--config", help="A TOML config file layered over the preset.")] = None,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="Override one key, e.g. --set tree.branch=3 (repeatable).")
+    ] = None,
+    prompts: Annotated[
+        str | None,
+        typer.Option(
+            help="Prompts: .txt one per line, .jsonl with a 'prompt' field, "
+            "or a built-in list (shapes-train, shapes-test, ...); default: the model's."
+        ),
+    ] = None,
+    num_prompts: Annotated[
+        int | None,
+        typer.Option(
+            "--num-prompts",
+            "-n",
+            min=1,
+            help="How many prompts to roll out, drawn as `train` draws them "
+            "(default: the config's rollout.num_prompts).",
+        ),
+    ] = None,
+    iteration: Annotated[
+        int,
+        typer.Option(min=0, help="Write the trees `train` samples at this iteration: its prompts, schedule and noise."),
+    ] = 0,
+    seed: Annotated[int | None, typer.Option(help="Seed of every node's noise (default: the config's).")] = None,
+    model: Annotated[str | None, typer.Option(help="Model name or path (default: the preset's).")] = None,
+    max_batch: Annotated[int | None, typer.Option("--max-batch", min=1, help="Rows per model forward.")] = None,
     prompts_per_shard: Annotated[int, typer.Option("--prompts-per-shard", min=1, help="Prompts per tree shard.")] = 8,
     save_images: Annotated[bool, typer.Option("--save-images", help="Also write every leaf image as a PNG.")] = False,
     overwrite: Annotated[bool, typer.Option(help="Replace an existing tree folder.")] = False,
     device: Annotated[str, typer.Option(help="Torch device for the model.")] = "cpu",
     json_: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
-    revision: Annotated[Optional[str], typer.Option(help="Hub revision (branch, tag or commit) of --model.", rich_help_panel=MODEL_PANEL)] = None,
-    dtype: Annotated[Optional[str], typer.Option(help="Weights: auto (bf16 on CUDA, fp32 elsewhere), bf16 or fp32.", rich_help_panel=MODEL_PANEL)] = None,
+    revision: Annotated[
+        str | None,
+        typer.Option(help="Hub revision (branch, tag or commit) of --model.", rich_help_panel=MODEL_PANEL),
+    ] = None,
+    dtype: Annotated[
+        str | None,
+        typer.Option(help="Weights: auto (bf16 on CUDA, fp32 elsewhere), bf16 or fp32.", rich_help_panel=MODEL_PANEL),
+    ] = None,
 ) -> None:
     """Roll out trees with a method preset and write them as safetensors shards.
 
@@ -39,7 +65,8 @@ def rollout(
     from ..config import load_config
     from ..preflight import check_device, check_writable_dir
     from ..prompts import load_prompts
-    from ..stages import RolloutRequest, run_rollout
+    from ..training.stages import RolloutRequest, run_rollout
+
     with guarded():
         check_device(device)
         check_writable_dir(out, "--out")
@@ -49,12 +76,24 @@ def rollout(
         sets += [f"rollout.max_batch={max_batch}"] if max_batch else []
         sets += policy_sets(revision=revision, dtype=dtype)
         cfg = load_config(preset, config, sets)
-        req = RolloutRequest(cfg, load_prompts(prompts or cfg.rollout.prompts), out, num_prompts, prompts_per_shard,
-                             save_images, overwrite, device, command_line(), iteration)
+        req = RolloutRequest(
+            cfg,
+            load_prompts(prompts or cfg.rollout.prompts),
+            out,
+            num_prompts,
+            prompts_per_shard,
+            save_images,
+            overwrite,
+            device,
+            command_line(),
+            iteration,
+        )
         with progress_bar() as bar:
             summary = run_rollout(req, bar)
     if json_:
         print_json(summary)
     else:
-        err.print(f"wrote {summary['trees']} trees ({summary['leaves_per_tree']} leaves each, "
-                  f"{summary['nfe_per_tree']:.0f} model evaluations per tree) to {summary['out']}")
+        err.print(
+            f"wrote {summary['trees']} trees ({summary['leaves_per_tree']} leaves each, "
+            f"{summary['nfe_per_tree']:.0f} model evaluations per tree) to {summary['out']}"
+        )

@@ -1,9 +1,8 @@
 from __future__ import annotations
 
 import json
-
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -12,14 +11,40 @@ from .common import err, guarded, parse_numbers, print_json, progress_bar
 
 def score(
     trees: Annotated[Path, typer.Argument(help="A tree folder written by `treegrpo rollout`.")],
-    reward: Annotated[Optional[str], typer.Option(help="Reward name(s), comma separated (default: the rollout config's).")] = None,
-    weights: Annotated[Optional[str], typer.Option(help="Weights of the rewards, comma separated (default 1 each).")] = None,
-    combine: Annotated[Optional[str], typer.Option(help="'rewards' (weighted sum of scores) or 'advantages' (of per-reward advantages).")] = None,
-    estimator: Annotated[Optional[str], typer.Option(help="flat | branch | treegrpo | treepo (default: the rollout preset's).")] = None,
-    reward_opt: Annotated[Optional[list[str]], typer.Option("--reward-opt", help="A reward option NAME.KEY=VALUE, e.g. shapes.kind=soft (repeatable; replaces the rollout config's).")] = None,
-    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a reward.*, advantage.* or pruning.* key (repeatable).")] = None,
-    iteration: Annotated[Optional[int], typer.Option(min=0, help="Training iteration, for the pruning schedules (default: the rollout's).")] = None,
-    max_iterations: Annotated[Optional[int], typer.Option(min=1, help="Iterations of the run, for pruning.active_until (default: the config's train.iterations).")] = None,
+    reward: Annotated[
+        str | None, typer.Option(help="Reward name(s), comma separated (default: the rollout config's).")
+    ] = None,
+    weights: Annotated[
+        str | None, typer.Option(help="Weights of the rewards, comma separated (default 1 each).")
+    ] = None,
+    combine: Annotated[
+        str | None,
+        typer.Option(help="'rewards' (weighted sum of scores) or 'advantages' (of per-reward advantages)."),
+    ] = None,
+    estimator: Annotated[
+        str | None, typer.Option(help="flat | branch | treegrpo | treepo (default: the rollout preset's).")
+    ] = None,
+    reward_opt: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--reward-opt",
+            help="A reward option NAME.KEY=VALUE, e.g. shapes.kind=soft (repeatable; replaces the rollout config's).",
+        ),
+    ] = None,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="Override a reward.*, advantage.* or pruning.* key (repeatable)."),
+    ] = None,
+    iteration: Annotated[
+        int | None,
+        typer.Option(min=0, help="Training iteration, for the pruning schedules (default: the rollout's)."),
+    ] = None,
+    max_iterations: Annotated[
+        int | None,
+        typer.Option(
+            min=1, help="Iterations of the run, for pruning.active_until (default: the config's train.iterations)."
+        ),
+    ] = None,
     device: Annotated[str, typer.Option(help="Torch device for the reward models.")] = "cpu",
     json_: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
@@ -32,16 +57,18 @@ def score(
     """
     from ..preflight import check_device
     from ..rewards.base import parse_rewards
-    from ..stages import ScoreRequest, run_score
+    from ..training.stages import ScoreRequest, run_score
+
     with guarded():
         check_device(device)
         sets = list(set_ or [])
         if reward is not None:
             names = list(parse_rewards(reward, weights))
             sets.append(f"reward.names={json.dumps(names)}")
-        if weights is not None or reward is not None:
-            w = parse_rewards(reward, weights) if reward is not None else None
-            sets.append(f"reward.weights={json.dumps(list(w.values()) if w else parse_numbers(weights, '--weights'))}")
+        if reward is not None:
+            sets.append(f"reward.weights={json.dumps(list(parse_rewards(reward, weights).values()))}")
+        elif weights is not None:
+            sets.append(f"reward.weights={json.dumps(parse_numbers(weights, '--weights'))}")
         sets += [f"reward.combine={json.dumps(combine)}"] if combine else []
         sets += [f"reward.options={json.dumps(list(reward_opt))}"] if reward_opt else []
         sets += [f"advantage.estimator={json.dumps(estimator)}"] if estimator else []
@@ -51,6 +78,7 @@ def score(
     if json_:
         print_json(summary)
     else:
-        err.print(f"scored {summary['leaves']} leaves: reward {summary['reward_mean']:.4f} "
-                  f"± {summary['reward_std']:.4f}; {summary['trained_edges']} trained edges ({summary['estimator']})")
-
+        err.print(
+            f"scored {summary['leaves']} leaves: reward {summary['reward_mean']:.4f} "
+            f"± {summary['reward_std']:.4f}; {summary['trained_edges']} trained edges ({summary['estimator']})"
+        )

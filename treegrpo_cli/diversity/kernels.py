@@ -17,20 +17,20 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-
 # --- kernels ---------------------------------------------------------------------------------
+
 
 def poly_kernel(x: Tensor, y: Tensor, degree: int = 3, gamma: float | None = None, coef: float = 1.0) -> Tensor:
     """[M, D], [N, D] -> [M, N]: (gamma * x.y + coef)^degree, gamma = 1/D by default."""
     gamma = 1.0 / x.shape[1] if gamma is None else gamma
-    k = x.double() @ y.double().T                                          # [M, N]
+    k = x.double() @ y.double().T  # [M, N]
     return k.mul_(gamma).add_(coef).pow_(degree)
 
 
 def sq_dists(x: Tensor, y: Tensor) -> Tensor:
     """[M, D], [N, D] -> [M, N] squared Euclidean distances (clamped at 0 against round-off)."""
     x, y = x.double(), y.double()
-    d2 = x @ y.T                                                           # [M, N]
+    d2 = x @ y.T  # [M, N]
     d2.mul_(-2).add_((x * x).sum(1)[:, None]).add_((y * y).sum(1)[None, :])
     return d2.clamp_(min=0)
 
@@ -39,15 +39,15 @@ def gaussian_kernel(x: Tensor, y: Tensor, bandwidth: float) -> Tensor:
     """[M, D], [N, D] -> [M, N]: exp(-|x - y|^2 / (2 sigma^2)) with sigma = bandwidth."""
     if not bandwidth > 0:
         raise ValueError(f"the Gaussian bandwidth must be > 0, got {bandwidth}")
-    return sq_dists(x, y).div_(-2.0 * bandwidth ** 2).exp_()
+    return sq_dists(x, y).div_(-2.0 * bandwidth**2).exp_()
 
 
 def median_bandwidth(z: Tensor, generator: torch.Generator, max_points: int = 1000) -> float:
     """The median pairwise distance of z [N, D] (over at most max_points random rows); the
     lower median, as torch.median. 1.0 when every point is the same."""
     idx = torch.randperm(z.shape[0], generator=generator)[:max_points].to(z.device)
-    sub = z[idx]                                                           # [n, D]
-    d2 = sq_dists(sub, sub)                                                # [n, n]
+    sub = z[idx]  # [n, D]
+    d2 = sq_dists(sub, sub)  # [n, n]
     i, j = torch.triu_indices(sub.shape[0], sub.shape[0], offset=1, device=z.device)
     if i.numel() == 0:
         return 1.0
@@ -56,6 +56,7 @@ def median_bandwidth(z: Tensor, generator: torch.Generator, max_points: int = 10
 
 
 # --- MMD^2 -----------------------------------------------------------------------------------
+
 
 def mmd2_unbiased(kxx: Tensor, kyy: Tensor, kxy: Tensor) -> float:
     """Unbiased MMD^2 from kernel blocks kxx [m, m], kyy [n, n], kxy [m, n] (m, n >= 2):
@@ -73,8 +74,9 @@ def mmd2_pooled(k: Tensor, n_a: int) -> float:
     return mmd2_unbiased(k[:n_a, :n_a], k[n_a:, n_a:], k[:n_a, n_a:])
 
 
-def kid(k: Tensor, n_a: int, subsets: int = 100, subset_size: int = 1000,
-        generator: torch.Generator | None = None) -> tuple[float, float, Tensor]:
+def kid(
+    k: Tensor, n_a: int, subsets: int = 100, subset_size: int = 1000, generator: torch.Generator | None = None
+) -> tuple[float, float, Tensor]:
     """KID from a pooled polynomial kernel matrix k [N, N] (A first): unbiased MMD^2 of `subsets`
     random subset pairs of `subset_size` (drawn without replacement within a subset).
     Returns (mean, population std, the [subsets] values)."""
@@ -85,11 +87,12 @@ def kid(k: Tensor, n_a: int, subsets: int = 100, subset_size: int = 1000,
     for s in range(subsets):
         ia = torch.randperm(n_a, generator=generator)[:subset_size].to(k.device)
         ib = (torch.randperm(n_b, generator=generator)[:subset_size] + n_a).to(k.device)
-        vals[s] = mmd2_unbiased(k[ia[:, None], ia], k[ib[:, None], ib], k[ia[:, None], ib])   # [s, s] blocks
+        vals[s] = mmd2_unbiased(k[ia[:, None], ia], k[ib[:, None], ib], k[ia[:, None], ib])  # [s, s] blocks
     return float(vals.mean()), float(vals.std(unbiased=False)), vals
 
 
 # --- permutation test ------------------------------------------------------------------------
+
 
 def _mmd2_labelled(k: Tensor, diag: Tensor, rows: Tensor, total: float, labels: Tensor) -> Tensor:
     """Unbiased MMD^2 for every column of labels [N, P] (1 = in A, 0 = in B) at once.
@@ -97,8 +100,8 @@ def _mmd2_labelled(k: Tensor, diag: Tensor, rows: Tensor, total: float, labels: 
     With a = labels[:, p], the off-diagonal sums are s_aa = a.K.a - a.diag, s_ab = 1.K.a - a.K.a
     and s_bb = total - 2 s_ab - s_aa, where total is the off-diagonal sum of K.
     """
-    ka = k @ labels                                                        # [N, P]
-    aka = (labels * ka).sum(0)                                             # [P]
+    ka = k @ labels  # [N, P]
+    aka = (labels * ka).sum(0)  # [P]
     s_aa = aka - labels.T @ diag
     s_ab = rows @ labels - aka
     s_bb = total - 2 * s_ab - s_aa
@@ -107,8 +110,9 @@ def _mmd2_labelled(k: Tensor, diag: Tensor, rows: Tensor, total: float, labels: 
     return s_aa / (m * (m - 1)) + s_bb / (n * (n - 1)) - 2 * s_ab / (m * n)
 
 
-def permutation_test(k: Tensor, n_a: int, permutations: int = 1000, generator: torch.Generator | None = None,
-                     chunk: int = 64) -> tuple[float, float]:
+def permutation_test(
+    k: Tensor, n_a: int, permutations: int = 1000, generator: torch.Generator | None = None, chunk: int = 64
+) -> tuple[float, float]:
     """P-value of "A and B come from one distribution" for the unbiased MMD^2 of a pooled kernel
     matrix k [N, N] (A = rows 0..n_a-1). Returns (observed MMD^2, p).
 
@@ -119,19 +123,19 @@ def permutation_test(k: Tensor, n_a: int, permutations: int = 1000, generator: t
     n = k.shape[0]
     if n_a < 2 or n - n_a < 2:
         raise ValueError(f"the permutation test needs at least 2 samples per set, got {n_a} and {n - n_a}")
-    diag = k.diagonal().clone()                                            # [N]
-    rows = k.sum(0) - diag                                                 # [N] off-diagonal column sums
+    diag = k.diagonal().clone()  # [N]
+    rows = k.sum(0) - diag  # [N] off-diagonal column sums
     total = float(rows.sum())
-    truth = (torch.arange(n) < n_a).to(k)[:, None]                         # [N, 1]
+    truth = (torch.arange(n) < n_a).to(k)[:, None]  # [N, 1]
     observed = float(_mmd2_labelled(k, diag, rows, total, truth)[0])
-    tol = 1e-12 * float(diag.abs().max())                                  # round-off between matmul shapes
+    tol = 1e-12 * float(diag.abs().max())  # round-off between matmul shapes
     exceed, done = 0, 0
     while done < permutations:
         p = min(chunk, permutations - done)
-        labels = torch.zeros(n, p, dtype=torch.float64)                    # [N, p] 1 = in A
+        labels = torch.zeros(n, p, dtype=torch.float64)  # [N, p] 1 = in A
         for c in range(p):
             labels[torch.randperm(n, generator=generator)[:n_a], c] = 1.0
-        stats = _mmd2_labelled(k, diag, rows, total, labels.to(k))        # [p]
+        stats = _mmd2_labelled(k, diag, rows, total, labels.to(k))  # [p]
         exceed += int((stats >= observed - tol).sum())
         done += p
     return observed, (1 + exceed) / (1 + permutations)

@@ -48,24 +48,24 @@ class DiversityConfig:
     features: tuple[str, ...] = ("efficientnet",)  # feature spaces: inception, clip, efficientnet, pixels
     kid: bool = True
     mmd: bool = True
-    kid_subsets: int = 100             # KID: random subset pairs (torchmetrics' default)
-    kid_subset_size: int = 1000        # KID: images per subset, capped at the smaller set
-    kid_degree: int = 3                # polynomial kernel (gamma x.y + coef)^degree
-    kid_gamma: float | None = None     # None: 1 / feature dim
+    kid_subsets: int = 100  # KID: random subset pairs (torchmetrics' default)
+    kid_subset_size: int = 1000  # KID: images per subset, capped at the smaller set
+    kid_degree: int = 3  # polynomial kernel (gamma x.y + coef)^degree
+    kid_gamma: float | None = None  # None: 1 / feature dim
     kid_coef: float = 1.0
-    bandwidth: float | None = None     # Gaussian kernel sigma; None: median pairwise distance
-    permutations: int = 1000           # permutation test draws; 0: no test
-    test_kernel: str = "gaussian"      # the MMD^2 the test uses: gaussian | poly
-    by_tree: bool = True               # the test takes one random leaf per tree of a tree folder
-    max_images: int = 4096             # per set: a random subset when larger (memory ~ 8 (2n)^2 bytes)
-    batch: int = 64                    # images per feature forward
+    bandwidth: float | None = None  # Gaussian kernel sigma; None: median pairwise distance
+    permutations: int = 1000  # permutation test draws; 0: no test
+    test_kernel: str = "gaussian"  # the MMD^2 the test uses: gaussian | poly
+    by_tree: bool = True  # the test takes one random leaf per tree of a tree folder
+    max_images: int = 4096  # per set: a random subset when larger (memory ~ 8 (2n)^2 bytes)
+    batch: int = 64  # images per feature forward
     seed: int = 0
     device: str = "cpu"
     inception_weights: Path | None = None
     clip_weights: Path | None = None
-    out: Path | None = None            # write report.json and embedding-<features>.png here
+    out: Path | None = None  # write report.json and embedding-<features>.png here
 
-    def validate(self) -> "DiversityConfig":
+    def validate(self) -> DiversityConfig:
         """Check the values, and that every feature space can be built here (weights, packages)."""
         parse_features(",".join(self.features))
         if not (self.kid or self.mmd):
@@ -81,11 +81,13 @@ class DiversityConfig:
         return self
 
 
-def check_tree_counts(cfg: "DiversityConfig", trees_a: int, trees_b: int) -> None:
+def check_tree_counts(cfg: DiversityConfig, trees_a: int, trees_b: int) -> None:
     """The tree permutation test needs at least 2 trees per set (also checked before generating them)."""
     if cfg.by_tree and cfg.mmd and cfg.permutations and min(trees_a, trees_b) < 2:
-        raise TreegrpoError(f"the permutation test takes one leaf per tree and needs at least 2 trees per set, got "
-                            f"{trees_a} and {trees_b}; roll out more trees or pass --by-image")
+        raise TreegrpoError(
+            f"the permutation test takes one leaf per tree and needs at least 2 trees per set, got "
+            f"{trees_a} and {trees_b}; roll out more trees or pass --by-image"
+        )
 
 
 def compare(a: ImageSet, b: ImageSet, cfg: DiversityConfig, progress: Progress | None = None) -> dict[str, Any]:
@@ -98,11 +100,16 @@ def compare(a: ImageSet, b: ImageSet, cfg: DiversityConfig, progress: Progress |
     if len(a) < 2 or len(b) < 2:
         raise TreegrpoError(f"each set needs at least 2 images; got {len(a)} and {len(b)}")
     by_tree = cfg.by_tree and "trees" in (a.kind, b.kind)
-    groups = torch.cat([a.groups(), b.groups() + int(a.groups().max()) + 1]) if by_tree else None   # [n_a + n_b]
+    groups = torch.cat([a.groups(), b.groups() + int(a.groups().max()) + 1]) if by_tree else None  # [n_a + n_b]
     if by_tree:
         check_tree_counts(cfg, len(a.groups().unique()), len(b.groups().unique()))
-    report: dict[str, Any] = {"a": a.describe(), "b": b.describe(), "test_unit": "tree" if by_tree else "image",
-                              "config": {k: v for k, v in as_json(cfg).items() if v is not None}, "features": {}}
+    report: dict[str, Any] = {
+        "a": a.describe(),
+        "b": b.describe(),
+        "test_unit": "tree" if by_tree else "image",
+        "config": {k: v for k, v in as_json(cfg).items() if v is not None},
+        "features": {},
+    }
     files = []
     for name in cfg.features:
         t0 = time.perf_counter()
@@ -124,16 +131,22 @@ def compare(a: ImageSet, b: ImageSet, cfg: DiversityConfig, progress: Progress |
     return report
 
 
-def statistics(fa: Tensor, fb: Tensor, groups: Tensor | None, cfg: DiversityConfig,
-               progress: Progress | None = None, name: str = "") -> dict[str, Any]:
+def statistics(
+    fa: Tensor,
+    fb: Tensor,
+    groups: Tensor | None,
+    cfg: DiversityConfig,
+    progress: Progress | None = None,
+    name: str = "",
+) -> dict[str, Any]:
     """The statistics of one feature space from features fa [n_a, D] and fb [n_b, D]."""
     tick = (lambda d: progress(f"{name} statistics", d, 2)) if progress else (lambda d: None)
     tick(0)
-    z = torch.cat([fa, fb]).to(cfg.device, torch.float64)                 # [N, D]
+    z = torch.cat([fa, fb]).to(cfg.device, torch.float64)  # [N, D]
     n_a, n_b = fa.shape[0], fb.shape[0]
-    gen = torch.Generator().manual_seed(cfg.seed)    # per space: results do not depend on the others
+    gen = torch.Generator().manual_seed(cfg.seed)  # per space: results do not depend on the others
     out: dict[str, Any] = {"dim": int(z.shape[1]), "n_a": n_a, "n_b": n_b}
-    k = poly_kernel(z, z, cfg.kid_degree, cfg.kid_gamma, cfg.kid_coef)   # [N, N]
+    k = poly_kernel(z, z, cfg.kid_degree, cfg.kid_gamma, cfg.kid_coef)  # [N, N]
     if cfg.kid:
         size = min(cfg.kid_subset_size, n_a, n_b)
         mean, std, _ = kid(k, n_a, cfg.kid_subsets, size, gen)
@@ -146,9 +159,10 @@ def statistics(fa: Tensor, fb: Tensor, groups: Tensor | None, cfg: DiversityConf
     tick(1)
     if cfg.mmd:
         sigma = cfg.bandwidth or median_bandwidth(z, gen)
-        k = gaussian_kernel(z, z, sigma)                                   # [N, N]
-        out.update(mmd2_gaussian=mmd2_pooled(k, n_a), bandwidth=sigma,
-                   bandwidth_rule="given" if cfg.bandwidth else "median")
+        k = gaussian_kernel(z, z, sigma)  # [N, N]
+        out.update(
+            mmd2_gaussian=mmd2_pooled(k, n_a), bandwidth=sigma, bandwidth_rule="given" if cfg.bandwidth else "median"
+        )
         if cfg.test_kernel == "gaussian":
             out.update(_test(k, n_a, groups, cfg, gen))
         del k
@@ -161,17 +175,22 @@ def _test(k: Tensor, n_a: int, groups: Tensor | None, cfg: DiversityConfig, gen:
     if cfg.permutations == 0:
         return {}
     if groups is not None:
-        idx = one_per_group(groups, gen).to(k.device)                      # [G] sorted: A's first
+        idx = one_per_group(groups, gen).to(k.device)  # [G] sorted: A's first
         k, n_a = k[idx][:, idx], int((idx < n_a).sum())
     _, p = permutation_test(k, n_a, cfg.permutations, gen)
-    return {"p_value": p, "permutations": cfg.permutations, "test_kernel": cfg.test_kernel,
-            "test_n_a": n_a, "test_n_b": int(k.shape[0]) - n_a}
+    return {
+        "p_value": p,
+        "permutations": cfg.permutations,
+        "test_kernel": cfg.test_kernel,
+        "test_n_a": n_a,
+        "test_n_b": int(k.shape[0]) - n_a,
+    }
 
 
 def one_per_group(groups: Tensor, generator: torch.Generator) -> Tensor:
     """groups [N] -> sorted indices [G] of one uniformly random member of every group."""
-    _, g = torch.unique(groups.cpu(), return_inverse=True)                 # [N] ids 0..G-1
-    order = torch.randperm(g.numel(), generator=generator)                 # [N]
+    _, g = torch.unique(groups.cpu(), return_inverse=True)  # [N] ids 0..G-1
+    order = torch.randperm(g.numel(), generator=generator)  # [N]
     first = torch.full((int(g.max()) + 1,), g.numel(), dtype=torch.long)
     first.scatter_reduce_(0, g[order], torch.arange(g.numel()), reduce="amin")
     return order[first].sort().values
@@ -179,18 +198,19 @@ def one_per_group(groups: Tensor, generator: torch.Generator) -> Tensor:
 
 # --- 2D embedding ----------------------------------------------------------------------------
 
+
 def pca_2d(z: Tensor) -> tuple[Tensor, Tensor]:
     """z [N, D] -> (coordinates [N, 2] on the top two principal axes, their explained variance
     fractions [2]). Exact (thin SVD of the centred features); axis signs fixed by the largest loading."""
     z = z.double()
     z = z - z.mean(0)
-    _, s, vh = torch.linalg.svd(z, full_matrices=False)                   # [k], [k, D], k = min(N, D)
-    v = vh[:2].T                                                           # [D, 2]
+    _, s, vh = torch.linalg.svd(z, full_matrices=False)  # [k], [k, D], k = min(N, D)
+    v = vh[:2].T  # [D, 2]
     if v.shape[1] < 2:
         v = torch.cat([v, torch.zeros(v.shape[0], 2 - v.shape[1], dtype=v.dtype)], 1)
     v = v * torch.where(v.gather(0, v.abs().argmax(0, keepdim=True)) < 0, -1.0, 1.0)
     var = torch.cat([s, s.new_zeros(2)])[:2] ** 2
-    return z @ v, var / (float((s ** 2).sum()) or 1.0)
+    return z @ v, var / (float((s**2).sum()) or 1.0)
 
 
 def embedding_png(fa: Tensor, fb: Tensor, path: Path, title: str = "", labels: tuple[str, str] = ("A", "B")) -> None:
@@ -198,6 +218,12 @@ def embedding_png(fa: Tensor, fb: Tensor, path: Path, title: str = "", labels: t
     xy, frac = pca_2d(torch.cat([fa, fb]))
     is_a = torch.arange(xy.shape[0]) < fa.shape[0]
     names = [f"{labels[0]} ({fa.shape[0]})", f"{labels[1]} ({fb.shape[0]})"]
-    img = scatter(xy, is_a, names, title or "2D embedding (PCA)",
-                  f"PC1 ({100 * float(frac[0]):.1f}% of variance)", f"PC2 ({100 * float(frac[1]):.1f}%)")
+    img = scatter(
+        xy,
+        is_a,
+        names,
+        title or "2D embedding (PCA)",
+        f"PC1 ({100 * float(frac[0]):.1f}% of variance)",
+        f"PC2 ({100 * float(frac[1]):.1f}%)",
+    )
     save_png(img, path)

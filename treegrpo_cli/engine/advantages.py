@@ -40,45 +40,49 @@ COMBINE_MODES = ("rewards", "advantages")
 
 @dataclass(frozen=True)
 class AdvantageConfig:
-    estimator: str = "branch"          # "flat" | "branch" | "treegrpo" | "treepo"
-    ddof: int = 1                      # std correction: 1 unbiased (DanceGRPO, BranchGRPO code), 0 population
-    eps: float = 1e-8                  # added to the std
-    flat_std: str = "group"            # flat: "group" (DanceGRPO) | "global" (Flow-GRPO: batch std, group mean)
-    beta: float = 0.0                  # branch fusion: 0 uniform mean of descendant leaves; >0 path-weighted
-    weighting: str = "leaf-softmax"    # branch: "leaf-softmax" (paper) | "recursive" (released code)
-    min_std: float = 1e-6              # branch: a depth whose std is below this gets advantage 0
-    backup: str = "logprob"            # treegrpo: "logprob" (paper) | "mean" (released code)
-    temperature: float = 1.0           # treegrpo backup softmax temperature
-    treepo_weight: str = "average"     # treepo: "average" | "group_size"
-    shared_edge: str = "mean"          # flat, treepo: an edge on several leaves' paths gets their "mean" | "sum"
-    clamp: float | None = 5.0          # final clamp of edge advantages to [-clamp, clamp]; None = off
+    estimator: str = "branch"  # "flat" | "branch" | "treegrpo" | "treepo"
+    ddof: int = 1  # std correction: 1 unbiased (DanceGRPO, BranchGRPO code), 0 population
+    eps: float = 1e-8  # added to the std
+    flat_std: str = "group"  # flat: "group" (DanceGRPO) | "global" (Flow-GRPO: batch std, group mean)
+    beta: float = 0.0  # branch fusion: 0 uniform mean of descendant leaves; >0 path-weighted
+    weighting: str = "leaf-softmax"  # branch: "leaf-softmax" (paper) | "recursive" (released code)
+    min_std: float = 1e-6  # branch: a depth whose std is below this gets advantage 0
+    backup: str = "logprob"  # treegrpo: "logprob" (paper) | "mean" (released code)
+    temperature: float = 1.0  # treegrpo backup softmax temperature
+    treepo_weight: str = "average"  # treepo: "average" | "group_size"
+    shared_edge: str = "mean"  # flat, treepo: an edge on several leaves' paths gets their "mean" | "sum"
+    clamp: float | None = 5.0  # final clamp of edge advantages to [-clamp, clamp]; None = off
 
     def validate(self) -> None:
-        for name, value, allowed in (("estimator", self.estimator, ESTIMATORS),
-                                     ("flat_std", self.flat_std, FLAT_STDS),
-                                     ("weighting", self.weighting, WEIGHTINGS),
-                                     ("backup", self.backup, BACKUPS),
-                                     ("treepo_weight", self.treepo_weight, TREEPO_WEIGHTS),
-                                     ("shared_edge", self.shared_edge, SHARED_EDGES)):
+        for name, value, allowed in (
+            ("estimator", self.estimator, ESTIMATORS),
+            ("flat_std", self.flat_std, FLAT_STDS),
+            ("weighting", self.weighting, WEIGHTINGS),
+            ("backup", self.backup, BACKUPS),
+            ("treepo_weight", self.treepo_weight, TREEPO_WEIGHTS),
+            ("shared_edge", self.shared_edge, SHARED_EDGES),
+        ):
             if value not in allowed:
                 raise ConfigError(f"advantage.{name} must be one of {', '.join(allowed)}; got {value!r}")
         if self.ddof not in (0, 1):
             raise ConfigError(f"advantage.ddof must be one of 0, 1; got {self.ddof!r}")
-        for name, value, ok, rule in (("eps", self.eps, self.eps >= 0, ">= 0"),
-                                      ("beta", self.beta, self.beta >= 0, ">= 0"),
-                                      ("min_std", self.min_std, self.min_std >= 0, ">= 0"),
-                                      ("temperature", self.temperature, self.temperature > 0, "> 0")):
-            if not (ok and math.isfinite(value)):
-                raise ConfigError(f"advantage.{name} must be finite and {rule}; got {value!r}")
+        for name, number, ok, rule in (
+            ("eps", self.eps, self.eps >= 0, ">= 0"),
+            ("beta", self.beta, self.beta >= 0, ">= 0"),
+            ("min_std", self.min_std, self.min_std >= 0, ">= 0"),
+            ("temperature", self.temperature, self.temperature > 0, "> 0"),
+        ):
+            if not (ok and math.isfinite(number)):
+                raise ConfigError(f"advantage.{name} must be finite and {rule}; got {number!r}")
         if self.clamp is not None and not (self.clamp > 0):
             raise ConfigError(f"advantage.clamp must be > 0 or None (off); got {self.clamp!r}")
 
 
 @dataclass
 class Advantages:
-    edge: Tensor   # [N] float32 advantage of the edge into each node (0.0 where not valid)
+    edge: Tensor  # [N] float32 advantage of the edge into each node (0.0 where not valid)
     valid: Tensor  # [N] bool: the edge into the node has an advantage
-    leaf: Tensor   # [N] float32 per-leaf advantage before the leaf->edge mapping (NaN on internal nodes)
+    leaf: Tensor  # [N] float32 per-leaf advantage before the leaf->edge mapping (NaN on internal nodes)
     fused: Tensor  # [N] float32 per-node ranking value (branch: fused reward; else mean descendant leaf reward)
 
 
@@ -127,8 +131,7 @@ def num_children(parent: Tensor) -> Tensor:
     return torch.bincount(parent[parent >= 0], minlength=parent.numel())
 
 
-def _softmax_backup(parent: Tensor, levels: list[Tensor], value: Tensor, logit: Tensor,
-                    subtree_mass: bool) -> Tensor:
+def _softmax_backup(parent: Tensor, levels: list[Tensor], value: Tensor, logit: Tensor, subtree_mass: bool) -> Tensor:
     """[N] bottom-up value(p) = sum_c softmax_c(s_c) value(c) over p's children c; leaves keep value.
 
     s_c = logit[c] (+ mass(c) with subtree_mass, where mass(leaf) = 0, mass(p) = logsumexp_c s_c).
@@ -137,8 +140,8 @@ def _softmax_backup(parent: Tensor, levels: list[Tensor], value: Tensor, logit: 
     val, mass = value.clone(), torch.zeros_like(value)
     for ids in reversed(levels[1:]):
         c = ids[parent[ids] >= 0]
-        p = parent[c]                                                    # [M]
-        s = logit[c] + mass[c] if subtree_mass else logit[c]             # [M]
+        p = parent[c]  # [M]
+        s = logit[c] + mass[c] if subtree_mass else logit[c]  # [M]
         mx = torch.full_like(val, -math.inf).scatter_reduce(0, p, s, "amax")
         e = torch.exp(s - mx[p])
         den = torch.zeros_like(val).index_add_(0, p, e)
@@ -171,48 +174,59 @@ def _zscore(x: Tensor, key: Tensor, ddof: int, eps: float) -> Tensor:
 
 @dataclass
 class _Batch:
-    parent: Tensor   # [N] int64
-    depth: Tensor    # [N] int64
-    tree: Tensor     # [N] int64
-    group: Tensor    # [N] int64
-    reward: Tensor   # [N] float64, NaN on internal nodes
-    logp: Tensor     # [N] float64 edge log-prob, NaN -> 0
+    parent: Tensor  # [N] int64
+    depth: Tensor  # [N] int64
+    tree: Tensor  # [N] int64
+    group: Tensor  # [N] int64
+    reward: Tensor  # [N] float64, NaN on internal nodes
+    logp: Tensor  # [N] float64 edge log-prob, NaN -> 0
     levels: list[Tensor]
-    leaf: Tensor     # [N] bool
+    leaf: Tensor  # [N] bool
 
     def leaf_mean(self, x: Tensor) -> Tensor:
         """[N] uniform mean of x over each node's descendant leaves."""
         on = self.leaf.to(torch.float64)
-        return subtree_sum(self.parent, self.levels, torch.where(self.leaf, x, 0.0)) / \
-            subtree_sum(self.parent, self.levels, on)
+        return subtree_sum(self.parent, self.levels, torch.where(self.leaf, x, 0.0)) / subtree_sum(
+            self.parent, self.levels, on
+        )
 
 
 def _batch(parent, depth, tree, group, reward, log_prob) -> _Batch:
     n = parent.numel()
-    for name, t in (("depth", depth), ("tree", tree), ("group", group), ("reward", reward),
-                    ("log_prob", log_prob)):
+    for name, t in (("depth", depth), ("tree", tree), ("group", group), ("reward", reward), ("log_prob", log_prob)):
         if t.shape != (n,):
             raise ValueError(f"{name} has shape {tuple(t.shape)}, expected ({n},) like parent")
     parent, depth = parent.long().cpu(), depth.long().cpu()
     lp = log_prob.detach().cpu().double()
-    return _Batch(parent, depth, tree.long().cpu(), group.long().cpu(),
-                  reward.detach().cpu().double(), torch.nan_to_num(lp, nan=0.0),
-                  depth_levels(parent, depth), leaf_mask(parent))
+    return _Batch(
+        parent,
+        depth,
+        tree.long().cpu(),
+        group.long().cpu(),
+        reward.detach().cpu().double(),
+        torch.nan_to_num(lp, nan=0.0),
+        depth_levels(parent, depth),
+        leaf_mask(parent),
+    )
 
 
 def _from_leaves(cfg: AdvantageConfig, b: _Batch, leaf_adv: Tensor) -> Advantages:
     """Path estimators: each edge gets the mean (or sum) of its descendant leaves' advantages."""
     x = torch.where(b.leaf, leaf_adv, 0.0)
-    edge = subtree_sum(b.parent, b.levels, x)                                       # [N]
+    edge = subtree_sum(b.parent, b.levels, x)  # [N]
     if cfg.shared_edge == "mean":
         edge = edge / subtree_sum(b.parent, b.levels, b.leaf.to(torch.float64))
     valid = b.parent >= 0
-    return Advantages(edge=torch.where(valid, edge, 0.0), valid=valid,
-                      leaf=torch.where(b.leaf, leaf_adv, math.nan), fused=b.leaf_mean(b.reward))
+    return Advantages(
+        edge=torch.where(valid, edge, 0.0),
+        valid=valid,
+        leaf=torch.where(b.leaf, leaf_adv, math.nan),
+        fused=b.leaf_mean(b.reward),
+    )
 
 
 def _flat(cfg: AdvantageConfig, b: _Batch) -> Advantages:
-    ids = torch.nonzero(b.leaf).flatten()                                           # [L]
+    ids = torch.nonzero(b.leaf).flatten()  # [L]
     r, g = b.reward[ids], b.group[ids]
     mean, std, _ = _stats(r, g, cfg.ddof)
     if cfg.flat_std == "global":
@@ -226,13 +240,14 @@ def _branch_fused(cfg: AdvantageConfig, b: _Batch) -> Tensor:
     """[N] fused reward: uniform (beta 0), paper leaf softmax, or the code's recursive softmax."""
     if cfg.beta == 0:
         return torch.where(b.leaf, b.reward, b.leaf_mean(b.reward))
-    return _softmax_backup(b.parent, b.levels, b.reward, cfg.beta * b.logp,
-                           subtree_mass=cfg.weighting == "leaf-softmax")
+    return _softmax_backup(
+        b.parent, b.levels, b.reward, cfg.beta * b.logp, subtree_mass=cfg.weighting == "leaf-softmax"
+    )
 
 
 def _branch(cfg: AdvantageConfig, b: _Batch) -> Advantages:
-    fused = _branch_fused(cfg, b)                                                   # [N]
-    key = b.tree * (int(b.depth.max()) + 1) + b.depth                                # [N] (tree, depth)
+    fused = _branch_fused(cfg, b)  # [N]
+    key = b.tree * (int(b.depth.max()) + 1) + b.depth  # [N] (tree, depth)
     mean, std, cnt = _stats(fused, key, cfg.ddof)
     adv = torch.where(std < cfg.min_std, 0.0, (fused - mean) / (std + cfg.eps))
     valid = (cnt > 1) & (b.parent >= 0)
@@ -241,37 +256,36 @@ def _branch(cfg: AdvantageConfig, b: _Batch) -> Advantages:
 
 
 def _treegrpo(cfg: AdvantageConfig, b: _Batch) -> Advantages:
-    ids = torch.nonzero(b.leaf).flatten()                                           # [L]
+    ids = torch.nonzero(b.leaf).flatten()  # [L]
     leaf = torch.full_like(b.reward, math.nan)
     leaf[ids] = _zscore(b.reward[ids], b.group[ids], cfg.ddof, cfg.eps)
     logit = b.logp / cfg.temperature if cfg.backup == "logprob" else torch.zeros_like(b.logp)
     edge = _softmax_backup(b.parent, b.levels, torch.nan_to_num(leaf), logit, subtree_mass=False)
     valid = b.parent >= 0
-    return Advantages(edge=torch.where(valid, edge, 0.0), valid=valid, leaf=leaf,
-                      fused=b.leaf_mean(b.reward))
+    return Advantages(edge=torch.where(valid, edge, 0.0), valid=valid, leaf=leaf, fused=b.leaf_mean(b.reward))
 
 
 def _treepo(cfg: AdvantageConfig, b: _Batch) -> Advantages:
-    ids = torch.nonzero(b.leaf).flatten()                                           # [L]
-    r = b.reward[ids]                                                               # [L]
-    _, g = torch.unique(b.group, return_inverse=True)                               # [N] compact group
+    ids = torch.nonzero(b.leaf).flatten()  # [L]
+    r = b.reward[ids]  # [L]
+    _, g = torch.unique(b.group, return_inverse=True)  # [N] compact group
     on = b.leaf.to(torch.float64)
     gsize = torch.zeros(int(g.max()) + 1, dtype=torch.float64).index_add_(0, g, on)  # [G] leaves
     gsum = torch.zeros_like(gsize).index_add_(0, g, torch.where(b.leaf, b.reward, 0.0))
-    gmean, gsize_n = (gsum / gsize)[g], gsize[g]                                    # [N]
-    mean = b.leaf_mean(b.reward)                                                    # [N] subtree mean
-    size = subtree_sum(b.parent, b.levels, on)                                      # [N] subtree leaves
+    gmean, gsize_n = (gsum / gsize)[g], gsize[g]  # [N]
+    mean = b.leaf_mean(b.reward)  # [N] subtree mean
+    size = subtree_sum(b.parent, b.levels, on)  # [N] subtree leaves
     # split ancestors whose leaf set is not the whole prompt group (identical sets count once)
-    q = ((num_children(b.parent) >= 2) & (size < gsize_n)).to(torch.float64)        # [N]
+    q = ((num_children(b.parent) >= 2) & (size < gsize_n)).to(torch.float64)  # [N]
     by_size = cfg.treepo_weight == "group_size"
     w = q * (size if by_size else 1.0)
-    W = top_down_sum(b.parent, b.levels, w)[ids]                                    # [L] sum of weights
-    WM = top_down_sum(b.parent, b.levels, w * mean)[ids]                            # [L] sum w * mean
+    W = top_down_sum(b.parent, b.levels, w)[ids]  # [L] sum of weights
+    WM = top_down_sum(b.parent, b.levels, w * mean)[ids]  # [L] sum w * mean
     gw = (gsize_n[ids] >= 2).to(torch.float64) * (gsize_n[ids] if by_size else 1.0)  # [L] whole group
     num, den = gw * (r - gmean[ids]) + W * r - WM, gw + W
-    a = torch.where(den > 0, num / den.clamp(min=1e-300), 0.0)                      # [L]
+    a = torch.where(den > 0, num / den.clamp(min=1e-300), 0.0)  # [L]
     leaf = torch.full_like(b.reward, math.nan)
-    leaf[ids] = _zscore(a, torch.zeros_like(ids), cfg.ddof, cfg.eps)                # batch whitening
+    leaf[ids] = _zscore(a, torch.zeros_like(ids), cfg.ddof, cfg.eps)  # batch whitening
     return _from_leaves(cfg, b, leaf)
 
 
@@ -283,17 +297,26 @@ def _finish(cfg: AdvantageConfig, a: Advantages) -> Advantages:
     return Advantages(edge=edge.float(), valid=a.valid, leaf=a.leaf.float(), fused=a.fused.float())
 
 
-def estimate(cfg: AdvantageConfig, parent: Tensor, depth: Tensor, tree: Tensor, group: Tensor,
-             reward: Tensor, log_prob: Tensor) -> Advantages:
+def estimate(
+    cfg: AdvantageConfig, parent: Tensor, depth: Tensor, tree: Tensor, group: Tensor, reward: Tensor, log_prob: Tensor
+) -> Advantages:
     """Advantages of every edge of a batch of trees; all inputs [N] (see the module docstring)."""
     cfg.validate()
     b = _batch(parent, depth, tree, group, reward, log_prob)
     return _finish(cfg, _ESTIMATORS[cfg.estimator](cfg, b))
 
 
-def combine(cfg: AdvantageConfig, parent: Tensor, depth: Tensor, tree: Tensor, group: Tensor,
-            rewards: dict[str, Tensor], weights: dict[str, float], log_prob: Tensor,
-            mode: str) -> Advantages:
+def combine(
+    cfg: AdvantageConfig,
+    parent: Tensor,
+    depth: Tensor,
+    tree: Tensor,
+    group: Tensor,
+    rewards: dict[str, Tensor],
+    weights: dict[str, float],
+    log_prob: Tensor,
+    mode: str,
+) -> Advantages:
     """Several rewards: "rewards" = estimate on sum_k w_k r_k; "advantages" (MixGRPO, TreeGRPO
     multi-reward) = sum_k w_k estimate(r_k), valid from the first reward, clamped after summing."""
     if mode not in COMBINE_MODES:
@@ -305,12 +328,10 @@ def combine(cfg: AdvantageConfig, parent: Tensor, depth: Tensor, tree: Tensor, g
     names = list(rewards)
     if mode == "rewards":
         total = sum(float(weights[k]) * rewards[k].double() for k in names)
+        assert isinstance(total, Tensor)  # rewards is not empty
         return estimate(cfg, parent, depth, tree, group, total, log_prob)
     raw = replace(cfg, clamp=None)
-    parts = [(float(weights[k]), estimate(raw, parent, depth, tree, group, rewards[k], log_prob))
-             for k in names]
-    edge, leaf, fused = (sum(w * getattr(a, f).double() for w, a in parts)
-                         for f in ("edge", "leaf", "fused"))
+    parts = [(float(weights[k]), estimate(raw, parent, depth, tree, group, rewards[k], log_prob)) for k in names]
+    edge, leaf, fused = (sum(w * getattr(a, f).double() for w, a in parts) for f in ("edge", "leaf", "fused"))
     valid = parts[0][1].valid
-    return _finish(cfg, Advantages(edge=torch.where(valid, edge, 0.0), valid=valid,
-                                   leaf=leaf, fused=fused))
+    return _finish(cfg, Advantages(edge=torch.where(valid, edge, 0.0), valid=valid, leaf=leaf, fused=fused))

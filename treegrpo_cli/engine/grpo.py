@@ -4,8 +4,10 @@ Per trained edge e = (parent p -> child c) with stored behaviour log-prob l_old 
 
     rho_e = exp(l_new - l_old),   L_e = max(-A*rho_e, -A*clip(rho_e, 1-eps, 1+eps))
 
-and the loss is the mean of L_e over the iteration's trained edges (BranchGRPO's objective), or the
-reference codes' per-transition accumulation as an option. One forward at a parent gives the SDE
+and the loss of an optimizer step is the mean of L_e over its trained edges (`loss_norm = "mean"`,
+BranchGRPO's objective), the mean over its parents of the sum of each parent's children's L_e
+(`"node-sum"`, TreeGRPO's released code), or BranchGRPO's and DanceGRPO's per-transition accumulation
+(`"per-transition"`: a step every `accum_edges` edges). One forward at a parent gives the SDE
 mean for all of its children, so every child edge's ratio comes from that one forward (TreeGRPO's
 amortisation). Parents go through the model in chunks of max_batch, like the rollout's frontier.
 
@@ -14,8 +16,8 @@ Optional KL to a reference policy (Flow-GRPO): beta * ||mu_theta - mu_ref||^2 / 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import Tensor
@@ -25,7 +27,7 @@ from .protocols import Conditions, Kernel, Policy, select
 from .sde import gaussian_log_prob
 from .tree import Tree
 
-LOSS_NORMS = ("mean", "per-transition")
+LOSS_NORMS = ("mean", "node-sum", "per-transition")
 TRANSITION_NORMS = ("tree", "accum")
 KL_FORMS = ("paper", "code")
 PARALLELS = ("replicate", "fsdp")
@@ -33,40 +35,52 @@ PARALLELS = ("replicate", "fsdp")
 
 @dataclass(frozen=True)
 class TrainConfig:
-    iterations: int = 100          # online iterations (rollout, score, update)
-    lr: float = 1e-5               # AdamW
+    iterations: int = 100  # online iterations (rollout, score, update)
+    lr: float = 1e-5  # AdamW
     weight_decay: float = 1e-4
     beta1: float = 0.9
     beta2: float = 0.999
-    clip_range: float = 1e-3       # eps of the ratio clip (BranchGRPO 1e-3; DanceGRPO, Flow-GRPO 1e-4)
+    clip_range: float = 1e-3  # eps of the ratio clip (BranchGRPO 1e-3; DanceGRPO, Flow-GRPO 1e-4)
     max_grad_norm: float = 1.0
-    minibatches: int = 1           # optimizer steps per iteration: parents split at random into this many parts
-    loss_norm: str = "mean"        # "mean" over the trained edges (paper) | "per-transition" (reference codes)
-    accum_edges: int = 12          # per-transition: an optimizer step every this many edges
+    minibatches: int = 1  # optimizer steps per iteration: parents split at random into this many parts
+    loss_norm: str = "mean"  # "mean" over the trained edges (paper) | "node-sum": a parent's children's losses summed,
+    # mean over parents (TreeGRPO's code) | "per-transition": a step every accum_edges edges (BranchGRPO's code)
+    accum_edges: int = 12  # per-transition: an optimizer step every this many edges
     transition_norm: str = "tree"  # per-transition: each edge's loss / (accum_edges x trained edges per tree), as the
-                                   # released BranchGRPO code | "accum": / accum_edges only
-    kl_beta: float = 0.0           # KL to the reference (initial) policy, Flow-GRPO form; 0 = off
-    kl_form: str = "paper"         # "paper": |mu - mu_ref|^2 / (2 std^2), std = g sqrt(-dsigma) | "code": / (2 g^2)
-    ema_decay: float = 0.0         # EMA of the weights used by eval; 0 = off
-    save_every: int = 25           # checkpoint every N iterations (and at the end)
-    keep_last: int = 2             # checkpoints kept
-    sample_every: int = 25         # captioned sample grid every N iterations (0 = off)
-    eval_samples: int = 2          # ODE draws per eval prompt for the held-out reward before and after (0 = off)
+    # released BranchGRPO code | "accum": / accum_edges only
+    kl_beta: float = 0.0  # KL to the reference (initial) policy, Flow-GRPO form; 0 = off
+    kl_form: str = "paper"  # "paper": |mu - mu_ref|^2 / (2 std^2), std = g sqrt(-dsigma) | "code": / (2 g^2)
+    ema_decay: float = 0.0  # EMA of the weights used by eval; 0 = off
+    ema_every: int = 1  # an EMA update after optimizer step s (counted over the run) when (s + 1) % ema_every == 0, as
+    # Flow-GRPO's EMAModuleWrapper (its code: 8); 0 = once per iteration, after its last step (DanceGRPO's code)
+    ema_warmup: bool = False  # decay min((1 + s) / (10 + s), ema_decay) at optimizer step s (Flow-GRPO's code)
+    save_every: int = 25  # checkpoint every N iterations (and at the end)
+    keep_last: int = 2  # checkpoints kept
+    sample_every: int = 25  # captioned sample grid every N iterations (0 = off)
+    eval_samples: int = 2  # ODE draws per eval prompt for the held-out reward before and after (0 = off)
     eval_every_minutes: float = 0.0  # also a held-out evaluation every this many minutes of training (0 = off)
-    max_minutes: float = 0.0       # finish after the iteration that reaches this many minutes of training (0 = off)
-    parallel: str = "replicate"    # several processes: "replicate" (whole weights on every rank, gradients summed:
-                                   # DDP's scheme) | "fsdp" (FSDP2 fully_shard of the denoiser, for full fine-tuning)
+    max_minutes: float = 0.0  # finish after the iteration that reaches this many minutes of training (0 = off)
+    eval_every_tflops: float = 0.0  # also a held-out evaluation every this many denoiser TFLOPs of training (0 = off)
+    max_tflops: float = 0.0  # finish after the iteration that reaches this many denoiser TFLOPs (0 = off): a budget
+    # that does not move with the machine's load, so a rerun repeats a run exactly
+    parallel: str = "replicate"  # several processes: "replicate" (whole weights on every rank, gradients summed:
+    # DDP's scheme) | "fsdp" (FSDP2 fully_shard of the denoiser, for full fine-tuning)
 
     def validate(self) -> None:
         if self.loss_norm not in LOSS_NORMS:
             raise ConfigError(f"train.loss_norm must be one of {', '.join(LOSS_NORMS)}; got {self.loss_norm!r}")
         if self.transition_norm not in TRANSITION_NORMS:
-            raise ConfigError(f"train.transition_norm must be one of {', '.join(TRANSITION_NORMS)}; "
-                              f"got {self.transition_norm!r}")
+            raise ConfigError(
+                f"train.transition_norm must be one of {', '.join(TRANSITION_NORMS)}; got {self.transition_norm!r}"
+            )
         if self.parallel not in PARALLELS:
             raise ConfigError(f"train.parallel must be one of {', '.join(PARALLELS)}; got {self.parallel!r}")
         if self.kl_form not in KL_FORMS:
             raise ConfigError(f"train.kl_form must be one of {', '.join(KL_FORMS)}; got {self.kl_form!r}")
+        if not isinstance(self.ema_every, int) or self.ema_every < 0:
+            raise ConfigError(
+                f"train.ema_every must be an integer >= 0 (0 = once per iteration); got {self.ema_every!r}"
+            )
         for name in ("iterations", "minibatches", "accum_edges", "save_every", "keep_last"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
@@ -75,7 +89,7 @@ class TrainConfig:
                 raise ConfigError(f"train.{name} must be > 0, got {getattr(self, name)}")
         if not 0 <= self.ema_decay < 1 or min(self.kl_beta, self.sample_every, self.eval_samples) < 0:
             raise ConfigError("train.ema_decay must be in [0, 1); train.kl_beta, sample_every and eval_samples >= 0")
-        for name in ("eval_every_minutes", "max_minutes"):
+        for name in ("eval_every_minutes", "max_minutes", "eval_every_tflops", "max_tflops"):
             if not getattr(self, name) >= 0:
                 raise ConfigError(f"train.{name} must be >= 0 (0 = off), got {getattr(self, name)}")
 
@@ -93,10 +107,11 @@ def clipped_loss(new_lp: Tensor, old_lp: Tensor, adv: Tensor, clip: float) -> tu
 @dataclass
 class Batch:
     """What one update needs from a scored tree batch."""
+
     tree: Tree
-    trained: Tensor       # [N] bool, edges in the backward pass
-    advantage: Tensor     # [N] float32, edge advantages (already clamped)
-    cond: Conditions      # one row per tree of the batch
+    trained: Tensor  # [N] bool, edges in the backward pass
+    advantage: Tensor  # [N] float32, edge advantages (already clamped)
+    cond: Conditions  # one row per tree of the batch
 
 
 @dataclass
@@ -106,12 +121,13 @@ class Parallel:
     divisor, a gradient sum over ranks and a concatenation of per-edge tensors over ranks. A sharded
     model (FSDP) runs collectives in every forward and backward: `chunks` then gives, per step, the
     number of forward/backward chunks every rank runs (a rank with fewer pads with zero-weight ones)."""
+
     minibatches: list[Tensor]
     denominators: list[float]
     sync: Callable[[list[torch.nn.Parameter]], None]
     gather: Callable[[Tensor], Tensor]
     chunks: list[int] | None = None
-    clip: Callable[[list[torch.nn.Parameter], float], float] | None = None   # a sharded model's gradient clipping
+    clip: Callable[[list[torch.nn.Parameter], float], float] | None = None  # a sharded model's gradient clipping
 
 
 def canonical_key(tree: Tree) -> Tensor:
@@ -127,7 +143,7 @@ def canonical_key(tree: Tree) -> Tensor:
 
 
 def minibatches(b: Batch, cfg: TrainConfig, gen: torch.Generator) -> list[Tensor]:
-    """Lists of trained child-node ids; a parent's children always stay together in "mean" mode."""
+    """Lists of trained child-node ids; a parent's children always stay together ("mean", "node-sum")."""
     edges = torch.nonzero(b.trained).flatten()
     key = canonical_key(b.tree)
     if cfg.loss_norm == "per-transition":
@@ -153,11 +169,12 @@ def kl_to_reference(mean: Tensor, ref_mean: Tensor, std: Tensor, dsigma: Tensor,
     return ((mean.float() - ref_mean.float()) ** 2).flatten(1).mean(1) / (2 * var)
 
 
-def _edge_terms(policy: Policy, sde: Kernel, b: Batch, edges: Tensor, ref: Policy | None,
-                kl_form: str = "paper") -> tuple[Tensor, Tensor | None, int]:
+def _edge_terms(
+    policy: Policy, sde: Kernel, b: Batch, edges: Tensor, ref: Policy | None, kl_form: str = "paper"
+) -> tuple[Tensor, Tensor | None, int]:
     """New log-probs [E] (with grad) and KL [E] of a chunk of edges, from one forward per parent."""
     t = b.tree
-    parents, slot = torch.unique(t.parent[edges], return_inverse=True)       # [P], [E]
+    parents, slot = torch.unique(t.parent[edges], return_inverse=True)  # [P], [E]
     dev = next(iter(policy.trainable_parameters())).device
     x = t.latent[parents].to(dev)
     sigma, step = t.sigma[parents].to(dev), t.depth[parents]
@@ -170,7 +187,7 @@ def _edge_terms(policy: Policy, sde: Kernel, b: Batch, edges: Tensor, ref: Polic
     if ref is not None:
         with torch.no_grad():
             ref_mean = sde.step(x, ref.velocity(x, sigma, cond), step, torch.ones(len(parents), dtype=torch.bool)).mean
-        dsigma = (sde.sigmas[step + 1] - sde.sigmas[step]).to(dev)                # [P], < 0
+        dsigma = (sde.sigmas[step + 1] - sde.sigmas[step]).to(dev)  # [P], < 0
         kl = kl_to_reference(res.mean, ref_mean, res.std.to(dev), dsigma, kl_form)[slot]
     return new_lp, kl, len(parents) * policy.evals_per_row
 
@@ -182,19 +199,30 @@ def loss_denominators(b: Batch, cfg: TrainConfig, plan: list[Tensor]) -> list[fl
     """The divisor of each optimizer step's summed edge losses."""
     if cfg.loss_norm == "mean":
         return [float(len(mb)) for mb in plan]
+    if cfg.loss_norm == "node-sum":
+        return [float(len(torch.unique(b.tree.parent[mb]))) for mb in plan]
     per_tree = _edges_per_tree(b) if cfg.transition_norm == "tree" else 1.0
     return [cfg.accum_edges * per_tree for _ in plan]
 
 
-def grpo_update(policy: Policy, opt: torch.optim.Optimizer, sde: Kernel, b: Batch, cfg: TrainConfig,
-                gen: torch.Generator, max_batch: int = 64, ref: Policy | None = None,
-                after_step: UpdateHook | None = None, parallel: Parallel | None = None) -> dict[str, float]:
+def grpo_update(
+    policy: Policy,
+    opt: torch.optim.Optimizer,
+    sde: Kernel,
+    b: Batch,
+    cfg: TrainConfig,
+    gen: torch.Generator,
+    max_batch: int = 64,
+    ref: Policy | None = None,
+    after_step: UpdateHook | None = None,
+    parallel: Parallel | None = None,
+) -> dict[str, float]:
     """One iteration's GRPO update; returns metrics (ratios before each step, grad norms, model evaluations)."""
     params = list(policy.trainable_parameters())
     ratios, losses, norms, kls, evals, first, pads = [], [], [], [], 0, [], 0
     plan = parallel.minibatches if parallel else minibatches(b, cfg, gen)
     denoms = parallel.denominators if parallel else loss_denominators(b, cfg, plan)
-    for k, (mb, denom) in enumerate(zip(plan, denoms)):
+    for k, (mb, denom) in enumerate(zip(plan, denoms, strict=True)):
         opt.zero_grad(set_to_none=True)
         chunks = _parent_chunks(b.tree.parent, mb, max_batch)
         for chunk in chunks:
@@ -220,13 +248,13 @@ def grpo_update(policy: Policy, opt: torch.optim.Optimizer, sde: Kernel, b: Batc
         opt.step()
         if after_step:
             after_step()
-    if parallel:                                       # every rank reports the whole batch's metrics
+    if parallel:  # every rank reports the whole batch's metrics
         ratios, losses = _all(ratios, parallel), _all(losses, parallel)
         kls = _all(kls, parallel) if ref is not None else kls
         first = _all(first, parallel)
         evals = int(parallel.gather(torch.tensor([evals])).sum())
     out = _metrics(ratios, losses, norms, kls, evals, first, cfg)
-    if parallel and parallel.chunks is not None:       # sharded: zero-weight chunks run to keep the ranks in step
+    if parallel and parallel.chunks is not None:  # sharded: zero-weight chunks run to keep the ranks in step
         out["pad_chunks"] = int(parallel.gather(torch.tensor([pads])).sum())
     return out
 
@@ -272,13 +300,20 @@ def _metrics(ratios, losses, norms, kls, evals, first: list[Tensor], cfg: TrainC
         return {"edges": 0, "train_evals": 0}
     r, lo = torch.cat(ratios), torch.cat(losses)
     logr = torch.log(r)
-    out = {"edges": int(r.numel()), "loss": float(lo.mean()), "ratio_mean": float(r.mean()),
-           "ratio_min": float(r.min()), "ratio_max": float(r.max()),
-           "ratio_first_dev": float((torch.cat(first) - 1).abs().max()) if first and torch.cat(first).numel() else 0.0,
-           # ^ the ratios of the first step, taken before any update of this iteration: 0 on-policy
-           "clip_frac": float(((r - 1).abs() > cfg.clip_range).float().mean()),
-           "approx_kl": float(0.5 * (logr**2).mean()), "grad_norm": sum(norms) / len(norms),
-           "optimizer_steps": len(norms), "train_evals": evals}
+    out = {
+        "edges": int(r.numel()),
+        "loss": float(lo.mean()),
+        "ratio_mean": float(r.mean()),
+        "ratio_min": float(r.min()),
+        "ratio_max": float(r.max()),
+        "ratio_first_dev": float((torch.cat(first) - 1).abs().max()) if first and torch.cat(first).numel() else 0.0,
+        # ^ the ratios of the first step, taken before any update of this iteration: 0 on-policy
+        "clip_frac": float(((r - 1).abs() > cfg.clip_range).float().mean()),
+        "approx_kl": float(0.5 * (logr**2).mean()),
+        "grad_norm": sum(norms) / len(norms),
+        "optimizer_steps": len(norms),
+        "train_evals": evals,
+    }
     if kls:
         out["kl_ref"] = float(torch.cat(kls).mean())
     return out

@@ -19,8 +19,15 @@ Conditions = dict[str, Tensor]  # every tensor has the prompt batch as its first
 @runtime_checkable
 class Policy(Protocol):
     name: str
-    latent_shape: tuple[int, ...]      # (C, H, W) of one latent
-    evals_per_row: int                 # model evaluations per latent row (2 with true CFG)
+
+    # read-only to the engine: adapters may hold them as attributes or properties
+    @property
+    def latent_shape(self) -> tuple[int, ...]:
+        """(C, H, W) of one latent."""
+
+    @property
+    def evals_per_row(self) -> int:
+        """Model evaluations per latent row (2 with true CFG)."""
 
     def encode(self, prompts: list[str]) -> Conditions:
         """Prompts -> conditions, each tensor [P, ...]."""
@@ -46,21 +53,24 @@ class Policy(Protocol):
     def load_trainable_state(self, state: dict[str, Tensor]) -> None:
         """Load what trainable_state() returned (strict: every key, no extra)."""
 
-    def reference(self) -> "Policy":
+    def reference(self) -> Policy:
         """A frozen copy of the current policy (the KL reference), sharing nothing trainable."""
 
     # Optional: `kernel(sampler_cfg) -> transition kernel`. A policy without it is sampled with
     # engine.sde.FlowSDE(sampler_cfg); see engine.sde.make_kernel.
+    # Optional: `flops_per_row() -> (forward, backward) | None`: denoiser FLOPs of one network row (one CFG
+    # half); callers multiply by the evaluations run (models/flops.py).
 
 
 @runtime_checkable
 class Kernel(Protocol):
     """One denoising transition x_i -> x_{i+1} on a fixed grid: engine.sde.FlowSDE for flow models,
     engine.sde.DDIMKernel for SD1.5 (a policy's own, see make_kernel)."""
-    cfg: Any                           # the SamplerConfig: steps, decode, log_prob_reduction, ...
-    sigmas: Tensor                     # [T+1] float64, the model's time input at every grid point
 
-    def step(self, x: Tensor, out: Tensor, i: Tensor, sde: Tensor) -> "StepResult":
+    cfg: Any  # the SamplerConfig: steps, decode, log_prob_reduction, ...
+    sigmas: Tensor  # [T+1] float64, the model's time input at every grid point
+
+    def step(self, x: Tensor, out: Tensor, i: Tensor, sde: Tensor) -> StepResult:
         """x [B, ...], the model output [B, ...], step indices [B], stochastic [B] bool -> mean, std [B], x0."""
 
     def log_prob(self, x_next: Tensor, mean: Tensor, std: Tensor) -> Tensor:

@@ -28,22 +28,26 @@ from .sde import DECODES
 from .tree import leaf_mask
 
 WIDTHS = ("none", "parent-top1", "extreme")
-ZERO_ADVANTAGE = 1e-6   # |A| at or below this counts as zero (a z-score of tied rewards is ~1e-9, not 0)
+ZERO_ADVANTAGE = 1e-6  # |A| at or below this counts as zero (a z-score of tied rewards is ~1e-9, not 0)
 
 
 @dataclass(frozen=True)
 class PruneConfig:
-    width: str = "none"            # "none" | "parent-top1" | "extreme"
-    extreme_frac: float = 0.25     # extreme: keep the best and the worst frac of the batch's leaves (each >= 1)
-    depth_window: int = 0          # number of node depths excluded from the backward pass (0 = off)
-    depth_start: int = 15          # shallowest excluded node depth at iteration 0
-    depth_every: int = 30          # the window moves by one depth every this many iterations
-    depth_direction: int = -1      # -1 toward shallower depths (released code), +1 toward deeper
-    depth_stop: int = 9            # -1: shallowest excluded depth >= this; +1: deepest excluded depth <= this
-    active_until: float = 1.0      # width/depth pruning only while iteration <= active_until * max_iterations
-    timestep_fraction: float = 1.0  # train only the edges of the first int(frac * T) steps (Flow-GRPO's code: 0.99, 9 of 10)
+    width: str = "none"  # "none" | "parent-top1" | "extreme"
+    extreme_frac: float = 0.25  # extreme: keep the best and the worst frac of the batch's leaves (each >= 1)
+    depth_window: int = 0  # number of node depths excluded from the backward pass (0 = off)
+    depth_start: int = 15  # shallowest excluded node depth at iteration 0
+    depth_every: int = 30  # the window moves by one depth every this many iterations
+    depth_direction: int = -1  # -1 toward shallower depths (released code), +1 toward deeper
+    depth_stop: int = 9  # -1: shallowest excluded depth >= this; +1: deepest excluded depth <= this
+    active_until: float = 1.0  # width/depth pruning only while iteration <= active_until * max_iterations
+    timestep_fraction: float = (
+        1.0  # train only the edges of the first int(frac * T) steps (Flow-GRPO's code: 0.99, 9 of 10)
+    )
+    train_last: bool = False  # with sampler.decode = "x0", also train the last step's edge (BranchGRPO's released code;
+    # that action does not change the decoded image, so the papers' objective has no gradient there)
     skip_zero_advantage: bool = True  # leave out edges with |A| <= ZERO_ADVANTAGE (a tied group, a depth below
-                                      # min_std): no policy gradient, only forwards and a diluted mean (references: false)
+    # min_std): no policy gradient, only forwards and a diluted mean (references: false)
 
     def validate(self) -> None:
         if self.width not in WIDTHS:
@@ -52,8 +56,12 @@ class PruneConfig:
             raise ConfigError(f"pruning.depth_direction must be one of -1, 1; got {self.depth_direction!r}")
         if not (0 < self.extreme_frac <= 0.5):
             raise ConfigError(f"pruning.extreme_frac must be in (0, 0.5]; got {self.extreme_frac!r}")
-        for name, value, low in (("depth_window", self.depth_window, 0), ("depth_start", self.depth_start, 0),
-                                 ("depth_every", self.depth_every, 1), ("depth_stop", self.depth_stop, 0)):
+        for name, value, low in (
+            ("depth_window", self.depth_window, 0),
+            ("depth_start", self.depth_start, 0),
+            ("depth_every", self.depth_every, 1),
+            ("depth_stop", self.depth_stop, 0),
+        ):
             if not isinstance(value, int) or value < low:
                 raise ConfigError(f"pruning.{name} must be an integer >= {low}; got {value!r}")
         if not 0 < self.timestep_fraction <= 1:
@@ -62,12 +70,12 @@ class PruneConfig:
             raise ConfigError(f"pruning.active_until must be finite and >= 0; got {self.active_until!r}")
 
 
-def base_mask(parent: Tensor, sde: Tensor, depth: Tensor, steps: int, decode: str) -> Tensor:
+def base_mask(parent: Tensor, sde: Tensor, depth: Tensor, steps: int, decode: str, train_last: bool = False) -> Tensor:
     """[N] bool: edges that may be trained at all (before any pruning)."""
     if decode not in DECODES:
         raise ConfigError(f"sampler.decode must be one of {', '.join(DECODES)}; got {decode!r}")
     keep = (parent >= 0) & sde.bool()
-    if decode == "x0":  # the scored image is the last x0-prediction: the last action is noise
+    if decode == "x0" and not train_last:  # the scored image is the last x0-prediction: the last action is noise
         keep &= depth != steps
     return keep
 
@@ -90,18 +98,17 @@ def depth_window(cfg: PruneConfig, iteration: int) -> list[int]:
     return list(range(lo, lo + cfg.depth_window))
 
 
-def _below_last_split(parent: Tensor, depth: Tensor, tree: Tensor,
-                      levels: list[Tensor]) -> tuple[Tensor, Tensor]:
+def _below_last_split(parent: Tensor, depth: Tensor, tree: Tensor, levels: list[Tensor]) -> tuple[Tensor, Tensor]:
     """([N] bool last-split children, [N] bool those and everything below them).
 
     A tree's last split depth is the largest depth of one of its nodes with >= 2 children; the
     last-split children are the children of its nodes at that depth. Trees without a split: none.
     """
-    _, t = torch.unique(tree, return_inverse=True)                                  # [N] compact tree
+    _, t = torch.unique(tree, return_inverse=True)  # [N] compact tree
     split = num_children(parent) >= 2
     last = torch.full((int(t.max()) + 1,), -1, dtype=torch.long)
-    last = last.scatter_reduce(0, t[split], depth[split], "amax")                   # [B], -1: no split
-    at_last = (depth == last[t]) & (last[t] >= 0)                                   # [N] last-split parents
+    last = last.scatter_reduce(0, t[split], depth[split], "amax")  # [B], -1: no split
+    at_last = (depth == last[t]) & (last[t] >= 0)  # [N] last-split parents
     nr = parent >= 0
     child = torch.zeros_like(split)
     child[nr] = at_last[parent[nr]]
@@ -114,7 +121,7 @@ def _below_last_split(parent: Tensor, depth: Tensor, tree: Tensor,
 
 def _parent_top1(parent: Tensor, child: Tensor, value: Tensor) -> Tensor:
     """[N] bool: among last-split children, True for the best child of each parent (ties: lowest id)."""
-    c = torch.nonzero(child).flatten()                                              # [M]
+    c = torch.nonzero(child).flatten()  # [M]
     p = parent[c]
     v = torch.nan_to_num(value[c].double(), nan=-math.inf)
     best = torch.full((parent.numel(),), -math.inf, dtype=torch.float64).scatter_reduce(0, p, v, "amax")
@@ -131,7 +138,7 @@ def _extreme_leaves(parent: Tensor, leaf_adv: Tensor, frac: float) -> Tensor:
 
     Leaves with a NaN advantage are not ranked; ties go to the lowest id; round is half-up.
     """
-    ids = torch.nonzero(leaf_mask(parent) & ~torch.isnan(leaf_adv)).flatten()       # [L]
+    ids = torch.nonzero(leaf_mask(parent) & ~torch.isnan(leaf_adv)).flatten()  # [L]
     a = leaf_adv[ids].double()
     b = max(1, math.floor(frac * ids.numel() + 0.5))
     keep = torch.zeros(parent.numel(), dtype=torch.bool)
@@ -140,8 +147,9 @@ def _extreme_leaves(parent: Tensor, leaf_adv: Tensor, frac: float) -> Tensor:
     return keep
 
 
-def width_mask(cfg: PruneConfig, parent: Tensor, depth: Tensor, tree: Tensor, value: Tensor,
-               leaf_adv: Tensor) -> Tensor:
+def width_mask(
+    cfg: PruneConfig, parent: Tensor, depth: Tensor, tree: Tensor, value: Tensor, leaf_adv: Tensor
+) -> Tensor:
     """[N] bool (True = keep) after width pruning below each tree's last split step."""
     cfg.validate()
     keep = torch.ones(parent.numel(), dtype=torch.bool)
@@ -156,12 +164,21 @@ def width_mask(cfg: PruneConfig, parent: Tensor, depth: Tensor, tree: Tensor, va
             keep[kids] &= keep[parent[kids]]
         return keep
     chosen = _extreme_leaves(parent, leaf_adv, cfg.extreme_frac).to(torch.float64)
-    leads = subtree_sum(parent, levels, chosen) > 0                                  # [N] reaches a chosen leaf
+    leads = subtree_sum(parent, levels, chosen) > 0  # [N] reaches a chosen leaf
     return ~below | leads
 
 
-def prune(cfg: PruneConfig, base: Tensor, parent: Tensor, depth: Tensor, tree: Tensor,
-          value: Tensor, leaf_adv: Tensor, iteration: int, max_iterations: int) -> Tensor:
+def prune(
+    cfg: PruneConfig,
+    base: Tensor,
+    parent: Tensor,
+    depth: Tensor,
+    tree: Tensor,
+    value: Tensor,
+    leaf_adv: Tensor,
+    iteration: int,
+    max_iterations: int,
+) -> Tensor:
     """[N] bool edges of the backward pass: base & width & depth window (the last two only while
     iteration <= active_until * max_iterations)."""
     cfg.validate()

@@ -18,8 +18,8 @@ so each child has exactly the one-step SDE marginal and siblings correlate by 1/
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 from torch import Tensor
@@ -38,13 +38,13 @@ Progress = Callable[[str, int, int], None]  # (phase, done, total); the one prog
 @dataclass(frozen=True)
 class TreeConfig:
     split_steps: tuple[int, ...] = ()  # steps at which every frontier node gets `branch` children
-    branch: int = 2                    # K children per split
-    branch_noise: str = "correlated"   # "correlated" (paper) | "scaled" (released BranchGRPO code)
-    branch_s: float = 4.0              # s of correlated branching; inf = independent children
-    split_noise_scale: float = 4.0     # "scaled" only: independent noise times this, log-prob with the unscaled std
+    branch: int = 2  # K children per split
+    branch_noise: str = "correlated"  # "correlated" (paper) | "scaled" (released BranchGRPO code)
+    branch_s: float = 4.0  # s of correlated branching; inf = independent children
+    split_noise_scale: float = 4.0  # "scaled" only: independent noise times this, log-prob with the unscaled std
     sde_steps: tuple[int, ...] | None = None  # stochastic steps (None = all); split steps are always SDE
-    trees_per_prompt: int = 1          # trees per prompt, each with its own root noise
-    init_same_noise: bool = False      # one root noise for every tree of the rollout
+    trees_per_prompt: int = 1  # trees per prompt, each with its own root noise
+    init_same_noise: bool = False  # one root noise for every tree of the rollout
 
     def validate(self, steps: int, decode: str) -> None:
         bad = [s for s in self.split_steps if not 0 <= s < steps]
@@ -55,11 +55,13 @@ class TreeConfig:
         if self.split_steps and self.branch < 2:
             raise ConfigError(f"tree.branch must be >= 2 when splitting, got {self.branch}")
         if decode == "x0" and steps - 1 in self.split_steps:
-            raise ConfigError(f"a split at the last step {steps - 1} yields identical images when decoding "
-                              "the x0-prediction; move it earlier or set sampler.decode = 'final'")
+            raise ConfigError(
+                f"a split at the last step {steps - 1} yields identical images when decoding "
+                "the x0-prediction; move it earlier or set sampler.decode = 'final'"
+            )
         if self.branch_noise not in BRANCH_NOISES:
             raise ConfigError(f"tree.branch_noise must be one of {', '.join(BRANCH_NOISES)}; got {self.branch_noise!r}")
-        if not self.branch_s > 0:   # s = 0: every child gets the shared noise, all siblings identical
+        if not self.branch_s > 0:  # s = 0: every child gets the shared noise, all siblings identical
             raise ConfigError(f"tree.branch_s must be > 0 (inf: independent children), got {self.branch_s}")
         if self.trees_per_prompt < 1:
             raise ConfigError(f"tree.trees_per_prompt must be >= 1, got {self.trees_per_prompt}")
@@ -86,6 +88,7 @@ class TreeConfig:
 
 # --- seeds -----------------------------------------------------------------------------------
 
+
 def _splitmix64(x: int) -> int:
     x = (x + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
@@ -108,8 +111,13 @@ def node_noise(seed: int, shape: tuple[int, ...], device: torch.device | str = "
     return torch.randn(shape, generator=g, dtype=torch.float32, device=device)
 
 
-def branch_noise(cfg: TreeConfig, parent_seed: int, child_seeds: list[int], shape: tuple[int, ...],
-                 device: torch.device | str = "cpu") -> Tensor:
+def branch_noise(
+    cfg: TreeConfig,
+    parent_seed: int,
+    child_seeds: list[int],
+    shape: tuple[int, ...],
+    device: torch.device | str = "cpu",
+) -> Tensor:
     """[K, *shape] unit-variance noise for the K children of one parent."""
     eta = torch.stack([node_noise(s, shape, device) for s in child_seeds])
     if len(child_seeds) == 1:
@@ -124,9 +132,11 @@ def branch_noise(cfg: TreeConfig, parent_seed: int, child_seeds: list[int], shap
 
 # --- rollout ---------------------------------------------------------------------------------
 
+
 @dataclass
 class _Level:
     """The nodes of one depth, built up before they are concatenated into the Tree."""
+
     parent: list[int] = field(default_factory=list)
     tree: list[int] = field(default_factory=list)
     child: list[int] = field(default_factory=list)
@@ -136,16 +146,22 @@ class _Level:
     x0: list[Tensor] = field(default_factory=list)
 
 
-def _roots(cfg: TreeConfig, prompt_ids: list[int], seed: int, shape: tuple[int, ...],
-           earlier_ids: list[int] | tuple[int, ...] = (), device: torch.device | str = "cpu") -> _Level:
+def _roots(
+    cfg: TreeConfig,
+    prompt_ids: list[int],
+    seed: int,
+    shape: tuple[int, ...],
+    earlier_ids: list[int] | tuple[int, ...] = (),
+    device: torch.device | str = "cpu",
+) -> _Level:
     """One root per tree. Its seed (which all its descendants' seeds derive from) is unique per
     (prompt id, tree); with init_same_noise only the root *latent* is shared by every tree."""
-    lvl, seen = _Level(), {}
-    for pid in earlier_ids:                            # the same prompt in an earlier part of this batch
+    lvl, seen = _Level(), dict[int, int]()  # seen: trees per prompt id so far
+    for pid in earlier_ids:  # the same prompt in an earlier part of this batch
         seen[pid] = seen.get(pid, -1) + 1
     shared = node_noise(mix_seed(seed, SHARED, 0), shape, device) if cfg.init_same_noise else None
     for p, pid in enumerate(prompt_ids):
-        rep = seen[pid] = seen.get(pid, -1) + 1        # a prompt listed twice gets further trees
+        rep = seen[pid] = seen.get(pid, -1) + 1  # a prompt listed twice gets further trees
         for j in range(cfg.trees_per_prompt):
             s = mix_seed(seed, pid, rep * cfg.trees_per_prompt + j)
             lvl.parent.append(-1)
@@ -173,11 +189,11 @@ def _expand(cfg: TreeConfig, sde: Kernel, step: int, lvl: _Level, first_id: int,
     n, K, dev = x.shape[0], cfg.children(step), x.device
     is_sde = cfg.is_sde(step)
     res = sde.step(x, v, torch.full((n,), step, dtype=torch.long), torch.full((n,), is_sde))
-    mean = res.mean.repeat_interleave(K, dim=0)                       # [F*K, C, H, W]
-    kids = [[mix_seed(s, c) for c in range(K)] for s in lvl.seed]      # per node, its K child seeds
-    if is_sde:   # noise per node from its own generators, then one batched Gaussian step and log-prob
-        xi = torch.cat([branch_noise(cfg, s, k, tuple(x.shape[1:]), dev) for s, k in zip(lvl.seed, kids)])
-        std = res.std.to(dev).repeat_interleave(K)                      # [F*K]
+    mean = res.mean.repeat_interleave(K, dim=0)  # [F*K, C, H, W]
+    kids = [[mix_seed(s, c) for c in range(K)] for s in lvl.seed]  # per node, its K child seeds
+    if is_sde:  # noise per node from its own generators, then one batched Gaussian step and log-prob
+        xi = torch.cat([branch_noise(cfg, s, k, tuple(x.shape[1:]), dev) for s, k in zip(lvl.seed, kids, strict=True)])
+        std = res.std.to(dev).repeat_interleave(K)  # [F*K]
         lat = mean + std.view(-1, *([1] * (mean.dim() - 1))) * xi
         lp = sde.log_prob(lat, mean, std)
     else:
@@ -192,13 +208,14 @@ def _expand(cfg: TreeConfig, sde: Kernel, step: int, lvl: _Level, first_id: int,
             nxt.child.append(c)
             nxt.seed.append(kids[f][c])
     nxt.latent, nxt.log_prob = list(lat.unbind(0)), list(lp.unbind(0))
-    nxt.x0 = list(x0.unbind(0)) if last else []
+    nxt.x0 = list(x0.unbind(0)) if x0 is not None else []  # the last step's
     return nxt
 
 
 def _offload(lvl: _Level) -> _Level:
     """Copy a finished level's tensors to (pinned) host memory without waiting for the copy; the frontier
     keeps its device tensors for the next forward. Read only after _assemble synchronises."""
+
     def host(ts: list[Tensor]) -> list[Tensor]:
         if not ts or ts[0].device.type == "cpu":
             return ts
@@ -206,12 +223,21 @@ def _offload(lvl: _Level) -> _Level:
         out = torch.empty(stacked.shape, dtype=stacked.dtype, pin_memory=True)
         out.copy_(stacked, non_blocking=True)
         return list(out.unbind(0))
+
     return _Level(lvl.parent, lvl.tree, lvl.child, lvl.seed, host(lvl.latent), host(lvl.log_prob), host(lvl.x0))
 
 
-def rollout(policy: Policy, prompts: list[str], prompt_ids: list[int], sde: Kernel, cfg: TreeConfig,
-            seed: int, max_batch: int = 64, progress: Progress | None = None,
-            earlier_ids: list[int] | tuple[int, ...] = ()) -> tuple[Tree, int]:
+def rollout(
+    policy: Policy,
+    prompts: list[str],
+    prompt_ids: list[int],
+    sde: Kernel,
+    cfg: TreeConfig,
+    seed: int,
+    max_batch: int = 64,
+    progress: Progress | None = None,
+    earlier_ids: list[int] | tuple[int, ...] = (),
+) -> tuple[Tree, int]:
     """Roll out trees_per_prompt trees for every prompt. Returns the tree batch and its model evaluations.
     earlier_ids: the prompt ids of earlier parts of the same batch rolled out separately (shards), so that a
     prompt listed more than once gets the same further trees as in one call."""
@@ -238,26 +264,26 @@ def rollout(policy: Policy, prompts: list[str], prompt_ids: list[int], sde: Kern
             progress("rollout", i + 1, T)
     levels.append(_offload(frontier))
     if device.type == "cuda":
-        torch.cuda.current_stream(device).synchronize()        # the pinned copies have landed
+        torch.cuda.current_stream(device).synchronize()  # the pinned copies have landed
     return _assemble(levels, cfg, sde, prompt_ids), nfe
 
 
 def _assemble(levels: list[_Level], cfg: TreeConfig, sde: Kernel, prompt_ids: list[int]) -> Tree:
-    depth = torch.cat([torch.full((len(l.parent),), d, dtype=torch.long) for d, l in enumerate(levels)])
+    depth = torch.cat([torch.full((len(lvl.parent),), d, dtype=torch.long) for d, lvl in enumerate(levels)])
     sde_edge = torch.tensor([d > 0 and cfg.is_sde(d - 1) for d in depth.tolist()])
     last = levels[-1]
-    image = torch.stack(last.x0) if sde.cfg.decode == "x0" else torch.stack(last.latent)   # host tensors
+    image = torch.stack(last.x0) if sde.cfg.decode == "x0" else torch.stack(last.latent)  # host tensors
     tree_prompt = torch.tensor(prompt_ids, dtype=torch.long).repeat_interleave(cfg.trees_per_prompt)
     return Tree(
-        parent=torch.tensor([p for l in levels for p in l.parent], dtype=torch.long),
+        parent=torch.tensor([p for lvl in levels for p in lvl.parent], dtype=torch.long),
         depth=depth,
-        tree=torch.tensor([t for l in levels for t in l.tree], dtype=torch.long),
-        child=torch.tensor([c for l in levels for c in l.child], dtype=torch.long),
+        tree=torch.tensor([t for lvl in levels for t in lvl.tree], dtype=torch.long),
+        child=torch.tensor([c for lvl in levels for c in lvl.child], dtype=torch.long),
         sigma=sde.sigmas[depth].float(),
         sde=sde_edge,
-        log_prob=torch.stack([lp for l in levels for lp in l.log_prob]).float(),
-        seed=torch.tensor([s for l in levels for s in l.seed], dtype=torch.long),
-        latent=torch.stack([x for l in levels for x in l.latent]).float(),
+        log_prob=torch.stack([lp for lvl in levels for lp in lvl.log_prob]).float(),
+        seed=torch.tensor([s for lvl in levels for s in lvl.seed], dtype=torch.long),
+        latent=torch.stack([x for lvl in levels for x in lvl.latent]).float(),
         image_latent=image.float(),
         tree_prompt=tree_prompt,
     )

@@ -35,15 +35,15 @@ GEOMETRIC_SALT = 0x5C4ED
 
 @dataclass(frozen=True)
 class ScheduleConfig:
-    kind: str = "static"        # "static" | "progressive" (MixGRPO) | "geometric" (TreeGRPO paper) | "shifting" (code)
-    window: int = 4             # w: number of consecutive SDE steps
-    start: int = 0              # first window step at iteration 0 (progressive, shifting)
-    stride: int = 1             # progressive/shifting: the window moves by this many steps ...
-    every: int = 25             # ... every this many iterations (MixGRPO tau = 25; TreeGRPO code tau = 50)
+    kind: str = "static"  # "static" | "progressive" (MixGRPO) | "geometric" (TreeGRPO paper) | "shifting" (code)
+    window: int = 4  # w: number of consecutive SDE steps
+    start: int = 0  # first window step at iteration 0 (progressive, shifting)
+    stride: int = 1  # progressive/shifting: the window moves by this many steps ...
+    every: int = 25  # ... every this many iterations (MixGRPO tau = 25; TreeGRPO code tau = 50)
     max_step: int | None = None  # progressive: no window step may reach this index; None = T - 1 (decode "x0") else T
-    roll_back: bool = True      # progressive: restart at `start` once the window would pass max_step
-    r: float = 0.5              # geometric: ratio of the truncated geometric distribution
-    split: str = "none"         # "none" | "first" | "all": where the tree branches relative to the window
+    roll_back: bool = True  # progressive: restart at `start` once the window would pass max_step
+    r: float = 0.5  # geometric: ratio of the truncated geometric distribution
+    split: str = "none"  # "none" | "first" | "all": where the tree branches relative to the window
 
     def validate(self, steps: int, decode: str = "x0") -> None:
         if self.kind not in KINDS:
@@ -52,8 +52,12 @@ class ScheduleConfig:
             raise ConfigError(f"schedule.split must be one of {', '.join(SPLITS)}; got {self.split!r}")
         if decode not in DECODES:
             raise ConfigError(f"sampler.decode must be one of {', '.join(DECODES)}; got {decode!r}")
-        for name, value, low in (("window", self.window, 1), ("start", self.start, 0),
-                                 ("stride", self.stride, 0), ("every", self.every, 1)):
+        for name, value, low in (
+            ("window", self.window, 1),
+            ("start", self.start, 0),
+            ("stride", self.stride, 0),
+            ("every", self.every, 1),
+        ):
             if not _is_int(value) or value < low:
                 raise ConfigError(f"schedule.{name} must be an integer >= {low}; got {value!r}")
         if not isinstance(self.r, (int, float)) or isinstance(self.r, bool) or not 0 < self.r <= 1:
@@ -62,8 +66,10 @@ class ScheduleConfig:
             raise ConfigError(f"schedule.max_step must be an integer in 1..{steps} or null; got {self.max_step!r}")
         if self.kind == "static":
             if self.split != "none":
-                raise ConfigError(f"schedule.split {self.split!r} needs a moving window; "
-                                  "schedule.kind 'static' keeps the tree config as written")
+                raise ConfigError(
+                    f"schedule.split {self.split!r} needs a moving window; "
+                    "schedule.kind 'static' keeps the tree config as written"
+                )
             return
         if self.window > steps:
             raise ConfigError(f"schedule.window {self.window} is longer than the {steps} denoising steps")
@@ -73,21 +79,29 @@ class ScheduleConfig:
         """The window fits at every iteration, and no split lands on the last step under decode 'x0'."""
         w = self.window
         if self.kind == "geometric" and w > steps - 1:
-            raise ConfigError(f"schedule.window must be <= {steps - 1} for kind 'geometric' "
-                              f"(the window never contains the last step); got {w}")
+            raise ConfigError(
+                f"schedule.window must be <= {steps - 1} for kind 'geometric' "
+                f"(the window never contains the last step); got {w}"
+            )
         if self.kind == "shifting" and self.start + w > steps - 1:
-            raise ConfigError(f"schedule.start + schedule.window must be <= {steps - 1} for kind 'shifting' "
-                              f"(the window never contains the last step); got {self.start + w}")
+            raise ConfigError(
+                f"schedule.start + schedule.window must be <= {steps - 1} for kind 'shifting' "
+                f"(the window never contains the last step); got {self.start + w}"
+            )
         if self.kind != "progressive":
             return
         limit = _limit(self, steps, decode)
         if self.start + w > limit:
-            raise ConfigError(f"schedule.start + schedule.window must be <= {limit} (no window step may reach "
-                              f"schedule.max_step {limit}); got {self.start + w}")
+            raise ConfigError(
+                f"schedule.start + schedule.window must be <= {limit} (no window step may reach "
+                f"schedule.max_step {limit}); got {self.start + w}"
+            )
         last = {"none": -1, "first": limit - w, "all": limit - 1}[self.split]
         if decode == "x0" and last >= steps - 1:
-            raise ConfigError(f"schedule.split {self.split!r} would split at the last step {steps - 1} with "
-                              f"sampler.decode 'x0'; set schedule.max_step <= {steps - 1}")
+            raise ConfigError(
+                f"schedule.split {self.split!r} would split at the last step {steps - 1} with "
+                f"sampler.decode 'x0'; set schedule.max_step <= {steps - 1}"
+            )
 
 
 def _is_int(value) -> bool:
@@ -132,8 +146,9 @@ def window_start(cfg: ScheduleConfig, steps: int, iteration: int, seed: int, dec
     return min(cfg.start + offset, last)
 
 
-def tree_for_iteration(tree: TreeConfig, cfg: ScheduleConfig, steps: int, iteration: int, seed: int,
-                       decode: str = "x0") -> TreeConfig:
+def tree_for_iteration(
+    tree: TreeConfig, cfg: ScheduleConfig, steps: int, iteration: int, seed: int, decode: str = "x0"
+) -> TreeConfig:
     """The tree config of this iteration: SDE steps = the window, split steps per cfg.split."""
     if cfg.kind == "static":
         cfg.validate(steps, decode)

@@ -32,13 +32,15 @@ DECODES = ("x0", "final")
 
 @dataclass(frozen=True)
 class SamplerConfig:
-    steps: int = 20                 # T denoising steps
-    shift: float = 3.0              # time shift s of the sigma grid
-    grid: str = "shifted"           # "shifted": s*u/(1+(s-1)*u) on u = linspace(1, 0, T+1); "flow-match-euler": diffusers' SD3 grid
-    noise: str = "dance"            # "dance": g = eta; "flow": g = eta*sqrt(sigma/(1-sigma))
-    eta: float = 0.3                # the noise level (eta for dance, a for flow)
+    steps: int = 20  # T denoising steps
+    shift: float = 3.0  # time shift s of the sigma grid
+    grid: str = (
+        "shifted"  # "shifted": s*u/(1+(s-1)*u) on u = linspace(1, 0, T+1); "flow-match-euler": diffusers' SD3 grid
+    )
+    noise: str = "dance"  # "dance": g = eta; "flow": g = eta*sqrt(sigma/(1-sigma))
+    eta: float = 0.3  # the noise level (eta for dance, a for flow)
     log_prob_reduction: str = "mean"  # "mean" over latent elements (every reference) or "sum"
-    decode: str = "x0"              # "x0": decode the last step's x0-prediction (references); "final": the final sample
+    decode: str = "x0"  # "x0": decode the last step's x0-prediction (references); "final": the final sample
     num_train_timesteps: int = 1000  # only for the flow-match-euler grid
 
     def validate(self) -> None:
@@ -48,9 +50,12 @@ class SamplerConfig:
             raise ConfigError(f"sampler.shift must be > 0, got {self.shift}")
         if self.eta < 0:
             raise ConfigError(f"sampler.eta must be >= 0, got {self.eta}")
-        for name, value, allowed in (("grid", self.grid, GRIDS), ("noise", self.noise, NOISES),
-                                     ("log_prob_reduction", self.log_prob_reduction, REDUCTIONS),
-                                     ("decode", self.decode, DECODES)):
+        for name, value, allowed in (
+            ("grid", self.grid, GRIDS),
+            ("noise", self.noise, NOISES),
+            ("log_prob_reduction", self.log_prob_reduction, REDUCTIONS),
+            ("decode", self.decode, DECODES),
+        ):
             if value not in allowed:
                 raise ConfigError(f"sampler.{name} must be one of {', '.join(allowed)}; got {value!r}")
 
@@ -83,9 +88,9 @@ def diffusion_coefficient(cfg: SamplerConfig, sigma: Tensor, sigma_max_below_one
 
 @dataclass
 class StepResult:
-    mean: Tensor      # [B, C, H, W] fp32 mean of the next state (the ODE step when std is 0)
-    std: Tensor       # [B] fp32 per-sample std of the transition (0 for an ODE step)
-    x0: Tensor        # [B, C, H, W] fp32 clean-image prediction x - sigma*v
+    mean: Tensor  # [B, C, H, W] fp32 mean of the next state (the ODE step when std is 0)
+    std: Tensor  # [B] fp32 per-sample std of the transition (0 for an ODE step)
+    x0: Tensor  # [B, C, H, W] fp32 clean-image prediction x - sigma*v
 
 
 class FlowSDE:
@@ -100,8 +105,8 @@ class FlowSDE:
         """One transition from step i for a batch: x, v [B, ...]; i [B] int64 step index; sde [B] bool."""
         x, v = x.float(), v.float()
         i = i.cpu()
-        sigma = self.sigmas[i].float().to(x.device)                       # [B]
-        d = (self.sigmas[i + 1] - self.sigmas[i]).float().to(x.device)    # [B], < 0
+        sigma = self.sigmas[i].float().to(x.device)  # [B]
+        d = (self.sigmas[i + 1] - self.sigmas[i]).float().to(x.device)  # [B], < 0
         g = diffusion_coefficient(self.cfg, sigma, float(self.sigmas[1]))
         g = torch.where(sde.to(x.device), g, torch.zeros_like(g))
         shape = (-1,) + (1,) * (x.dim() - 1)
@@ -143,9 +148,17 @@ class DDIMKernel:
     with eta 0. All arithmetic is fp32.
     """
 
-    def __init__(self, cfg: SamplerConfig, alphas_cumprod: Tensor, timesteps: Tensor, num_train_timesteps: int,
-                 final_alpha_cumprod: float, eta: float = 1.0, prediction_type: str = "epsilon",
-                 clip_sample: float | None = None):
+    def __init__(
+        self,
+        cfg: SamplerConfig,
+        alphas_cumprod: Tensor,
+        timesteps: Tensor,
+        num_train_timesteps: int,
+        final_alpha_cumprod: float,
+        eta: float = 1.0,
+        prediction_type: str = "epsilon",
+        clip_sample: float | None = None,
+    ):
         cfg.validate()
         if len(timesteps) != cfg.steps:
             raise ConfigError(f"DDIM grid has {len(timesteps)} timesteps for {cfg.steps} steps")
@@ -155,13 +168,16 @@ class DDIMKernel:
         t = timesteps.long().cpu()
         prev = t - num_train_timesteps // cfg.steps
         abar = alphas_cumprod.double().cpu()
-        self.abar = abar[t]                                                            # [T]
-        self.abar_prev = torch.where(prev >= 0, abar[prev.clamp(min=0)], torch.tensor(float(final_alpha_cumprod),
-                                     dtype=torch.float64))                             # [T]
+        self.abar = abar[t]  # [T]
+        self.abar_prev = torch.where(
+            prev >= 0, abar[prev.clamp(min=0)], torch.tensor(float(final_alpha_cumprod), dtype=torch.float64)
+        )  # [T]
         self.variance = (1 - self.abar_prev) / (1 - self.abar) * (1 - self.abar / self.abar_prev)  # [T]
         if self.eta > 0 and not bool((self.variance > 0).all()):
-            raise ConfigError("a DDIM step of this scheduler has zero variance (set_alpha_to_one = true); use a "
-                              "scheduler config with set_alpha_to_one = false, as Stable Diffusion 1.5 has")
+            raise ConfigError(
+                "a DDIM step of this scheduler has zero variance (set_alpha_to_one = true); use a "
+                "scheduler config with set_alpha_to_one = false, as Stable Diffusion 1.5 has"
+            )
         self.sigmas = torch.cat([t.double() / num_train_timesteps, torch.zeros(1, dtype=torch.float64)])  # [T+1]
 
     def _eps_x0(self, x: Tensor, out: Tensor, a: Tensor) -> tuple[Tensor, Tensor]:
@@ -182,7 +198,7 @@ class DDIMKernel:
         eps, x0 = self._eps_x0(x, out, a)
         if self.clip_sample is not None:
             x0 = x0.clamp(-self.clip_sample, self.clip_sample)
-        std = self.eta * self.variance[i].sqrt().float().to(x.device)                   # [B]
+        std = self.eta * self.variance[i].sqrt().float().to(x.device)  # [B]
         std = torch.where(sde.to(x.device), std, torch.zeros_like(std))
         mean = ap.sqrt() * x0 + (1 - ap - std.view(shape) ** 2).sqrt() * eps
         return StepResult(mean=mean, std=std, x0=x0)

@@ -64,7 +64,7 @@ class Tree:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @classmethod
-    def from_tensors(cls, t: dict[str, Tensor]) -> "Tree":
+    def from_tensors(cls, t: dict[str, Tensor]) -> Tree:
         missing = [f.name for f in fields(cls) if f.name not in t]
         if missing:
             raise KeyError(f"tree tensors missing: {', '.join(missing)}")

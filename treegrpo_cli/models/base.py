@@ -25,22 +25,23 @@ class PolicyConfig:
 
     The built-in pixel and tiny-shapes models ignore it. None means "the adapter's default"
     (docs/models.md lists them)."""
-    revision: str | None = None          # hub revision (branch, tag or commit) of --model
-    download: bool = False               # allow fetching --model from the hub when it is not in the local cache
-    finetune: str = "lora"               # "lora": a peft adapter on the denoiser | "full": every denoiser weight
-    lora_rank: int | None = None         # None: FLUX 64, SD3 32, SD 4 (the GRPO/DDPO references)
-    lora_alpha: float | None = None      # None: FLUX 128, SD3 64, SD 4
-    lora_targets: tuple[str, ...] = ()   # module-name suffixes (peft target_modules); empty: the adapter's
-    dtype: str = "auto"                  # weights: "auto" = bf16 on CUDA, fp32 elsewhere; sampler math is always fp32
+
+    revision: str | None = None  # hub revision (branch, tag or commit) of --model
+    download: bool = False  # allow fetching --model from the hub when it is not in the local cache
+    finetune: str = "lora"  # "lora": a peft adapter on the denoiser | "full": every denoiser weight
+    lora_rank: int | None = None  # None: FLUX 64, SD3 32, SD 4 (the GRPO/DDPO references)
+    lora_alpha: float | None = None  # None: FLUX 128, SD3 64, SD 4
+    lora_targets: tuple[str, ...] = ()  # module-name suffixes (peft target_modules); empty: the adapter's
+    dtype: str = "auto"  # weights: "auto" = bf16 on CUDA, fp32 elsewhere; sampler math is always fp32
     gradient_checkpointing: bool = False
-    guidance: float | None = None        # FLUX distilled guidance (3.5); SD3 / SD true CFG scale (4.5 / 5.0)
-    cfg_uncond: str = "grad"             # true CFG in training: "grad" backpropagates through the unconditional half
-                                         # (the guided policy's exact gradient) | "detach": Flow-GRPO's released code
-    resolution: int | None = None        # square image side in pixels; None: FLUX 720, SD3 512, SD 512
+    guidance: float | None = None  # FLUX distilled guidance (3.5); SD3 / SD true CFG scale (4.5 / 5.0)
+    cfg_uncond: str = "grad"  # true CFG in training: "grad" backpropagates through the unconditional half
+    # (the guided policy's exact gradient) | "detach": Flow-GRPO's released code
+    resolution: int | None = None  # square image side in pixels; None: FLUX 720, SD3 512, SD 512
     max_sequence_length: int | None = None  # T5 tokens; None: FLUX 512 (schnell 256), SD3 256
-    ddim_eta: float = 1.0                # SD only: eta of the stochastic DDIM steps (DDPO: 1.0)
-    prompt_cache: str = ""               # folder of prompt embeddings on disk ("": in memory only)
-    free_text_encoders: bool = False     # train: embed every train and eval prompt first, then free the encoders
+    ddim_eta: float = 1.0  # SD only: eta of the stochastic DDIM steps (DDPO: 1.0)
+    prompt_cache: str = ""  # folder of prompt embeddings on disk ("": in memory only)
+    free_text_encoders: bool = False  # train: embed every train and eval prompt first, then free the encoders
 
     def validate(self) -> None:
         if self.finetune not in FINETUNES:
@@ -61,8 +62,15 @@ class PixelNetPolicy:
     """Shared plumbing of the adapters whose latents are pixels in [-1, 1] and whose whole
     network (self.net, taking x, sigma and the condition tensors) is trained."""
 
-    evals_per_row = 1
     net: nn.Module
+    _flops_row: tuple[int, int] | None = None  # flops_per_row()'s measurement
+
+    @property
+    def evals_per_row(self) -> int:
+        return 1  # one network evaluation per latent row (no true CFG)
+
+    def encode(self, prompts: list[str]) -> Conditions:
+        raise NotImplementedError  # every adapter tokenizes its own way
 
     def velocity(self, x: Tensor, sigma: Tensor, cond: Conditions) -> Tensor:
         return self.net(x, sigma, cond["ids"], cond["mask"])
@@ -81,3 +89,12 @@ class PixelNetPolicy:
 
     def _device(self) -> torch.device:
         return next(self.net.parameters()).device
+
+    def flops_per_row(self) -> tuple[int, int] | None:
+        """(forward, backward) denoiser FLOPs of one network row, MEASURED once with FlopCounterMode on a
+        probe input (models/flops.py), not derived from the shapes; cached on the instance."""
+        if self._flops_row is None:
+            from .flops import measure_policy_flops
+
+            self._flops_row = measure_policy_flops(self, "a probe prompt")
+        return self._flops_row

@@ -10,13 +10,14 @@ VAE scaling.
 from __future__ import annotations
 
 import copy
-from abc import ABC, abstractmethod
 import gc
 import hashlib
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -27,8 +28,8 @@ from .base import Conditions, PolicyConfig
 from .hub import TEXT_PARTS
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
-ENCODE_BATCH = 16    # prompts per text-encoder call
-DECODE_BATCH = 4     # latents per VAE decode
+ENCODE_BATCH = 16  # prompts per text-encoder call
+DECODE_BATCH = 4  # latents per VAE decode
 
 
 def torch_dtype(name: str, device: str | torch.device) -> torch.dtype:
@@ -50,10 +51,11 @@ def quiet_diffusers() -> None:
     transformers.utils.logging.disable_progress_bar()
 
 
-def load_pipeline(folder: Path, pipeline_cls: type, dtype: torch.dtype, text_encoders: bool = True) -> Any:
-    """pipeline_cls.from_pretrained(folder) with local files only; without text encoders for export."""
+def load_pipeline(folder: Path, pipeline_cls: Any, dtype: torch.dtype, text_encoders: bool = True) -> Any:
+    """pipeline_cls.from_pretrained(folder) with local files only; without text encoders for export.
+    (pipeline_cls: a diffusers pipeline class; diffusers' own hints name placeholder classes for them.)"""
     quiet_diffusers()
-    skip = {p: None for p in TEXT_PARTS if not text_encoders}
+    skip: dict[str, Any] = {p: None for p in TEXT_PARTS if not text_encoders}
     if pipeline_cls.__name__ == "StableDiffusionPipeline":
         skip.update(safety_checker=None, feature_extractor=None, requires_safety_checker=False)
     try:
@@ -70,8 +72,16 @@ class LoraDefaults:
     targets: tuple[str, ...]
 
 
+class _WithAdapters(Protocol):
+    """A diffusers model with peft's adapter mixin."""
+
+    def disable_adapters(self) -> None: ...
+
+    def enable_adapters(self) -> None: ...
+
+
 @contextmanager
-def adapters_disabled(net: nn.Module) -> Iterator[None]:
+def adapters_disabled(net: _WithAdapters) -> Iterator[None]:
     """The denoiser without its LoRA adapter for the duration (peft layers bypassed, nothing copied)."""
     net.disable_adapters()
     try:
@@ -90,7 +100,8 @@ class DiffusersPolicy(ABC):
     lora_defaults = LoraDefaults(32, 64.0, ("to_k", "to_q", "to_v", "to_out.0"))
     default_guidance = 1.0
     default_resolution = 512
-    uses_negative = False     # true classifier-free guidance: the empty prompt is embedded too
+    uses_negative = False  # true classifier-free guidance: the empty prompt is embedded too
+    _flops_row: tuple[int, int] | None = None  # flops_per_row()'s measurement
 
     def __init__(self, pipe: Any, opts: PolicyConfig, name: str, source: str = "", device: str | torch.device = "cpu"):
         opts.validate()
@@ -99,8 +110,10 @@ class DiffusersPolicy(ABC):
         self.dtype = torch_dtype(opts.dtype, self.device)
         self.guidance = float(opts.guidance if opts.guidance is not None else self.default_guidance)
         self.resolution = int(opts.resolution or self.default_resolution)
-        self.denoiser: nn.Module = getattr(pipe, self.denoiser_attr)
-        self._cache: dict[str, dict[str, Tensor]] = {}            # prompt -> {key: [1, ...] on the CPU}
+        # the pipeline's diffusers model (FLUX/SD3 transformer, SD1.5 UNet: an nn.Module with peft's adapter
+        # mixin and a config of the adapter's own fields), as dynamic as the pipeline itself
+        self.denoiser: Any = getattr(pipe, self.denoiser_attr)
+        self._cache: dict[str, dict[str, Tensor]] = {}  # prompt -> {key: [1, ...] on the CPU}
         self._encoders_freed = all(getattr(pipe, a, None) is None for a in self.text_encoder_attrs)
         self._place()
         self._setup_training()
@@ -111,7 +124,7 @@ class DiffusersPolicy(ABC):
         """Every module in the compute dtype, except a fully fine-tuned denoiser: its weights are the fp32
         master copy (an lr-1e-5 update to a bf16 weight rounds away) and its forward runs under autocast."""
         if self.device.type == "cuda":
-            torch.backends.cuda.matmul.allow_tf32 = True      # fp32 matmuls that remain (sampler math) on TF32
+            torch.backends.cuda.matmul.allow_tf32 = True  # fp32 matmuls that remain (sampler math) on TF32
             torch.backends.cudnn.allow_tf32 = True
         for attr in ("vae", *self.text_encoder_attrs, self.denoiser_attr):
             module = getattr(self.pipe, attr, None)
@@ -129,8 +142,13 @@ class DiffusersPolicy(ABC):
 
         d, o = self.lora_defaults, self.opts
         alpha = float(o.lora_alpha or d.alpha)
-        return LoraConfig(r=int(o.lora_rank or d.rank), lora_alpha=int(alpha) if alpha.is_integer() else alpha,
-                          init_lora_weights="gaussian", target_modules=list(o.lora_targets or d.targets))
+        return LoraConfig(
+            r=int(o.lora_rank or d.rank),
+            # peft annotates lora_alpha as int but scales by lora_alpha / r: a float alpha is honoured
+            lora_alpha=int(alpha) if alpha.is_integer() else alpha,  # type: ignore[arg-type]
+            init_lora_weights="gaussian",
+            target_modules=list(o.lora_targets or d.targets),
+        )
 
     def _setup_training(self) -> None:
         """LoRA: a peft adapter (B = 0, so the policy starts as the model), trained in fp32 over the frozen
@@ -159,8 +177,18 @@ class DiffusersPolicy(ABC):
             return self.model_output(self.denoiser, x, sigma, cond).float()
 
     @abstractmethod
-    def model_output(self, net: nn.Module, x: Tensor, sigma: Tensor, cond: Conditions) -> Tensor:
-        """The denoiser `net`'s prediction (velocity or epsilon) for sampler latents x [B, ...] at sigma [B]."""
+    def model_output(self, net: Any, x: Tensor, sigma: Tensor, cond: Conditions) -> Tensor:
+        """The prediction (velocity or epsilon) of the denoiser `net` (self.denoiser or a frozen copy of it)
+        for sampler latents x [B, ...] at sigma [B]."""
+
+    def flops_per_row(self) -> tuple[int, int] | None:
+        """(forward, backward) denoiser FLOPs of one network row, MEASURED once with FlopCounterMode on a
+        probe latent and a cached prompt (models/flops.py), not derived from the shapes; cached."""
+        if self._flops_row is None:
+            from .flops import measure_policy_flops
+
+            self._flops_row = measure_policy_flops(self, next(iter(self._cache), ""))
+        return self._flops_row
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.denoiser.parameters() if p.requires_grad]
@@ -173,21 +201,25 @@ class DiffusersPolicy(ABC):
         params = {k: p for k, p in self.denoiser.named_parameters() if p.requires_grad}
         if set(state) != set(params):
             extra, missing = sorted(set(state) - set(params)), sorted(set(params) - set(state))
-            raise TreegrpoError(f"checkpoint does not fit {self.name} ({self.opts.finetune}): "
-                                f"{len(missing)} weights missing (e.g. {missing[:1]}), {len(extra)} unexpected "
-                                f"(e.g. {extra[:1]}); was it trained with other policy.* settings?")
+            raise TreegrpoError(
+                f"checkpoint does not fit {self.name} ({self.opts.finetune}): "
+                f"{len(missing)} weights missing (e.g. {missing[:1]}), {len(extra)} unexpected "
+                f"(e.g. {extra[:1]}); was it trained with other policy.* settings?"
+            )
         with torch.no_grad():
             for k, p in params.items():
                 if state[k].shape != p.shape:
-                    raise TreegrpoError(f"checkpoint tensor {k} has shape {tuple(state[k].shape)}, the model "
-                                        f"{tuple(p.shape)}; was it trained with another policy.lora_rank?")
+                    raise TreegrpoError(
+                        f"checkpoint tensor {k} has shape {tuple(state[k].shape)}, the model "
+                        f"{tuple(p.shape)}; was it trained with another policy.lora_rank?"
+                    )
                 p.copy_(state[k].to(p.device, p.dtype))
 
-    def reference(self) -> "ReferencePolicy":
+    def reference(self) -> ReferencePolicy:
         """The KL reference: LoRA runs disable the adapter (no copy); full runs keep a frozen copy."""
         if self.opts.finetune == "lora":
             return ReferencePolicy(self, None)
-        frozen = copy.deepcopy(self.denoiser).requires_grad_(False).to(self.dtype)   # inference only: compute dtype
+        frozen = copy.deepcopy(self.denoiser).requires_grad_(False).to(self.dtype)  # inference only: compute dtype
         return ReferencePolicy(self, frozen)
 
     def describe(self) -> dict[str, Any]:
@@ -195,10 +227,19 @@ class DiffusersPolicy(ABC):
         if self.opts.finetune == "lora":
             c = self._lora_config()
             lora = {"rank": c.r, "alpha": c.lora_alpha, "targets": sorted(c.target_modules)}
-        return {"name": self.name, "adapter": self.adapter, "source": self.source, "revision": self.opts.revision,
-                "pipeline": type(self.pipe).__name__, "finetune": self.opts.finetune, "lora": lora,
-                "dtype": str(self.dtype).removeprefix("torch."), "guidance": self.guidance,
-                "resolution": self.resolution, "latent_shape": list(self.latent_shape)}
+        return {
+            "name": self.name,
+            "adapter": self.adapter,
+            "source": self.source,
+            "revision": self.opts.revision,
+            "pipeline": type(self.pipe).__name__,
+            "finetune": self.opts.finetune,
+            "lora": lora,
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "guidance": self.guidance,
+            "resolution": self.resolution,
+            "latent_shape": list(self.latent_shape),
+        }
 
     # -- prompts -----------------------------------------------------------------------------
     def encode(self, prompts: list[str]) -> Conditions:
@@ -243,14 +284,16 @@ class DiffusersPolicy(ABC):
         todo = [p for p in dict.fromkeys(prompts) if p not in self._cache]
         todo = [p for p in todo if not self._from_disk(p)]
         if todo and self._encoders_freed:
-            raise TreegrpoError(f"prompt {todo[0]!r} has no cached embedding and the text encoders were freed; "
-                                "cache every prompt first (policy.free_text_encoders embeds train and eval prompts)")
+            raise TreegrpoError(
+                f"prompt {todo[0]!r} has no cached embedding and the text encoders were freed; "
+                "cache every prompt first (policy.free_text_encoders embeds train and eval prompts)"
+            )
         for a in range(0, len(todo), ENCODE_BATCH):
-            chunk = todo[a:a + ENCODE_BATCH]
+            chunk = todo[a : a + ENCODE_BATCH]
             with torch.no_grad():
-                out = self._encode_text(chunk)                                  # {key: [n, ...]}
+                out = self._encode_text(chunk)  # {key: [n, ...]}
             for j, p in enumerate(chunk):
-                self.put_cached(p, {k: v[j:j + 1] for k, v in out.items()})
+                self.put_cached(p, {k: v[j : j + 1] for k, v in out.items()})
                 self._to_disk(p)
 
     @abstractmethod
@@ -320,8 +363,9 @@ class DiffusersPolicy(ABC):
 
         layers = self._lora_layers(get_peft_model_state_dict(self.denoiser))
         meta = self.denoiser.peft_config["default"].to_dict()
-        type(self.pipe).save_lora_weights(out, **{f"{self.denoiser_attr}_lora_layers": layers,
-                                                  f"{self.denoiser_attr}_lora_adapter_metadata": meta})
+        type(self.pipe).save_lora_weights(
+            out, **{f"{self.denoiser_attr}_lora_layers": layers, f"{self.denoiser_attr}_lora_adapter_metadata": meta}
+        )
         return ["pytorch_lora_weights.safetensors"]
 
     def _lora_layers(self, peft_state: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -363,5 +407,5 @@ class ReferencePolicy:
     def describe(self) -> dict[str, Any]:
         return {**self.policy.describe(), "name": self.name, "reference": True}
 
-    def reference(self) -> "ReferencePolicy":
+    def reference(self) -> ReferencePolicy:
         return self

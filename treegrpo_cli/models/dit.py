@@ -19,9 +19,34 @@ from torch import Tensor, nn
 from .base import Conditions, PixelNetPolicy
 from .pixel import sigma_embedding
 
-VOCAB = ("<pad>", "<unk>", "a", "one", "two", "three", "small", "big", "red", "green", "blue", "yellow",
-         "purple", "orange", "circle", "circles", "square", "squares", "triangle", "triangles", "left",
-         "right", "of", "above", "below", "an")
+VOCAB = (
+    "<pad>",
+    "<unk>",
+    "a",
+    "one",
+    "two",
+    "three",
+    "small",
+    "big",
+    "red",
+    "green",
+    "blue",
+    "yellow",
+    "purple",
+    "orange",
+    "circle",
+    "circles",
+    "square",
+    "squares",
+    "triangle",
+    "triangles",
+    "left",
+    "right",
+    "of",
+    "above",
+    "below",
+    "an",
+)
 
 
 @dataclass(frozen=True)
@@ -34,12 +59,12 @@ class DiTConfig:
     heads: int = 4
     mlp_ratio: float = 2.5
     max_words: int = 12
-    text_ada: bool = False      # also condition adaLN on the prompt's mean word embedding
-    text_layers: int = 0        # transformer layers over the words alone before the joint blocks (a text encoder)
-    word_std: float = 1.0       # init std of the word embeddings (1: torch's default; word positions start at 0.02)
-    pos: str = "sincos"         # image-token positions: fixed 2D sin-cos ("sincos") or "learned"
-    refine: int = 32            # channels of the convolutional refiner at full resolution (0 = none)
-    refine_feats: int = 8       # extra feature channels per pixel the patch decoder hands the refiner
+    text_ada: bool = False  # also condition adaLN on the prompt's mean word embedding
+    text_layers: int = 0  # transformer layers over the words alone before the joint blocks (a text encoder)
+    word_std: float = 1.0  # init std of the word embeddings (1: torch's default; word positions start at 0.02)
+    pos: str = "sincos"  # image-token positions: fixed 2D sin-cos ("sincos") or "learned"
+    refine: int = 32  # channels of the convolutional refiner at full resolution (0 = none)
+    refine_feats: int = 8  # extra feature channels per pixel the patch decoder hands the refiner
     vocab: tuple[str, ...] = field(default=VOCAB)
 
 
@@ -96,7 +121,7 @@ class TextBlock(nn.Module):
     def forward(self, t: Tensor, mask: Tensor) -> Tensor:
         # t [B, W, D], mask [B, W] bool (True = a word)
         B, W, D = t.shape
-        allowed = mask[:, None, :] | torch.eye(W, dtype=torch.bool, device=t.device)   # [B, W, W]
+        allowed = mask[:, None, :] | torch.eye(W, dtype=torch.bool, device=t.device)  # [B, W, W]
         q, k, v = self.qkv(self.norm1(t)).view(B, W, 3, self.heads, D // self.heads).permute(2, 0, 3, 1, 4)
         att = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed[:, None])
         t = t + self.proj(att.transpose(1, 2).reshape(B, W, D))
@@ -116,7 +141,7 @@ class TinyDiT(nn.Module):
         else:
             self.pos = nn.Parameter(torch.randn(1, n, D) * 0.02)
         self.words = nn.Embedding(len(cfg.vocab), D, padding_idx=0)
-        if cfg.word_std != 1.0:                     # words on the positions' scale, so that word order can count
+        if cfg.word_std != 1.0:  # words on the positions' scale, so that word order can count
             with torch.no_grad():
                 self.words.weight.normal_(0.0, cfg.word_std)
                 self.words.weight[0].zero_()
@@ -138,37 +163,38 @@ class TinyDiT(nn.Module):
         # x [B, C, H, W], sigma [B], ids/mask [B, W] -> v [B, C, H, W]
         B, C, H, W = x.shape
         p = self.cfg.patch
-        patches = x.unfold(2, p, p).unfold(3, p, p)                       # [B, C, H/p, W/p, p, p]
+        patches = x.unfold(2, p, p).unfold(3, p, p)  # [B, C, H/p, W/p, p, p]
         patches = patches.permute(0, 2, 3, 1, 4, 5).reshape(B, -1, C * p * p)
-        img = self.patch_in(patches) + self.pos                            # [B, N, D]
-        txt = self.words(ids) + self.word_pos[:, : ids.shape[1]]           # [B, W, D]
+        img = self.patch_in(patches) + self.pos  # [B, N, D]
+        txt = self.words(ids) + self.word_pos[:, : ids.shape[1]]  # [B, W, D]
         for block in self.text_blocks:
             txt = block(txt, mask)
         h = torch.cat([txt, img], dim=1)
         key_mask = torch.cat([mask, torch.ones(B, img.shape[1], dtype=torch.bool, device=x.device)], dim=1)
-        c = self.time(sigma_embedding(sigma, self.cfg.dim))                # [B, D]
-        if self.text_pool is not None:                                     # + mean word embedding (0 if none)
+        c = self.time(sigma_embedding(sigma, self.cfg.dim))  # [B, D]
+        if self.text_pool is not None:  # + mean word embedding (0 if none)
             words = (txt if self.cfg.text_layers else self.words(ids)) * mask[..., None]
             c = c + self.text_pool(words.sum(1) / mask.sum(1, keepdim=True).clamp(min=1))
         for block in self.blocks:
             h = block(h, c, key_mask)
         shift, scale = self.ada_out(F.silu(c))[:, None].chunk(2, dim=-1)
-        out = self.patch_out(self.norm_out(h[:, ids.shape[1]:]) * (1 + scale) + shift)  # [B, N, (C+F)*p*p]
+        out = self.patch_out(self.norm_out(h[:, ids.shape[1] :]) * (1 + scale) + shift)  # [B, N, (C+F)*p*p]
         g, F_ = H // p, out.shape[-1] // (p * p)
         out = out.view(B, g, g, F_, p, p).permute(0, 3, 1, 4, 2, 5).reshape(B, F_, H, W)
         if self.refiner is None:
             return out
-        return out[:, :C] + self.refiner(torch.cat([x, out], dim=1))        # [B, C, H, W]
+        return out[:, :C] + self.refiner(torch.cat([x, out], dim=1))  # [B, C, H, W]
 
 
 def sincos_2d(grid: int, dim: int) -> Tensor:
     """[1, grid*grid, dim] fixed positions: a quarter of the channels each for sin/cos of the row and
     of the column, at geometric frequencies 1 .. 1/10000 (row-major token order, as the patches)."""
     q = dim // 4
-    freqs = 1.0 / 10000 ** (torch.arange(q, dtype=torch.float64) / q)          # [q]
-    ys, xs = torch.meshgrid(torch.arange(grid, dtype=torch.float64), torch.arange(grid, dtype=torch.float64),
-                            indexing="ij")
-    ay, ax = ys.reshape(-1, 1) * freqs, xs.reshape(-1, 1) * freqs               # [grid*grid, q]
+    freqs = 1.0 / 10000 ** (torch.arange(q, dtype=torch.float64) / q)  # [q]
+    ys, xs = torch.meshgrid(
+        torch.arange(grid, dtype=torch.float64), torch.arange(grid, dtype=torch.float64), indexing="ij"
+    )
+    ay, ax = ys.reshape(-1, 1) * freqs, xs.reshape(-1, 1) * freqs  # [grid*grid, q]
     return torch.cat([ay.sin(), ay.cos(), ax.sin(), ax.cos()], dim=1)[None].float()
 
 
@@ -178,11 +204,15 @@ class Refiner(nn.Module):
 
     def __init__(self, channels: int, feats: int, width: int):
         super().__init__()
-        self.net = nn.Sequential(nn.Conv2d(2 * channels + feats, width, 3, padding=1), nn.GELU(),
-                                 nn.Conv2d(width, width, 3, padding=1), nn.GELU(),
-                                 nn.Conv2d(width, channels, 3, padding=1))
-        nn.init.zeros_(self.net[-1].weight)
-        nn.init.zeros_(self.net[-1].bias)
+        self.net = nn.Sequential(
+            nn.Conv2d(2 * channels + feats, width, 3, padding=1),
+            nn.GELU(),
+            nn.Conv2d(width, width, 3, padding=1),
+            nn.GELU(),
+            nn.Conv2d(width, channels, 3, padding=1),
+        )
+        for p in self.net[-1].parameters():  # the last convolution's weight and bias
+            nn.init.zeros_(p)
 
     def forward(self, z: Tensor) -> Tensor:
         # z [B, 2C+F, H, W] -> [B, C, H, W]
@@ -195,8 +225,12 @@ class DiTPolicy(PixelNetPolicy):
     guidance w != 1: classifier-free guidance, v = v(empty prompt) + w * (v(prompt) - v(empty prompt)),
     both halves in one forward (the guided velocity is the policy: its log-probs are trained)."""
 
-    def __init__(self, cfg: DiTConfig, net: TinyDiT, name: str = "tiny-shapes", source: str = "",
-                 guidance: float = 1.0):
+    net: TinyDiT
+    latent_shape: tuple[int, ...]
+
+    def __init__(
+        self, cfg: DiTConfig, net: TinyDiT, name: str = "tiny-shapes", source: str = "", guidance: float = 1.0
+    ):
         self.cfg, self.net, self.name, self.source, self.guidance = cfg, net, name, source, float(guidance)
         self.latent_shape = (cfg.channels, cfg.image_size, cfg.image_size)
 
@@ -208,17 +242,33 @@ class DiTPolicy(PixelNetPolicy):
         ids, mask = cond["ids"], cond["mask"]
         if self.guidance == 1.0:
             return self.net(x, sigma, ids, mask)
-        v_c, v_u = self.net(torch.cat([x, x]), torch.cat([sigma, sigma]), torch.cat([ids, torch.zeros_like(ids)]),
-                            torch.cat([mask, torch.zeros_like(mask)])).chunk(2)
+        v_c, v_u = self.net(
+            torch.cat([x, x]),
+            torch.cat([sigma, sigma]),
+            torch.cat([ids, torch.zeros_like(ids)]),
+            torch.cat([mask, torch.zeros_like(mask)]),
+        ).chunk(2)
         return v_u + self.guidance * (v_c - v_u)
+
+    def flops_per_row(self) -> tuple[int, int] | None:
+        """(forward, backward) FLOPs of one network row (one CFG half), derived from the config
+        (models/flops.py): prompts are padded to max_words text tokens."""
+        from .flops import dit_flops
+
+        return dit_flops(self.cfg, self.cfg.max_words)
 
     def encode(self, prompts: list[str]) -> Conditions:
         ids, mask = tokenize(prompts, self.cfg.vocab, self.cfg.max_words)
         return {"ids": ids.to(self._device()), "mask": mask.to(self._device())}
 
-    def reference(self) -> "DiTPolicy":
-        return DiTPolicy(self.cfg, copy.deepcopy(self.net).requires_grad_(False), f"{self.name}-reference", self.source,
-                         self.guidance)
+    def reference(self) -> DiTPolicy:
+        return DiTPolicy(
+            self.cfg,
+            copy.deepcopy(self.net).requires_grad_(False),
+            f"{self.name}-reference",
+            self.source,
+            self.guidance,
+        )
 
     def describe(self) -> dict:
         cfg = asdict(self.cfg)

@@ -15,29 +15,46 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from .base import Conditions
 from .diffusers_base import DiffusersPolicy, LoraDefaults
 
 # flow_grpo scripts/train_flux.py: r 64, alpha 128, Gaussian init, attention and feed-forward projections
-FLUX_LORA = LoraDefaults(64, 128.0, ("attn.to_k", "attn.to_q", "attn.to_v", "attn.to_out.0", "attn.add_k_proj",
-                                     "attn.add_q_proj", "attn.add_v_proj", "attn.to_add_out", "ff.net.0.proj",
-                                     "ff.net.2", "ff_context.net.0.proj", "ff_context.net.2"))
+FLUX_LORA = LoraDefaults(
+    64,
+    128.0,
+    (
+        "attn.to_k",
+        "attn.to_q",
+        "attn.to_v",
+        "attn.to_out.0",
+        "attn.add_k_proj",
+        "attn.add_q_proj",
+        "attn.add_v_proj",
+        "attn.to_add_out",
+        "ff.net.0.proj",
+        "ff.net.2",
+        "ff_context.net.0.proj",
+        "ff_context.net.2",
+    ),
+)
 
 
 def pack(x: Tensor) -> Tensor:
     """[B, C, h, w] -> [B, (h/2)(w/2), 4C]: every 2x2 patch one token (FluxPipeline._pack_latents)."""
     B, C, h, w = x.shape
-    x = x.view(B, C, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5)     # [B, h/2, w/2, C, 2, 2]
+    x = x.view(B, C, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5)  # [B, h/2, w/2, C, 2, 2]
     return x.reshape(B, (h // 2) * (w // 2), C * 4)
 
 
 def unpack(tokens: Tensor, h: int, w: int) -> Tensor:
     """[B, (h/2)(w/2), 4C] -> [B, C, h, w] (the inverse of pack)."""
     B, _, D = tokens.shape
-    x = tokens.view(B, h // 2, w // 2, D // 4, 2, 2).permute(0, 3, 1, 4, 2, 5)   # [B, C, h/2, 2, w/2, 2]
+    x = tokens.view(B, h // 2, w // 2, D // 4, 2, 2).permute(0, 3, 1, 4, 2, 5)  # [B, C, h/2, 2, w/2, 2]
     return x.reshape(B, D // 4, h, w)
 
 
@@ -59,7 +76,7 @@ class FluxPolicy(DiffusersPolicy):
 
     @property
     def distilled_guidance(self) -> bool:
-        return bool(self.denoiser.config.guidance_embeds)   # dev: yes; schnell: no
+        return bool(self.denoiser.config.guidance_embeds)  # dev: yes; schnell: no
 
     def _latent_shape(self) -> tuple[int, ...]:
         sf = int(self.pipe.vae_scale_factor)
@@ -69,22 +86,42 @@ class FluxPolicy(DiffusersPolicy):
     def max_sequence_length(self) -> int:
         return self.opts.max_sequence_length or (512 if self.distilled_guidance else 256)
 
-    def _encode_text(self, prompts: list[str]) -> dict[str, Tensor]:
-        embeds, pooled, _ = self.pipe.encode_prompt(prompt=prompts, prompt_2=None, device=self.device,
-                                                    max_sequence_length=self.max_sequence_length())
-        return {"prompt_embeds": embeds, "pooled": pooled}          # [n, L, 4096], [n, 768]
+    def flops_per_row(self) -> tuple[int, int] | None:
+        """(forward, backward) transformer FLOPs of one row, derived from its config (models/flops.py): the
+        packed 2x2 latent tokens and max_sequence_length T5 tokens, LoRA or full fine-tuning as configured."""
+        from .flops import flux_flops
 
-    def model_output(self, net: nn.Module, x: Tensor, sigma: Tensor, cond: Conditions) -> Tensor:
+        lora = self._lora_config() if self.opts.finetune == "lora" else None
+        tokens, text = self.latent_shape[1] * self.latent_shape[2] // 4, self.max_sequence_length()
+        rank, targets = (lora.r, tuple(lora.target_modules)) if lora else (None, None)
+        return flux_flops(self.denoiser.config, tokens, text, rank, targets, self.opts.gradient_checkpointing)
+
+    def _encode_text(self, prompts: list[str]) -> dict[str, Tensor]:
+        embeds, pooled, _ = self.pipe.encode_prompt(
+            prompt=prompts, prompt_2=None, device=self.device, max_sequence_length=self.max_sequence_length()
+        )
+        return {"prompt_embeds": embeds, "pooled": pooled}  # [n, L, 4096], [n, 768]
+
+    def model_output(self, net: Any, x: Tensor, sigma: Tensor, cond: Conditions) -> Tensor:
         """x [B, C, h, w] fp32, sigma [B] -> velocity [B, C, h, w] fp32."""
         B, _, h, w = x.shape
         dt = self.dtype
-        emb = cond["prompt_embeds"]                                         # [B, L, D]
-        guidance = torch.full((B,), self.guidance, device=x.device, dtype=torch.float32) \
-            if net.config.guidance_embeds else None
-        out = net(hidden_states=pack(x.to(dt)), timestep=sigma.to(dt), guidance=guidance,
-                  pooled_projections=cond["pooled"].to(dt), encoder_hidden_states=emb.to(dt),
-                  txt_ids=torch.zeros(emb.shape[1], 3, device=x.device, dtype=dt),
-                  img_ids=image_ids(h // 2, w // 2, x.device, dt), return_dict=False)[0]
+        emb = cond["prompt_embeds"]  # [B, L, D]
+        guidance = (
+            torch.full((B,), self.guidance, device=x.device, dtype=torch.float32)
+            if net.config.guidance_embeds
+            else None
+        )
+        out = net(
+            hidden_states=pack(x.to(dt)),
+            timestep=sigma.to(dt),
+            guidance=guidance,
+            pooled_projections=cond["pooled"].to(dt),
+            encoder_hidden_states=emb.to(dt),
+            txt_ids=torch.zeros(emb.shape[1], 3, device=x.device, dtype=dt),
+            img_ids=image_ids(h // 2, w // 2, x.device, dt),
+            return_dict=False,
+        )[0]
         return unpack(out.float(), h, w)
 
     def _vae_in(self, latents: Tensor) -> Tensor:
@@ -92,5 +129,8 @@ class FluxPolicy(DiffusersPolicy):
         return latents / cfg.scaling_factor + cfg.shift_factor
 
     def describe(self) -> dict:
-        return {**super().describe(), "distilled_guidance": self.distilled_guidance,
-                "max_sequence_length": self.max_sequence_length()}
+        return {
+            **super().describe(),
+            "distilled_guidance": self.distilled_guidance,
+            "max_sequence_length": self.max_sequence_length(),
+        }

@@ -64,19 +64,26 @@ def resolve(name: str, revision: str | None = None, download: bool = False) -> P
         return Path(snapshot_download(repo, revision=revision, cache_dir=cache, local_files_only=not download))
     except Exception as e:  # LocalEntryNotFoundError offline; network and auth errors with download on
         what = f"{name!r} ({repo}@{revision})" if revision else (f"{name!r} ({repo})" if repo != name else repr(name))
-        how = (f"the download failed ({type(e).__name__})" if download
-               else "downloads are off (policy.download = true allows one)")
-        raise TreegrpoError(f"model weights for {what} are missing: no snapshot (model_index.json, transformer/ or "
-                            f"unet/, vae/, text_encoder/, tokenizer/, scheduler/) in the local Hugging Face cache "
-                            f"{cache}, and {how}; fetch them with `hf download {repo}`, or pass --model with a local "
-                            "folder holding the diffusers pipeline") from None
+        how = (
+            f"the download failed ({type(e).__name__})"
+            if download
+            else "downloads are off (policy.download = true allows one)"
+        )
+        raise TreegrpoError(
+            f"model weights for {what} are missing: no snapshot (model_index.json, transformer/ or "
+            f"unet/, vae/, text_encoder/, tokenizer/, scheduler/) in the local Hugging Face cache "
+            f"{cache}, and {how}; fetch them with `hf download {repo}`, or pass --model with a local "
+            "folder holding the diffusers pipeline"
+        ) from None
 
 
 def model_index(folder: Path) -> dict:
     path = folder / "model_index.json"
     if not path.is_file():
-        raise TreegrpoError(f"{folder}: missing model_index.json; pass --model with a folder written by a "
-                            "diffusers pipeline's save_pretrained")
+        raise TreegrpoError(
+            f"{folder}: missing model_index.json; pass --model with a folder written by a "
+            "diffusers pipeline's save_pretrained"
+        )
     try:
         return json.loads(path.read_text())
     except ValueError:
@@ -121,18 +128,22 @@ def check_complete(folder: Path, text_encoders: bool = True) -> None:
     missing = missing_files(folder, text_encoders)
     if missing:
         shown = ", ".join(missing[:6]) + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")
-        raise TreegrpoError(f"{folder}: missing {shown}; pass --model with a local folder holding the complete "
-                            "diffusers pipeline")
+        raise TreegrpoError(
+            f"{folder}: missing {shown}; pass --model with a local folder holding the complete diffusers pipeline"
+        )
 
 
 # --- config layering --------------------------------------------------------------------------
 
+
 def _kind_and_folder(name: str) -> tuple[str | None, Path | None]:
     """Adapter and local folder of --model when they can be found without loading anything."""
-    folder = Path(name).expanduser()
-    if not folder.is_dir() and HUB_ID.match(repo_id(name)) and not name.endswith(".safetensors"):
+    local = Path(name).expanduser()
+    folder: Path | None = local
+    if not local.is_dir() and HUB_ID.match(repo_id(name)) and not name.endswith(".safetensors"):
         try:
             from huggingface_hub import snapshot_download
+
             folder = Path(snapshot_download(repo_id(name), cache_dir=hub_cache_dir(), local_files_only=True))
         except Exception:
             folder = None
@@ -166,8 +177,13 @@ def adapter_defaults(name: str) -> dict[str, object]:
                 sched = json.loads(path.read_text())
             except ValueError:
                 sched = {}
-        out.update({"sampler.grid": "flow-match-euler", "sampler.shift": float(sched.get("shift", 3.0)),
-                    "sampler.num_train_timesteps": int(sched.get("num_train_timesteps", 1000))})
+        out.update(
+            {
+                "sampler.grid": "flow-match-euler",
+                "sampler.shift": float(sched.get("shift", 3.0)),
+                "sampler.num_train_timesteps": int(sched.get("num_train_timesteps", 1000)),
+            }
+        )
     if kind == "sd":
         out.update({"rollout.max_batch": 16})
     return out

@@ -27,12 +27,15 @@ from .dit import DiTConfig, DiTPolicy, TinyDiT
 class AEConfig:
     image_size: int = 32
     latent_channels: int = 4
-    width: int = 64          # channels at the latent resolution (half of it at full resolution)
-    downs: int = 2           # stride-2 stages: 32 -> 8
+    width: int = 64  # channels at the latent resolution (half of it at full resolution)
+    downs: int = 2  # stride-2 stages: 32 -> 8
 
 
 class ShapesAE(nn.Module):
     """Convolutional autoencoder; latents are normalised by per-channel (shift, scale) buffers fitted on data."""
+
+    shift: Tensor  # [c] buffers
+    scale: Tensor
 
     def __init__(self, cfg: AEConfig):
         super().__init__()
@@ -46,7 +49,7 @@ class ShapesAE(nn.Module):
         enc += [nn.Conv2d(w, c, 1)]
         dec: list[nn.Module] = [nn.Conv2d(c, w, 3, padding=1), nn.GELU(), nn.Conv2d(w, w, 3, padding=1), nn.GELU()]
         for i in range(cfg.downs):
-            out = w if i < cfg.downs - 1 else w // 2        # full resolution: half the channels
+            out = w if i < cfg.downs - 1 else w // 2  # full resolution: half the channels
             dec += [nn.Upsample(scale_factor=2, mode="nearest"), nn.Conv2d(w, out, 3, padding=1), nn.GELU()]
         dec += [nn.Conv2d(w // 2, 3, 3, padding=1)]
         self.encoder, self.decoder = nn.Sequential(*enc), nn.Sequential(*dec)
@@ -55,7 +58,7 @@ class ShapesAE(nn.Module):
 
     @property
     def latent_shape(self) -> tuple[int, int, int]:
-        side = self.cfg.image_size // 2 ** self.cfg.downs
+        side = self.cfg.image_size // 2**self.cfg.downs
         return (self.cfg.latent_channels, side, side)
 
     def encode(self, images: Tensor) -> Tensor:
@@ -85,17 +88,34 @@ class ShapesAE(nn.Module):
 
 def latent_dit_config(ae: AEConfig, **kw) -> DiTConfig:
     """The DiT that denoises ShapesAE latents: 2x2 patches, the prompt in adaLN, no pixel refiner."""
-    c, side = ae.latent_channels, ae.image_size // 2 ** ae.downs
-    base = dict(image_size=side, channels=c, patch=2, dim=128, depth=4, heads=4, mlp_ratio=3.0, max_words=10,
-                text_ada=True, refine=0)
+    c, side = ae.latent_channels, ae.image_size // 2**ae.downs
+    base = dict(
+        image_size=side,
+        channels=c,
+        patch=2,
+        dim=128,
+        depth=4,
+        heads=4,
+        mlp_ratio=3.0,
+        max_words=10,
+        text_ada=True,
+        refine=0,
+    )
     return DiTConfig(**{**base, **kw})
 
 
 class LatentDiTPolicy(DiTPolicy):
     """Policy adapter for the latent shapes model: the DiT is trained, the autoencoder stays frozen."""
 
-    def __init__(self, cfg: DiTConfig, net: TinyDiT, ae: ShapesAE, name: str = "tiny-shapes", source: str = "",
-                 guidance: float = 1.0):
+    def __init__(
+        self,
+        cfg: DiTConfig,
+        net: TinyDiT,
+        ae: ShapesAE,
+        name: str = "tiny-shapes",
+        source: str = "",
+        guidance: float = 1.0,
+    ):
         super().__init__(cfg, net, name, source, guidance)
         self.ae = ae.requires_grad_(False).eval()
         self.latent_shape = ae.latent_shape
@@ -110,9 +130,15 @@ class LatentDiTPolicy(DiTPolicy):
         with torch.no_grad():
             return self.ae.encode(images)
 
-    def reference(self) -> "LatentDiTPolicy":
-        return LatentDiTPolicy(self.cfg, copy.deepcopy(self.net).requires_grad_(False), self.ae,
-                               f"{self.name}-reference", self.source, self.guidance)
+    def reference(self) -> LatentDiTPolicy:
+        return LatentDiTPolicy(
+            self.cfg,
+            copy.deepcopy(self.net).requires_grad_(False),
+            self.ae,
+            f"{self.name}-reference",
+            self.source,
+            self.guidance,
+        )
 
     def describe(self) -> dict:
         out = super().describe()

@@ -24,12 +24,12 @@ from .base import Conditions, PixelNetPolicy
 class PixelConfig:
     image_size: int = 32
     channels: int = 3
-    width: int = 16          # conv channels
-    blocks: int = 2          # residual blocks
-    buckets: int = 512       # hashed word vocabulary (bucket 0 is padding)
+    width: int = 16  # conv channels
+    blocks: int = 2  # residual blocks
+    buckets: int = 512  # hashed word vocabulary (bucket 0 is padding)
     text_dim: int = 64
     max_words: int = 16
-    seed: int = 0            # weight init seed
+    seed: int = 0  # weight init seed
 
 
 def tokenize(prompts: list[str], buckets: int, max_words: int) -> tuple[Tensor, Tensor]:
@@ -89,6 +89,8 @@ class PixelFlowNet(nn.Module):
 class PixelPolicy(PixelNetPolicy):
     """Policy adapter: pixel latents in [-1, 1], hashed-word conditions."""
 
+    net: PixelFlowNet
+
     def __init__(self, cfg: PixelConfig = PixelConfig(), name: str = "pixel", net: PixelFlowNet | None = None):
         self.cfg, self.name = cfg, name
         if net is None:
@@ -105,6 +107,6 @@ class PixelPolicy(PixelNetPolicy):
     def describe(self) -> dict:
         return {"name": self.name, "adapter": "pixel", "config": asdict(self.cfg)}
 
-    def reference(self) -> "PixelPolicy":
+    def reference(self) -> PixelPolicy:
         net = copy.deepcopy(self.net).requires_grad_(False)
         return PixelPolicy(self.cfg, name=f"{self.name}-reference", net=net)

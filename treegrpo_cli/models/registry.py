@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.util
-
-import difflib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -15,12 +15,15 @@ from . import hub
 from .base import Policy, PolicyConfig
 from .pixel import PixelConfig, PixelPolicy
 
+if TYPE_CHECKING:
+    from .diffusers_base import DiffusersPolicy
+
 TINY_SHAPES = Path(__file__).resolve().parents[1] / "data" / "tiny-shapes.safetensors"
-TINY_SHAPES_SHA256 = "78fd3c79300d4463254af762d29a62717fad97c63b70c2016d2217f502972b90"   # verified at every load
+TINY_SHAPES_SHA256 = "78fd3c79300d4463254af762d29a62717fad97c63b70c2016d2217f502972b90"  # verified at every load
 
 MODELS = {
     "tiny-shapes": "the embedded shapes world's model: a 1.7M-parameter DiT on the 8x8x4 latents of a small "
-                   "autoencoder (weights built by scripts/pretrain_shapes.py); the default",
+    "autoencoder (weights built by scripts/pretrain_shapes.py); the default",
     "pixel": "a small pixel-space flow network with seeded random weights (engine tests and benchmarks)",
     "pixel-tiny": "the same network at 8x8 pixels and 8 channels (smoke tests)",
 }
@@ -36,9 +39,16 @@ MODEL_DEFAULTS: dict[str, dict[str, object]] = {
     "pixel-tiny": {"train.lr": 3e-4, "train.clip_range": 1e-2, "rollout.num_prompts": 2, "train.iterations": 2},
     # the embedded world: its own prompts, verifiable reward and test list, and a step size and budget for
     # a 1.7M-parameter latent DiT that keep `treegrpo train` (tree-grpo preset) within 15 minutes on 2 CPU cores
-    "tiny-shapes": {"reward.names": ["shapes"], "rollout.prompts": "shapes-train", "rollout.eval_prompts": "shapes-test",
-                    "train.lr": 1e-4, "train.clip_range": 1e-2, "rollout.num_prompts": 16, "train.iterations": 200,
-                    "train.eval_samples": 4},
+    "tiny-shapes": {
+        "reward.names": ["shapes"],
+        "rollout.prompts": "shapes-train",
+        "rollout.eval_prompts": "shapes-test",
+        "train.lr": 1e-4,
+        "train.clip_range": 1e-2,
+        "rollout.num_prompts": 16,
+        "train.iterations": 200,
+        "train.eval_samples": 4,
+    },
 }
 
 
@@ -48,8 +58,9 @@ def model_defaults(name: str) -> dict[str, object]:
     return hub.adapter_defaults(name)  # diffusers models (FLUX, SD3, SD): models/hub.py
 
 
-def load_policy(name: str, device: str | torch.device = "cpu", opts: PolicyConfig | None = None,
-                text_encoders: bool = True) -> Policy:
+def load_policy(
+    name: str, device: str | torch.device = "cpu", opts: PolicyConfig | None = None, text_encoders: bool = True
+) -> Policy:
     """The policy of --model. `opts` (the [policy] section) and `text_encoders` (False: skip loading
     them, e.g. for export) concern the diffusers models only."""
     if name in _PIXEL:
@@ -76,32 +87,52 @@ def _load_diffusers(name: str, device: str | torch.device, opts: PolicyConfig, t
     from .diffusers_base import load_pipeline, quiet_diffusers, torch_dtype
 
     quiet_diffusers()  # the torchvision guard first: transformers imports it
+    pipeline_cls: type  # a diffusers pipeline class
+    adapter: type[DiffusersPolicy]
     if kind == "flux":
-        from diffusers import FluxPipeline as pipeline_cls
-        from .flux import FluxPolicy as adapter
+        from diffusers import FluxPipeline
+
+        from .flux import FluxPolicy
+
+        pipeline_cls, adapter = FluxPipeline, FluxPolicy
     elif kind == "sd3":
-        from diffusers import StableDiffusion3Pipeline as pipeline_cls
-        from .sd3 import SD3Policy as adapter
+        from diffusers import StableDiffusion3Pipeline
+
+        from .sd3 import SD3Policy
+
+        pipeline_cls, adapter = StableDiffusion3Pipeline, SD3Policy
     else:
-        from diffusers import StableDiffusionPipeline as pipeline_cls
-        from .sd import SDPolicy as adapter
+        from diffusers import StableDiffusionPipeline
+
+        from .sd import SDPolicy
+
+        pipeline_cls, adapter = StableDiffusionPipeline, SDPolicy
     pipe = load_pipeline(folder, pipeline_cls, torch_dtype(opts.dtype, device), text_encoders)
     shown = name if name in hub.KNOWN or not Path(name).expanduser().is_dir() else Path(name).expanduser().name
     return adapter(pipe, opts, name=shown, source=str(folder), device=device)
 
 
 def _load_dit(name: str, device: str | torch.device) -> Policy:
-    from ..world.pretrain import load_weights
     from .latent import LatentDiTPolicy
+    from .latent_file import load_weights
 
     path = TINY_SHAPES if name == "tiny-shapes" else Path(name)
     if not path.is_file():
-        how = ("reinstall treegrpo, or rebuild them with `python scripts/pretrain_shapes.py`" if name == "tiny-shapes"
-               else "pass --model with a file written by scripts/pretrain_shapes.py")
+        how = (
+            "reinstall treegrpo, or rebuild them with `python scripts/pretrain_shapes.py`"
+            if name == "tiny-shapes"
+            else "pass --model with a file written by scripts/pretrain_shapes.py"
+        )
         raise TreegrpoError(f"model weights not found: {path}; {how}")
     net, ae, meta = load_weights(path, TINY_SHAPES_SHA256 if name == "tiny-shapes" else None)
-    return LatentDiTPolicy(net.cfg, net.to(device), ae.to(device), name="tiny-shapes" if name == "tiny-shapes" else path.stem,
-                           source=str(path), guidance=meta.get("guidance", 1.0))
+    return LatentDiTPolicy(
+        net.cfg,
+        net.to(device),
+        ae.to(device),
+        name="tiny-shapes" if name == "tiny-shapes" else path.stem,
+        source=str(path),
+        guidance=meta.get("guidance", 1.0),
+    )
 
 
 def require_extra(modules: tuple[str, ...], extra: str, what: str) -> None:
@@ -109,14 +140,18 @@ def require_extra(modules: tuple[str, ...], extra: str, what: str) -> None:
     of one that is installed but does not import."""
     from ..compat import ensure_torchvision
 
-    ensure_torchvision()            # transformers and peft import torchvision; the CPU stack needs the shim first
+    ensure_torchvision()  # transformers and peft import torchvision; the CPU stack needs the shim first
     missing = [m for m in modules if importlib.util.find_spec(m) is None]
     if missing:
-        raise TreegrpoError(f"{what} needs {', '.join(missing)}, not installed here: "
-                            f"pip install 'treegrpo[{extra}]' (or pip install {' '.join(missing)})")
+        raise TreegrpoError(
+            f"{what} needs {', '.join(missing)}, not installed here: "
+            f"pip install 'treegrpo[{extra}]' (or pip install {' '.join(missing)})"
+        )
     for m in modules:
         try:
             importlib.import_module(m)
         except ImportError as e:
-            raise TreegrpoError(f"{what} needs {m}, which is installed but does not import: "
-                                f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+            raise TreegrpoError(
+                f"{what} needs {m}, which is installed but does not import: "
+                f"{str(e).splitlines()[0] if str(e) else type(e).__name__}"
+            ) from None

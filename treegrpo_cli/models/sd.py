@@ -14,8 +14,10 @@ case, trained as DDPO does (Black et al. 2023, arXiv 2305.13301).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from ..engine.sde import DDIMKernel, SamplerConfig
 from .base import Conditions
@@ -50,17 +52,25 @@ class SDPolicy(DiffusersPolicy):
         ddim = DDIMScheduler.from_config(self.pipe.scheduler.config)
         ddim.set_timesteps(cfg.steps)
         clip = float(ddim.config.clip_sample_range) if ddim.config.clip_sample else None
-        return DDIMKernel(cfg, ddim.alphas_cumprod, ddim.timesteps, self.num_train_timesteps,
-                          float(ddim.final_alpha_cumprod), self.opts.ddim_eta, ddim.config.prediction_type, clip)
+        return DDIMKernel(
+            cfg,
+            ddim.alphas_cumprod,
+            ddim.timesteps,
+            self.num_train_timesteps,
+            float(ddim.final_alpha_cumprod),
+            self.opts.ddim_eta,
+            ddim.config.prediction_type,
+            clip,
+        )
 
     def _encode_text(self, prompts: list[str]) -> dict[str, Tensor]:
         embeds, _ = self.pipe.encode_prompt(prompts, self.device, 1, False)
-        return {"prompt_embeds": embeds}                                          # [n, 77, 768]
+        return {"prompt_embeds": embeds}  # [n, 77, 768]
 
-    def model_output(self, net: nn.Module, x: Tensor, sigma: Tensor, cond: Conditions) -> Tensor:
+    def model_output(self, net: Any, x: Tensor, sigma: Tensor, cond: Conditions) -> Tensor:
         """x [B, C, h, w] fp32, sigma [B] = t/1000 -> guided noise prediction [B, C, h, w] fp32."""
         B, dt = x.shape[0], self.dtype
-        t = (sigma.double() * self.num_train_timesteps).round().long()                 # [B]
+        t = (sigma.double() * self.num_train_timesteps).round().long()  # [B]
         emb = cond["prompt_embeds"]
         if self.guidance == 1.0:
             return net(x.to(dt), t, encoder_hidden_states=emb.to(dt), return_dict=False)[0].float()
@@ -75,7 +85,7 @@ class SDPolicy(DiffusersPolicy):
     def _lora_layers(self, peft_state: dict[str, Tensor]) -> dict[str, Tensor]:
         from diffusers.utils import convert_state_dict_to_diffusers
 
-        return convert_state_dict_to_diffusers(peft_state)   # as diffusers' train_text_to_image_lora.py
+        return convert_state_dict_to_diffusers(peft_state)  # as diffusers' train_text_to_image_lora.py
 
     def describe(self) -> dict:
         return {**super().describe(), "kernel": "ddim", "ddim_eta": self.opts.ddim_eta}

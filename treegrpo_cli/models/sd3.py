@@ -17,15 +17,29 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from .base import Conditions
 from .diffusers_base import DiffusersPolicy, LoraDefaults
 
 # flow_grpo scripts/train_sd3.py: r 32, alpha 64, Gaussian init, the joint attention projections
-SD3_LORA = LoraDefaults(32, 64.0, ("attn.add_k_proj", "attn.add_q_proj", "attn.add_v_proj", "attn.to_add_out",
-                                   "attn.to_k", "attn.to_out.0", "attn.to_q", "attn.to_v"))
+SD3_LORA = LoraDefaults(
+    32,
+    64.0,
+    (
+        "attn.add_k_proj",
+        "attn.add_q_proj",
+        "attn.add_v_proj",
+        "attn.to_add_out",
+        "attn.to_k",
+        "attn.to_out.0",
+        "attn.to_q",
+        "attn.to_v",
+    ),
+)
 
 
 class SD3Policy(DiffusersPolicy):
@@ -46,23 +60,37 @@ class SD3Policy(DiffusersPolicy):
         return self.opts.max_sequence_length or 256
 
     def _encode_text(self, prompts: list[str]) -> dict[str, Tensor]:
-        embeds, _, pooled, _ = self.pipe.encode_prompt(prompt=prompts, prompt_2=None, prompt_3=None,
-                                                       device=self.device, do_classifier_free_guidance=False,
-                                                       max_sequence_length=self.max_sequence_length())
-        return {"prompt_embeds": embeds, "pooled": pooled}         # [n, 77 + L, 4096], [n, 2048]
+        embeds, _, pooled, _ = self.pipe.encode_prompt(
+            prompt=prompts,
+            prompt_2=None,
+            prompt_3=None,
+            device=self.device,
+            do_classifier_free_guidance=False,
+            max_sequence_length=self.max_sequence_length(),
+        )
+        return {"prompt_embeds": embeds, "pooled": pooled}  # [n, 77 + L, 4096], [n, 2048]
 
-    def model_output(self, net: nn.Module, x: Tensor, sigma: Tensor, cond: Conditions) -> Tensor:
+    def model_output(self, net: Any, x: Tensor, sigma: Tensor, cond: Conditions) -> Tensor:
         """x [B, C, h, w] fp32, sigma [B] -> guided velocity [B, C, h, w] fp32."""
         B, dt = x.shape[0], self.dtype
         emb, pooled = cond["prompt_embeds"], cond["pooled"]
         if self.guidance == 1.0:
-            return net(hidden_states=x.to(dt), timestep=sigma.float() * 1000, encoder_hidden_states=emb.to(dt),
-                       pooled_projections=pooled.to(dt), return_dict=False)[0].float()
+            return net(
+                hidden_states=x.to(dt),
+                timestep=sigma.float() * 1000,
+                encoder_hidden_states=emb.to(dt),
+                pooled_projections=pooled.to(dt),
+                return_dict=False,
+            )[0].float()
         neg = self.negative(B)
-        out = net(hidden_states=torch.cat([x, x]).to(dt), timestep=torch.cat([sigma, sigma]).float() * 1000,
-                  encoder_hidden_states=torch.cat([emb, neg["prompt_embeds"]]).to(dt),
-                  pooled_projections=torch.cat([pooled, neg["pooled"]]).to(dt), return_dict=False)[0]
-        v_c, v_u = out.float().chunk(2)                                            # [B, C, h, w] each
+        out = net(
+            hidden_states=torch.cat([x, x]).to(dt),
+            timestep=torch.cat([sigma, sigma]).float() * 1000,
+            encoder_hidden_states=torch.cat([emb, neg["prompt_embeds"]]).to(dt),
+            pooled_projections=torch.cat([pooled, neg["pooled"]]).to(dt),
+            return_dict=False,
+        )[0]
+        v_c, v_u = out.float().chunk(2)  # [B, C, h, w] each
         return self.guide(v_c, v_u)
 
     def _vae_in(self, latents: Tensor) -> Tensor:

@@ -26,8 +26,12 @@ from .vision import MLPHead, ModelReward, as_bool, as_int, build_open_clip
 from .weights import CACHE, Needed, load_state_dict, load_strict, resolve
 
 HEAD_FILE = "sac+logos+ava1-l14-linearMSE.pth"
-HEAD = Needed("LAION aesthetic head", "aesthetic.head", ("TREEGRPO_AESTHETIC_HEAD",),
-              places=(CACHE / HEAD_FILE, Path.home() / ".cache" / "ImageReward" / HEAD_FILE))
+HEAD = Needed(
+    "LAION aesthetic head",
+    "aesthetic.head",
+    ("TREEGRPO_AESTHETIC_HEAD",),
+    places=(CACHE / HEAD_FILE, Path.home() / ".cache" / "ImageReward" / HEAD_FILE),
+)
 
 
 class AestheticScore(ModelReward):
@@ -35,23 +39,37 @@ class AestheticScore(ModelReward):
 
     name = "aesthetic"
 
-    def __init__(self, device: torch.device, dtype: torch.dtype, head: str | None = None, clip: str | None = None,
-                 arch: str = "ViT-L-14", quick_gelu: str | bool = True, batch_size: int | str = 32):
+    def __init__(
+        self,
+        device: torch.device,
+        dtype: torch.dtype,
+        head: str | None = None,
+        clip: str | None = None,
+        arch: str = "ViT-L-14",
+        quick_gelu: str | bool = True,
+        batch_size: int | str = 32,
+    ):
         super().__init__(device, dtype, as_int(batch_size, "aesthetic.batch_size"))
         backbone = checkpoint_file(arch, "aesthetic.clip", ("TREEGRPO_AESTHETIC_CLIP",))
         head_path, clip_path = resolve("aesthetic", [(HEAD, head), (backbone, clip)])
-        self.clip = build_open_clip("aesthetic", arch, clip_path, as_bool(quick_gelu, "aesthetic.quick_gelu"),
-                                    self.device, dtype)
-        dim = int(self.clip.model.visual.output_dim)                          # 768 for ViT-L-14
+        self.clip = build_open_clip(
+            "aesthetic", arch, clip_path, as_bool(quick_gelu, "aesthetic.quick_gelu"), self.device, dtype
+        )
+        dim = int(self.clip.model.visual.output_dim)  # 768 for ViT-L-14
         self.head = MLPHead(dim)
         load_strict(self.head, load_state_dict(head_path), head_path, f"aesthetic MLP head for {dim}-d embeddings")
         self.head = self.head.eval().to(self.device, dtype)
         self.source = f"{head_path} + {clip_path}"
 
     def score(self, images: Tensor, prompts: list[str]) -> Tensor:
-        emb = self.clip.image_features(images, self.dtype)                 # [b, D], unit norm
-        return self.head(emb.to(self.dtype)).squeeze(-1)                   # [b]
+        emb = self.clip.image_features(images, self.dtype)  # [b, D], unit norm
+        return self.head(emb.to(self.dtype)).squeeze(-1)  # [b]
 
 
-register("aesthetic", AestheticScore, options=("head", "clip", "arch", "quick_gelu", "batch_size"), on_device=True,
-         summary="LAION aesthetic predictor v2 on CLIP ViT-L/14 (1-10 scale, ~5-7)")
+register(
+    "aesthetic",
+    AestheticScore,
+    options=("head", "clip", "arch", "quick_gelu", "batch_size"),
+    on_device=True,
+    summary="LAION aesthetic predictor v2 on CLIP ViT-L/14 (1-10 scale, ~5-7)",
+)

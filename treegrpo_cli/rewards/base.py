@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import difflib
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -37,21 +38,34 @@ class Reward(Protocol):
 @dataclass(frozen=True)
 class RewardSpec:
     """How to build one named reward."""
+
     name: str
     factory: Callable[..., Reward]
-    options: tuple[str, ...] = ()   # keyword options the factory takes (besides device and dtype)
-    on_device: bool = False         # the factory takes device= and dtype= (a model reward)
+    options: tuple[str, ...] = ()  # keyword options the factory takes (besides device and dtype)
+    on_device: bool = False  # the factory takes device= and dtype= (a model reward)
     summary: str = ""
 
 
 _REGISTRY: dict[str, RewardSpec] = {}
-BUILTINS = ("jpeg", "shapes", "hps", "pick", "imagereward", "clip", "aesthetic")   # modules under rewards/
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-          "float16": torch.float16, "fp16": torch.float16}
+BUILTINS = ("jpeg", "shapes", "hps", "pick", "imagereward", "clip", "aesthetic")  # modules under rewards/
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
 
 
-def register(name: str, factory: Callable[..., Reward], *, options: tuple[str, ...] = (), on_device: bool = False,
-             summary: str = "") -> None:
+def register(
+    name: str,
+    factory: Callable[..., Reward],
+    *,
+    options: tuple[str, ...] = (),
+    on_device: bool = False,
+    summary: str = "",
+) -> None:
     _REGISTRY[name] = RewardSpec(name, factory, tuple(options), on_device, summary)
 
 
@@ -78,8 +92,9 @@ def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
     return DTYPES[dtype]
 
 
-def get_reward(name: str, device: str | torch.device | None = None, dtype: str | torch.dtype | None = None,
-               **options: Any) -> Reward:
+def get_reward(
+    name: str, device: str | torch.device | None = None, dtype: str | torch.dtype | None = None, **options: Any
+) -> Reward:
     """Build the reward `name`; model rewards go to `device` in `dtype` (default cpu, float32).
 
     Options are the factory's own (see RewardSpec.options); an unknown one is a ConfigError.
@@ -126,19 +141,32 @@ def parse_rewards(names: str, weights: str | None = None) -> dict[str, float]:
         raise ConfigError(f"--weights must be numbers separated by commas, got {weights!r}") from None
     if len(w) != len(keys):
         raise ConfigError(f"{len(keys)} rewards but {len(w)} weights")
-    return dict(zip(keys, w))
+    return dict(zip(keys, w, strict=True))
 
 
-def score_leaves(rewards: dict[str, Reward], images: Tensor, prompts: list[str], batch: int = 64,
-                 progress: Callable[[str, int, int], None] | None = None) -> dict[str, Tensor]:
+def weighted_sum(scores: dict[str, Tensor], weights: dict[str, float]) -> Tensor:
+    """The sum over the weights of w * scores[name], in the weights' order (Python's sum, bit for bit)."""
+    total = sum(w * scores[n] for n, w in weights.items())
+    if not isinstance(total, Tensor):
+        raise ConfigError("at least one reward weight is needed")
+    return total
+
+
+def score_leaves(
+    rewards: dict[str, Reward],
+    images: Tensor,
+    prompts: list[str],
+    batch: int = 64,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> dict[str, Tensor]:
     """{name: [L] float32} for images [L, 3, H, W] (float in [0, 1] or uint8), scored in batches."""
     out = {}
     for name, fn in rewards.items():
         vals = []
         for a in range(0, len(prompts), batch):
-            x = images[a:a + batch]
+            x = images[a : a + batch]
             x = x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
-            vals.append(fn(x, prompts[a:a + batch]).float().cpu())
+            vals.append(fn(x, prompts[a : a + batch]).float().cpu())
             if progress:
                 progress(f"score {name}", min(a + batch, len(prompts)), len(prompts))
         out[name] = torch.cat(vals) if vals else torch.zeros(0)

@@ -28,22 +28,35 @@ from torch import Tensor, nn
 from ..errors import TreegrpoError
 from .vision import MLPHead
 
-MEAN, STD = 0.16717362830052426, 1.0333394966054072   # the official release's reward normalisation
-EMBED_DIM = 256                                        # BLIP's contrastive projection width
+MEAN, STD = 0.16717362830052426, 1.0333394966054072  # the official release's reward normalisation
+EMBED_DIM = 256  # BLIP's contrastive projection width
 
 # med_config.json of THUDM/ImageReward (BERT-base with cross-attention; 30522 + [DEC], [ENC] tokens)
 OFFICIAL_MED_CONFIG = {
-    "architectures": ["BertModel"], "attention_probs_dropout_prob": 0.1, "hidden_act": "gelu",
-    "hidden_dropout_prob": 0.1, "hidden_size": 768, "initializer_range": 0.02, "intermediate_size": 3072,
-    "layer_norm_eps": 1e-12, "max_position_embeddings": 512, "model_type": "bert", "num_attention_heads": 12,
-    "num_hidden_layers": 12, "pad_token_id": 0, "type_vocab_size": 2, "vocab_size": 30524,
-    "encoder_width": 768, "add_cross_attention": True,
+    "architectures": ["BertModel"],
+    "attention_probs_dropout_prob": 0.1,
+    "hidden_act": "gelu",
+    "hidden_dropout_prob": 0.1,
+    "hidden_size": 768,
+    "initializer_range": 0.02,
+    "intermediate_size": 3072,
+    "layer_norm_eps": 1e-12,
+    "max_position_embeddings": 512,
+    "model_type": "bert",
+    "num_attention_heads": 12,
+    "num_hidden_layers": 12,
+    "pad_token_id": 0,
+    "type_vocab_size": 2,
+    "vocab_size": 30524,
+    "encoder_width": 768,
+    "add_cross_attention": True,
 }
 
 
 @dataclass(frozen=True)
 class VisionConfig:
     """BLIP's ViT; the defaults are ViT-L/16 at 224 px (vit='large')."""
+
     image_size: int = 224
     patch_size: int = 16
     width: int = 1024
@@ -55,6 +68,7 @@ class VisionConfig:
 @dataclass(frozen=True)
 class TextConfig:
     """The med_config.json fields the text encoder uses (encoder_width is set to the vision width)."""
+
     vocab_size: int = 30524
     hidden_size: int = 768
     num_hidden_layers: int = 12
@@ -67,14 +81,14 @@ class TextConfig:
     encoder_width: int = 1024
 
     @classmethod
-    def from_dict(cls, d: dict, encoder_width: int) -> "TextConfig":
+    def from_dict(cls, d: dict, encoder_width: int) -> TextConfig:
         names = {f.name for f in fields(cls)} - {"encoder_width"}
         if d.get("hidden_act", "gelu") != "gelu" or not d.get("add_cross_attention", True):
             raise TreegrpoError("med config: expected hidden_act 'gelu' and add_cross_attention true")
         return cls(**{k: v for k, v in d.items() if k in names}, encoder_width=encoder_width)
 
     @classmethod
-    def from_json(cls, path: Path, encoder_width: int) -> "TextConfig":
+    def from_json(cls, path: Path, encoder_width: int) -> TextConfig:
         try:
             d = json.loads(Path(path).read_text())
         except (OSError, ValueError) as e:
@@ -85,12 +99,16 @@ class TextConfig:
 def _attend(q: Tensor, k: Tensor, v: Tensor, heads: int, mask: Tensor | None = None) -> Tensor:
     """q [B, Lq, D], k/v [B, Lk, D], additive mask [B, 1, 1, Lk] -> [B, Lq, D]."""
     b, lq, d = q.shape
-    split = lambda t: t.view(b, t.shape[1], heads, d // heads).transpose(1, 2)   # [B, h, L, d/h]
+
+    def split(t: Tensor) -> Tensor:
+        return t.view(b, t.shape[1], heads, d // heads).transpose(1, 2)  # [B, h, L, d/h]
+
     out = F.scaled_dot_product_attention(split(q), split(k), split(v), attn_mask=mask)
     return out.transpose(1, 2).reshape(b, lq, d)
 
 
 # --- the vision transformer ------------------------------------------------------------------
+
 
 class PatchEmbed(nn.Module):
     def __init__(self, cfg: VisionConfig):
@@ -98,7 +116,7 @@ class PatchEmbed(nn.Module):
         self.proj = nn.Conv2d(3, cfg.width, cfg.patch_size, stride=cfg.patch_size)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.proj(x).flatten(2).transpose(1, 2)          # [B, 3, H, W] -> [B, N, D]
+        return self.proj(x).flatten(2).transpose(1, 2)  # [B, 3, H, W] -> [B, N, D]
 
 
 class ViTAttention(nn.Module):
@@ -109,7 +127,7 @@ class ViTAttention(nn.Module):
         self.proj = nn.Linear(cfg.width, cfg.width)
 
     def forward(self, x: Tensor) -> Tensor:
-        q, k, v = self.qkv(x).chunk(3, dim=-1)                   # [B, N, D] each
+        q, k, v = self.qkv(x).chunk(3, dim=-1)  # [B, N, D] each
         return self.proj(_attend(q, k, v, self.heads))
 
 
@@ -148,7 +166,7 @@ class VisionTransformer(nn.Module):
         """x [B, 3, S, S] normalised -> tokens [B, 1 + (S/patch)^2, width]."""
         x = self.patch_embed(x)
         x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
-        x = x + self.pos_embed[:, :x.shape[1]]
+        x = x + self.pos_embed[:, : x.shape[1]]
         for blk in self.blocks:
             x = blk(x)
         return self.norm(x)
@@ -156,7 +174,10 @@ class VisionTransformer(nn.Module):
 
 # --- the BERT "med" text encoder -------------------------------------------------------------
 
+
 class BertEmbeddings(nn.Module):
+    position_ids: Tensor  # [1, max positions] buffer
+
     def __init__(self, cfg: TextConfig):
         super().__init__()
         self.word_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size, padding_idx=cfg.pad_token_id)
@@ -165,8 +186,8 @@ class BertEmbeddings(nn.Module):
         self.register_buffer("position_ids", torch.arange(cfg.max_position_embeddings).expand((1, -1)))
 
     def forward(self, ids: Tensor) -> Tensor:
-        pos = self.position_ids[:, :ids.shape[1]]
-        return self.LayerNorm(self.word_embeddings(ids) + self.position_embeddings(pos))   # [B, L, H]
+        pos = self.position_ids[:, : ids.shape[1]]
+        return self.LayerNorm(self.word_embeddings(ids) + self.position_embeddings(pos))  # [B, L, H]
 
 
 class BertSelfAttention(nn.Module):
@@ -238,9 +259,9 @@ class BertModel(nn.Module):
     def forward(self, ids: Tensor, attention_mask: Tensor, image: Tensor) -> Tensor:
         """ids, attention_mask [B, L]; image tokens [B, N, encoder_width] -> hidden states [B, L, H]."""
         x = self.embeddings(ids)
-        mask = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * -10000.0     # [B, 1, 1, L]
+        mask = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * -10000.0  # [B, 1, 1, L]
         for layer in self.encoder.layer:
-            x = layer(x, mask, image, None)       # every image token is attended (an all-ones mask adds 0)
+            x = layer(x, mask, image, None)  # every image token is attended (an all-ones mask adds 0)
         return x
 
 
@@ -264,8 +285,8 @@ class ImageRewardNet(nn.Module):
 
     def forward(self, pixels: Tensor, ids: Tensor, attention_mask: Tensor) -> Tensor:
         """pixels [B, 3, S, S] normalised, ids/attention_mask [B, L] -> normalised rewards [B] float32."""
-        image = self.blip.visual_encoder(pixels)                                    # [B, N, width]
-        h = self.blip.text_encoder(ids, attention_mask, image)                      # [B, L, hidden]
+        image = self.blip.visual_encoder(pixels)  # [B, N, width]
+        h = self.blip.text_encoder(ids, attention_mask, image)  # [B, L, hidden]
         raw = self.mlp(h[:, 0].to(self.mlp.layers[0].weight.dtype)).squeeze(-1).float()
         return (raw - MEAN) / STD
 
@@ -273,12 +294,11 @@ class ImageRewardNet(nn.Module):
 def vision_config_of(sd: dict[str, Tensor]) -> VisionConfig:
     """BLIP's ViT geometry from a state dict's shapes (heads: width / 64, as ViT-B and ViT-L have)."""
     try:
-        w = sd["blip.visual_encoder.patch_embed.proj.weight"]                      # [width, 3, p, p]
-        n = sd["blip.visual_encoder.pos_embed"].shape[1] - 1                         # patches
-        fc1 = sd["blip.visual_encoder.blocks.0.mlp.fc1.weight"]                      # [hidden, width]
+        w = sd["blip.visual_encoder.patch_embed.proj.weight"]  # [width, 3, p, p]
+        n = sd["blip.visual_encoder.pos_embed"].shape[1] - 1  # patches
+        fc1 = sd["blip.visual_encoder.blocks.0.mlp.fc1.weight"]  # [hidden, width]
     except KeyError as e:
         raise TreegrpoError(f"not an ImageReward state dict (no {e.args[0]})") from None
     depth = len({k.split(".")[3] for k in sd if k.startswith("blip.visual_encoder.blocks.")})
     width, patch = int(w.shape[0]), int(w.shape[-1])
-    return VisionConfig(int(round(n ** 0.5)) * patch, patch, width, depth, max(1, width // 64),
-                        fc1.shape[0] / width)
+    return VisionConfig(int(round(n**0.5)) * patch, patch, width, depth, max(1, width // 64), fc1.shape[0] / width)

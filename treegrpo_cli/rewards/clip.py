@@ -47,9 +47,16 @@ class CLIPScore(ModelReward):
 
     name = "clip"
 
-    def __init__(self, device: torch.device, dtype: torch.dtype, checkpoint: str | None = None,
-                 arch: str = "ViT-B-32", quick_gelu: str | bool | None = None, form: str = "cosine",
-                 batch_size: int | str = 32):
+    def __init__(
+        self,
+        device: torch.device,
+        dtype: torch.dtype,
+        checkpoint: str | None = None,
+        arch: str = "ViT-B-32",
+        quick_gelu: str | bool | None = None,
+        form: str = "cosine",
+        batch_size: int | str = 32,
+    ):
         super().__init__(device, dtype, as_int(batch_size, "clip.batch_size"))
         self.form = as_choice(form, "clip.form", ("cosine", "clipscore"))
         env = ("TREEGRPO_CLIP_CHECKPOINT",) + (("TREEGRPO_CLIP",) if arch == "ViT-B-32" else ())
@@ -60,8 +67,13 @@ class CLIPScore(ModelReward):
 
     def score(self, images: Tensor, prompts: list[str]) -> Tensor:
         cos = (self.clip.image_features(images, self.dtype) * self.clip.text_features(prompts, self.device)).sum(-1)
-        return 2.5 * cos.clamp(min=0) if self.form == "clipscore" else cos   # [b]
+        return 2.5 * cos.clamp(min=0) if self.form == "clipscore" else cos  # [b]
 
 
-register("clip", CLIPScore, options=("checkpoint", "arch", "quick_gelu", "form", "batch_size"), on_device=True,
-         summary="CLIP score (open_clip, ViT-B-32 by default): image-text cosine")
+register(
+    "clip",
+    CLIPScore,
+    options=("checkpoint", "arch", "quick_gelu", "form", "batch_size"),
+    on_device=True,
+    summary="CLIP score (open_clip, ViT-B-32 by default): image-text cosine",
+)

@@ -26,8 +26,13 @@ FILES = {"v2.1": "HPS_v2.1_compressed.pt", "v2.0": "HPS_v2_compressed.pt"}
 
 def checkpoint_file(version: str) -> Needed:
     name = FILES[version]
-    return Needed(f"HPS {version} checkpoint", "hps.checkpoint", ("TREEGRPO_HPS_CHECKPOINT",),
-                  hub=(("xswu/HPSv2", name),), places=(CACHE / name,))
+    return Needed(
+        f"HPS {version} checkpoint",
+        "hps.checkpoint",
+        ("TREEGRPO_HPS_CHECKPOINT",),
+        hub=(("xswu/HPSv2", name),),
+        places=(CACHE / name,),
+    )
 
 
 class HPSReward(ModelReward):
@@ -35,8 +40,15 @@ class HPSReward(ModelReward):
 
     name = "hps"
 
-    def __init__(self, device: torch.device, dtype: torch.dtype, checkpoint: str | None = None,
-                 version: str = "v2.1", arch: str = "ViT-H-14", batch_size: int | str = 16):
+    def __init__(
+        self,
+        device: torch.device,
+        dtype: torch.dtype,
+        checkpoint: str | None = None,
+        version: str = "v2.1",
+        arch: str = "ViT-H-14",
+        batch_size: int | str = 16,
+    ):
         super().__init__(device, dtype, as_int(batch_size, "hps.batch_size"))
         self.version = as_choice(version, "hps.version", tuple(FILES))
         (path,) = resolve("hps", [(checkpoint_file(self.version), checkpoint)])
@@ -44,10 +56,15 @@ class HPSReward(ModelReward):
         self.source = str(path)
 
     def score(self, images: Tensor, prompts: list[str]) -> Tensor:
-        img = self.clip.image_features(images, self.dtype)                  # [b, D]
-        txt = self.clip.text_features(prompts, self.device)                 # [b, D]
-        return (img * txt).sum(-1)                                          # [b] cosine
+        img = self.clip.image_features(images, self.dtype)  # [b, D]
+        txt = self.clip.text_features(prompts, self.device)  # [b, D]
+        return (img * txt).sum(-1)  # [b] cosine
 
 
-register("hps", HPSReward, options=("checkpoint", "version", "arch", "batch_size"), on_device=True,
-         summary="HPS v2.1 human preference (open_clip ViT-H-14), cosine ~0.25-0.40")
+register(
+    "hps",
+    HPSReward,
+    options=("checkpoint", "version", "arch", "batch_size"),
+    on_device=True,
+    summary="HPS v2.1 human preference (open_clip ViT-H-14), cosine ~0.25-0.40",
+)

@@ -37,23 +37,38 @@ RELEASE_CACHE = Path.home() / ".cache" / "ImageReward"
 MAX_TOKENS = 35
 POSITION_IDS = "blip.text_encoder.embeddings.position_ids"
 
-CHECKPOINT = Needed("ImageReward checkpoint", "imagereward.checkpoint", ("TREEGRPO_IMAGEREWARD_CHECKPOINT",),
-                    hub=(("THUDM/ImageReward", "ImageReward.pt"),),
-                    places=(CACHE / "ImageReward.pt", RELEASE_CACHE / "ImageReward.pt"))
-MED_CONFIG = Needed("med_config.json", "imagereward.med_config", ("TREEGRPO_IMAGEREWARD_MED_CONFIG",),
-                    hub=(("THUDM/ImageReward", "med_config.json"),),
-                    places=(CACHE / "med_config.json", RELEASE_CACHE / "med_config.json"))
-TOKENIZER = Needed("bert-base-uncased tokenizer folder", "imagereward.tokenizer", ("TREEGRPO_BERT_TOKENIZER",),
-                   hub=(("google-bert/bert-base-uncased", ""), ("bert-base-uncased", "")),
-                   needs=("vocab.txt", "tokenizer.json"))
+CHECKPOINT = Needed(
+    "ImageReward checkpoint",
+    "imagereward.checkpoint",
+    ("TREEGRPO_IMAGEREWARD_CHECKPOINT",),
+    hub=(("THUDM/ImageReward", "ImageReward.pt"),),
+    places=(CACHE / "ImageReward.pt", RELEASE_CACHE / "ImageReward.pt"),
+)
+MED_CONFIG = Needed(
+    "med_config.json",
+    "imagereward.med_config",
+    ("TREEGRPO_IMAGEREWARD_MED_CONFIG",),
+    hub=(("THUDM/ImageReward", "med_config.json"),),
+    places=(CACHE / "med_config.json", RELEASE_CACHE / "med_config.json"),
+)
+TOKENIZER = Needed(
+    "bert-base-uncased tokenizer folder",
+    "imagereward.tokenizer",
+    ("TREEGRPO_BERT_TOKENIZER",),
+    hub=(("google-bert/bert-base-uncased", ""), ("bert-base-uncased", "")),
+    needs=("vocab.txt", "tokenizer.json"),
+)
 
 
 def load_net(checkpoint: Path, med_config: Path | None = None) -> ImageRewardNet:
     """The network with every tensor of `checkpoint` (strict); the ViT geometry comes from its shapes."""
     sd = load_state_dict(checkpoint)
     vision = vision_config_of(sd)
-    text = (TextConfig.from_json(med_config, vision.width) if med_config
-            else TextConfig.from_dict(OFFICIAL_MED_CONFIG, vision.width))
+    text = (
+        TextConfig.from_json(med_config, vision.width)
+        if med_config
+        else TextConfig.from_dict(OFFICIAL_MED_CONFIG, vision.width)
+    )
     if POSITION_IDS not in sd:
         sd[POSITION_IDS] = torch.arange(text.max_position_embeddings).expand((1, -1))
     net = ImageRewardNet(vision, text)
@@ -83,8 +98,15 @@ class ImageReward(ModelReward):
 
     name = "imagereward"
 
-    def __init__(self, device: torch.device, dtype: torch.dtype, checkpoint: str | None = None,
-                 med_config: str | None = None, tokenizer: str | None = None, batch_size: int | str = 16):
+    def __init__(
+        self,
+        device: torch.device,
+        dtype: torch.dtype,
+        checkpoint: str | None = None,
+        med_config: str | None = None,
+        tokenizer: str | None = None,
+        batch_size: int | str = 16,
+    ):
         super().__init__(device, dtype, as_int(batch_size, "imagereward.batch_size"))
         ck, tok_dir = resolve("imagereward", [(CHECKPOINT, checkpoint), (TOKENIZER, tokenizer)])
         self.net = load_net(ck, find(MED_CONFIG, med_config)).to(self.device, dtype)
@@ -94,11 +116,17 @@ class ImageReward(ModelReward):
         self.source = str(ck)
 
     def score(self, images: Tensor, prompts: list[str]) -> Tensor:
-        pixels = self.prep(images).to(self.dtype)                                  # [b, 3, 224, 224]
-        tok = self.tokenizer(prompts, padding="max_length", truncation=True, max_length=MAX_TOKENS,
-                             return_tensors="pt").to(self.device)
-        return self.net(pixels, tok["input_ids"], tok["attention_mask"])           # [b]
+        pixels = self.prep(images).to(self.dtype)  # [b, 3, 224, 224]
+        tok = self.tokenizer(
+            prompts, padding="max_length", truncation=True, max_length=MAX_TOKENS, return_tensors="pt"
+        ).to(self.device)
+        return self.net(pixels, tok["input_ids"], tok["attention_mask"])  # [b]
 
 
-register("imagereward", ImageReward, options=("checkpoint", "med_config", "tokenizer", "batch_size"),
-         on_device=True, summary="ImageReward v1.0 (own BLIP code), about -2..2")
+register(
+    "imagereward",
+    ImageReward,
+    options=("checkpoint", "med_config", "tokenizer", "batch_size"),
+    on_device=True,
+    summary="ImageReward v1.0 (own BLIP code), about -2..2",
+)

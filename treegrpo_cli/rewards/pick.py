@@ -34,12 +34,21 @@ from .base import register
 from .vision import CLIP_MEAN, CLIP_STD, ImagePrep, ModelReward, as_choice, as_int, quiet
 from .weights import Needed, resolve
 
-MODEL = Needed("PickScore model folder", "pick.model", ("TREEGRPO_PICKSCORE_MODEL",),
-               hub=(("yuvalkirstain/PickScore_v1", ""),), needs=("config.json",))
-PROCESSOR = Needed("CLIP-H processor folder", "pick.processor", ("TREEGRPO_PICKSCORE_PROCESSOR",),
-                   hub=(("laion/CLIP-ViT-H-14-laion2B-s32B-b79K", ""),),
-                   needs=("preprocessor_config.json", "processor_config.json"))
-RESAMPLE = {2: "bilinear", 3: "bicubic"}   # PIL resample codes of preprocessor_config.json
+MODEL = Needed(
+    "PickScore model folder",
+    "pick.model",
+    ("TREEGRPO_PICKSCORE_MODEL",),
+    hub=(("yuvalkirstain/PickScore_v1", ""),),
+    needs=("config.json",),
+)
+PROCESSOR = Needed(
+    "CLIP-H processor folder",
+    "pick.processor",
+    ("TREEGRPO_PICKSCORE_PROCESSOR",),
+    hub=(("laion/CLIP-ViT-H-14-laion2B-s32B-b79K", ""),),
+    needs=("preprocessor_config.json", "processor_config.json"),
+)
+RESAMPLE = {2: "bilinear", 3: "bicubic"}  # PIL resample codes of preprocessor_config.json
 
 
 def processor_prep(folder: Path) -> ImagePrep:
@@ -61,8 +70,9 @@ def processor_prep(folder: Path) -> ImagePrep:
     resample = RESAMPLE.get(cfg.get("resample", 3))
     if resample is None or abs(cfg.get("rescale_factor", 1 / 255) - 1 / 255) > 1e-12:
         raise TreegrpoError(f"{path}: unsupported resample {cfg.get('resample')} or rescale_factor")
-    return ImagePrep(size, crop, tuple(cfg.get("image_mean", CLIP_MEAN)), tuple(cfg.get("image_std", CLIP_STD)),
-                     resample, uint8=True)
+    return ImagePrep(
+        size, crop, tuple(cfg.get("image_mean", CLIP_MEAN)), tuple(cfg.get("image_std", CLIP_STD)), resample, uint8=True
+    )
 
 
 def pooled(out) -> Tensor:
@@ -75,13 +85,20 @@ class PickScore(ModelReward):
 
     name = "pick"
 
-    def __init__(self, device: torch.device, dtype: torch.dtype, model: str | None = None,
-                 processor: str | None = None, form: str = "cosine", batch_size: int | str = 16):
+    def __init__(
+        self,
+        device: torch.device,
+        dtype: torch.dtype,
+        model: str | None = None,
+        processor: str | None = None,
+        form: str = "cosine",
+        batch_size: int | str = 16,
+    ):
         super().__init__(device, dtype, as_int(batch_size, "pick.batch_size"))
         self.form = as_choice(form, "pick.form", ("cosine", "logit"))
         model_dir, proc_dir = resolve("pick", [(MODEL, model), (PROCESSOR, processor)])
         ensure_torchvision()
-        from transformers import AutoTokenizer, CLIPModel
+        from transformers import AutoTokenizer, CLIPModel, CLIPTextConfig
 
         try:
             with quiet():
@@ -92,19 +109,32 @@ class PickScore(ModelReward):
             raise TreegrpoError(f"pick: cannot load {model_dir} / {proc_dir} ({why})") from None
         self.model = self.model.eval().to(self.device)
         self.prep = processor_prep(proc_dir)
-        self.max_length = min(77, int(self.model.config.text_config.max_position_embeddings))
+        text = self.model.config.text_config  # a CLIPTextConfig once loaded (the constructor also takes a dict)
+        if not isinstance(text, CLIPTextConfig):
+            raise TreegrpoError(f"pick: {model_dir} has no CLIP text config")
+        self.max_length = min(77, int(text.max_position_embeddings))
         self.source = f"{model_dir} + {proc_dir}"
 
     def score(self, images: Tensor, prompts: list[str]) -> Tensor:
-        pixels = self.prep(images).to(self.dtype)                                     # [b, 3, 224, 224]
-        tok = self.tokenizer(prompts, padding=True, truncation=True, max_length=self.max_length,
-                             return_tensors="pt").to(self.device)
+        pixels = self.prep(images).to(self.dtype)  # [b, 3, 224, 224]
+        tok = self.tokenizer(
+            prompts, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt"
+        ).to(self.device)
         img = F.normalize(pooled(self.model.get_image_features(pixel_values=pixels)).float(), dim=-1)  # [b, D]
-        txt = F.normalize(pooled(self.model.get_text_features(input_ids=tok["input_ids"],
-                                                              attention_mask=tok["attention_mask"])).float(), dim=-1)
-        cos = (img * txt).sum(-1)                                                      # [b]
+        txt = F.normalize(
+            pooled(
+                self.model.get_text_features(input_ids=tok["input_ids"], attention_mask=tok["attention_mask"])
+            ).float(),
+            dim=-1,
+        )
+        cos = (img * txt).sum(-1)  # [b]
         return cos * self.model.logit_scale.exp().float() if self.form == "logit" else cos
 
 
-register("pick", PickScore, options=("model", "processor", "form", "batch_size"), on_device=True,
-         summary="PickScore_v1 (transformers CLIP-H): cosine ~0.20-0.24 by default, or x logit scale")
+register(
+    "pick",
+    PickScore,
+    options=("model", "processor", "form", "batch_size"),
+    on_device=True,
+    summary="PickScore_v1 (transformers CLIP-H): cosine ~0.20-0.24 by default, or x logit scale",
+)

@@ -48,8 +48,10 @@ def _group_terms(g: Group, dets: list[Det], soft: bool) -> tuple[float, float, f
     """(object, count, size) credit of one group and its matching detections."""
     match = [d for d in dets if d.colour == g.colour and d.kind == g.kind]
     found = min(len(match), g.count)
-    near = sorted((_near_credit(d, g.kind, soft) for d in dets if d.colour == g.colour and d.kind != g.kind), reverse=True)
-    obj = (found + sum(near[:g.count - found])) / g.count
+    near = sorted(
+        (_near_credit(d, g.kind, soft) for d in dets if d.colour == g.colour and d.kind != g.kind), reverse=True
+    )
+    obj = (found + sum(near[: g.count - found])) / g.count
     count = float(len(match) == g.count)
     size = min(sum(d.size == g.size for d in match), g.count) / g.count if g.size else 0.0
     return obj, count, size, match
@@ -82,7 +84,7 @@ def score_detections(prompt: Prompt, dets: list[Det], soft: bool = False) -> flo
         total += W_RELATION * float(any(relation_holds(a, b, prompt.relation) for a in ma for b in mb))
         weight += W_RELATION
     extra = sum((d.colour, d.kind) not in prompt.pairs() for d in dets)
-    return total / weight * EXTRA_DECAY ** extra
+    return total / weight * EXTRA_DECAY**extra
 
 
 def shapes_scores(images: Tensor, prompts: list[str], soft: bool = False) -> Tensor:
@@ -90,17 +92,18 @@ def shapes_scores(images: Tensor, prompts: list[str], soft: bool = False) -> Ten
     if len(images) != len(prompts):
         raise ValueError(f"{len(images)} images but {len(prompts)} prompts")
     x = images.float() / 255.0 if images.dtype == torch.uint8 else images.float().clamp(0, 1)
-    parsed = [_parse(p) for p in prompts]
-    keep = [i for i, p in enumerate(parsed) if p is not None]
+    parsed = [(i, p) for i, p in enumerate(map(_parse, prompts)) if p is not None]  # prompts in the grammar
+    keep = [i for i, _ in parsed]
     out = torch.zeros(len(prompts), dtype=torch.float32)
     if keep:
-        for i, dets in zip(keep, detect(x[keep])):
-            out[i] = score_detections(parsed[i], dets, soft)
+        for (i, p), dets in zip(parsed, detect(x[keep]), strict=True):
+            out[i] = score_detections(p, dets, soft)
     return out
 
 
 class ShapesReward:
     """GenEval-style reward on the embedded shapes world: colour, kind, count, size and position."""
+
     name = "shapes"
 
     def __init__(self, kind: str = "hard"):

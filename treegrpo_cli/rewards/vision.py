@@ -16,10 +16,11 @@ from __future__ import annotations
 import logging
 import sys
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +35,7 @@ CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
 
 # --- options ---------------------------------------------------------------------------------
+
 
 def as_int(value: Any, option: str, low: int = 1) -> int:
     try:
@@ -69,18 +71,19 @@ def quiet() -> Iterator[None]:
     previous = logging.root.manager.disable
     logging.disable(logging.WARNING)
     hf = sys.modules.get("transformers.utils.logging")
-    bar = hf is not None and hf.is_progress_bar_enabled()
-    if bar:
-        hf.disable_progress_bar()
+    bar = hf if hf is not None and hf.is_progress_bar_enabled() else None  # the module, when its bar is on
+    if bar is not None:
+        bar.disable_progress_bar()
     try:
         yield
     finally:
         logging.disable(previous)
-        if bar:
-            hf.enable_progress_bar()
+        if bar is not None:
+            bar.enable_progress_bar()
 
 
 # --- the base class --------------------------------------------------------------------------
+
 
 class ModelReward(ABC):
     """A reward computed by a network: scores images in chunks of batch_size on one device and
@@ -104,17 +107,19 @@ class ModelReward(ABC):
             raise TreegrpoError(f"{self.name}: {len(images)} images but {len(prompts)} prompts")
         out = []
         for a in range(0, len(prompts), self.batch_size):
-            x = images[a:a + self.batch_size].to(self.device)
+            x = images[a : a + self.batch_size].to(self.device)
             x = x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
-            out.append(self.score(x, list(prompts[a:a + self.batch_size])).float().cpu())
+            out.append(self.score(x, list(prompts[a : a + self.batch_size])).float().cpu())
         return torch.cat(out) if out else torch.zeros(0)
 
 
 # --- preprocessing ---------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class ImagePrep:
     """Resize the shortest edge to `size`, centre-crop `crop` x `crop`, normalise (see the module docstring)."""
+
     size: int
     crop: int
     mean: tuple[float, ...] = CLIP_MEAN
@@ -125,8 +130,8 @@ class ImagePrep:
     def __call__(self, x: Tensor) -> Tensor:
         """x [B, 3, H, W] float in [0, 1] -> [B, 3, crop, crop] float32, normalised."""
         if self.uint8:
-            x = (x.float() * 255).round().clamp(0, 255).to(torch.uint8)     # [B, 3, H, W] uint8
-        x = self._crop(self._resize(x))                                      # [B, 3, crop, crop]
+            x = (x.float() * 255).round().clamp(0, 255).to(torch.uint8)  # [B, 3, H, W] uint8
+        x = self._crop(self._resize(x))  # [B, 3, crop, crop]
         mean = torch.tensor(self.mean, device=x.device).view(1, 3, 1, 1)
         std = torch.tensor(self.std, device=x.device).view(1, 3, 1, 1)
         x = x.float() / 255.0 if self.uint8 else x.float()
@@ -153,10 +158,11 @@ class ImagePrep:
             top, left = int((h - c) / 2.0), int((w - c) / 2.0)
         else:
             top, left = int(round((h - c) / 2.0)), int(round((w - c) / 2.0))
-        return x[..., top:top + c, left:left + c]
+        return x[..., top : top + c, left : left + c]
 
 
 # --- the MLP head of ImageReward and of the LAION aesthetic predictor ------------------------
+
 
 class MLPHead(nn.Module):
     """dim -> 1024 -> 128 -> 64 -> 16 -> 1 with no activations (as released); the dropouts sit at
@@ -164,8 +170,16 @@ class MLPHead(nn.Module):
 
     def __init__(self, dim: int = 768):
         super().__init__()
-        self.layers = nn.Sequential(nn.Linear(dim, 1024), nn.Dropout(0.2), nn.Linear(1024, 128), nn.Dropout(0.2),
-                                    nn.Linear(128, 64), nn.Dropout(0.1), nn.Linear(64, 16), nn.Linear(16, 1))
+        self.layers = nn.Sequential(
+            nn.Linear(dim, 1024),
+            nn.Dropout(0.2),
+            nn.Linear(1024, 128),
+            nn.Dropout(0.2),
+            nn.Linear(128, 64),
+            nn.Dropout(0.1),
+            nn.Linear(64, 16),
+            nn.Linear(16, 1),
+        )
 
     def forward(self, x: Tensor) -> Tensor:
         """x [B, dim] -> [B, 1]."""
@@ -173,6 +187,7 @@ class MLPHead(nn.Module):
 
 
 # --- open_clip -------------------------------------------------------------------------------
+
 
 def import_open_clip(reward: str):
     """open_clip, after making a CUDA-built torchvision importable on CPU torch (see compat.py)."""
@@ -189,7 +204,8 @@ def import_open_clip(reward: str):
 @dataclass
 class OpenClip:
     """An open_clip model with its tokenizer and tensor preprocessing."""
-    model: nn.Module
+
+    model: Any  # an open_clip CLIP (an nn.Module; open_clip ships no type hints)
     tokenizer: Any
     prep: ImagePrep
 
@@ -202,8 +218,9 @@ class OpenClip:
         return self.model.encode_text(self.tokenizer(prompts).to(device), normalize=True).float()
 
 
-def build_open_clip(reward: str, arch: str, path: Path, quick_gelu: bool, device: torch.device,
-                    dtype: torch.dtype) -> OpenClip:
+def build_open_clip(
+    reward: str, arch: str, path: Path, quick_gelu: bool, device: torch.device, dtype: torch.dtype
+) -> OpenClip:
     """open_clip `arch` (a built-in or registered config, random init) with every tensor of `path` (strict)."""
     open_clip = import_open_clip(reward)
     if arch not in open_clip.list_models():
@@ -217,6 +234,11 @@ def build_open_clip(reward: str, arch: str, path: Path, quick_gelu: bool, device
     size = size[0] if isinstance(size, (tuple, list)) else size
     if cfg.get("resize_mode", "shortest") != "shortest":
         raise ConfigError(f"{reward}: {arch} uses resize_mode {cfg['resize_mode']!r}; only 'shortest' is supported")
-    prep = ImagePrep(int(size), int(size), tuple(cfg.get("mean", CLIP_MEAN)), tuple(cfg.get("std", CLIP_STD)),
-                     "bilinear" if cfg.get("interpolation") == "bilinear" else "bicubic")
+    prep = ImagePrep(
+        int(size),
+        int(size),
+        tuple(cfg.get("mean", CLIP_MEAN)),
+        tuple(cfg.get("std", CLIP_STD)),
+        "bilinear" if cfg.get("interpolation") == "bilinear" else "bicubic",
+    )
     return OpenClip(model, open_clip.get_tokenizer(arch), prep)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -27,12 +28,14 @@ CACHE = Path.home() / ".cache" / "treegrpo"
 @dataclass(frozen=True)
 class Needed:
     """One file or folder a reward model needs, and where it is usually found."""
-    what: str                                  # "HPS v2.1 checkpoint"
-    option: str                                # "hps.checkpoint"
-    env: tuple[str, ...] = ()                  # environment variables, first set wins
-    hub: tuple[tuple[str, str], ...] = ()      # (repo id, file in the snapshot; "" = the snapshot folder)
-    places: tuple[Path, ...] = ()              # other usual places
-    needs: tuple[str, ...] = ()                # a folder: it must hold one of these files
+
+    what: str  # "HPS v2.1 checkpoint"
+    option: str  # "hps.checkpoint"
+    env: tuple[str, ...] = ()  # environment variables, first set wins
+    hub: tuple[tuple[str, str], ...] = ()  # (repo id, file in the snapshot; "" = the snapshot folder)
+    places: tuple[Path, ...] = ()  # other usual places
+    needs: tuple[str, ...] = ()  # a folder: it must hold one of these files
+
 
 def hub_cache() -> Path:
     if os.environ.get("HF_HUB_CACHE"):
@@ -80,16 +83,16 @@ def find(n: Needed, given: str | Path | None) -> Path | None:
         if _usable(path, n.needs):
             return path
     for repo, filename in n.hub:
-        path = hub_file(repo, filename, n.needs)
-        if path is not None:
-            return path
+        hit = hub_file(repo, filename, n.needs)
+        if hit is not None:
+            return hit
     return None
 
 
 def resolve(reward: str, items: list[tuple[Needed, str | Path | None]]) -> list[Path]:
     """Every path in order, or one error line naming all the missing ones and how to supply them."""
     found = [find(n, given) for n, given in items]
-    missing = [n for (n, _), p in zip(items, found) if p is None]
+    missing = [n for (n, _), p in zip(items, found, strict=True) if p is None]
     if missing:
         how = "; ".join(_how(n) for n in missing)
         raise TreegrpoError(f"{reward} weights not found: {how}; nothing is downloaded (see docs/rewards.md)")
@@ -106,11 +109,14 @@ def _how(n: Needed) -> str:
 
 # --- loading ---------------------------------------------------------------------------------
 
+
 def load_state_dict(path: Path) -> dict[str, Tensor]:
     """Tensors of a .safetensors file or a torch pickle (weights_only), unwrapping 'state_dict' and 'module.'."""
+    sd: Any  # whatever the file holds, checked below
     try:
         if path.suffix == ".safetensors":
             from safetensors.torch import load_file
+
             sd = load_file(str(path))
         else:
             sd = torch.load(path, map_location="cpu", weights_only=True)
@@ -121,7 +127,7 @@ def load_state_dict(path: Path) -> dict[str, Tensor]:
     if not isinstance(sd, dict) or not all(torch.is_tensor(v) for v in sd.values()):
         raise TreegrpoError(f"{path}: not a state dict of tensors")
     if sd and all(k.startswith("module.") for k in sd):
-        sd = {k[len("module."):]: v for k, v in sd.items()}
+        sd = {k[len("module.") :]: v for k, v in sd.items()}
     return sd
 
 
@@ -134,8 +140,14 @@ def load_strict(module: nn.Module, sd: dict[str, Tensor], path: Path, what: str)
     if missing or extra or shapes:
         parts = [f"{len(missing)} tensors missing (e.g. {missing[0]})"] if missing else []
         parts += [f"{len(extra)} unexpected (e.g. {extra[0]})"] if extra else []
-        parts += [f"{len(shapes)} of another shape (e.g. {shapes[0]}: {tuple(sd[shapes[0]].shape)} "
-                  f"vs {tuple(own[shapes[0]].shape)})"] if shapes else []
+        parts += (
+            [
+                f"{len(shapes)} of another shape (e.g. {shapes[0]}: {tuple(sd[shapes[0]].shape)} "
+                f"vs {tuple(own[shapes[0]].shape)})"
+            ]
+            if shapes
+            else []
+        )
         raise TreegrpoError(f"{path}: not a {what}: {'; '.join(parts)}")
     module.load_state_dict(sd, strict=True)
 

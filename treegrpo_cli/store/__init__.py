@@ -1,0 +1,1 @@
+"""Persistence: safetensors shards with hashed indexes, tree shards and checkpoints, all written atomically."""

@@ -36,12 +36,12 @@ MANIFEST = "manifest.json"
 
 @dataclass
 class Checkpoint:
-    step: int                              # completed iterations
+    step: int  # completed iterations
     model: dict[str, torch.Tensor]
     ema: dict[str, torch.Tensor] | None
-    optimizer: dict[str, Any]              # torch optimizer state_dict
-    rng: dict[str, torch.Tensor]           # "torch": the CPU generator's state; "cuda.<i>": each CUDA device's
-    state: dict[str, Any]                  # trainer state (JSON-able)
+    optimizer: dict[str, Any]  # torch optimizer state_dict
+    rng: dict[str, torch.Tensor]  # "torch": the CPU generator's state; "cuda.<i>": each CUDA device's
+    state: dict[str, Any]  # trainer state (JSON-able)
 
 
 SHARD_BYTES = 2 * 2**30
@@ -73,7 +73,7 @@ def _write_sharded(folder: Path, stem: str, tensors: dict[str, torch.Tensor], li
     files, index = [], {}
     for i, keys in enumerate(groups, 1):
         name = f"{stem}-{i:05d}-of-{len(groups):05d}.safetensors"
-        part = {k: _whole(tensors[k]).cpu().contiguous() for k in keys}     # only this shard on the CPU
+        part = {k: _whole(tensors[k]).cpu().contiguous() for k in keys}  # only this shard on the CPU
         save_file(part, str(folder / name))
         _fsync_file(folder / name)
         files.append(name)
@@ -85,7 +85,9 @@ def _write_sharded(folder: Path, stem: str, tensors: dict[str, torch.Tensor], li
 def _whole(t: torch.Tensor) -> torch.Tensor:
     """A tensor's whole value; a sharded one (a DTensor of FSDP) is gathered here, one tensor at a time
     (a collective: the ranks that write nothing run follow_checkpoint_gathers meanwhile)."""
-    return t.detach().full_tensor() if hasattr(t, "full_tensor") else t.detach()
+    d = t.detach()
+    full = getattr(d, "full_tensor", None)  # a DTensor's gather
+    return full() if full is not None else d
 
 
 def follow_checkpoint_gathers(ck: Checkpoint) -> None:
@@ -123,8 +125,11 @@ def save_checkpoint(folder: Path, ck: Checkpoint, keep_last: int, shard_bytes: i
     names = _write_sharded(tmp, "model", ck.model, limit) + _write_sharded(tmp, "optimizer", opt_tensors, limit)
     if ck.ema is not None:
         names += _write_sharded(tmp, "ema", ck.ema, limit)
-    small = {"rng.safetensors": st_save({k: v.cpu().contiguous() for k, v in ck.rng.items()}),
-             "trainer_state.json": json.dumps(ck.state, indent=1).encode(), "optimizer.json": opt_meta}
+    small = {
+        "rng.safetensors": st_save({k: v.cpu().contiguous() for k, v in ck.rng.items()}),
+        "trainer_state.json": json.dumps(ck.state, indent=1).encode(),
+        "optimizer.json": opt_meta,
+    }
     for name, data in small.items():
         atomic_write(tmp / name, data)
     names += list(small)
@@ -170,11 +175,16 @@ def load_checkpoint(path: Path) -> Checkpoint:
         if file_sha256(path / name) != digest:
             raise CorruptFileError(f"{path / name}: corrupt, its sha256 does not match {MANIFEST}")
     state = json.loads((path / "trainer_state.json").read_text())
-    return Checkpoint(step=int(state["step"]), model=_read_tensors(path, "model", manifest),
-                      ema=_read_tensors(path, "ema", manifest) if _has(path, "ema", manifest) else None,
-                      optimizer=_optimizer_from_files(_read_tensors(path, "optimizer", manifest),
-                                                      (path / "optimizer.json").read_bytes()),
-                      rng=load_file(str(path / "rng.safetensors")), state=state)
+    return Checkpoint(
+        step=int(state["step"]),
+        model=_read_tensors(path, "model", manifest),
+        ema=_read_tensors(path, "ema", manifest) if _has(path, "ema", manifest) else None,
+        optimizer=_optimizer_from_files(
+            _read_tensors(path, "optimizer", manifest), (path / "optimizer.json").read_bytes()
+        ),
+        rng=load_file(str(path / "rng.safetensors")),
+        state=state,
+    )
 
 
 def _has(path: Path, stem: str, manifest: dict) -> bool:

@@ -62,7 +62,7 @@ def file_sha256(path: Path, chunk: int = 1 << 23) -> str:
 def _parse_meta(data: bytes, path: Path) -> dict[str, Any]:
     try:
         n = int.from_bytes(data[:8], "little")
-        header = json.loads(data[8:8 + n])
+        header = json.loads(data[8 : 8 + n])
         raw = header.get("__metadata__", {}) or {}
         return json.loads(raw[META_KEY]) if META_KEY in raw else {}
     except (ValueError, UnicodeDecodeError) as e:
@@ -77,7 +77,7 @@ class ShardStore:
 
     # -- opening ---------------------------------------------------------------------------
     @classmethod
-    def create(cls, root: Path, kind: str, meta: dict[str, Any], overwrite: bool = False) -> "ShardStore":
+    def create(cls, root: Path, kind: str, meta: dict[str, Any], overwrite: bool = False) -> ShardStore:
         root = Path(root)
         if (root / INDEX).exists() and not overwrite:
             raise TreegrpoError(f"{root} already holds a treegrpo {INDEX}; choose another --out or pass --overwrite")
@@ -92,7 +92,7 @@ class ShardStore:
         return store
 
     @classmethod
-    def open(cls, root: Path, kind: str | None = None) -> "ShardStore":
+    def open(cls, root: Path, kind: str | None = None) -> ShardStore:
         root = Path(root)
         path = root / INDEX
         if not root.is_dir():

@@ -34,12 +34,12 @@ def to_uint8(images: Tensor) -> Tensor:
 
 @dataclass
 class TreeShard:
-    index: int                 # shard number
+    index: int  # shard number
     tree: Tree
-    leaf_image: Tensor         # [L, 3, H, W] uint8
-    prompts: dict[int, str]    # prompt id -> text
-    tree_offset: int           # global id of this shard's tree 0
-    nfe: int                   # model evaluations spent on this shard
+    leaf_image: Tensor  # [L, 3, H, W] uint8
+    prompts: dict[int, str]  # prompt id -> text
+    tree_offset: int  # global id of this shard's tree 0
+    nfe: int  # model evaluations spent on this shard
 
     def leaf_prompts(self) -> list[str]:
         leaves = self.tree.leaves()
@@ -57,8 +57,14 @@ def read_tree_shard(store: ShardStore, name: str) -> TreeShard:
     try:
         tree = Tree.from_tensors(tensors)
         prompts = {int(k): v for k, v in meta["prompts"].items()}
-        return TreeShard(int(name.rsplit("-", 1)[1]), tree, tensors["leaf_image"], prompts,
-                         int(meta["tree_offset"]), int(meta["nfe"]))
+        return TreeShard(
+            int(name.rsplit("-", 1)[1]),
+            tree,
+            tensors["leaf_image"],
+            prompts,
+            int(meta["tree_offset"]),
+            int(meta["nfe"]),
+        )
     except (KeyError, ValueError) as e:
         raise CorruptFileError(f"{store.root / name}.safetensors: not a tree shard ({e})") from None
 

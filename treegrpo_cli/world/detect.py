@@ -23,25 +23,28 @@ from .shapes import BACKGROUND, COLOURS, KINDS, WORLD
 
 COLOUR_NAMES = tuple(COLOURS)
 PALETTE = np.array([COLOURS[c] for c in COLOUR_NAMES] + [BACKGROUND], dtype=np.float32) / 255.0  # [7, 3]
-COLOUR_TOL = 0.25        # max RGB distance (in [0, 1] units) to the nearest palette entry
-MIN_AREA = 5             # world px; smaller components are noise
-MAX_SIDE = 20            # world px; larger components are blobs, not shapes
-BIG_SIDE = 11.0          # world px; boxes with a longer side are "big"
+COLOUR_TOL = 0.25  # max RGB distance (in [0, 1] units) to the nearest palette entry
+MIN_AREA = 5  # world px; smaller components are noise
+MAX_SIDE = 20  # world px; larger components are blobs, not shapes
+BIG_SIDE = 11.0  # world px; boxes with a longer side are "big"
 # each kind's acceptance box: fill in [lo, hi) and drop in (lo, hi); the box's aspect w / h in [lo, hi]
-KIND_BOX = {"circle": ((0.70, 0.92), (-0.15, 0.15)), "square": ((0.92, 9.0), (-0.15, 0.15)),
-            "triangle": ((0.35, 0.70), (0.25, 9.0))}
+KIND_BOX = {
+    "circle": ((0.70, 0.92), (-0.15, 0.15)),
+    "square": ((0.92, 9.0), (-0.15, 0.15)),
+    "triangle": ((0.35, 0.70), (0.25, 9.0)),
+}
 ASPECT_BOX = (0.7, 1.45)
-SOFT_FILL, SOFT_DROP, SOFT_ASPECT = 0.04, 0.08, 0.15   # how fast a soft fit decays outside the boxes
+SOFT_FILL, SOFT_DROP, SOFT_ASPECT = 0.04, 0.08, 0.15  # how fast a soft fit decays outside the boxes
 
 
 @dataclass(frozen=True)
 class Det:
     colour: str
-    kind: str            # "circle" | "square" | "triangle" | "blob"
-    size: str            # "small" | "big"
-    cx: float            # centroid, world px (x right, y down)
+    kind: str  # "circle" | "square" | "triangle" | "blob"
+    size: str  # "small" | "big"
+    cx: float  # centroid, world px (x right, y down)
     cy: float
-    area: float          # world px
+    area: float  # world px
     fits: tuple[float, float, float] = (0.0, 0.0, 0.0)  # soft membership of each of KINDS in [0, 1]
 
     def fit(self, kind: str) -> float:
@@ -51,10 +54,10 @@ class Det:
 def classify_pixels(images: Tensor | np.ndarray) -> np.ndarray:
     """[B, 3, H, W] in [0, 1] -> [B, H, W] int8: colour index 0-5, or -1 for background and noise."""
     x = images.detach().float().cpu().numpy() if isinstance(images, Tensor) else np.asarray(images, np.float32)
-    px = np.moveaxis(x, 1, -1)                                      # [B, H, W, 3]
-    d2 = ((px[..., None, :] - PALETTE) ** 2).sum(-1)               # [B, H, W, 7]
+    px = np.moveaxis(x, 1, -1)  # [B, H, W, 3]
+    d2 = ((px[..., None, :] - PALETTE) ** 2).sum(-1)  # [B, H, W, 7]
     near = d2.argmin(-1)
-    ok = (np.take_along_axis(d2, near[..., None], -1)[..., 0] <= COLOUR_TOL ** 2) & (near < len(COLOUR_NAMES))
+    ok = (np.take_along_axis(d2, near[..., None], -1)[..., 0] <= COLOUR_TOL**2) & (near < len(COLOUR_NAMES))
     return _fill_holes(np.where(ok, near, -1).astype(np.int8))
 
 
@@ -76,8 +79,8 @@ def label_components(cls: np.ndarray) -> np.ndarray:
     n = B * H * W
     fg = cls >= 0
     lab = np.where(fg, np.arange(n).reshape(B, H, W), n)
-    join_x = fg[:, :, 1:] & (cls[:, :, 1:] == cls[:, :, :-1])      # pixel joined to its right neighbour
-    join_y = fg[:, 1:, :] & (cls[:, 1:, :] == cls[:, :-1, :])      # pixel joined to the one below
+    join_x = fg[:, :, 1:] & (cls[:, :, 1:] == cls[:, :, :-1])  # pixel joined to its right neighbour
+    join_y = fg[:, 1:, :] & (cls[:, 1:, :] == cls[:, :-1, :])  # pixel joined to the one below
     while True:
         new = lab.copy()
         m = np.where(join_x, np.minimum(lab[:, :, 1:], lab[:, :, :-1]), n)
@@ -87,7 +90,7 @@ def label_components(cls: np.ndarray) -> np.ndarray:
         new[:, 1:, :] = np.minimum(new[:, 1:, :], m)
         new[:, :-1, :] = np.minimum(new[:, :-1, :], m)
         flat = np.append(new.ravel(), n)
-        new = flat[flat[new]]                                      # pointer jumping, twice
+        new = flat[flat[new]]  # pointer jumping, twice
         if np.array_equal(new, lab):
             return lab
         lab = new
@@ -104,9 +107,9 @@ def _component_stats(cls: np.ndarray, lab: np.ndarray) -> dict[str, np.ndarray]:
     np.minimum.at(box[1], inv, y)
     np.maximum.at(box[2], inv, x)
     np.maximum.at(box[3], inv, y)
-    mid = (box[1] + box[3])[inv]                                   # twice the middle row
+    mid = (box[1] + box[3])[inv]  # twice the middle row
     return {
-        "image": roots // (cls.shape[1] * cls.shape[2]),           # a root is its component's first pixel
+        "image": roots // (cls.shape[1] * cls.shape[2]),  # a root is its component's first pixel
         "colour": cls.ravel()[roots],
         "area": area,
         "cx": np.bincount(inv, x, minlength=k) / np.maximum(area, 1),
@@ -118,19 +121,20 @@ def _component_stats(cls: np.ndarray, lab: np.ndarray) -> dict[str, np.ndarray]:
     }
 
 
-def _box_features(area: np.ndarray, w: np.ndarray, h: np.ndarray, below: np.ndarray,
-                  above: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _box_features(
+    area: np.ndarray, w: np.ndarray, h: np.ndarray, below: np.ndarray, above: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(fill of the bounding box, drop = share of mass below minus above the centre row, aspect w / h)."""
     return area / (w * h), (below - above) / np.maximum(area, 1), w / h
 
 
-def classify_kind(area: np.ndarray, w: np.ndarray, h: np.ndarray, below: np.ndarray,
-                  above: np.ndarray) -> np.ndarray:
+def classify_kind(area: np.ndarray, w: np.ndarray, h: np.ndarray, below: np.ndarray, above: np.ndarray) -> np.ndarray:
     """Kind names [K] from box width/height and pixel counts, all in world px: the kind whose
     KIND_BOX holds the component, else "blob"."""
     fill, drop, aspect = _box_features(area, w, h, below, above)
-    inside = [(fill >= f0) & (fill < f1) & (drop > d0) & (drop < d1)
-              for (f0, f1), (d0, d1) in (KIND_BOX[k] for k in KINDS)]
+    inside = [
+        (fill >= f0) & (fill < f1) & (drop > d0) & (drop < d1) for (f0, f1), (d0, d1) in (KIND_BOX[k] for k in KINDS)
+    ]
     kind = np.select(inside, list(KINDS), "blob")
     bad = (aspect < ASPECT_BOX[0]) | (aspect > ASPECT_BOX[1]) | (np.maximum(w, h) > MAX_SIDE)
     return np.where(bad, "blob", kind)
@@ -158,7 +162,7 @@ def detect(images: Tensor | np.ndarray) -> list[list[Det]]:
     """[B, 3, H, W] in [0, 1] -> for each image, its shapes (components of >= MIN_AREA world px)."""
     cls = classify_pixels(images)
     B, H, W = cls.shape
-    sx, sy = WORLD / W, WORLD / H                                  # image px -> world px
+    sx, sy = WORLD / W, WORLD / H  # image px -> world px
     s = _component_stats(cls, label_components(cls))
     area, w, h = s["area"] * sx * sy, s["w"] * sx, s["h"] * sy
     keep = area >= MIN_AREA
@@ -168,8 +172,15 @@ def detect(images: Tensor | np.ndarray) -> list[list[Det]]:
     cx, cy = (s["cx"] + 0.5) * sx - 0.5, (s["cy"] + 0.5) * sy - 0.5
     out: list[list[Det]] = [[] for _ in range(B)]
     for i in np.nonzero(keep)[0]:
-        out[int(s["image"][i])].append(Det(COLOUR_NAMES[int(s["colour"][i])], str(kind[i]),
-                                           "big" if big[i] else "small", float(cx[i]), float(cy[i]),
-                                           float(area[i]), tuple(float(f) for f in fits[i])))
+        out[int(s["image"][i])].append(
+            Det(
+                COLOUR_NAMES[int(s["colour"][i])],
+                str(kind[i]),
+                "big" if big[i] else "small",
+                float(cx[i]),
+                float(cy[i]),
+                float(area[i]),
+                (float(fits[i, 0]), float(fits[i, 1]), float(fits[i, 2])),  # one per KINDS
+            )
+        )
     return out
-

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-WORLD = 32                                   # side of the world in pixels
+WORLD = 32  # side of the world in pixels
 COLOURS: dict[str, tuple[int, int, int]] = {  # RGB 0-255; pairwise distance >= 90, >= 170 from background
     "red": (220, 40, 40),
     "green": (40, 170, 60),
@@ -44,11 +44,11 @@ COLOURS: dict[str, tuple[int, int, int]] = {  # RGB 0-255; pairwise distance >= 
 }
 BACKGROUND = (215, 215, 215)
 KINDS = ("circle", "square", "triangle")
-SIZES = {"small": 4, "big": 6}               # radius in px: bounding box side 2r+1 = 9 or 13
+SIZES = {"small": 4, "big": 6}  # radius in px: bounding box side 2r+1 = 9 or 13
 RELATIONS = ("left of", "right of", "above", "below")
 COUNT_WORDS = {1: "one", 2: "two", 3: "three"}
-GRID, MARGIN, GAP = 2, 1, 2                  # centre grid step, border margin, min gap between boxes
-REL_SLACK = 4                                # max offset across the axis of a relation, px
+GRID, MARGIN, GAP = 2, 1, 2  # centre grid step, border margin, min gap between boxes
+REL_SLACK = 4  # max offset across the axis of a relation, px
 # Caption noise of the pretraining data: a caption naming one of these colours shows, with probability
 # CAPTION_NOISE, an object of a neighbouring hue instead (the caption misnames it)
 NOISY_COLOURS = {"orange": ("red", "yellow"), "purple": ("blue", "red")}
@@ -61,8 +61,8 @@ PROMPT_FILES = {"pretrain": "shapes_pretrain.txt", "rl_train": "shapes_train.txt
 class Obj:
     kind: str
     colour: str
-    size: str      # "small" | "big"
-    cx: int        # centre, world pixels (x right, y down)
+    size: str  # "small" | "big"
+    cx: int  # centre, world pixels (x right, y down)
     cy: int
 
     @property
@@ -76,6 +76,7 @@ Scene = list[Obj]
 @dataclass(frozen=True)
 class Group:
     """count objects of one colour and kind; size None = free."""
+
     colour: str
     kind: str
     size: str | None = None
@@ -88,8 +89,8 @@ class Group:
 
 @dataclass(frozen=True)
 class Prompt:
-    form: str                   # "single" | "count" | "relation"
-    groups: tuple[Group, ...]   # one group, or two for a relation (groups[0] REL groups[1])
+    form: str  # "single" | "count" | "relation"
+    groups: tuple[Group, ...]  # one group, or two for a relation (groups[0] REL groups[1])
     relation: str | None = None
 
     def text(self) -> str:
@@ -110,14 +111,14 @@ def _phrase(g: Group, form: str) -> str:
 
 # ---- grammar ------------------------------------------------------------------------------------
 
+
 def all_prompts() -> list[str]:
     """Every prompt of the grammar (1440), in a fixed order: singles, counts, relations."""
     pairs = [(c, k) for c in COLOURS for k in KINDS]
     sizes = (None, "small", "big")
     out = [Prompt("single", (Group(c, k, s),)) for c, k in pairs for s in sizes]
     out += [Prompt("count", (Group(c, k, s, n),)) for n in COUNT_WORDS for c, k in pairs for s in sizes]
-    out += [Prompt("relation", (Group(*a), Group(*b)), r)
-            for a in pairs for b in pairs if a != b for r in RELATIONS]
+    out += [Prompt("relation", (Group(*a), Group(*b)), r) for a in pairs for b in pairs if a != b for r in RELATIONS]
     return [p.text() for p in out]
 
 
@@ -134,7 +135,7 @@ def parse_prompt(text: str) -> Prompt | None:
         return Prompt(form, (g1,))
     if form != "single" or g1.size is not None:
         return None
-    rel = next((r for r in RELATIONS if toks[i:i + len(r.split())] == r.split()), None)
+    rel = next((r for r in RELATIONS if toks[i : i + len(r.split())] == r.split()), None)
     if rel is None:
         return None
     second = _parse_phrase(toks, i + len(rel.split()))
@@ -165,6 +166,15 @@ def _parse_phrase(toks: list[str], i: int) -> tuple[Group, str, int] | None:
 
 # ---- scenes and rendering -----------------------------------------------------------------------
 
+
+def _parsed(text: str) -> Prompt:
+    """The Prompt of a text known to be in the grammar (the world's own prompt lists)."""
+    p = parse_prompt(text)
+    if p is None:
+        raise ValueError(f"not a shapes-world prompt: {text!r}")
+    return p
+
+
 def _generator(seed: torch.Generator | int | None) -> torch.Generator:
     if isinstance(seed, torch.Generator):
         return seed
@@ -185,11 +195,12 @@ def sample_scene(prompt: Prompt | str, generator: torch.Generator | int | None =
             size = g.size or ("small", "big")[int(torch.randint(2, (1,), generator=gen))]
             specs.append((g.colour, g.kind, size))
     centres = _place([SIZES[s] for _, _, s in specs], p.relation, gen)
-    return [Obj(k, c, s, x, y) for (c, k, s), (x, y) in zip(specs, centres)]
+    return [Obj(k, c, s, x, y) for (c, k, s), (x, y) in zip(specs, centres, strict=True)]
 
 
-def _place(radii: list[int], relation: str | None, gen: torch.Generator,
-           tries: int = 256, rounds: int = 2048) -> list[tuple[int, int]]:
+def _place(
+    radii: list[int], relation: str | None, gen: torch.Generator, tries: int = 256, rounds: int = 2048
+) -> list[tuple[int, int]]:
     """Centres for objects of these radii, boxes GAP apart; objects 0 REL 1 when relation is given."""
     grids = [torch.arange(r + MARGIN, WORLD - MARGIN - r, GRID) for r in radii]
     for _ in range(rounds):
@@ -212,15 +223,15 @@ def _place(radii: list[int], relation: str | None, gen: torch.Generator,
 def _relation_ok(cx: Tensor, cy: Tensor, radii: list[int], relation: str) -> Tensor:
     """Object 0 REL object 1, clearly: separated along the axis, within REL_SLACK across it."""
     sep = radii[0] + radii[1] + 1 + GAP
-    dx, dy = cx[:, 1] - cx[:, 0], cy[:, 1] - cy[:, 0]     # from object 0 to object 1
+    dx, dy = cx[:, 1] - cx[:, 0], cy[:, 1] - cy[:, 0]  # from object 0 to object 1
     along, across = {"left of": (dx, dy), "right of": (-dx, dy), "above": (dy, dx), "below": (-dy, dx)}[relation]
     return (along >= sep) & (across.abs() <= REL_SLACK)
 
 
 def render(scene: Scene, size: int = WORLD) -> Tensor:
     """[3, size, size] float32 in [0, 1]; hard-edged shapes, the same pixels for the same scene."""
-    u = (np.arange(size) + 0.5) * WORLD / size - 0.5          # pixel centres in world coordinates
-    x, y = np.meshgrid(u, u)                                  # [size, size], x along columns
+    u = (np.arange(size) + 0.5) * WORLD / size - 0.5  # pixel centres in world coordinates
+    x, y = np.meshgrid(u, u)  # [size, size], x along columns
     img = np.empty((size, size, 3), dtype=np.float32)
     img[:] = np.array(BACKGROUND, dtype=np.float32) / 255.0
     for o in scene:
@@ -229,24 +240,24 @@ def render(scene: Scene, size: int = WORLD) -> Tensor:
 
 
 def _mask(o: Obj, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    h = o.radius + 0.5                                        # half-side of the box, to pixel edges
+    h = o.radius + 0.5  # half-side of the box, to pixel edges
     dx, dy = x - o.cx, y - o.cy
     if o.kind == "circle":
         return dx * dx + dy * dy <= h * h
     if o.kind == "square":
         return (np.abs(dx) <= h) & (np.abs(dy) <= h)
-    t = (dy + h) / (2 * h)                                    # triangle: 0 at the apex row, 1 at the base
+    t = (dy + h) / (2 * h)  # triangle: 0 at the apex row, 1 at the base
     return (t >= 0) & (t <= 1) & (np.abs(dx) <= t * h)
 
 
-def render_prompts(prompts: list[str], generator: torch.Generator | int | None = None,
-                   size: int = WORLD) -> Tensor:
+def render_prompts(prompts: list[str], generator: torch.Generator | int | None = None, size: int = WORLD) -> Tensor:
     """[B, 3, size, size]: one random scene per prompt, drawn in order from one generator."""
     gen = _generator(generator)
     return torch.stack([render(sample_scene(p, gen), size) for p in prompts])
 
 
 # ---- caption noise, pretraining data and prompt splits -----------------------------------------
+
 
 def _hash(text: str) -> str:
     return hashlib.sha1(text.encode()).hexdigest()
@@ -256,7 +267,7 @@ def world_prompts() -> list[str]:
     """The prompts of the world's data (a subset of the grammar): singles, "two" counts and relations."""
     out = []
     for t in all_prompts():
-        p = parse_prompt(t)
+        p = _parsed(t)
         if p.form != "count" or p.groups[0].count == 2:
             out.append(t)
     return out
@@ -268,8 +279,9 @@ def is_noisy(text: str) -> bool:
     return p is not None and any(g.colour in NOISY_COLOURS for g in p.groups)
 
 
-def noisy_scene(prompt: Prompt | str, generator: torch.Generator | int | None = None,
-                noise: float = CAPTION_NOISE) -> Scene:
+def noisy_scene(
+    prompt: Prompt | str, generator: torch.Generator | int | None = None, noise: float = CAPTION_NOISE
+) -> Scene:
     """A pretraining example for this caption: a scene that satisfies it, except that every object of a
     NOISY_COLOURS colour is, with probability `noise`, drawn in one of that colour's neighbours instead
     (the caption misnames it, as web captions misname hues)."""
@@ -289,7 +301,7 @@ def _by_form(prompts: tuple[str, ...]) -> dict[str, list[str]]:
     """The prompts grouped by form (parsed once per list: pretraining draws a batch every step)."""
     by_form: dict[str, list[str]] = {}
     for t in prompts:
-        by_form.setdefault(parse_prompt(t).form, []).append(t)
+        by_form.setdefault(_parsed(t).form, []).append(t)
     return by_form
 
 
@@ -299,17 +311,19 @@ def sample_pretrain_prompts(prompts: list[str], n: int, generator: torch.Generat
     forms = sorted(by_form)
     f = torch.randint(len(forms), (n,), generator=generator).tolist()
     u = torch.rand(n, generator=generator, dtype=torch.float64).tolist()
-    return [by_form[forms[i]][int(x * len(by_form[forms[i]]))] for i, x in zip(f, u)]
+    return [by_form[forms[i]][int(x * len(by_form[forms[i]]))] for i, x in zip(f, u, strict=True)]
 
 
-def render_pretrain_batch(prompts: list[str], generator: torch.Generator, noise: float = CAPTION_NOISE,
-                          size: int = WORLD) -> Tensor:
+def render_pretrain_batch(
+    prompts: list[str], generator: torch.Generator, noise: float = CAPTION_NOISE, size: int = WORLD
+) -> Tensor:
     """[B, 3, size, size]: one pretraining image per caption, with caption noise."""
     return torch.stack([render(noisy_scene(p, generator, noise), size) for p in prompts])
 
 
-def split_prompts(test_counts: tuple[int, int, int] = (6, 6, 44), ordinary_share: float = 0.3,
-                  rl_relations: int = 120) -> tuple[list[str], list[str], list[str]]:
+def split_prompts(
+    test_counts: tuple[int, int, int] = (6, 6, 44), ordinary_share: float = 0.3, rl_relations: int = 120
+) -> tuple[list[str], list[str], list[str]]:
     """(pretrain, rl_train, test) prompt lists, each in all_prompts() order (see the module docstring).
 
     pretrain: every world prompt. test: test_counts (singles, counts, relations) of the prompts that name
@@ -317,9 +331,9 @@ def split_prompts(test_counts: tuple[int, int, int] = (6, 6, 44), ordinary_share
     relations and every remaining noisy single and count, plus ordinary prompts making up ordinary_share."""
     pretrain = world_prompts()
     noisy = sorted((t for t in pretrain if is_noisy(t)), key=_hash)
-    forms = {t: parse_prompt(t).form for t in noisy}
+    forms = {t: _parsed(t).form for t in noisy}
     test: list[str] = []
-    for form, n in zip(("single", "count", "relation"), test_counts):
+    for form, n in zip(("single", "count", "relation"), test_counts, strict=True):
         test += [t for t in noisy if forms[t] == form][:n]
     held = set(test)
     rest = [t for t in noisy if t not in held]
@@ -335,7 +349,7 @@ def write_prompt_files(directory: Path | str | None = None) -> dict[str, Path]:
     d = Path(directory) if directory is not None else DATA
     d.mkdir(parents=True, exist_ok=True)
     out = {}
-    for key, lines in zip(PROMPT_FILES, split_prompts()):
+    for key, lines in zip(PROMPT_FILES, split_prompts(), strict=True):
         out[key] = d / PROMPT_FILES[key]
         out[key].write_text("\n".join(lines) + "\n")
     return out

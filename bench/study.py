@@ -1,0 +1,206 @@
+"""The BranchGRPO study (issue 31): methods and ablations on the embedded world for the same denoiser-FLOP budget.
+
+    python bench/study.py                                  # the core plan: 6 variants x seeds 0 1 2, 60 TFLOPs each
+    python bench/study.py --plan ablation --seeds 0 1 2    # one factor at a time from branch and branch-mix
+    python bench/study.py --report-only                    # the tables again, from the runs on disk
+    python bench/study.py --rerun dance-grpo --seeds 0     # one run again in a fresh folder: its metrics rows
+                                                           # must equal the first one's (timings aside)
+
+Each run is `treegrpo train --preset P --seed S` with the world's defaults (16 prompts of shapes-train an
+iteration, lr 1e-4), the variant's `--set`s, one CPU thread, and `train.max_tflops` as the budget: it stops
+after the iteration that reaches the budget in cumulative denoiser FLOPs (counted from the model's shapes
+and the evaluations run, models/flops.py), so the same seed gives the same run whatever the machine's load.
+Held-out evaluations (56 test prompts x 4 ODE samples, the same noises every time) every eighth of the budget,
+of the weights `eval` and `export` use (the EMA where a preset keeps one; the trained ones as `raw/`).
+
+Then `treegrpo compare` over the runs, with dance-grpo as the baseline (target: its mean final held-out gain
+over each run's first evaluation), once on the FLOP axis and once on wall-clock:
+bench/results/study-PLAN.json and bench/results/study-PLAN/reward_vs_{flops,time}.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from methods import commit, machine  # noqa: E402  (bench/ is not a package)
+
+TREEGRPO = [sys.executable, "-m", "treegrpo_cli"]
+RESULTS = Path("bench/results")
+PAPER_SCHEDULE = ('train.loss_norm="mean"', "pruning.train_last=false", "train.minibatches=1")
+
+# label -> (preset, --set values). The presets carry the released codes' update schedules (presets/*.toml).
+PLANS: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
+    "core": {
+        "dance-grpo": ("dance-grpo", ()),
+        "branch": ("branch", ()),
+        "branch-mix": ("branch-mix", ()),
+        "branch-mix/one-step-mean": ("branch-mix", PAPER_SCHEDULE),
+        "tree-grpo": ("tree-grpo", ()),
+        "tree-grpo/one-step-mean": ("tree-grpo", PAPER_SCHEDULE),
+    },
+    "ablation": {
+        "dance-grpo": ("dance-grpo", ()),
+        **{
+            f"{base}/{name}": (base, sets)
+            for base in ("branch", "branch-mix")
+            for name, sets in {
+                "one-step-mean": PAPER_SCHEDULE,
+                "flow-noise": ('sampler.noise="flow"', "sampler.eta=0.7"),
+                "independent-splits": ("tree.branch_s=inf",),
+                "scaled-splits": ('tree.branch_noise="scaled"',),
+                "path-weighted": ("advantage.beta=1.0",),
+                "late-splits": ("tree.split_steps=[9,12,15,18]",),
+            }.items()
+        },
+    },
+}
+
+
+def train_args(preset: str, sets: tuple[str, ...], seed: int, run: Path, tflops: float) -> list[str]:
+    budget = {
+        "train.max_tflops": tflops,
+        "train.eval_every_tflops": tflops / 8,
+        "train.iterations": 100_000,
+        "train.sample_every": 100_000,
+        "train.save_every": 20,
+    }
+    if (run / "run.json").exists():
+        return ["train", "--resume", str(run), "--json"]
+    every = [*(f"{k}={v}" for k, v in budget.items()), *sets]
+    return ["train", "--preset", preset, "--seed", str(seed), "--run-dir", str(run), "--json"] + [
+        a for s in every for a in ("--set", s)
+    ]
+
+
+def folder(label: str, seed: int) -> str:
+    return f"{label.replace('/', '--')}-seed{seed}"
+
+
+def run_one(label: str, preset: str, sets: tuple[str, ...], seed: int, work: Path, tflops: float, log) -> dict:
+    run = work / folder(label, seed)
+    done = run / "summary.json"
+    if done.exists():
+        return json.loads(done.read_text())
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    t0 = time.perf_counter()
+    out = subprocess.run(
+        TREEGRPO + train_args(preset, sets, seed, run, tflops), env=env, capture_output=True, text=True
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"{label} seed {seed} failed: {out.stderr.strip().splitlines()[-1:]}")
+    evals = [json.loads(line) for line in (run / "eval.jsonl").read_text().splitlines()]
+    row = {
+        "label": label,
+        "preset": preset,
+        "sets": list(sets),
+        "seed": seed,
+        "run_dir": str(run),
+        "commit": commit(),
+        "process_minutes": (time.perf_counter() - t0) / 60,
+        "loadavg_1m": os.getloadavg()[0],
+        "summary": json.loads(out.stdout),
+        "heldout": [
+            {k: e.get(k) for k in ("iteration", "wall", "flops_total", "reward_mean", "raw/reward_mean", "weights")}
+            for e in evals
+        ],
+    }
+    done.write_text(json.dumps(row, indent=1) + "\n")
+    sm = row["summary"]
+    log(
+        f"{label} seed {seed}: {sm['iterations']} iterations, held-out gain {sm.get('heldout_gain', float('nan')):+.3f}"
+    )
+    return row
+
+
+def report(rows: list[dict], work: Path, args: argparse.Namespace) -> dict:
+    from treegrpo_cli.report.compare import compare_runs, to_dict, write_report
+
+    plots = RESULTS / f"study-{args.plan}"
+    plots.mkdir(parents=True, exist_ok=True)
+    folders, labels = [Path(r["run_dir"]) for r in rows], [r["label"] for r in rows]
+    result = {
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "commit": commit(),
+        "machine": machine(),
+        "tflops_per_run": args.tflops,
+        "seeds": args.seeds,
+        "plan": {k: {"preset": p, "sets": list(s)} for k, (p, s) in PLANS[args.plan].items()},
+        "command": " ".join(["python bench/study.py", *(a for a in sys.argv[1:] if a != "--report-only")]),
+        "runs": rows,
+    }
+    for axis in ("flops", "time"):
+        cmp = compare_runs(folders, labels, baseline="dance-grpo", gain=True, axis=axis)
+        write_report(cmp, work / f"compare-{axis}")
+        name = f"reward_vs_{axis}.png"
+        (plots / name).write_bytes((work / f"compare-{axis}" / name).read_bytes())
+        result[axis] = to_dict(cmp)
+    (RESULTS / f"study-{args.plan}.json").write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+def rerun(label: str, seed: int, args: argparse.Namespace, log) -> None:
+    """The run again in a fresh folder; its metrics rows against the first run's, timings aside."""
+    preset, sets = PLANS[args.plan][label]
+    first = args.work / folder(label, seed)
+    again = args.work.with_name(args.work.name + "-rerun")
+    row = run_one(label, preset, sets, seed, again, args.tflops, log)
+    timings = {"seconds", "wall", "peak_mib"}
+    read = lambda p: [  # noqa: E731
+        {k: v for k, v in json.loads(line).items() if k not in timings}
+        for line in (p / "metrics.jsonl").read_text().splitlines()
+    ]
+    a, b = read(first), read(Path(row["run_dir"]))
+    same = a == b
+    log(f"rerun of {label} seed {seed}: {len(b)} metrics rows, {'equal' if same else 'NOT equal'} to the first run's")
+    out = {
+        "label": label,
+        "seed": seed,
+        "rows": len(b),
+        "equal_rows": same,
+        "first": str(first),
+        "rerun": row["run_dir"],
+    }
+    (RESULTS / f"study-{args.plan}-rerun.json").write_text(json.dumps(out, indent=1) + "\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--plan", choices=sorted(PLANS), default="core")
+    ap.add_argument("--labels", nargs="+", default=None, help="a subset of the plan's variants")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--tflops", type=float, default=60.0, help="denoiser TFLOPs of training per run")
+    ap.add_argument("--parallel", type=int, default=2, help="runs at a time (one CPU thread each)")
+    ap.add_argument("--work", type=Path, default=None, help="default: runs/study-PLAN")
+    ap.add_argument("--report-only", action="store_true")
+    ap.add_argument("--rerun", default=None, help="a variant to run again at the first --seed")
+    args = ap.parse_args()
+    args.work = args.work or Path(f"runs/study-{args.plan}")
+    args.work.mkdir(parents=True, exist_ok=True)
+
+    def log(msg: str) -> None:
+        print(time.strftime("%H:%M:%S"), msg, flush=True)
+
+    if args.rerun:
+        return rerun(args.rerun, args.seeds[0], args, log)
+    plan = {k: v for k, v in PLANS[args.plan].items() if args.labels is None or k in args.labels}
+    jobs = [(label, *plan[label], seed) for seed in args.seeds for label in plan]  # seed by seed
+    if args.report_only:
+        paths = [args.work / folder(label, seed) / "summary.json" for label, _, _, seed in jobs]
+        rows = [json.loads(p.read_text()) for p in paths if p.exists()]
+    else:
+        with ThreadPoolExecutor(args.parallel) as pool:
+            rows = list(pool.map(lambda j: run_one(*j, args.work, args.tflops, log), jobs))
+    report(rows, args.work, args)
+    log(f"wrote bench/results/study-{args.plan}.json ({len(rows)} runs)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,585 @@
+"""Training runs side by side: held-out reward against wall-clock time, denoiser FLOPs or iterations, cost
+per iteration, model evaluations per sample and memory, grouped by label (the preset by default) with mean
+and spread over seeds.
+
+    OUT/compare.json       every number of the table, the axis, the target and the baseline
+    OUT/reward_vs_X.png    held-out reward against the axis (X = time: wall-clock minutes of training;
+                           flops: cumulative denoiser TFLOPs, counted; iterations): mean over seeds, min-max
+                           band (over the span every seed of the group covers), a ring at every measured point
+    OUT/pareto.png         seconds per iteration against final held-out reward, one point per group
+    OUT/index.html         one self-contained page: table, both plots, each run's latest sample grid
+
+Time to target (in the axis' unit): the point from which a held-out curve stays at or above the target to its end,
+linearly interpolated at its last upward crossing (one noisy evaluation that touches the target and falls back
+does not count), for each run and for each group's mean curve over seeds (every seed held at its last
+value after its end). Speed-up: the baseline group's mean-curve time over a group's. Its spread, the range
+a rerun's speed-up is expected in: the whole computation redone on seeds drawn again with replacement
+from both groups (every draw of n of n seeds when there are few, else 4096 fixed random ones; the target
+drawn again with the baseline unless --target fixes it), and the 2.5th and 97.5th percentiles of those
+speed-ups, 0 standing for a draw that never reaches the target. Other spreads over seeds: the sample
+standard deviation (0 with one run).
+"""
+
+from __future__ import annotations
+
+import base64
+import bisect
+import dataclasses
+import html
+import itertools
+import json
+import math
+import random
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import TreegrpoError
+from ..plots import band_chart, point_chart, save_png
+from ..store.shards import atomic_write
+from ..training import rundir
+
+PHASES = ("rollout", "score", "update")
+GRID_POINTS = 64  # points of the common grid a group's mean curve is drawn on
+AXES = {  # axis -> (unit, what a curve's x is)
+    "time": ("wall-clock minutes", "minutes of training (held-out evaluations excluded)"),
+    "flops": ("denoiser TFLOPs", "cumulative denoiser FLOPs / 1e12, counted from the model's shapes"),
+    "iterations": ("iterations", "completed iterations"),
+}
+RESAMPLES = 4096  # most seed draws the speed-up interval is taken over
+LEVEL = 0.95  # the speed-up interval's coverage
+
+
+@dataclass
+class Stat:
+    """Mean and spread over the runs of a group that have the value (n of them)."""
+
+    mean: float | None
+    std: float | None
+    n: int
+
+
+@dataclass
+class RunStats:
+    folder: str
+    label: str
+    preset: str
+    seed: int
+    iterations: int
+    heldout_curve: list[tuple[float, float]]  # (x on the comparison's axis, held-out reward)
+    final_heldout: float | None
+    gain: float | None  # final held-out minus the first
+    seconds_per_iteration: float | None
+    phase_seconds: dict[str, float | None]
+    forward_nfe_per_sample: float | None  # mean rollout_evals_per_leaf
+    backward_nfe_per_sample: float | None  # mean train_evals_per_leaf
+    peak_mib: float | None
+    to_target: float | None = None  # None: never reaches the target (or no target)
+    sample_grid: str | None = None  # the latest samples/step-N.png
+
+
+@dataclass
+class GroupStats:
+    label: str
+    runs: list[str]
+    seeds: list[int]
+    final_heldout: Stat
+    gain: Stat
+    iterations: Stat
+    seconds_per_iteration: Stat
+    phase_seconds: dict[str, Stat]
+    forward_nfe_per_sample: Stat
+    backward_nfe_per_sample: Stat
+    peak_mib: Stat
+    to_target: Stat  # each seed's, over the runs that reach the target
+    reached_target: int
+    curve_to_target: float | None = None  # the mean curve over seeds' (what the speed-up uses)
+    speedup: float | None = None  # baseline's curve minutes / this group's curve minutes
+    speedup_low: float | None = None  # 95% interval over seeds drawn again (0: never reaches it)
+    speedup_high: float | None = None
+    speedup_reach: float | None = None  # share of those draws that reach the target
+
+
+@dataclass
+class Comparison:
+    target: float | None
+    baseline: str | None
+    measure: str  # "reward": held-out reward | "gain": over each run's first
+    groups: list[GroupStats]
+    runs: list[RunStats]
+    files: list[str] = field(default_factory=list)
+    axis: str = "time"  # the x of every curve and time to target: a key of AXES
+    unit: str = ""  # its unit, for readers of compare.json
+
+    def __post_init__(self) -> None:
+        self.unit = self.unit or AXES[self.axis][0]
+
+
+# --- one run -----------------------------------------------------------------------------------
+
+
+def _number(v: Any) -> float | None:
+    """v as a float when it is a finite number (a missing key, null or NaN: None)."""
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+
+
+def _mean(values: list[Any]) -> float | None:
+    xs = [x for x in map(_number, values) if x is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
+def heldout_curve(
+    metrics: list[dict[str, Any]], evals: list[dict[str, Any]], axis: str = "time"
+) -> list[tuple[float, float]]:
+    """(x, reward) of every evaluation, x on the axis (AXES). An evaluation without its own "wall" (or
+    "flops_total") takes the value of the metrics row of the iteration before it (or of the latest row
+    before that; 0 at iteration 0)."""
+    if axis == "iterations":
+        return [
+            (float(e["iteration"]), y)
+            for e in sorted(evals, key=lambda e: e["iteration"])
+            if (y := _number(e.get("reward_mean"))) is not None
+        ]
+    key, scale = ("wall", 60.0) if axis == "time" else ("flops_total", 1e12)
+    known = sorted((r["iteration"], v) for r in metrics if (v := _number(r.get(key))) is not None)
+    curve = []
+    for e in sorted(evals, key=lambda e: e["iteration"]):
+        x, reward = _number(e.get(key)), _number(e.get("reward_mean"))
+        if x is None:
+            k = bisect.bisect_right([it for it, _ in known], e["iteration"] - 1)
+            x = known[k - 1][1] if k else 0.0
+        if reward is not None:
+            curve.append((x / scale, reward))
+    return curve
+
+
+def latest_sample(run: Path) -> Path | None:
+    """samples/step-N.png with the largest N, or None."""
+    steps = [
+        (int(m.group(1)), p) for p in run.glob("samples/step-*.png") if (m := re.fullmatch(r"step-(\d+)\.png", p.name))
+    ]
+    return max(steps)[1] if steps else None
+
+
+def load_run(run: Path, label: str | None = None, axis: str = "time") -> RunStats:
+    """The numbers of one run folder; refused when it is not a run or has no iterations yet, or when the
+    flops axis is asked of a run that did not count them."""
+    cfg = rundir.load_config(run)
+    metrics = rundir.read_metrics(run)
+    if not metrics:
+        raise TreegrpoError(f"{run}: no iterations in {rundir.METRICS} yet; nothing to compare")
+    if axis == "flops" and not any(_number(r.get("flops_total")) for r in metrics):
+        raise TreegrpoError(
+            f"{run}: its metrics have no flops_total (a run of an older treegrpo, or a model that "
+            "cannot count its FLOPs); compare it with --x time or --x iterations"
+        )
+    curve = heldout_curve(metrics, rundir.read_evals(run), axis)
+    peaks = [x for x in (_number(r.get("peak_mib")) for r in metrics) if x is not None]
+    sample = latest_sample(run)
+    return RunStats(
+        folder=str(run),
+        label=label or cfg.name,
+        preset=cfg.name,
+        seed=cfg.seed,
+        iterations=len(metrics),
+        heldout_curve=curve,
+        final_heldout=curve[-1][1] if curve else None,
+        gain=curve[-1][1] - curve[0][1] if len(curve) > 1 else None,
+        seconds_per_iteration=_mean([r.get("seconds", {}).get("total") for r in metrics]),
+        phase_seconds={p: _mean([r.get("seconds", {}).get(p) for r in metrics]) for p in PHASES},
+        forward_nfe_per_sample=_mean([r.get("rollout_evals_per_leaf") for r in metrics]),
+        backward_nfe_per_sample=_mean([r.get("train_evals_per_leaf") for r in metrics]),
+        peak_mib=max(peaks) if peaks else None,
+        sample_grid=str(sample) if sample else None,
+    )
+
+
+def time_to_target(curve: list[tuple[float, float]], target: float) -> float | None:
+    """The minute from which the curve stays at or above target to its end, interpolated at its last upward
+    crossing (a noisy evaluation that touches the target once and falls back does not count); None if
+    the curve ends below the target."""
+    if not curve or curve[-1][1] < target:
+        return None
+    below = [k for k, (_, y) in enumerate(curve) if y < target]
+    if not below:
+        return curve[0][0]
+    (t0, y0), (t1, y1) = curve[below[-1]], curve[below[-1] + 1]
+    return t0 + (target - y0) / (y1 - y0) * (t1 - t0)
+
+
+# --- groups ------------------------------------------------------------------------------------
+
+
+def stat(values: list[float | None]) -> Stat:
+    """Mean and sample standard deviation of the values that are not None (std 0 with one)."""
+    xs = [float(v) for v in values if v is not None]
+    if not xs:
+        return Stat(None, None, 0)
+    m = sum(xs) / len(xs)
+    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else 0.0
+    return Stat(m, sd, len(xs))
+
+
+def group_stats(
+    label: str, runs: list[RunStats], curve_minutes: float | None, base_minutes: float | None
+) -> GroupStats:
+    """Mean and spread over a group's runs; the speed-up against base_minutes (the baseline's mean-curve time
+    to target) when both it and this group's mean-curve time are known and positive (its interval: see
+    speedup_interval)."""
+    g = GroupStats(
+        label=label,
+        runs=[r.folder for r in runs],
+        seeds=[r.seed for r in runs],
+        final_heldout=stat([r.final_heldout for r in runs]),
+        gain=stat([r.gain for r in runs]),
+        iterations=stat([r.iterations for r in runs]),
+        seconds_per_iteration=stat([r.seconds_per_iteration for r in runs]),
+        phase_seconds={p: stat([r.phase_seconds[p] for r in runs]) for p in PHASES},
+        forward_nfe_per_sample=stat([r.forward_nfe_per_sample for r in runs]),
+        backward_nfe_per_sample=stat([r.backward_nfe_per_sample for r in runs]),
+        peak_mib=stat([r.peak_mib for r in runs]),
+        to_target=stat([r.to_target for r in runs]),
+        reached_target=sum(r.to_target is not None for r in runs),
+        curve_to_target=curve_minutes,
+    )
+    if base_minutes and curve_minutes:  # a group at the target before training has no finite ratio
+        g.speedup = base_minutes / curve_minutes
+    return g
+
+
+# --- the speed-up's spread: seeds drawn again ------------------------------------------------------
+
+
+def seed_draws(n_base: int, n_group: int) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """Pairs of draws with replacement (baseline seeds, group seeds): all of them when there are at most
+    RESAMPLES (3 and 3 seeds: 27 x 27), else RESAMPLES fixed random ones (the same every time)."""
+    if (n_base**n_base) * (n_group**n_group) <= RESAMPLES:
+        return list(
+            itertools.product(
+                itertools.product(range(n_base), repeat=n_base), itertools.product(range(n_group), repeat=n_group)
+            )
+        )
+    rng = random.Random(0)
+    return [
+        (tuple(rng.randrange(n_base) for _ in range(n_base)), tuple(rng.randrange(n_group) for _ in range(n_group)))
+        for _ in range(RESAMPLES)
+    ]
+
+
+def speedup_interval(
+    base: list[list[tuple[float, float]]], group: list[list[tuple[float, float]]], target: float | None
+) -> tuple[float, float, float] | None:
+    """(low, high, share reaching the target) of the speed-up over seed draws, both groups drawn again; the
+    target is the drawn baseline's mean final value unless given. A draw in which the group never reaches the
+    target counts as 0; one in which the baseline never does, or either is there at the start, has no ratio.
+    None when no draw has one."""
+    ratios, bases, groups = [], {}, {}  # each distinct draw's mean curve (and target) computed once
+    for bi, gi in seed_draws(len(base), len(group)):
+        if bi not in bases:
+            aim = target if target is not None else sum(base[i][-1][1] for i in bi) / len(bi)
+            bases[bi] = aim, time_to_target(mean_curve([base[i] for i in bi]), aim)
+        aim, t_base = bases[bi]
+        if not t_base:
+            continue
+        if gi not in groups:
+            groups[gi] = mean_curve([group[i] for i in gi])
+        t = time_to_target(groups[gi], aim)
+        if t != 0:
+            ratios.append(0.0 if t is None else t_base / t)
+    if not ratios:
+        return None
+    ratios.sort()
+    tail = (1 - LEVEL) / 2 * (len(ratios) - 1)
+    return ratios[math.floor(tail)], ratios[math.ceil(len(ratios) - 1 - tail)], sum(r > 0 for r in ratios) / len(ratios)
+
+
+def mean_curve(curves: list[list[tuple[float, float]]]) -> list[tuple[float, float]]:
+    """The mean of piecewise-linear curves at every one of their points, each held at its last value after
+    its end (a run that stopped a little earlier keeps its final reward)."""
+    times = sorted({t for c in curves for t, _ in c})
+    return [(t, sum(_interp(t, c) for c in curves) / len(curves)) for t in times]
+
+
+def _labels(folders: list[Path], labels: list[str] | None) -> list[str | None]:
+    if labels is not None and len(labels) != len(folders):
+        raise TreegrpoError(
+            f"--label was given {len(labels)} times for {len(folders)} runs; give one per run, in order"
+        )
+    if labels is not None and not all(lab.strip() for lab in labels):
+        raise TreegrpoError("--label must not be empty")
+    seen = set()
+    for f in folders:
+        if f.resolve() in seen:
+            raise TreegrpoError(f"{f} is given twice")
+        seen.add(f.resolve())
+    return list(labels) if labels is not None else [None] * len(folders)
+
+
+def compare_runs(
+    folders: list[Path],
+    labels: list[str] | None = None,
+    target: float | None = None,
+    baseline: str | None = None,
+    gain: bool = False,
+    axis: str = "time",
+) -> Comparison:
+    """Load the runs, group them by label, and time each to the target (default: the baseline group's
+    mean final held-out reward). gain=True measures every curve and the target from each run's first
+    held-out evaluation (methods whose samplers start the base model at different rewards)."""
+    if not folders:
+        raise TreegrpoError("give at least one run folder")
+    if axis not in AXES:
+        raise TreegrpoError(f"--x must be one of {', '.join(AXES)}; got {axis!r}")
+    runs = [
+        load_run(Path(f), lab, axis)
+        for f, lab in zip(folders, _labels([Path(f) for f in folders], labels), strict=True)
+    ]
+    groups: dict[str, list[RunStats]] = {}
+    for r in runs:
+        groups.setdefault(r.label, []).append(r)
+    if baseline is not None and baseline not in groups:
+        raise TreegrpoError(f"--baseline {baseline!r} is none of the runs' labels ({', '.join(groups)})")
+    derived = None  # the target as the baseline's mean, when it is that
+    if target is None and baseline is not None:
+        target = derived = stat([r.gain if gain else r.final_heldout for r in groups[baseline]]).mean
+        if target is None:
+            raise TreegrpoError(f"the baseline {baseline!r} has no held-out evaluations (eval.jsonl); give --target")
+    if target is not None and not math.isfinite(target):
+        raise TreegrpoError(f"--target must be a finite number, got {target}")
+    curves = {id(r): measured(r, gain) for r in runs}
+    for r in runs:
+        r.to_target = time_to_target(curves[id(r)], target) if target is not None else None
+    by_curve = {k: _curve_time([curves[id(r)] for r in v], target) for k, v in groups.items()}
+    base = by_curve[baseline] if baseline is not None else None
+    stats = [group_stats(k, v, by_curve[k], base) for k, v in groups.items()]
+    if base and baseline is not None:  # (a base curve time implies a baseline)
+        given = target if derived is None else None
+        base_curves = [curves[id(r)] for r in groups[baseline] if curves[id(r)]]
+        for g in stats:
+            own = [curves[id(r)] for r in groups[g.label] if curves[id(r)]]
+            if g.label != baseline and own and (spread := speedup_interval(base_curves, own, given)):
+                g.speedup_low, g.speedup_high, g.speedup_reach = spread
+    return Comparison(target, baseline, "gain" if gain else "reward", stats, runs, axis=axis)
+
+
+def measured(r: RunStats, gain: bool) -> list[tuple[float, float]]:
+    """A run's held-out curve, or its gain over its first evaluation."""
+    return [(t, y - r.heldout_curve[0][1]) for t, y in r.heldout_curve] if gain else r.heldout_curve
+
+
+def _curve_time(curves: list[list[tuple[float, float]]], target: float | None) -> float | None:
+    curves = [c for c in curves if c]
+    return time_to_target(mean_curve(curves), target) if curves and target is not None else None
+
+
+def to_dict(cmp: Comparison) -> dict[str, Any]:
+    return dataclasses.asdict(cmp)
+
+
+# --- plots -------------------------------------------------------------------------------------
+
+
+def _interp(x: float, curve: list[tuple[float, float]]) -> float:
+    """The curve at x, linear between points, held constant outside them."""
+    xs = [t for t, _ in curve]
+    k = bisect.bisect_right(xs, x)
+    if k == 0:
+        return curve[0][1]
+    if k == len(curve):
+        return curve[-1][1]
+    (t0, y0), (t1, y1) = curve[k - 1], curve[k]
+    return y0 if t1 == t0 else y0 + (x - t0) / (t1 - t0) * (y1 - y0)
+
+
+def common_grid(curves: list[list[tuple[float, float]]], points: int = GRID_POINTS) -> list[float]:
+    """Evenly spaced minutes over the span every curve covers (empty when they do not overlap)."""
+    lo, hi = max(c[0][0] for c in curves), min(c[-1][0] for c in curves)
+    if hi < lo:
+        return []
+    if hi == lo:
+        return [lo]
+    return [lo + (hi - lo) * i / (points - 1) for i in range(points)]
+
+
+def mean_band(curves: list[list[tuple[float, float]]], grid: list[float]):
+    """(grid, mean, min, max) of the curves interpolated onto the grid."""
+    at = [[_interp(x, c) for c in curves] for x in grid]
+    return grid, [sum(v) / len(v) for v in at], [min(v) for v in at], [max(v) for v in at]
+
+
+def reward_plot(cmp: Comparison):
+    bands, marks, gain = {}, {}, cmp.measure == "gain"
+    for g in cmp.groups:
+        curves = [measured(r, gain) for r in cmp.runs if r.label == g.label and r.heldout_curve]
+        bands[g.label] = mean_band(curves, common_grid(curves)) if curves else ([], [], [], [])
+        marks[g.label] = [p for c in curves for p in c]
+    label = f"target {cmp.target:.4g}" if cmp.target is not None else ""
+    what = "held-out gain" if gain else "held-out reward"
+    unit = AXES[cmp.axis][0]
+    return band_chart(
+        bands,
+        f"{what} against {unit} (mean over seeds, min-max band, rings: measured)",
+        unit,
+        what,
+        cmp.target,
+        label,
+        marks=marks,
+    )
+
+
+def pareto_plot(cmp: Comparison):
+    nan = math.nan  # a group without the numbers keeps its colour, no point
+    gain = cmp.measure == "gain"
+    points = {
+        g.label: (_or(g.seconds_per_iteration.mean, nan), _or((g.gain if gain else g.final_heldout).mean, nan))
+        for g in cmp.groups
+    }
+    return point_chart(
+        points,
+        "cost against reward (mean over seeds)",
+        "seconds per iteration",
+        "final held-out gain" if gain else "final held-out reward",
+    )
+
+
+def _or(x: float | None, default: float) -> float:
+    return default if x is None else x
+
+
+# --- table and page ----------------------------------------------------------------------------
+
+COLUMNS = [
+    "group",
+    "runs",
+    "final held-out",
+    "gain",
+    "to target (seeds reaching it)",
+    "speed-up (95% interval)",
+    "s / iteration",
+    "rollout s",
+    "score s",
+    "update s",
+    "forward NFE / sample",
+    "backward NFE / sample",
+    "peak MiB",
+]
+
+
+def _pm(s: Stat, fmt: str = ".4f") -> str:
+    """mean, with +- std when there are several runs; '-' when no run has the value."""
+    if s.mean is None:
+        return "-"
+    return f"{s.mean:{fmt}}" + (f" ± {s.std:{fmt.lstrip('+')}}" if s.n > 1 else "")
+
+
+def _minutes(g: GroupStats) -> str:
+    return "never" if g.curve_to_target is None else f"{g.curve_to_target:.2f}"
+
+
+def speedup_text(speedup: float | None, low: float | None, high: float | None, none: str = "-") -> str:
+    """'2.48x (1.60-3.70)': the speed-up and its interval, 'never' for a bound of 0 (draws that never reach
+    the target; no interval when none does); `none` in place of a speed-up the mean curve does not have."""
+
+    def bound(x: float | None) -> str:
+        return "never" if x == 0 else f"{x:.2f}"
+
+    spread = f" ({bound(low)}-{bound(high)})" if low is not None and high != 0 else ""  # (never-never): none
+    return (none if speedup is None else f"{speedup:.2f}x") + spread
+
+
+def _speedup(g: GroupStats) -> str:
+    return speedup_text(g.speedup, g.speedup_low, g.speedup_high)
+
+
+def table_rows(cmp: Comparison) -> list[list[str]]:
+    """One row of strings per group, in COLUMNS order."""
+    rows = []
+    for g in cmp.groups:
+        reach = _minutes(g) + f" ({g.reached_target}/{len(g.runs)})" if cmp.target is not None else "-"
+        rows.append(
+            [
+                g.label,
+                f"{len(g.runs)} (seeds {', '.join(map(str, g.seeds))})",
+                _pm(g.final_heldout),
+                _pm(g.gain, "+.4f"),
+                reach,
+                _speedup(g),
+                _pm(g.seconds_per_iteration, ".2f"),
+                *(_pm(g.phase_seconds[p], ".2f") for p in PHASES),
+                _pm(g.forward_nfe_per_sample, ".1f"),
+                _pm(g.backward_nfe_per_sample, ".1f"),
+                _pm(g.peak_mib, ".0f"),
+            ]
+        )
+    return rows
+
+
+def _data_uri(png: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+
+
+def _html_table(cmp: Comparison) -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in COLUMNS)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in row) + "</tr>" for row in table_rows(cmp))
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _samples_html(cmp: Comparison) -> str:
+    figures = []
+    for r in cmp.runs:
+        caption = html.escape(f"{r.label} · seed {r.seed} · {Path(r.folder).name}")
+        if r.sample_grid is None:
+            figures.append(f"<figure><p>no sample grid</p><figcaption>{caption}</figcaption></figure>")
+            continue
+        name = html.escape(Path(r.sample_grid).name)
+        figures.append(
+            f'<figure><img src="{_data_uri(Path(r.sample_grid).read_bytes())}" alt="{name}">'
+            f"<figcaption>{caption} · {name}</figcaption></figure>"
+        )
+    return '<div class="samples">' + "".join(figures) + "</div>"
+
+
+STYLE = """
+body{font-family:sans-serif;margin:24px;color:#282828}
+table{border-collapse:collapse;margin:12px 0}
+th,td{border:1px solid #ccc;padding:4px 8px;text-align:right}
+td{white-space:nowrap}
+td:first-child,th:first-child{text-align:left}
+th{background:#f2f2f2}
+.plots{display:flex;flex-wrap:wrap;gap:16px}
+.samples{display:flex;gap:16px;overflow-x:auto}
+figure{margin:0}
+figcaption{font-size:13px;margin-top:4px}
+"""
+
+
+def page(cmp: Comparison, pngs: dict[str, bytes]) -> str:
+    """index.html: everything inline (CSS, base64 PNGs), no scripts, nothing fetched."""
+    target = "none" if cmp.target is None else f"{cmp.target:.4f}"
+    images = "".join(f'<img src="{_data_uri(data)}" alt="{html.escape(name)}">' for name, data in pngs.items())
+    return (
+        f'<!doctype html>\n<html><head><meta charset="utf-8"><title>treegrpo compare</title>'
+        f"<style>{STYLE}</style></head><body>\n"
+        f"<h1>treegrpo compare: runs {len(cmp.runs)}, groups {len(cmp.groups)}</h1>\n"
+        f"<p>axis: {html.escape(AXES[cmp.axis][1])}; "
+        f"target held-out {cmp.measure}: {html.escape(target)}; baseline: {html.escape(cmp.baseline or 'none')}. "
+        "Mean ± sample standard deviation over seeds; speed-up intervals: 95% of the speed-ups with both "
+        "groups' seeds drawn again with replacement (never: draws that do not reach the target).</p>\n"
+        f'{_html_table(cmp)}\n<h2>Reward against time, cost against reward</h2>\n<div class="plots">{images}</div>\n'
+        f"<h2>Latest samples</h2>\n{_samples_html(cmp)}\n</body></html>\n"
+    )
+
+
+def write_report(cmp: Comparison, out: Path) -> list[str]:
+    """reward_vs_<axis>.png, pareto.png, compare.json and index.html under out; returns the paths written."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    pngs = {}
+    for name, image in ((f"reward_vs_{cmp.axis}.png", reward_plot(cmp)), ("pareto.png", pareto_plot(cmp))):
+        save_png(image, out / name)
+        pngs[name] = (out / name).read_bytes()
+    cmp.files = [str(out / n) for n in (*pngs, "compare.json", "index.html")]
+    atomic_write(out / "compare.json", (json.dumps(to_dict(cmp), indent=1, allow_nan=False) + "\n").encode())
+    atomic_write(out / "index.html", page(cmp, pngs).encode())
+    return cmp.files

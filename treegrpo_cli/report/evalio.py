@@ -1,0 +1,193 @@
+"""Files of `treegrpo eval`: a folder of images to score, and the results it writes.
+
+An image folder is scored with an image -> prompt map, by default DIR/prompts.json, else
+DIR/prompts.csv (or the file given as --prompts):
+    prompts.json   {"0001.png": "a red circle", "sub/0002.png": "two blue squares", ...}
+    prompts.csv    a header row with the columns `image` and `prompt` (others are ignored)
+Paths are relative to the folder; every listed image must exist, unlisted files are ignored.
+
+Outputs under --out DIR:
+    results.json          the summary (the same object `--json` prints)
+    results.csv           one row per image: source (model | baseline), index, prompt_id, sample or
+                          file, prompt, one column per metric
+    samples.png           the first 16 images, captioned with their prompt and first metric
+    samples-baseline.png  the same for the baseline
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image, UnidentifiedImageError
+from torch import Tensor
+
+from ..errors import TreegrpoError
+from ..plots import image_grid, save_png
+from ..store.shards import atomic_write
+
+GRID_IMAGES = 16  # images in the sample grid of each source
+GRID_PIXELS = 128  # grid images are scaled to about this many pixels on their long side
+
+
+@dataclass
+class Chunk:
+    images: Tensor  # [b, 3, H, W] float in [0, 1], CPU
+    prompts: list[str]  # [b]
+    keys: list[dict[str, Any]]  # per image: prompt_id and sample, or file
+
+
+@dataclass
+class Source:
+    """Where one set of images comes from: `chunks()` streams them, `total` counts them."""
+
+    label: str
+    total: int
+    chunks: Callable[[], Iterator[Chunk]]
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Scored:
+    rows: list[dict[str, Any]]  # per image: its keys, prompt and one column per metric
+    scores: dict[str, Tensor]  # metric -> [N] float32
+    grid: Tensor | None  # [k <= GRID_IMAGES, 3, H, W] uint8
+    grid_captions: list[str]
+
+
+# --- an image folder -------------------------------------------------------------------------
+
+
+def prompt_map(folder: Path, given: Path | None = None) -> tuple[Path, list[tuple[Path, str]]]:
+    """(the map file, [(image path, prompt)]) of an image folder."""
+    path = given or next((folder / n for n in ("prompts.json", "prompts.csv") if (folder / n).is_file()), None)
+    if path is None:
+        raise TreegrpoError(
+            f"{folder}: no prompts.json or prompts.csv mapping image files to prompts "
+            "(or pass --prompts MAP.json|MAP.csv)"
+        )
+    if not path.is_file():
+        raise TreegrpoError(f"prompt map not found: {path}")
+    if path.suffix == ".json":
+        pairs = _json_pairs(path)
+    elif path.suffix == ".csv":
+        pairs = _csv_pairs(path)
+    else:
+        raise TreegrpoError(f"{path}: the prompt map of --images must be a .json or .csv file")
+    if not pairs:
+        raise TreegrpoError(f"{path}: no images listed")
+    out = [(folder / name, prompt) for name, prompt in pairs]
+    missing = [p for p, _ in out if not p.is_file()]
+    if missing:
+        raise TreegrpoError(f"{path}: {len(missing)} listed images do not exist (e.g. {missing[0]})")
+    return path, out
+
+
+def _json_pairs(path: Path) -> list[tuple[str, str]]:
+    try:
+        d = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError):
+        raise TreegrpoError(f"{path}: not valid JSON") from None
+    if not isinstance(d, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in d.items()):
+        raise TreegrpoError(f'{path}: expected an object {{"image.png": "prompt", ...}}')
+    return sorted(d.items())
+
+
+def _csv_pairs(path: Path) -> list[tuple[str, str]]:
+    try:
+        rows = list(csv.DictReader(io.StringIO(path.read_text())))
+    except (csv.Error, UnicodeDecodeError) as e:
+        raise TreegrpoError(f"{path}: not a readable CSV file ({e})") from None
+    if rows and not {"image", "prompt"} <= set(rows[0]):
+        raise TreegrpoError(f"{path}: expected a header with the columns image and prompt")
+    return [(r["image"], r["prompt"]) for r in rows if r.get("image")]
+
+
+def read_image(path: Path) -> Tensor:
+    """[3, H, W] float in [0, 1]."""
+    try:
+        with Image.open(path) as im:
+            arr = np.asarray(im.convert("RGB")).copy()
+    except (UnidentifiedImageError, OSError) as e:
+        raise TreegrpoError(f"{path}: not a readable image ({e})") from None
+    return torch.from_numpy(arr).permute(2, 0, 1).float() / 255
+
+
+def image_folder(folder: Path, prompts_file: Path | None, batch: int) -> Source:
+    """The images of a folder with their prompts, in chunks of at most `batch` images of one size."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise TreegrpoError(f"{folder}: no such image folder")
+    map_path, pairs = prompt_map(folder, prompts_file)
+
+    def chunks() -> Iterator[Chunk]:
+        pending: list[tuple[Path, str, Tensor]] = []
+        for path, prompt in pairs:
+            x = read_image(path)
+            if pending and (len(pending) == batch or pending[0][2].shape != x.shape):
+                yield _chunk(pending, folder)
+                pending = []
+            pending.append((path, prompt, x))
+        if pending:
+            yield _chunk(pending, folder)
+
+    return Source(str(folder), len(pairs), chunks, {"images": str(folder), "prompt_map": str(map_path)})
+
+
+def _chunk(items: list[tuple[Path, str, Tensor]], folder: Path) -> Chunk:
+    return Chunk(
+        torch.stack([x for _, _, x in items]),
+        [p for _, p, _ in items],
+        [{"file": str(path.relative_to(folder))} for path, _, _ in items],
+    )
+
+
+# --- results ---------------------------------------------------------------------------------
+
+
+def write_outputs(out: Path, summary: dict[str, Any], scored: dict[str, Scored]) -> list[str]:
+    """results.json, results.csv and the sample grids under `out`; returns the paths written."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    files = [out / "results.json", out / "results.csv"]
+    for name, s in scored.items():
+        if s.grid is not None:
+            path = out / ("samples.png" if name == "model" else f"samples-{name}.png")
+            save_png(image_grid(_grid_size(s.grid), s.grid_captions, scale=_scale(s.grid)), path)
+            files.append(path)
+    atomic_write(out / "results.csv", _csv(scored).encode())
+    body = {**summary, "files": [str(f) for f in files]}
+    atomic_write(out / "results.json", (json.dumps(body, indent=1) + "\n").encode())
+    return [str(f) for f in files]
+
+
+def _csv(scored: dict[str, Scored]) -> str:
+    rows = [{"source": name, **r} for name, s in scored.items() for r in s.rows]
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buf.getvalue()
+
+
+def _grid_size(x: Tensor) -> Tensor:
+    """Shrink images larger than GRID_PIXELS on their long side (uint8 [k, 3, H, W] in and out)."""
+    h, w = x.shape[-2:]
+    if max(h, w) <= GRID_PIXELS:
+        return x
+    size = (max(1, h * GRID_PIXELS // max(h, w)), max(1, w * GRID_PIXELS // max(h, w)))
+    y = F.interpolate(x.float(), size=size, mode="bilinear", antialias=True, align_corners=False)
+    return y.clamp(0, 255).round().to(torch.uint8)
+
+
+def _scale(x: Tensor) -> int:
+    return max(1, GRID_PIXELS // max(x.shape[-2:]))

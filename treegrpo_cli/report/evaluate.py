@@ -1,0 +1,254 @@
+"""Evaluation: the held-out reward of training runs, and `treegrpo eval` (reward metrics of a model,
+a training checkpoint or a folder of images, optionally against a baseline).
+
+Held-out reward: every tree is a single chain with no noise after its root (`sde_steps=()`), so for
+fixed weights and seed the images are fixed, and two policies evaluated with the same seed see the
+same root noises: their difference is a paired comparison.
+
+`run_eval` streams: it generates (or reads) at most `batch` images at a time, scores them with every
+metric, keeps the per-image scores and the first few images for the sample grid, and drops the rest.
+Sample j of prompt p starts from the root noise of (mix_seed(seed, j), prompt id p), whatever the
+batch size, so a model and its baseline see the same noises (a paired comparison). Nothing here
+prints; progress goes through `progress(phase, done, total)`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..config import Config, config_from_dict, load_config
+from ..engine.protocols import Kernel
+from ..engine.rollout import Progress, TreeConfig, mix_seed, rollout
+from ..engine.sde import SamplerConfig, make_kernel
+from ..errors import ConfigError, TreegrpoError
+from ..models.base import Policy
+from ..models.registry import load_policy
+from ..rewards.base import Reward, get_reward, spec
+from ..store.checkpoint import MANIFEST, list_checkpoints, load_checkpoint
+from .evalio import GRID_IMAGES, Chunk, Scored, Source, image_folder
+
+# --- treegrpo eval ---------------------------------------------------------------------------
+
+
+@dataclass
+class EvalRequest:
+    metrics: tuple[str, ...] = ("shapes",)
+    prompts: list[str] = field(default_factory=list)  # generation: the prompt list
+    model: str | None = None  # a model name or weights file (default: Config().model)
+    checkpoint: Path | None = None  # a training checkpoint: step-N folder, its checkpoints/ folder or the run
+    ema: bool = True  # a checkpoint's EMA weights when it has them
+    num_images: int = 1  # samples per prompt
+    seed: int = 0
+    sde: bool = False  # SDE sampling at every step instead of the ODE
+    steps: int | None = None  # denoising steps (default: the config's)
+    images: Path | None = None  # score this folder instead of generating (see image_folder)
+    prompts_file: Path | None = None  # --images: the image -> prompt map (default: the folder's prompts.json/.csv)
+    baseline: str | None = None  # a model, a checkpoint or (with images) another image folder
+    batch: int = 16  # images generated and scored at a time
+    max_batch: int = 64  # rows per model forward
+    device: str = "cpu"
+    reward_dtype: str | None = None  # float32 (default), bfloat16 or float16 for the reward models
+    reward_options: dict[str, dict[str, str]] = field(default_factory=dict)
+
+
+def build_rewards(req: EvalRequest) -> dict[str, Reward]:
+    """Every metric's reward on req.device (fails before any image is generated)."""
+    names = list(dict.fromkeys(req.metrics))
+    if not names:
+        raise ConfigError("--metric needs at least one reward name")
+    for name in names:
+        spec(name)
+    stray = sorted(set(req.reward_options) - set(names))
+    if stray:
+        raise ConfigError(f"reward options for {stray[0]!r}, which --metric does not name")
+    return {n: get_reward(n, device=req.device, dtype=req.reward_dtype, **req.reward_options.get(n, {})) for n in names}
+
+
+def run_eval(
+    req: EvalRequest, progress: Progress = lambda phase, done, total: None
+) -> tuple[dict[str, Any], dict[str, Scored]]:
+    """Score the request's images with every metric. Returns (summary, scored): the summary is JSON-able,
+    {"metrics": {name: {"mean", "std", "n"[, "baseline_mean", "baseline_std", "baseline_n", "delta"]}},
+    "source": ..., ...}; scored holds the per-image rows and grid images of each source (write_outputs).
+    The baseline's policy is loaded only after the model's is released."""
+    _check(req)
+    rewards = build_rewards(req)
+    sampler = None
+    folder_base: Source | None = None  # the baseline as a folder (with --images)
+    base_spec: tuple[str | None, Path | None] | None = None  # the baseline as a model (without)
+    if req.images is not None:
+        main = image_folder(req.images, req.prompts_file, req.batch)
+        folder_base = image_folder(Path(req.baseline), None, req.batch) if req.baseline else None
+    else:
+        base_spec = _baseline_spec(req.baseline) if req.baseline else None
+        main, sampler = policy_source(req, req.model, req.checkpoint, None)
+    scored = {"model": score_source(main, rewards, progress, "")}
+    summary = {
+        "metrics": {},
+        "source": main.info,
+        "images": main.total,
+        "seed": req.seed,
+        "sampling": "folder" if sampler is None else ("sde" if req.sde else "ode"),
+    }
+    del main  # release the model before the baseline
+    if req.baseline:
+        if folder_base is not None:  # --images: the baseline is a folder too
+            base = folder_base
+        else:
+            assert base_spec is not None  # parsed above whenever there is a baseline and no --images
+            base = policy_source(req, *base_spec, sampler)[0]
+        scored["baseline"] = score_source(base, rewards, progress, "baseline ")
+        summary["baseline"] = base.info
+    summary["metrics"] = _metrics(scored)
+    if sampler is not None:
+        summary.update(sampler=dataclasses.asdict(sampler), num_images=req.num_images, prompts=len(req.prompts))
+    return summary, scored
+
+
+def _check(req: EvalRequest) -> None:
+    if req.num_images < 1 or req.batch < 1 or req.max_batch < 1:
+        raise ConfigError("--num-images, --batch and --max-batch must be >= 1")
+    if req.images is None and not req.prompts:
+        raise ConfigError("no prompts to generate from")
+    if req.images is not None and (req.model or req.checkpoint):
+        raise ConfigError("--images scores a folder; leave out --model and --checkpoint")
+    if req.model and req.checkpoint:
+        raise ConfigError("give --model or --checkpoint, not both (a checkpoint names its model)")
+
+
+def _baseline_spec(spec_: str) -> tuple[str | None, Path | None]:
+    """A folder is a checkpoint (or a run; checked now); anything else a model name or weights file."""
+    if Path(spec_).is_dir():
+        return None, find_checkpoint(Path(spec_))
+    return spec_, None
+
+
+# --- sources ---------------------------------------------------------------------------------
+
+
+def find_checkpoint(path: Path) -> Path:
+    """A step-N folder, or the newest complete one under a checkpoints/ folder or a run folder."""
+    path = Path(path)
+    if (path / MANIFEST).is_file():
+        return path
+    done = list_checkpoints(path) or list_checkpoints(path / "checkpoints")
+    if not done:
+        raise TreegrpoError(f"{path}: no training checkpoint (a step-N folder with {MANIFEST}, or a run folder)")
+    return done[-1]
+
+
+def load_source_policy(
+    model: str | None, checkpoint: Path | None, ema: bool, device: str
+) -> tuple[Policy, Config, dict[str, Any]]:
+    """The policy of a model name/file or of a training checkpoint (EMA weights when asked and present)."""
+    if checkpoint is None:
+        cfg = load_config(sets=[f"model={json.dumps(model or Config().model)}"])  # with the model's defaults
+        return load_policy(cfg.model, device, cfg.policy), cfg, {"model": cfg.model}
+    step = find_checkpoint(checkpoint)
+    ck = load_checkpoint(step)
+    if "config" not in ck.state:
+        raise TreegrpoError(f"{step}: the checkpoint does not record its config")
+    cfg = config_from_dict(ck.state["config"])
+    policy = load_policy(cfg.model, device, cfg.policy)
+    ema_state = ck.ema if ema else None  # the EMA weights, when asked for and present
+    use_ema = ema_state is not None
+    policy.load_trainable_state(ema_state if ema_state is not None else ck.model)
+    return (
+        policy,
+        cfg,
+        {"model": cfg.model, "checkpoint": str(step), "step": ck.step, "weights": "ema" if use_ema else "trained"},
+    )
+
+
+def policy_source(
+    req: EvalRequest, model: str | None, checkpoint: Path | None, sampler: SamplerConfig | None
+) -> tuple[Source, SamplerConfig]:
+    """Generated images; the sampler is the source's config (or the one given, for a baseline)."""
+    policy, cfg, info = load_source_policy(model, checkpoint, req.ema, req.device)
+    if sampler is None:
+        sampler = dataclasses.replace(cfg.sampler, steps=req.steps) if req.steps else cfg.sampler
+        sampler.validate()
+    sde = make_kernel(policy, sampler)
+    total = len(req.prompts) * req.num_images
+    label = info.get("checkpoint", info["model"])
+
+    def chunks() -> Iterator[Chunk]:
+        return generate(policy, sde, req.prompts, req.num_images, req.seed, req.sde, req.batch, req.max_batch)
+
+    return Source(label, total, chunks, info), sampler
+
+
+def generate(
+    policy: Policy,
+    sde: Kernel,
+    prompts: list[str],
+    num_images: int,
+    seed: int,
+    stochastic: bool,
+    batch: int,
+    max_batch: int,
+) -> Iterator[Chunk]:
+    """num_images samples of every prompt, at most `batch` per rollout: sample j of prompt p starts from
+    the root noise of (mix_seed(seed, j), p); ODE after the root unless `stochastic` (SDE at every step)."""
+    tree_cfg = TreeConfig(sde_steps=None if stochastic else (), trees_per_prompt=1)
+    device = next(iter(policy.trainable_parameters())).device
+    for j in range(num_images):
+        for a in range(0, len(prompts), batch):
+            ids = list(range(a, min(a + batch, len(prompts))))
+            tree, _ = rollout(policy, [prompts[i] for i in ids], ids, sde, tree_cfg, mix_seed(seed, j), max_batch)
+            with torch.no_grad():
+                images = policy.decode(tree.image_latent.to(device)).float().cpu()  # [b, 3, H, W]
+            yield Chunk(images, [prompts[i] for i in ids], [{"prompt_id": i, "sample": j} for i in ids])
+
+
+def score_source(source: Source, rewards: dict[str, Reward], progress: Progress, prefix: str) -> Scored:
+    """Every metric of every image of a source, streamed chunk by chunk (one chunk in memory)."""
+    rows: list[dict[str, Any]] = []
+    scores: dict[str, list[Tensor]] = {n: [] for n in rewards}
+    grid: list[Tensor] = []
+    captions: list[str] = []
+    first = next(iter(rewards))
+    for chunk in source.chunks():
+        progress(f"{prefix}generate", len(rows) + len(chunk.prompts), source.total)
+        vals = {n: fn(chunk.images, chunk.prompts).float().cpu() for n, fn in rewards.items()}  # [b] each
+        for k, prompt in enumerate(chunk.prompts):
+            rows.append(
+                {"index": len(rows), **chunk.keys[k], "prompt": prompt, **{n: float(v[k]) for n, v in vals.items()}}
+            )
+            if len(grid) < GRID_IMAGES and (not grid or grid[0].shape == chunk.images[k].shape):
+                grid.append((chunk.images[k].clamp(0, 1) * 255).round().to(torch.uint8))  # [3, H, W]
+                captions.append(f"{prompt} ({first} {float(vals[first][k]):.3f})")
+        for n, v in vals.items():
+            scores[n].append(v)
+        progress(f"{prefix}score", len(rows), source.total)
+    return Scored(
+        rows,
+        {n: torch.cat(v) if v else torch.zeros(0) for n, v in scores.items()},
+        torch.stack(grid) if grid else None,
+        captions,
+    )
+
+
+def _metrics(scored: dict[str, Scored]) -> dict[str, dict[str, Any]]:
+    out = {}
+    for name, v in scored["model"].scores.items():
+        out[name] = _stats(v)
+        if "baseline" in scored:
+            b = _stats(scored["baseline"].scores[name])
+            out[name].update(
+                baseline_mean=b["mean"], baseline_std=b["std"], baseline_n=b["n"], delta=out[name]["mean"] - b["mean"]
+            )
+    return out
+
+
+def _stats(v: Tensor) -> dict[str, Any]:
+    n = int(v.numel())
+    return {"mean": float(v.mean()) if n else float("nan"), "std": float(v.std()) if n > 1 else 0.0, "n": n}

@@ -1,0 +1,1 @@
+"""Training: the online loop, the staged stages, the run folder, the process group, export and world pretraining."""

@@ -1,0 +1,75 @@
+"""Export a training checkpoint in diffusers' own format (`treegrpo export`).
+
+    OUT/pytorch_lora_weights.safetensors   LoRA runs: `pipe.load_lora_weights(OUT)` loads it
+    OUT/transformer/ (or unet/)            full fine-tuning: `<Model>.from_pretrained(OUT / "transformer")`
+    OUT/treegrpo_export.json               what was exported: run, step, EMA or not, base model, files
+
+The EMA weights are exported when the checkpoint has them, unless asked otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import TreegrpoError
+from ..models.registry import load_policy
+from ..store.checkpoint import list_checkpoints, load_checkpoint
+from ..store.shards import atomic_write
+from . import rundir
+
+EXPORT_JSON = "treegrpo_export.json"
+
+
+@dataclass
+class ExportRequest:
+    run_dir: Path
+    out: Path
+    step: int | None = None  # None: the latest complete checkpoint
+    ema: bool = True  # export the EMA weights when the checkpoint has them
+    overwrite: bool = False
+    device: str = "cpu"
+
+
+def pick_checkpoint(run_dir: Path, step: int | None) -> Path:
+    done = list_checkpoints(run_dir / "checkpoints")
+    if not done:
+        raise TreegrpoError(f"{run_dir}: no complete checkpoint under checkpoints/")
+    if step is None:
+        return done[-1]
+    for path in done:
+        if int(path.name[5:]) == step:
+            return path
+    raise TreegrpoError(f"{run_dir}: no checkpoint of step {step} (have: {', '.join(p.name[5:] for p in done)})")
+
+
+def export_checkpoint(req: ExportRequest) -> dict[str, Any]:
+    """Write one checkpoint's weights as a diffusers LoRA file or model folder under req.out."""
+    cfg = rundir.load_config(req.run_dir)
+    if req.out.exists() and not req.out.is_dir():
+        raise TreegrpoError(f"{req.out} exists and is not a folder")
+    if req.out.exists() and any(req.out.iterdir()) and not req.overwrite:
+        raise TreegrpoError(f"{req.out} is not empty; pass --overwrite or choose another --out")
+    path = pick_checkpoint(req.run_dir, req.step)
+    ck = load_checkpoint(path)
+    use_ema = req.ema and ck.ema is not None
+    policy = load_policy(cfg.model, req.device, cfg.policy, text_encoders=False)
+    if not hasattr(policy, "export"):
+        raise TreegrpoError(
+            f"model {cfg.model!r} has no diffusers format; its weights are the model-*.safetensors shards of {path}"
+        )
+    files = policy.export(req.out, ck.ema if use_ema else ck.model)
+    info = {
+        "run_dir": str(req.run_dir),
+        "checkpoint": str(path),
+        "step": ck.step,
+        "ema": use_ema,
+        "model": policy.describe(),
+        "files": files,
+        "created": time.time(),
+    }
+    atomic_write(req.out / EXPORT_JSON, (json.dumps(info, indent=1) + "\n").encode())
+    return {"out": str(req.out), "step": ck.step, "ema": use_ema, "finetune": cfg.policy.finetune, "files": files}

@@ -1,0 +1,607 @@
+"""The online training loop: rollout -> score -> advantages -> pruning -> GRPO update, with exact resume.
+
+Everything random in an iteration is seeded by (seed, iteration): the prompts, the window, every
+node's noise and the minibatch order. A checkpoint therefore only needs the weights, the EMA, the
+optimizer and the iteration counter for a resumed run to repeat an uninterrupted one bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..config import Config
+from ..engine.credit import assign_credit
+from ..engine.grpo import (
+    Batch,
+    Parallel,
+    grpo_update,
+    loss_denominators,
+    make_optimizer,
+    minibatches,
+    parent_chunk_count,
+)
+from ..engine.rollout import Progress, TreeConfig, mix_seed, rollout
+from ..engine.schedules import tree_for_iteration
+from ..engine.sde import make_kernel
+from ..engine.tree import Tree, cat_trees
+from ..errors import TreegrpoError
+from ..models.base import Policy
+from ..models.registry import load_policy
+from ..rewards.base import get_reward, parse_reward_options, score_leaves, weighted_sum
+from ..store.checkpoint import Checkpoint, follow_checkpoint_gathers, list_checkpoints, load_checkpoint, save_checkpoint
+from ..store.trees import to_uint8
+from . import dist, rundir
+from .dist import SINGLE, Dist
+from .heldout import heldout_reward
+
+
+@dataclass
+class TrainRequest:
+    config: Config
+    prompts: list[str]  # training prompts
+    eval_prompts: list[str]  # prompts of the sample grids
+    run_dir: Path
+    resume: bool = False
+    device: str = "cpu"
+    command: str = ""
+    dist: Dist = SINGLE  # this process's rank in a data-parallel run (dist.py)
+
+
+@dataclass
+class Hooks:
+    progress: Progress = lambda phase, done, total: None
+    on_row: Callable[[dict[str, Any]], None] = lambda row: None
+    note: Callable[[str], None] = lambda message: None  # resume, fallback and stall messages
+    should_stop: Callable[[], bool] = lambda: False
+
+
+class Trainer:
+    """Holds the policy, optimizer and EMA of one run."""
+
+    def __init__(self, cfg: Config, device: str, d: Dist = SINGLE):
+        cfg.train.validate()
+        self.cfg, self.device, self.d = cfg, device, d
+        torch.manual_seed(mix_seed(cfg.seed, 0x6E0B))  # the global generators (LoRA init, anything unseeded) too
+        self.policy: Policy = load_policy(cfg.model, device, cfg.policy)
+        cfg.check_tree_memory(tuple(self.policy.latent_shape))
+        self.sde = make_kernel(self.policy, cfg.sampler)  # FlowSDE, or the policy's own (DDIM for SD1.5)
+        self.ref = self.policy.reference() if cfg.train.kl_beta > 0 else None  # whole on every rank
+        self.flops_row = getattr(self.policy, "flops_per_row", lambda: None)()  # (fwd, bwd) of one row, unsharded
+        self.sharded = cfg.train.parallel == "fsdp" and d.active  # one process: nothing to shard
+        if self.sharded:
+            _shard(self.policy, device)
+        self.opt = make_optimizer(list(self.policy.trainable_parameters()), cfg.train)
+        self.ema = (
+            {k: v.detach().clone() for k, v in self.policy.trainable_state().items()}
+            if cfg.train.ema_decay > 0
+            else None
+        )
+        self.rewards = build_rewards(cfg, device)
+        self.weights = cfg.reward.weight_map()
+        self.step = 0
+        self.totals = dict.fromkeys(TOTALS, 0)  # the run's compute so far (cumulative metrics)
+        self.opt_steps = 0  # optimizer steps over the run (the EMA's cadence and warm-up count them)
+        self.ema_updates = 0  # EMA updates in the current iteration
+
+    def update_ema(self) -> None:
+        """One EMA update at the decay of optimizer step `opt_steps` (train.ema_warmup: Flow-GRPO's warm-up)."""
+        if self.ema is None:
+            return
+        d, s = self.cfg.train.ema_decay, self.opt_steps
+        d = min((1 + s) / (10 + s), d) if self.cfg.train.ema_warmup else d
+        with torch.no_grad():
+            for k, v in self.policy.trainable_state().items():
+                self.ema[k].mul_(d).add_(v.to(self.ema[k].device), alpha=1 - d)
+        self.ema_updates += 1
+
+    def add_to_totals(self, row: dict[str, Any]) -> dict[str, int]:
+        """An iteration's denoiser FLOPs and reward-model images, and the run's totals with them."""
+        flops = iteration_flops(
+            self.flops_row, row.get("rollout_evals", 0), row.get("train_evals", 0), self.ref is not None
+        )
+        now = {"flops": flops, "reward_images": int(row.get("leaves", 0))}
+        self.totals = {f"{k}_total": self.totals[f"{k}_total"] + v for k, v in now.items()}
+        return {**now, **self.totals}
+
+    def after_step(self) -> None:
+        """After each optimizer step: count it (over the run) and update the EMA when its cadence says so."""
+        self.opt_steps += 1
+        every = self.cfg.train.ema_every
+        if every and (self.opt_steps + 1) % every == 0:
+            self.update_ema()
+
+    def update(self, batch: Batch, gen: torch.Generator, parallel: Parallel | None = None) -> dict[str, Any]:
+        """One iteration's GRPO update, with the EMA updates its schedule asks for (train.ema_every)."""
+        self.ema_updates = 0
+        out = grpo_update(
+            self.policy,
+            self.opt,
+            self.sde,
+            batch,
+            self.cfg.train,
+            gen,
+            self.cfg.rollout.max_batch,
+            self.ref,
+            self.after_step,
+            parallel,
+        )
+        if self.cfg.train.ema_every == 0:  # once per iteration (DanceGRPO's code)
+            self.update_ema()
+        return {**out, "ema_updates": self.ema_updates}
+
+    def checkpoint(self, extra: dict[str, Any]) -> Checkpoint:
+        """The run's state (a sharded run's tensors are its shards: save_checkpoint gathers them)."""
+        return Checkpoint(
+            self.step,
+            self.policy.trainable_state(),
+            self.ema,
+            self.opt.state_dict(),
+            rng_states(),
+            {"step": self.step, "seed": self.cfg.seed, "optimizer_steps": self.opt_steps, **extra},
+        )
+
+    def restore(self, ck: Checkpoint) -> None:
+        """Load a checkpoint (whole tensors, written by any number of processes, sharded or not)."""
+        model, opt, ema = ck.model, ck.optimizer, ck.ema
+        if self.sharded:
+            like = self.policy.trainable_state()
+            model = dist.shard_like(model, like)
+            opt = dist.shard_optimizer_state(opt, list(self.policy.trainable_parameters()))
+            ema = dist.shard_like(ema, like) if ema is not None else None
+        self.policy.load_trainable_state(model)
+        self.opt.load_state_dict(opt)
+        if self.ema is not None and ema is not None:
+            self.ema = {k: v.clone() for k, v in ema.items()}
+        set_rng_states(ck.rng)
+        self.step = ck.step
+        self.opt_steps = int(ck.state.get("optimizer_steps", 0))
+
+    # -- one iteration -------------------------------------------------------------------
+    def iteration(self, prompts: list[str], progress: Progress) -> dict[str, Any]:
+        """Roll out this rank's share of the iteration's prompts, credit over the whole batch, update."""
+        cfg, it, d = self.cfg, self.step, self.d
+        t0 = time.perf_counter()
+        plan = plan_iteration(cfg, len(prompts), it)
+        part = dist.shard(len(plan.prompt_ids), d)
+        mine = plan.prompt_ids[part]
+        tree, nfe = rollout(
+            self.policy,
+            [prompts[i] for i in mine],
+            mine,
+            self.sde,
+            plan.tree,
+            plan.seed,
+            cfg.rollout.max_batch,
+            progress,
+            earlier_ids=plan.prompt_ids[: part.start],
+        )
+        t1 = time.perf_counter()
+        leaf_prompts = [prompts[int(p)] for p in tree.tree_prompt[tree.tree[tree.leaves()]]]
+        scores = score_leaves(self.rewards, leaf_images(self.policy, tree), leaf_prompts)
+        whole, all_scores, starts = _whole_batch(tree, scores, d)
+        adv, trained = credit(cfg, whole, all_scores, it)
+        t2 = time.perf_counter()
+        own = slice(starts[d.rank], starts[d.rank] + tree.num_nodes)
+        batch = Batch(
+            tree, trained[own], adv.edge[own], self.policy.encode([prompts[int(p)] for p in tree.tree_prompt])
+        )
+        par = _parallel(Batch(whole, trained, adv.edge, {}), cfg, it, starts, d, self.sharded) if d.active else None
+        upd = self.update(batch, update_generator(cfg, it), par)
+        t3 = time.perf_counter()
+        self.step += 1
+        nfe = sum(dist.gather(nfe, d))
+        row = _row(
+            it, all_scores, self.weights, adv.edge[trained], int(whole.is_leaf().sum()), nfe, upd, plan.tree, self.opt
+        )
+        row["seconds"] = {"rollout": t1 - t0, "score": t2 - t1, "update": t3 - t2, "total": t3 - t0}
+        row["peak_mib"] = peak_memory_mib(self.device)
+        return row
+
+
+TOTALS = ("flops_total", "reward_images_total")
+
+
+def iteration_flops(per_row: tuple[int, int] | None, rollout_evals: int, train_evals: int, with_ref: bool) -> int:
+    """Denoiser FLOPs of an iteration, from the evaluations it ran and the model's per-row count
+    (models/flops.py): each rollout evaluation a forward, each training evaluation a forward and a
+    backward, plus the reference forward of each training evaluation when a KL term is on. 0 where
+    the policy cannot say."""
+    if per_row is None:
+        return 0
+    fwd, bwd = per_row
+    return int(rollout_evals * fwd + train_evals * (fwd + bwd + (fwd if with_ref else 0)))
+
+
+def _shard(policy: Policy, device: str) -> None:
+    """FSDP2 over the policy's denoiser (train.parallel = "fsdp")."""
+    root = getattr(policy, "net", None) or getattr(policy, "denoiser", None)
+    if not isinstance(root, torch.nn.Module):
+        raise TreegrpoError(
+            f"train.parallel = fsdp needs a policy with one denoiser module; {type(policy).__name__} "
+            "has none: use train.parallel = replicate"
+        )
+    if getattr(getattr(policy, "opts", None), "finetune", "full") != "full":
+        raise TreegrpoError(
+            "train.parallel = fsdp shards a fully fine-tuned model (--finetune full); a LoRA run keeps "
+            "the frozen model whole on every process: use train.parallel = replicate"
+        )
+    dist.shard_module(root, str(device).startswith("cuda") and getattr(policy, "dtype", None) == torch.bfloat16)
+
+
+def _whole_batch(
+    tree: Tree, scores: dict[str, torch.Tensor], d: Dist
+) -> tuple[Tree, dict[str, torch.Tensor], list[int]]:
+    """The structure of every rank's trees (no latents) concatenated in rank order, every leaf's scores,
+    and where each rank's nodes start in it (and end: the last entry). One process: the tree itself."""
+    if not d.active:
+        return tree, scores, [0, tree.num_nodes]
+    shape = {k: v for k, v in tree.tensors().items() if k not in ("latent", "image_latent")}
+    parts = dist.gather((shape, scores), d)
+    skeletons = [Tree(latent=torch.zeros(len(t["parent"]), 0), image_latent=torch.zeros(0, 0), **t) for t, _ in parts]
+    whole = cat_trees(skeletons)
+    all_scores = {n: torch.cat([sc[n] for _, sc in parts]) for n in scores}
+    sizes = torch.tensor([len(t["parent"]) for t, _ in parts])
+    return whole, all_scores, [0, *torch.cumsum(sizes, 0).tolist()]
+
+
+def _parallel(whole: Batch, cfg: Config, it: int, starts: list[int], d: Dist, sharded: bool) -> Parallel:
+    """The global minibatch plan restricted to this rank's nodes, with global loss divisors; for a sharded
+    model also the chunk count every rank runs per step (the most any rank needs), divisors that undo
+    the averaging of FSDP's reduce-scatter (a sum is wanted), and gradient clipping over the shards."""
+    plan = minibatches(whole, cfg.train, update_generator(cfg, it))
+
+    def part(mb: torch.Tensor, r: int) -> torch.Tensor:
+        return mb[(mb >= starts[r]) & (mb < starts[r + 1])]
+
+    mine = [part(mb, d.rank) - starts[d.rank] for mb in plan]
+
+    def gather(x: torch.Tensor) -> torch.Tensor:
+        return torch.cat(dist.gather(x, d))
+
+    if not sharded:
+        return Parallel(mine, loss_denominators(whole, cfg.train, plan), lambda ps: dist.sum_gradients(ps, d), gather)
+    chunks = [
+        max(parent_chunk_count(whole.tree.parent, part(mb, r), cfg.rollout.max_batch) for r in range(d.world))
+        for mb in plan
+    ]
+    denominators = [x / d.world for x in loss_denominators(whole, cfg.train, plan)]
+    return Parallel(
+        mine,
+        denominators,
+        lambda ps: None,
+        gather,
+        chunks,  # FSDP reduce-scatters
+        dist.clip_sharded_gradients,
+    )
+
+
+# --- the steps of an iteration, shared with the staged pipeline (stages.py) -------------------
+
+
+@dataclass(frozen=True)
+class IterationPlan:
+    """What the online loop samples at one iteration: which prompts, the tree's shape, the noise seed."""
+
+    prompt_ids: list[int]
+    tree: TreeConfig
+    seed: int
+
+
+def plan_iteration(cfg: Config, num_available: int, it: int, num_prompts: int | None = None) -> IterationPlan:
+    """Iteration `it`'s prompts (a seeded draw from the num_available), tree shape (the preset's
+    [schedule]) and root seed: what `train` samples and what `rollout --iteration it` writes."""
+    ids = sample_prompt_ids(num_available, num_prompts or cfg.rollout.num_prompts, cfg.seed, it)
+    tree_cfg = tree_for_iteration(cfg.tree, cfg.schedule, cfg.sampler.steps, it, cfg.seed, cfg.sampler.decode)
+    return IterationPlan(ids, tree_cfg, mix_seed(cfg.seed, it))
+
+
+def build_rewards(cfg: Config, device: str) -> dict[str, Any]:
+    """The config's reward models with their reward.options, on `device`."""
+    opts = parse_reward_options(cfg.reward.options)
+    return {n: get_reward(n, device=device, **opts.get(n, {})) for n in cfg.reward.names}
+
+
+def leaf_images(policy: Policy, tree: Tree) -> torch.Tensor:
+    """[L, 3, H, W] uint8: the leaves' images as a user sees them and the rewards score them
+    (the staged pipeline stores exactly these)."""
+    dev = next(iter(policy.trainable_parameters())).device
+    with torch.no_grad():
+        return to_uint8(policy.decode(tree.image_latent.to(dev)))
+
+
+def credit(cfg: Config, tree: Tree, scores: dict[str, torch.Tensor], it: int):
+    """Leaf scores {name: [L]} -> edge advantages and the trained-edge mask [N] of a batch of trees."""
+    leaves = tree.leaves()
+    full = {n: torch.full((tree.num_nodes,), float("nan")).index_put_((leaves,), s.float()) for n, s in scores.items()}
+    return assign_credit(
+        tree.parent,
+        tree.depth,
+        tree.tree,
+        tree.group(),
+        tree.sde,
+        tree.log_prob,
+        full,
+        cfg.reward.weight_map(),
+        cfg.reward.combine,
+        cfg.advantage,
+        cfg.pruning,
+        cfg.sampler.steps,
+        cfg.sampler.decode,
+        it,
+        cfg.train.iterations,
+    )
+
+
+def update_generator(cfg: Config, it: int) -> torch.Generator:
+    """The generator of iteration it's minibatch order."""
+    return torch.Generator().manual_seed(mix_seed(cfg.seed, it, 0xB47C))
+
+
+def peak_memory_mib(device: str) -> float:
+    """Peak memory so far: the device's allocated tensors on CUDA, the process's resident set on the CPU."""
+    if str(device).startswith("cuda"):
+        return torch.cuda.max_memory_allocated(torch.device(device)) / 2**20
+    try:
+        import resource
+    except ImportError:  # not on Windows
+        return float("nan")
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def rng_states() -> dict[str, torch.Tensor]:
+    """Every global RNG state torch keeps: the CPU generator and each CUDA device's."""
+    states = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        states.update({f"cuda.{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
+    return states
+
+
+def set_rng_states(states: dict[str, torch.Tensor]) -> None:
+    torch.set_rng_state(states["torch"])
+    cuda = [states[k] for k in sorted((k for k in states if k.startswith("cuda.")), key=lambda k: int(k[5:]))]
+    if cuda and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(cuda[: torch.cuda.device_count()])
+
+
+def sample_prompt_ids(n: int, k: int, seed: int, iteration: int) -> list[int]:
+    """k prompt ids for one iteration: a seeded permutation, cycled when k > n."""
+    g = torch.Generator().manual_seed(mix_seed(seed, iteration, 0x9A11))
+    perm = torch.randperm(n, generator=g).tolist()
+    return [perm[i % n] for i in range(k)]
+
+
+def _row(it, scores, weights, adv_trained, leaves, nfe, upd, tree_cfg: TreeConfig, opt) -> dict[str, Any]:
+    total = weighted_sum(scores, weights)
+    row: dict[str, Any] = {
+        "iteration": it,
+        "reward_mean": float(total.mean()),
+        "reward_std": float(total.std()) if total.numel() > 1 else 0.0,
+    }
+    for n, s in scores.items():
+        row[f"rewards/{n}/mean"], row[f"rewards/{n}/std"] = float(s.mean()), float(s.std()) if s.numel() > 1 else 0.0
+    a = adv_trained.float()
+    row.update(
+        {
+            "adv_mean": float(a.mean()) if a.numel() else 0.0,
+            "adv_std": float(a.std()) if a.numel() > 1 else 0.0,
+            "adv_abs_max": float(a.abs().max()) if a.numel() else 0.0,
+            "trained_edges": int(a.numel()),
+            "leaves": leaves,
+            "rollout_evals": nfe,
+            "rollout_evals_per_leaf": nfe / leaves,
+            "train_evals_per_leaf": upd.get("train_evals", 0) / leaves,
+            "lr": opt.param_groups[0]["lr"],
+            "sde_steps": list(tree_cfg.sde_steps) if tree_cfg.sde_steps is not None else "all",
+        }
+    )
+    row.update(upd)
+    return row
+
+
+# --- the run ---------------------------------------------------------------------------------
+
+
+def train(req: TrainRequest, hooks: Hooks = Hooks()) -> dict[str, Any]:
+    """Train online until cfg.train.iterations (or train.max_minutes); resumable from the last good
+    checkpoint. With several processes every rank trains and rank 0 alone writes the run folder; the
+    sample grids, held-out evaluations and checkpoints are rank 0's work, or, for a sharded model, every
+    rank's (each forward is a collective)."""
+    cfg, d = req.config, req.dist
+    trainer = Trainer(cfg, req.device, d)
+    works = d.main or trainer.sharded  # this rank runs the grids', evaluations' and checkpoints' forwards
+    if cfg.policy.free_text_encoders and hasattr(trainer.policy, "cache_prompts"):
+        trainer.policy.cache_prompts(req.prompts + req.eval_prompts)  # embed once, then free the encoders
+    if req.resume:
+        _resume(trainer, req, hooks)
+    elif d.main:
+        rundir.create(req.run_dir, cfg, req.command, {"train": req.prompts, "eval": req.eval_prompts})
+    if not req.resume and cfg.train.sample_every and works:
+        _grid(trainer, req, 0)
+    if cfg.train.eval_samples and _main_says(lambda: not rundir.read_evals(req.run_dir), trainer, d):
+        _heldout(trainer, req, hooks, 0.0)
+    dist.barrier(d)
+    done_rows = rundir.read_metrics(req.run_dir)
+    start, wall = trainer.step, (done_rows[-1]["wall"] if done_rows else 0.0)
+    trainer.totals = {k: int(done_rows[-1].get(k, 0)) if done_rows else 0 for k in TOTALS}
+    wall0, budget = time.perf_counter() - wall, cfg.train.max_minutes * 60
+    spent = lambda: bool(cfg.train.max_tflops and trainer.totals["flops_total"] >= cfg.train.max_tflops * 1e12)  # noqa: E731
+    finished = trainer.step >= cfg.train.iterations or bool(budget and wall >= budget) or spent()
+    stopped, stall = False, 0
+    while not finished:
+        row = trainer.iteration(req.prompts, lambda ph, dn, t: hooks.progress("rollout", dn, t))
+        row["wall"], last_wall = time.perf_counter() - wall0, wall
+        last_tflops = trainer.totals["flops_total"] / 1e12
+        row.update(trainer.add_to_totals(row))
+        wall = row["wall"]
+        _check_finite(row, req.run_dir)
+        votes = dist.gather((hooks.should_stop(), bool(budget and wall >= budget)), d)
+        stopped = any(v[0] for v in votes)
+        finished = trainer.step == cfg.train.iterations or votes[0][1] or spent()  # rank 0's clock decides the budget
+        if d.main:  # the other ranks go on; the next iteration's gather waits for rank 0
+            stall = _record(req, hooks, row, stall)
+        if works:
+            _outputs(trainer, req, stopped, finished)
+            due = _crossed(cfg.train.eval_every_minutes * 60, last_wall, wall) or _crossed(
+                cfg.train.eval_every_tflops, last_tflops, trainer.totals["flops_total"] / 1e12
+            )
+            if not (finished or stopped) and due:
+                t = time.perf_counter()
+                _heldout(trainer, req, hooks, wall)
+                wall0 += time.perf_counter() - t  # held-out evaluations do not count as training time
+        if stopped:
+            break
+
+    def last_eval() -> int:
+        return rundir.read_evals(req.run_dir)[-1]["iteration"]
+
+    if cfg.train.eval_samples and finished and _main_says(lambda: last_eval() < trainer.step, trainer, d):
+        _heldout(trainer, req, hooks, wall)  # also after a run killed between its last checkpoint and this
+    dist.barrier(d)
+    return rundir.summary(req.run_dir, start, stopped) if d.main else {}
+
+
+def _main_says(question: Callable[[], bool], trainer: Trainer, d: Dist) -> bool:
+    """Rank 0's answer to a question about the run folder; the other ranks of a sharded run learn it (they
+    take part in what follows), those of a replicated one answer no."""
+    if not trainer.sharded:
+        return d.main and question()
+    return bool(dist.gather(question() if d.main else None, d)[0])
+
+
+def _crossed(every: float, before: float, now: float) -> bool:
+    """Did a counter (training seconds, TFLOPs) cross a multiple of `every` between `before` and `now`?"""
+    return every > 0 and int(now // every) > int(before // every)
+
+
+def _record(req: TrainRequest, hooks: Hooks, row: dict[str, Any], stall: int) -> int:
+    """Rank 0's bookkeeping of an iteration: metrics, hooks, stall warning."""
+    rundir.append_metrics(req.run_dir, row)
+    hooks.on_row(row)
+    stall = stall + 1 if rundir.stalled(row) else 0
+    if stall == rundir.STALL_ITERATIONS:
+        hooks.note(rundir.stall_message(row["iteration"] - stall + 1, row["iteration"]))
+    return stall
+
+
+def _outputs(trainer: Trainer, req: TrainRequest, stopped: bool, last: bool) -> None:
+    """The checkpoint and sample grid due after an iteration."""
+    cfg = trainer.cfg
+    if last or stopped or trainer.step % cfg.train.save_every == 0:
+        _save(trainer, req)
+    if cfg.train.sample_every and (last or trainer.step % cfg.train.sample_every == 0):
+        _grid(trainer, req, trainer.step)
+        if last and req.dist.main:
+            rundir.before_after(req.run_dir, trainer.step)
+
+
+def _grid(trainer: Trainer, req: TrainRequest, step: int) -> None:
+    rundir.sample_grid(
+        req.run_dir,
+        trainer.policy,
+        trainer.sde,
+        req.eval_prompts,
+        trainer.rewards,
+        trainer.cfg,
+        step,
+        write=req.dist.main,
+    )
+
+
+def _resume(trainer: Trainer, req: TrainRequest, hooks: Hooks) -> None:
+    """Restore the newest checkpoint that verifies (a damaged one is skipped with a warning), say which,
+    and drop the metrics and evaluations of the iterations after it (they are recomputed)."""
+    rundir.read_metrics(req.run_dir), rundir.read_evals(req.run_dir)  # damaged lines: refuse before anything
+    for path in reversed(list_checkpoints(req.run_dir / "checkpoints")):
+        try:
+            ck = load_checkpoint(path)
+        except TreegrpoError as e:
+            hooks.note(f"warning: checkpoint {path.name} is damaged ({e}); falling back to the one before it")
+            continue
+        trainer.restore(ck)
+        hooks.note(
+            f"resuming {req.run_dir} from checkpoint {path.name} "
+            f"(iteration {trainer.step} of {trainer.cfg.train.iterations})"
+        )
+        break
+    else:
+        hooks.note(f"{req.run_dir} has no usable checkpoint yet: starting again from iteration 0")
+    dist.barrier(req.dist)  # every rank has read the checkpoint before rank 0 trims the logs
+    if req.dist.main:
+        rundir.truncate_metrics(req.run_dir, trainer.step)
+        rundir.truncate_evals(req.run_dir, trainer.step)
+
+
+def _check_finite(row: dict[str, Any], run: Path) -> None:
+    """A non-finite loss or gradient stops the run before anything of this iteration is saved."""
+    bad = [k for k in ("loss", "grad_norm", "reward_mean") if k in row and not math.isfinite(row[k])]
+    if bad:
+        done = list_checkpoints(run / "checkpoints")
+        keep = f"the last good checkpoint is {done[-1].name}" if done else "no checkpoint was written"
+        raise TreegrpoError(
+            f"iteration {row['iteration']}: {bad[0]} is {row[bad[0]]}; training stopped without "
+            f"saving this iteration ({keep}); lower train.lr or check the reward"
+        )
+
+
+def _heldout(trainer: Trainer, req: TrainRequest, hooks: Hooks, wall: float) -> None:
+    """The reward of ODE samples of the eval prompts (same root noises every time) -> eval.jsonl, with the
+    seconds of training so far. It scores the weights `eval` and `export` use by default: the EMA where the
+    run keeps one (its `raw/` fields score the trained weights), else the trained weights."""
+    row = _heldout_reward(trainer, req, hooks)
+    if trainer.ema is not None:
+        raw = {f"raw/{k}": v for k, v in row.items() if k.startswith(("reward_", "rewards/"))}
+        with _ema_weights(trainer):
+            row = {**_heldout_reward(trainer, req, hooks), **raw}
+    row["weights"] = "ema" if trainer.ema is not None else "trained"
+    if req.dist.main:
+        rundir.append_eval(req.run_dir, {"iteration": trainer.step, "wall": wall, **trainer.totals, **row})
+
+
+def _heldout_reward(trainer: Trainer, req: TrainRequest, hooks: Hooks) -> dict[str, Any]:
+    cfg = trainer.cfg
+    return heldout_reward(
+        trainer.policy,
+        trainer.sde,
+        req.eval_prompts,
+        trainer.rewards,
+        trainer.weights,
+        cfg.train.eval_samples,
+        mix_seed(cfg.seed, 0x4E1D),
+        cfg.rollout.max_batch,
+        lambda ph, d, t: hooks.progress("eval", d, t),
+    )
+
+
+@contextmanager
+def _ema_weights(trainer: Trainer) -> Iterator[None]:
+    """The EMA weights in the policy for the duration, the trained ones put back bit for bit after."""
+    assert trainer.ema is not None
+    state = trainer.policy.trainable_state()  # detached views of the parameters (or of this rank's shards)
+    raw = {k: v.clone() for k, v in state.items()}
+    with torch.no_grad():
+        try:
+            for k, v in state.items():
+                v.copy_(trainer.ema[k])
+            yield
+        finally:
+            for k, v in state.items():
+                v.copy_(raw[k])
+
+
+def _save(trainer: Trainer, req: TrainRequest) -> None:
+    """Rank 0 writes the checkpoint, streamed shard by shard; a sharded model's other ranks take part in
+    gathering each tensor as it is written."""
+    ck = trainer.checkpoint({"config": trainer.cfg.to_dict()})
+    if req.dist.main:
+        save_checkpoint(req.run_dir / "checkpoints", ck, trainer.cfg.train.keep_last)
+        rundir.reward_plot(req.run_dir)
+    elif trainer.sharded:
+        follow_checkpoint_gathers(ck)

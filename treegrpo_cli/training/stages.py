@@ -1,0 +1,261 @@
+"""The staged pipeline as library calls: rollout -> trees on disk, score -> rewards and advantages.
+
+Each command of the CLI calls one function here. Nothing here prints: progress goes through a
+callback `progress(phase, done, total)`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from PIL import Image
+
+from ..config import Config, as_json, config_from_dict, parse_set
+from ..engine.grpo import Batch
+from ..engine.rollout import Progress, rollout
+from ..engine.sde import make_kernel
+from ..engine.tree import cat_trees
+from ..errors import TreegrpoError
+from ..models.registry import load_policy
+from ..rewards.base import score_leaves, weighted_sum
+from ..store.checkpoint import save_checkpoint
+from ..store.shards import ShardStore
+from ..store.trees import KIND, TreeShard, open_trees, read_tree_shard, shard_name, write_tree_shard
+from . import rundir
+from .loop import Trainer, build_rewards, credit, leaf_images, plan_iteration, update_generator
+
+
+def _noop(phase: str, done: int, total: int) -> None:
+    pass
+
+
+# --- rollout ---------------------------------------------------------------------------------
+
+
+@dataclass
+class RolloutRequest:
+    config: Config
+    prompts: list[str]
+    out: Path
+    num_prompts: int | None = None  # None: the config's rollout.num_prompts, as `train` draws them
+    prompts_per_shard: int = 8
+    save_images: bool = False
+    overwrite: bool = False
+    device: str = "cpu"
+    command: str = ""
+    iteration: int = 0  # write the trees the online loop samples at this iteration
+
+
+def _labelled(progress: Progress, label: str) -> Progress:
+    """progress reporting under one phase label."""
+    return lambda phase, done, total: progress(label, done, total)
+
+
+def run_rollout(req: RolloutRequest, progress: Progress = _noop) -> dict[str, Any]:
+    """Roll out the trees of one online iteration (its prompts, [schedule] and noise) as shards under req.out."""
+    cfg = req.config
+    if req.iteration < 0:
+        raise TreegrpoError(f"--iteration must be >= 0, got {req.iteration}")
+    if req.num_prompts is not None and req.num_prompts < 1:
+        raise TreegrpoError(f"--num-prompts must be >= 1, got {req.num_prompts}")
+    if not req.prompts:
+        raise TreegrpoError("no prompts to roll out")
+    policy = load_policy(cfg.model, req.device, cfg.policy)
+    cfg.check_tree_memory(tuple(policy.latent_shape), req.prompts_per_shard)  # one shard is in memory at once
+    sde = make_kernel(policy, cfg.sampler)
+    plan = plan_iteration(cfg, len(req.prompts), req.iteration, req.num_prompts)
+    ids, T = plan.prompt_ids, cfg.sampler.steps
+    meta = {
+        "command": req.command,
+        "config": cfg.to_dict(),
+        "model": policy.describe(),
+        "seed": cfg.seed,
+        "iteration": req.iteration,
+        "num_prompts": len(ids),
+        "trees_per_prompt": plan.tree.trees_per_prompt,
+        "split_steps": list(plan.tree.split_steps),
+        "sde_steps": list(plan.tree.sde_steps) if plan.tree.sde_steps is not None else "all",
+        "evals_per_tree": plan.tree.model_evals(T) * policy.evals_per_row,
+        "complete": False,
+    }
+    store = ShardStore.create(req.out, KIND, meta, overwrite=req.overwrite)
+    nfe, offset, chunks = 0, 0, range(0, len(ids), req.prompts_per_shard)
+    for k, a in enumerate(chunks):
+        chunk = ids[a : a + req.prompts_per_shard]
+        tree, n = rollout(
+            policy,
+            [req.prompts[i] for i in chunk],
+            chunk,
+            sde,
+            plan.tree,
+            plan.seed,
+            cfg.rollout.max_batch,
+            _labelled(progress, f"rollout {k + 1}/{len(chunks)}"),
+            earlier_ids=ids[:a],
+        )
+        shard = TreeShard(k, tree, leaf_images(policy, tree), {i: req.prompts[i] for i in chunk}, offset, n)
+        write_tree_shard(store, shard)
+        if req.save_images:
+            _save_images(req.out / "images", shard)
+        nfe, offset = nfe + n, offset + tree.num_trees
+    store.update_meta(nfe=nfe, num_trees=offset, complete=True)
+    return {
+        "out": str(req.out),
+        "trees": offset,
+        "shards": len(chunks),
+        "nfe": nfe,
+        "iteration": req.iteration,
+        "nfe_per_tree": nfe / max(offset, 1),
+        "leaves_per_tree": plan.tree.leaves(T),
+    }
+
+
+def _save_images(folder: Path, s: TreeShard) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    leaves = s.tree.leaves()
+    for j, node in enumerate(leaves.tolist()):
+        t = s.tree_offset + int(s.tree.tree[node])
+        Image.fromarray(s.leaf_image[j].permute(1, 2, 0).numpy()).save(folder / f"tree{t:05d}-node{node:05d}.png")
+
+
+# --- score -----------------------------------------------------------------------------------
+
+SCORE_SECTIONS = ("reward", "advantage", "pruning")
+
+
+@dataclass
+class ScoreRequest:
+    root: Path
+    sets: list[str] = field(
+        default_factory=list
+    )  # reward.*, advantage.* and pruning.* overrides of the rollout's config
+    iteration: int | None = None  # None: the rollout's iteration (pruning schedules)
+    max_iterations: int | None = None  # None: the config's train.iterations (pruning.active_until)
+    batch_size: int = 64
+    device: str = "cpu"
+
+
+def scoring_config(store: ShardStore, sets: list[str]) -> Config:
+    """The rollout's config with score-time overrides; keys that change the trees or training are refused."""
+    for item in sets:
+        key = parse_set(item)[0]
+        if key.split(".")[0] not in SCORE_SECTIONS:
+            raise TreegrpoError(
+                f"score cannot change {key}: it only sets {', '.join(s + '.*' for s in SCORE_SECTIONS)} "
+                "(roll out again to change the trees, or pass training keys to `treegrpo train --trees`)"
+            )
+    return config_from_dict(store.meta["config"], sets)
+
+
+def run_score(req: ScoreRequest, progress: Progress = _noop) -> dict[str, Any]:
+    """Score every leaf with the config's rewards (options, device), then write rewards, advantages and
+    trained-edge masks beside the trees: the online loop's scoring and credit assignment, over all shards."""
+    store = open_trees(req.root)
+    cfg = scoring_config(store, req.sets)
+    it = store.meta.get("iteration", 0) if req.iteration is None else req.iteration
+    if req.max_iterations is not None:
+        cfg = replace(cfg, train=replace(cfg.train, iterations=req.max_iterations))
+    cfg.advantage.validate()
+    cfg.pruning.validate()
+    weights, rewards = cfg.reward.weight_map(), build_rewards(cfg, req.device)
+    shards = [read_tree_shard(store, n) for n in store.names("trees")]
+    scores = [score_leaves(rewards, s.leaf_image, s.leaf_prompts(), req.batch_size, progress) for s in shards]
+    tree = cat_trees([s.tree for s in shards])
+    adv, trained = credit(cfg, tree, {n: torch.cat([sc[n] for sc in scores]) for n in weights}, it)
+    store.remove("rewards")
+    store.remove("advantages")
+    a = 0
+    for s, sc in zip(shards, scores, strict=True):
+        full = {
+            n: torch.full((s.tree.num_nodes,), float("nan")).index_put_((s.tree.leaves(),), v) for n, v in sc.items()
+        }
+        tensors = {f"reward/{k}": v for k, v in full.items()} | {"reward": weighted_sum(full, weights)}
+        store.write(shard_name("rewards", s.index), "rewards", tensors, {"weights": weights})
+        sl = slice(a, a + s.tree.num_nodes)
+        store.write(
+            shard_name("advantages", s.index),
+            "advantages",
+            {
+                "advantage": adv.edge[sl],
+                "valid": adv.valid[sl],
+                "trained": trained[sl],
+                "fused": adv.fused[sl],
+                "leaf_advantage": adv.leaf[sl],
+            },
+        )
+        a += s.tree.num_nodes
+    store.update_meta(
+        scoring={
+            "rewards": weights,
+            "combine": cfg.reward.combine,
+            "options": list(cfg.reward.options),
+            "advantage": as_json(cfg.advantage),
+            "pruning": as_json(cfg.pruning),
+            "sets": list(req.sets),
+            "iteration": it,
+            "max_iterations": cfg.train.iterations,
+        }
+    )
+    leaf_r = torch.cat([weighted_sum(sc, weights) for sc in scores])
+    return {
+        "leaves": int(leaf_r.numel()),
+        "reward_mean": float(leaf_r.mean()),
+        "reward_std": float(leaf_r.std()) if leaf_r.numel() > 1 else 0.0,
+        "trained_edges": int(trained.sum()),
+        "estimator": cfg.advantage.estimator,
+    }
+
+
+# --- one staged update -----------------------------------------------------------------------
+
+
+@dataclass
+class StagedRequest:
+    trees: Path  # a scored tree folder
+    run_dir: Path
+    sets: list[str]
+    device: str = "cpu"
+    command: str = ""
+
+
+def train_from_trees(req: StagedRequest, progress: Progress = _noop) -> dict[str, Any]:
+    """One GRPO update from scored shards (rollout + score), written as checkpoint step-1 of a run."""
+    store = open_trees(req.trees)
+    if "scoring" not in store.meta:
+        raise TreegrpoError(f"{req.trees} is not scored yet; run `treegrpo score {req.trees}` first")
+    cfg = config_from_dict(store.meta["config"], req.sets)
+    shards = [read_tree_shard(store, n) for n in store.names("trees")]
+    adv = [store.read(shard_name("advantages", s.index))[0] for s in shards]
+    tree = cat_trees([s.tree for s in shards])
+    prompts = [s.prompts[int(p)] for s in shards for p in s.tree.tree_prompt]
+    trainer = Trainer(cfg, req.device)
+    rundir.create(req.run_dir, cfg, req.command)
+    batch = Batch(
+        tree,
+        torch.cat([a["trained"] for a in adv]),
+        torch.cat([a["advantage"] for a in adv]),
+        trainer.policy.encode(prompts),
+    )
+    gen = update_generator(cfg, store.meta.get("iteration", 0))  # the online loop's minibatch order
+    progress("update", 0, 1)
+    metrics = trainer.update(batch, gen)
+    progress("update", 1, 1)
+    trainer.step = 1
+    leaves = int(tree.is_leaf().sum())
+    rundir.append_metrics(
+        req.run_dir,
+        {
+            "iteration": 0,
+            "source": str(req.trees),
+            "leaves": leaves,
+            "train_evals_per_leaf": metrics.get("train_evals", 0) / leaves,
+            **metrics,
+        },
+    )
+    path = save_checkpoint(
+        req.run_dir / "checkpoints", trainer.checkpoint({"config": cfg.to_dict()}), cfg.train.keep_last
+    )
+    return {"run_dir": str(req.run_dir), "checkpoint": str(path), **metrics}
