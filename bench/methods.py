@@ -56,26 +56,17 @@ def schedule(methods: list[str], seeds: list[int]) -> list[tuple[str, int]]:
 
 
 def train_args(method: str, seed: int, run: Path, minutes: float) -> list[str]:
-    sets = {
-        "train.max_minutes": minutes,
-        "train.eval_every_minutes": minutes / 8,
-        "train.iterations": 100_000,
-        "train.sample_every": 100_000,
-        "train.save_every": 10,
-    }
+    budget = {"train.max_minutes": minutes, "train.eval_every_minutes": minutes / 8}
+    return train_command(method, seed, run, [f"{k}={v}" for k, v in budget.items()])
+
+
+def train_command(preset: str, seed: int, run: Path, sets: list[str]) -> list[str]:
+    """`treegrpo train` for one benchmark run with its budget's --sets, or its resumption when begun."""
     if (run / "run.json").exists():
         return ["train", "--resume", str(run), "--json"]
-    return [
-        "train",
-        "--preset",
-        method,
-        "--seed",
-        str(seed),
-        "--run-dir",
-        str(run),
-        "--json",
-        *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")],
-    ]
+    quiet = ["train.iterations=100000", "train.sample_every=100000", "train.save_every=10"]
+    args = ["train", "--preset", preset, "--seed", str(seed), "--run-dir", str(run), "--json"]
+    return args + [a for s in quiet + sets for a in ("--set", s)]
 
 
 def run_one(method: str, seed: int, work: Path, minutes: float, log) -> dict:

@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from methods import commit, machine  # noqa: E402  (bench/ is not a package)
+from methods import commit, machine, train_command  # noqa: E402  (bench/ is not a package)
 
 TREEGRPO = [sys.executable, "-m", "treegrpo_cli"]
 RESULTS = Path("bench/results")
@@ -65,19 +65,8 @@ PLANS: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
 
 
 def train_args(preset: str, sets: tuple[str, ...], seed: int, run: Path, tflops: float) -> list[str]:
-    budget = {
-        "train.max_tflops": tflops,
-        "train.eval_every_tflops": tflops / 8,
-        "train.iterations": 100_000,
-        "train.sample_every": 100_000,
-        "train.save_every": 20,
-    }
-    if (run / "run.json").exists():
-        return ["train", "--resume", str(run), "--json"]
-    every = [*(f"{k}={v}" for k, v in budget.items()), *sets]
-    return ["train", "--preset", preset, "--seed", str(seed), "--run-dir", str(run), "--json"] + [
-        a for s in every for a in ("--set", s)
-    ]
+    budget = [f"train.max_tflops={tflops}", f"train.eval_every_tflops={tflops / 8}"]
+    return train_command(preset, seed, run, budget + list(sets))
 
 
 def folder(label: str, seed: int) -> str:

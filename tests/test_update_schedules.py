@@ -30,12 +30,15 @@ def rows(tmp_path, preset, iterations, *sets):
 
 
 @pytest.mark.parametrize("preset", BRANCH_FAMILY)
-def test_branchgrpo_steps_every_12_transitions(tmp_path, preset):
-    """BranchGRPO's train_one_step_tree: optimizer.step() after every gradient_accumulation_steps = 12
-    transitions, and once more for a remainder; no EMA in that trainer."""
-    for row in rows(tmp_path, preset, 2):
-        assert row["optimizer_steps"] == math.ceil(row["edges"] / 12)
-        assert row["ema_updates"] == 0
+def test_branchgrpo_steps_every_12_transitions_of_2_trees(tmp_path, preset):
+    """BranchGRPO's train_one_step_tree: each process (train_batch_size 2 trees) calls optimizer.step() after
+    every gradient_accumulation_steps = 12 of its transitions, and once more for a remainder, the processes'
+    gradients averaged; no EMA in that trainer. One process with 2 trees is the code's process; 4 trees
+    are two of them: a step every 24 of the batch's transitions."""
+    for trees in (2, 4):
+        for row in rows(tmp_path / str(trees), preset, 1, f"rollout.num_prompts={trees}"):
+            assert row["optimizer_steps"] == math.ceil(row["edges"] / (12 * trees // 2))
+            assert row["ema_updates"] == 0
 
 
 def test_branchgrpo_trains_the_last_step_edge():

@@ -45,7 +45,9 @@ class TrainConfig:
     minibatches: int = 1  # optimizer steps per iteration: parents split at random into this many parts
     loss_norm: str = "mean"  # "mean" over the trained edges (paper) | "node-sum": a parent's children's losses summed,
     # mean over parents (TreeGRPO's code) | "per-transition": a step every accum_edges edges (BranchGRPO's code)
-    accum_edges: int = 12  # per-transition: an optimizer step every this many edges
+    accum_edges: int = 12  # per-transition: an optimizer step every this many edges ...
+    accum_trees: int = 0  # ... of every this many trees of the batch (the launch script's trees per process, whose
+    # gradients its processes average: BranchGRPO 2), i.e. accum_edges x trees / accum_trees edges a step; 0: per batch
     transition_norm: str = "tree"  # per-transition: each edge's loss / (accum_edges x trained edges per tree), as the
     # released BranchGRPO code | "accum": / accum_edges only
     kl_beta: float = 0.0  # KL to the reference (initial) policy, Flow-GRPO form; 0 = off
@@ -81,6 +83,8 @@ class TrainConfig:
             raise ConfigError(
                 f"train.ema_every must be an integer >= 0 (0 = once per iteration); got {self.ema_every!r}"
             )
+        if not isinstance(self.accum_trees, int) or self.accum_trees < 0:
+            raise ConfigError(f"train.accum_trees must be an integer >= 0 (0 = off); got {self.accum_trees!r}")
         for name in ("iterations", "minibatches", "accum_edges", "save_every", "keep_last"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
@@ -149,7 +153,7 @@ def minibatches(b: Batch, cfg: TrainConfig, gen: torch.Generator) -> list[Tensor
     if cfg.loss_norm == "per-transition":
         edges = edges[torch.argsort(key[edges])]
         edges = edges[torch.randperm(len(edges), generator=gen)]
-        return list(edges.split(cfg.accum_edges))
+        return list(edges.split(step_edges(cfg, b.tree.num_trees)))
     parents = torch.unique(b.tree.parent[edges])
     parents = parents[torch.argsort(key[parents])]
     parents = parents[torch.randperm(len(parents), generator=gen)]
@@ -202,7 +206,14 @@ def loss_denominators(b: Batch, cfg: TrainConfig, plan: list[Tensor]) -> list[fl
     if cfg.loss_norm == "node-sum":
         return [float(len(torch.unique(b.tree.parent[mb]))) for mb in plan]
     per_tree = _edges_per_tree(b) if cfg.transition_norm == "tree" else 1.0
-    return [cfg.accum_edges * per_tree for _ in plan]
+    return [step_edges(cfg, b.tree.num_trees) * per_tree for _ in plan]
+
+
+def step_edges(cfg: TrainConfig, trees: int) -> int:
+    """Edges of one per-transition optimizer step: accum_edges, or accum_edges per accum_trees of the batch's
+    trees (BranchGRPO's code steps every 12 transitions of each process's 2 trees, its 8 processes' gradients
+    averaged: a batch of 16 trees takes a step every 96 of its transitions)."""
+    return max(1, round(cfg.accum_edges * trees / cfg.accum_trees)) if cfg.accum_trees else cfg.accum_edges
 
 
 def grpo_update(
