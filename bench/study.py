@@ -14,8 +14,9 @@ Held-out evaluations (56 test prompts x 4 ODE samples, the same noises every tim
 of the weights `eval` and `export` use (the EMA where a preset keeps one; the trained ones as `raw/`).
 
 Then `treegrpo compare` over the runs, with dance-grpo as the baseline (target: its mean final held-out gain
-over each run's first evaluation), once on the FLOP axis and once on wall-clock:
-bench/results/study-PLAN.json and bench/results/study-PLAN/reward_vs_{flops,time}.png.
+over each run's first evaluation), on the FLOP axis and on wall-clock, each with the weights `eval` uses
+(dance-grpo's EMA) and with the trained weights (`-raw`): bench/results/study-PLAN.json and
+bench/results/study-PLAN/reward_vs_{flops,time}[-raw].png.
 """
 
 from __future__ import annotations
@@ -126,13 +127,59 @@ def report(rows: list[dict], work: Path, args: argparse.Namespace) -> dict:
         "runs": rows,
     }
     for axis in ("flops", "time"):
-        cmp = compare_runs(folders, labels, baseline="dance-grpo", gain=True, axis=axis)
-        write_report(cmp, work / f"compare-{axis}")
-        name = f"reward_vs_{axis}.png"
-        (plots / name).write_bytes((work / f"compare-{axis}" / name).read_bytes())
-        result[axis] = to_dict(cmp)
+        for raw in (False, True):  # the weights eval/export use (dance-grpo's EMA), and the trained ones
+            key = axis + ("-raw" if raw else "")
+            cmp = compare_runs(folders, labels, baseline="dance-grpo", gain=True, axis=axis, raw=raw)
+            write_report(cmp, work / f"compare-{key}")
+            (plots / f"reward_vs_{key}.png").write_bytes(
+                (work / f"compare-{key}" / f"reward_vs_{axis}.png").read_bytes()
+            )
+            result[key] = to_dict(cmp)
     (RESULTS / f"study-{args.plan}.json").write_text(json.dumps(result, indent=1) + "\n")
+    (RESULTS / f"study-{args.plan}.md").write_text(table(result))
     return result
+
+
+def _pm(stat: dict, fmt: str = "+.3f") -> str:
+    if stat["mean"] is None:
+        return "-"
+    return f"{stat['mean']:{fmt}}" + (f" ± {stat['std']:{fmt.lstrip('+')}}" if stat["n"] > 1 else "")
+
+
+def _speedup(g: dict) -> str:
+    from treegrpo_cli.report.compare import speedup_text
+
+    return speedup_text(g["speedup"], g["speedup_low"], g["speedup_high"], none="never")
+
+
+def table(result: dict) -> str:
+    """The study's table in markdown: per variant, the held-out gain at the budget and the speed-up to
+    dance-grpo's target on both axes, with the default (EMA) and the trained (raw) weights."""
+    head = (
+        "| variant | runs | gain (eval weights) | gain (trained weights) | speed-up, FLOPs | speed-up, FLOPs, raw "
+        "| speed-up, wall-clock | speed-up, wall-clock, raw | optimizer steps / iteration | s / iteration |\n"
+        "|---|---|---|---|---|---|---|---|---|---|\n"
+    )
+    steps: dict[str, list[float]] = {}
+    for r in result["runs"]:
+        rows = [json.loads(x) for x in (Path(r["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
+        steps.setdefault(r["label"], []).append(sum(x["optimizer_steps"] for x in rows) / len(rows))
+    lines = []
+    for g in result["flops"]["groups"]:
+        by = {
+            k: next(x for x in result[k]["groups"] if x["label"] == g["label"])
+            for k in ("flops-raw", "time", "time-raw")
+        }
+        st = steps[g["label"]]
+        lines.append(
+            f"| {g['label']} | {len(g['runs'])} | {_pm(g['gain'])} | {_pm(by['flops-raw']['gain'])} | {_speedup(g)} "
+            f"| {_speedup(by['flops-raw'])} | {_speedup(by['time'])} | {_speedup(by['time-raw'])} "
+            f"| {sum(st) / len(st):.1f} | {_pm(g['seconds_per_iteration'], '.1f')} |"
+        )
+    targets = ", ".join(
+        f"{k}: {result[k]['target']:+.3f}" for k in ("flops", "flops-raw") if result[k]["target"] is not None
+    )
+    return head + "\n".join(lines) + f"\n\nTargets (dance-grpo's mean final gain): {targets}.\n"
 
 
 def rerun(label: str, seed: int, args: argparse.Namespace, log) -> None:

@@ -272,7 +272,7 @@ def test_cli_json_and_files(runs, tmp_path):
     r = run("compare", *runs, "--baseline", "flow-grpo", "--out", out, "--json")
     assert r.exit_code == 0, r.output
     data = json.loads(r.stdout)
-    assert set(data) == {"target", "baseline", "measure", "groups", "runs", "files", "axis", "unit"}
+    assert set(data) == {"target", "baseline", "measure", "groups", "runs", "files", "axis", "unit", "weights"}
     assert data["axis"] == "time" and data["unit"] == "wall-clock minutes"
     assert data == json.loads((out / "compare.json").read_text())
     assert data["baseline"] == "flow-grpo" and data["measure"] == "reward" and data["target"] == pytest.approx(0.55)
@@ -361,6 +361,13 @@ def test_two_real_tiny_runs(tmp_path):
             assert sum(m["flops"] for m in rows) == rows[-1]["flops_total"] == evals[-1]["flops_total"] > 0
             want = [0.0, rows[-1]["flops_total"] / 1e12] if axis == "flops" else [0.0, 2.0]
             assert [x for x, _ in one["heldout_curve"]] == pytest.approx(want)
+    r = run("compare", tmp_path / "flow-grpo", tmp_path / "tree-grpo", "--raw", "--out", tmp_path / "raw", "--json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)  # flow-grpo keeps an EMA: --raw reads its trained weights' figures
+    evals = [json.loads(line) for line in (tmp_path / "flow-grpo" / "eval.jsonl").read_text().splitlines()]
+    assert data["weights"] == "raw" and [y for _, y in data["runs"][0]["heldout_curve"]] == [
+        e["raw/reward_mean"] for e in evals
+    ]
     r = run("compare", tmp_path / "flow-grpo", "--x", "watts", "--out", tmp_path / "bad")
     assert r.exit_code != 0 and "--x must be one of time, flops, iterations" in r.output
 

@@ -110,6 +110,7 @@ class Comparison:
     runs: list[RunStats]
     files: list[str] = field(default_factory=list)
     axis: str = "time"  # the x of every curve and time to target: a key of AXES
+    weights: str = "default"  # the held-out reward of the weights eval/export use (EMA where kept) | "raw": trained
     unit: str = ""  # its unit, for readers of compare.json
 
     def __post_init__(self) -> None:
@@ -130,27 +131,32 @@ def _mean(values: list[Any]) -> float | None:
 
 
 def heldout_curve(
-    metrics: list[dict[str, Any]], evals: list[dict[str, Any]], axis: str = "time"
+    metrics: list[dict[str, Any]], evals: list[dict[str, Any]], axis: str = "time", raw: bool = False
 ) -> list[tuple[float, float]]:
     """(x, reward) of every evaluation, x on the axis (AXES). An evaluation without its own "wall" (or
     "flops_total") takes the value of the metrics row of the iteration before it (or of the latest row
-    before that; 0 at iteration 0)."""
+    before that; 0 at iteration 0). raw: the trained weights' reward where a run evaluated an EMA beside them."""
+    field = "reward_mean"
+
+    def reward(e: dict[str, Any]) -> float | None:
+        return _number(e.get("raw/reward_mean", e.get(field)) if raw else e.get(field))
+
     if axis == "iterations":
         return [
             (float(e["iteration"]), y)
             for e in sorted(evals, key=lambda e: e["iteration"])
-            if (y := _number(e.get("reward_mean"))) is not None
+            if (y := reward(e)) is not None
         ]
     key, scale = ("wall", 60.0) if axis == "time" else ("flops_total", 1e12)
     known = sorted((r["iteration"], v) for r in metrics if (v := _number(r.get(key))) is not None)
     curve = []
     for e in sorted(evals, key=lambda e: e["iteration"]):
-        x, reward = _number(e.get(key)), _number(e.get("reward_mean"))
+        x, y = _number(e.get(key)), reward(e)
         if x is None:
             k = bisect.bisect_right([it for it, _ in known], e["iteration"] - 1)
             x = known[k - 1][1] if k else 0.0
-        if reward is not None:
-            curve.append((x / scale, reward))
+        if y is not None:
+            curve.append((x / scale, y))
     return curve
 
 
@@ -162,7 +168,7 @@ def latest_sample(run: Path) -> Path | None:
     return max(steps)[1] if steps else None
 
 
-def load_run(run: Path, label: str | None = None, axis: str = "time") -> RunStats:
+def load_run(run: Path, label: str | None = None, axis: str = "time", raw: bool = False) -> RunStats:
     """The numbers of one run folder; refused when it is not a run or has no iterations yet, or when the
     flops axis is asked of a run that did not count them."""
     cfg = rundir.load_config(run)
@@ -174,7 +180,7 @@ def load_run(run: Path, label: str | None = None, axis: str = "time") -> RunStat
             f"{run}: its metrics have no flops_total (a run of an older treegrpo, or a model that "
             "cannot count its FLOPs); compare it with --x time or --x iterations"
         )
-    curve = heldout_curve(metrics, rundir.read_evals(run), axis)
+    curve = heldout_curve(metrics, rundir.read_evals(run), axis, raw)
     peaks = [x for x in (_number(r.get("peak_mib")) for r in metrics) if x is not None]
     sample = latest_sample(run)
     return RunStats(
@@ -323,16 +329,18 @@ def compare_runs(
     baseline: str | None = None,
     gain: bool = False,
     axis: str = "time",
+    raw: bool = False,
 ) -> Comparison:
     """Load the runs, group them by label, and time each to the target (default: the baseline group's
     mean final held-out reward). gain=True measures every curve and the target from each run's first
-    held-out evaluation (methods whose samplers start the base model at different rewards)."""
+    held-out evaluation (methods whose samplers start the base model at different rewards). raw=True reads
+    the trained weights' held-out reward where a run evaluated its EMA (the default) beside them."""
     if not folders:
         raise TreegrpoError("give at least one run folder")
     if axis not in AXES:
         raise TreegrpoError(f"--x must be one of {', '.join(AXES)}; got {axis!r}")
     runs = [
-        load_run(Path(f), lab, axis)
+        load_run(Path(f), lab, axis, raw)
         for f, lab in zip(folders, _labels([Path(f) for f in folders], labels), strict=True)
     ]
     groups: dict[str, list[RunStats]] = {}
@@ -360,7 +368,9 @@ def compare_runs(
             own = [curves[id(r)] for r in groups[g.label] if curves[id(r)]]
             if g.label != baseline and own and (spread := speedup_interval(base_curves, own, given)):
                 g.speedup_low, g.speedup_high, g.speedup_reach = spread
-    return Comparison(target, baseline, "gain" if gain else "reward", stats, runs, axis=axis)
+    return Comparison(
+        target, baseline, "gain" if gain else "reward", stats, runs, axis=axis, weights="raw" if raw else "default"
+    )
 
 
 def measured(r: RunStats, gain: bool) -> list[tuple[float, float]]:
