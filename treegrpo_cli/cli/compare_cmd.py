@@ -39,6 +39,14 @@ def compare(
             "--gain", help="Measure every run from its own first held-out evaluation (the target is then a gain)."
         ),
     ] = False,
+    raw: Annotated[
+        bool,
+        typer.Option(
+            "--raw",
+            help="The trained weights' held-out reward where a run keeps an EMA "
+            "(default: the EMA, the weights eval and export use).",
+        ),
+    ] = False,
     label: Annotated[
         list[str] | None,
         typer.Option(
@@ -60,7 +68,7 @@ def compare(
 
     with guarded():
         check_writable_dir(out, "--out")
-        cmp = compare_runs(runs, label, target, baseline, gain, x)
+        cmp = compare_runs(runs, label, target, baseline, gain, x, raw)
         write_report(cmp, out)
     if json_:
         print_json(to_dict(cmp))
