@@ -17,3 +17,12 @@ def _threads():
 def tiny_policy():
     """A very small pixel policy (8x8 images) that keeps engine tests fast."""
     return PixelPolicy(PixelConfig(image_size=8, width=8, blocks=1, text_dim=16), name="pixel-test")
+
+
+@pytest.fixture(autouse=True)
+def _own_temp_folder(tmp_path_factory, monkeypatch):
+    """In-process commands that write to the temp folder (an internal error's traceback file without a run
+    folder) write into this test's own, not the machine's."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path_factory.mktemp("tmp")))

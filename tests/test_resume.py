@@ -96,9 +96,12 @@ def test_a_damaged_metrics_line_is_an_error_not_a_truncation(tmp_path):
     assert len(read_metrics(tmp_path / "r")) == 1
 
 
-def test_a_stalled_run_is_reported(tmp_path):
-    """A reward of weight 0: every leaf's total is 0, nothing to learn."""
-    r = train(*TINY, "--set", "reward.weights=[0]", "--iterations", 6, "--run-dir", tmp_path / "r", "--json")
+def test_a_stalled_run_is_reported(tmp_path, monkeypatch):
+    """A reward that is the same for every image: every advantage is 0, nothing to learn (a weight of 0, the
+    old way to ask for it, is refused now)."""
+    real = loop.score_leaves
+    monkeypatch.setattr(loop, "score_leaves", lambda *a: {n: v * 0 for n, v in real(*a).items()})
+    r = train(*TINY, "--iterations", 6, "--run-dir", tmp_path / "r", "--json")
     assert json.loads(r.stdout)["stalled_iterations"] == [[0, 5]]
     assert "warning: iterations 0-4 trained nothing" in r.stderr
 

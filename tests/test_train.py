@@ -208,14 +208,21 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path):
 
 
 def test_sigterm_checkpoints_and_resumes(tmp_path):
+    """A stopped run checkpoints, exits 143 (not 0: a scheduler must not mark it completed), says how to
+    resume, and resumes from that checkpoint."""
     p = _train_proc(tmp_path / "run")
     _wait_rows(tmp_path / "run", 1, p)
     p.send_signal(signal.SIGTERM)
-    assert p.wait(timeout=120) == 0
+    assert p.wait(timeout=120) == 128 + signal.SIGTERM
+    err = p.stderr.read().decode()
+    assert "stopped early" in err and f"treegrpo train --resume {tmp_path / 'run'}" in err, err
     done = read_metrics(tmp_path / "run")
     ck = list_checkpoints(tmp_path / "run" / "checkpoints")
     assert ck and load_checkpoint(ck[-1]).step == len(done) < 30
     assert not [x for x in (tmp_path / "run" / "checkpoints").iterdir() if x.name.startswith(".")]
+    r = run("train", "--resume", tmp_path / "run", "--iterations", len(done) + 1)
+    assert r.exit_code == 0 and f"from checkpoint step-{len(done)}" in r.stderr, r.output
+    assert [row["iteration"] for row in read_metrics(tmp_path / "run")] == list(range(len(done) + 1))
 
 
 def test_staged_update_from_trees(tmp_path):

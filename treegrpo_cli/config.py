@@ -19,12 +19,21 @@ from .engine.grpo import TrainConfig
 from .engine.pruning import PruneConfig
 from .engine.rollout import TreeConfig
 from .engine.schedules import ScheduleConfig
-from .engine.sde import SamplerConfig
+from .engine.sde import MAX_STEPS, SamplerConfig
 from .errors import ConfigError
 from .models.base import PolicyConfig
 
 PRESET_DIRS = (Path(__file__).parent / "presets", Path(__file__).resolve().parents[1] / "presets")
 COMBINES = ("rewards", "advantages")
+
+# Stated maxima of the counts that scale the work of an iteration or an evaluation, checked in closed form
+# before anything is loaded or sampled (generous: the references train on 16 to 64 prompts an iteration,
+# with at most a few thousand nodes per tree). Steps: engine.sde.MAX_STEPS; trees per prompt:
+# engine.rollout.MAX_TREES_PER_PROMPT.
+MAX_PROMPTS = 100_000  # rollout.num_prompts: prompts of one rollout
+MAX_NODES = 100_000_000  # rollout.max_nodes may not be raised past this: nodes of one rollout, each keeping a latent
+MAX_IMAGES = 100_000  # images of one evaluation: eval's prompts x --num-images, train.eval_samples per prompt
+MAX_NAME_BYTES = 200  # a run name (the folder runs/<name>-<time>), in UTF-8 bytes
 
 
 @dataclass(frozen=True)
@@ -35,9 +44,18 @@ class RewardConfig:
     options: tuple[str, ...] = ()  # "NAME.KEY=VALUE" reward options, e.g. "shapes.kind=soft"
 
     def weight_map(self) -> dict[str, float]:
+        if not self.names:
+            raise ConfigError("reward.names is empty: name at least one reward (e.g. --reward shapes)")
+        twice = sorted({n for n in self.names if self.names.count(n) > 1})
+        if twice:
+            raise ConfigError(f"reward.names has {twice[0]!r} twice; name each reward once, with one weight")
         w = self.weights or tuple(1.0 for _ in self.names)
         if len(w) != len(self.names):
             raise ConfigError(f"reward.weights has {len(w)} values for {len(self.names)} rewards")
+        if all(x == 0 for x in w):
+            raise ConfigError(
+                f"reward.weights are all zero ({list(w)}): every image would score 0 and nothing would train"
+            )
         if self.combine not in COMBINES:
             raise ConfigError(f"reward.combine must be one of {', '.join(COMBINES)}; got {self.combine!r}")
         return dict(zip(self.names, map(float, w), strict=True))
@@ -58,6 +76,11 @@ class RolloutConfig:
         for name in ("num_prompts", "max_batch", "max_nodes"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
+        for name, most, what in (("num_prompts", MAX_PROMPTS, "prompts"), ("max_nodes", MAX_NODES, "nodes")):
+            if getattr(self, name) > most:
+                raise ConfigError(
+                    f"rollout.{name} = {getattr(self, name):,} is more than the maximum of {most:,} {what} per rollout"
+                )
         if not self.max_tree_gib > 0:
             raise ConfigError(f"rollout.max_tree_gib must be > 0, got {self.max_tree_gib}")
 
@@ -93,6 +116,7 @@ class Config:
     policy: PolicyConfig = field(default_factory=PolicyConfig)  # diffusers models only (models/base.py)
 
     def validate(self) -> Config:
+        check_run_name(self.name)
         self.sampler.validate()
         self.tree.validate(self.sampler.steps, self.sampler.decode)
         self.advantage.validate()
@@ -111,14 +135,46 @@ class Config:
                 "set sampler.eta > 0, or tree.sde_steps = [] for an ODE-only rollout"
             )
         self.train.validate()
+        if self.train.eval_samples > MAX_IMAGES:
+            raise ConfigError(
+                f"train.eval_samples = {self.train.eval_samples:,} is more than the maximum of {MAX_IMAGES:,} "
+                "images per prompt"
+            )
         self.policy.validate()
         self.rollout.validate()
         self._check_size()
         return self
 
+    def warnings(self) -> list[str]:
+        """Legal values that are almost surely a mistake, one line each (for the commands to print)."""
+        out = [
+            f"warning: reward {name!r} has weight 0: it is scored and logged but does not count"
+            for name, w in self.reward.weight_map().items()
+            if w == 0
+        ]
+        if self.train.lr >= 1:
+            out.append(f"warning: train.lr = {self.train.lr:g} is far above the references' 1e-5 to 1e-3")
+        if self.train.clip_range >= 1:
+            out.append(
+                f"warning: train.clip_range = {self.train.clip_range:g} clips nothing (ratios from 0 up pass); "
+                "the references use 1e-4 to 1e-2"
+            )
+        return out
+
+    def largest_tree(self) -> TreeConfig:
+        """The iteration tree with the most nodes: the static tree, or the schedule's window at its earliest
+        start (an earlier split leaves more steps at the wider width)."""
+        if self.schedule.kind == "static":
+            return self.tree
+        start = 0 if self.schedule.kind == "geometric" else self.schedule.start
+        window = tuple(range(start, start + self.schedule.window))
+        splits = {"none": self.tree.split_steps, "first": (start,), "all": window}[self.schedule.split]
+        return dataclasses.replace(self.tree, sde_steps=window, split_steps=splits)
+
     def rollout_nodes(self, num_prompts: int | None = None) -> tuple[int, int]:
-        """(nodes of one rollout, nodes per tree)."""
-        per_tree = self.tree.model_evals(self.sampler.steps) + self.tree.leaves(self.sampler.steps)
+        """(nodes of one rollout, nodes per tree), in closed form; with a schedule, of its largest tree."""
+        tree, steps = self.largest_tree(), self.sampler.steps
+        per_tree = tree.model_evals(steps) + tree.leaves(steps)
         return per_tree * self.tree.trees_per_prompt * (num_prompts or self.rollout.num_prompts), per_tree
 
     def check_tree_memory(self, latent_shape: tuple[int, ...], num_prompts: int | None = None) -> None:
@@ -145,6 +201,35 @@ class Config:
 
     def to_dict(self) -> dict[str, Any]:
         return as_json(self)
+
+
+def check_run_name(name: str) -> None:
+    """A run name is a name, not a path: the default run folder is runs/<name>-<time>."""
+    for bad, why in (
+        (not name, "is empty"),
+        ("/" in name or "\\" in name, "holds a / or \\"),
+        (name in (".", ".."), "is . or .."),
+        (not name.isprintable(), "holds a control character"),
+        (len(name.encode()) > MAX_NAME_BYTES, f"is longer than {MAX_NAME_BYTES} bytes"),
+    ):
+        if bad:
+            raise ConfigError(
+                f"name {name!r} {why}: a run name is a name, not a path (the run folder is runs/<name>-<time>)"
+            )
+
+
+def check_eval_size(num_prompts: int, num_images: int, steps: int | None) -> None:
+    """Bounded work of an evaluation, before any model is loaded: --steps, --num-images and their product with
+    the prompts."""
+    if steps is not None and steps > MAX_STEPS:
+        raise ConfigError(f"--steps {steps:,} is more than the maximum of {MAX_STEPS:,} denoising steps")
+    if num_images > MAX_IMAGES:
+        raise ConfigError(f"--num-images {num_images:,} is more than the maximum of {MAX_IMAGES:,} images per prompt")
+    if num_prompts * num_images > MAX_IMAGES:
+        raise ConfigError(
+            f"{num_prompts:,} prompts x {num_images:,} images = {num_prompts * num_images:,} images, more than the "
+            f"maximum of {MAX_IMAGES:,} of one evaluation; lower --num-images or --num-prompts"
+        )
 
 
 def as_json(obj: Any) -> dict[str, Any]:
@@ -185,10 +270,12 @@ def preset_names() -> list[str]:
 
 def read_toml(path: Path) -> dict[str, Any]:
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(f"config file not found: {path}")
+    if not path.is_file():  # a folder, a FIFO (reading it would block), a device such as /dev/zero
+        raise ConfigError(f"config file {path} is not a regular file")
     try:
-        return tomllib.loads(path.read_text())
+        return tomllib.loads(path.read_bytes().decode("utf-8-sig"))  # a byte-order mark (Windows editors) reads too
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: not valid TOML ({e})") from None
 
@@ -246,6 +333,8 @@ def _coerce(cls: type, name: str, value: Any) -> Any:
     typ = str(f.type)
     if isinstance(value, str) and value.lower() in ("none", "all") and f.default is None:
         return None
+    if isinstance(value, str) and value.strip().lower() == "none" and typ.endswith("| None"):
+        return None  # "none" turns off an optional number (advantage.clamp), as the type message promises
     if isinstance(value, list):
         return tuple(value)
     if "float" in typ and isinstance(value, int) and not isinstance(value, bool):

@@ -1,4 +1,5 @@
-"""Checks that run before any work: the device exists, an output folder can be written.
+"""Checks that run before any work: the device exists, an output folder can be written (and is not
+someone else's non-empty folder), an image file is no larger than MAX_IMAGE_PIXELS (read from its header).
 
 Each raises TreegrpoError with one line naming the offending value; none of them creates anything.
 """
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -59,3 +61,42 @@ def _accepts_files(folder: Path) -> bool:
             return True
     except OSError:
         return False
+
+
+def check_own_dir(path: Path, option: str, own: Callable[[Path], bool], what: str) -> None:
+    """Never write into a non-empty folder the tool did not write (as `export` refuses): `path` is absent,
+    empty, or `own(path)` says it is `what` (the command's own outputs, which it may replace)."""
+    path = Path(path)
+    try:
+        foreign = path.is_dir() and any(path.iterdir()) and not own(path)
+    except OSError as e:
+        raise TreegrpoError(f"{option} {path}: cannot list it ({e.strerror or e})") from None
+    if foreign:
+        raise TreegrpoError(f"{option} {path} is not empty and is not {what}; choose a new or empty folder")
+
+
+MAX_IMAGE_PIXELS = 4096 * 4096  # 2**24: larger image files are refused from their header, never decoded
+
+
+def check_image(path: Path) -> tuple[int, int]:
+    """(width, height) of an image file, read from its header without decoding it; one line when it is not
+    a readable image or has more than MAX_IMAGE_PIXELS pixels (a decompression bomb)."""
+    from PIL import Image, UnidentifiedImageError
+
+    if not Path(path).is_file():
+        raise TreegrpoError(f"{path}: not a regular file")
+    limit = Image.MAX_IMAGE_PIXELS
+    Image.MAX_IMAGE_PIXELS = None  # this check is stricter than Pillow's, and names the size
+    try:
+        with Image.open(path) as im:
+            width, height = im.size
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
+        raise TreegrpoError(f"{path}: not a readable image ({e})") from None
+    finally:
+        Image.MAX_IMAGE_PIXELS = limit
+    if width * height > MAX_IMAGE_PIXELS:
+        raise TreegrpoError(
+            f"{path}: {width}x{height} pixels, more than the {MAX_IMAGE_PIXELS} (4096x4096) an image may have here; "
+            "not decoded"
+        )
+    return width, height

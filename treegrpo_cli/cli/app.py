@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Sequence
+from typing import Any
+
 import typer
+from typer.core import TyperGroup
 
 from .. import __version__
 from . import (
@@ -16,9 +21,53 @@ from . import (
     score_cmd,
     train_cmd,
 )
+from .common import error_line, internal_error
+
+# typer's click exceptions (typer vendors click as typer._click since 0.2x; before, click's own), from its public
+# BadParameter: a usage error is a bad option value, an unknown option or command, a missing argument
+_USAGE_ERROR: Any = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+_CLICK_EXCEPTION: Any = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+
+
+class OneLineErrors(TyperGroup):
+    """typer's group, except that a usage error (an option value out of range or of the wrong type, an unknown
+    option or command, a missing argument) is one line on stderr like every other error, instead of a usage
+    line, a hint and a boxed panel. --help, --version and a bare `treegrpo` print what they always did."""
+
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        windows_expand_args: bool = True,
+        **extra: Any,
+    ) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, False, windows_expand_args, **extra)
+        try:  # the result is a typer.Exit's code, or None
+            code = super().main(args, prog_name, complete_var, False, windows_expand_args, **extra)
+        except _USAGE_ERROR as e:
+            if type(e).__name__ == "NoArgsIsHelpError":  # a bare command: its help is printed, as before
+                raise SystemExit(e.exit_code) from None
+            ctx = e.ctx
+            hint = f" (see {ctx.command_path} {ctx.help_option_names[0]})" if ctx is not None else ""
+            error_line(" ".join(e.format_message().split()) + hint)
+            raise SystemExit(e.exit_code) from None
+        except _CLICK_EXCEPTION as e:  # not a usage error: typer's own rendering
+            from typer import rich_utils
+
+            rich_utils.rich_format_error(e)
+            raise SystemExit(e.exit_code) from None
+        except typer.Abort:
+            error_line("aborted")
+            raise SystemExit(1) from None
+        sys.exit(code if isinstance(code, int) else 0)
+
 
 app = typer.Typer(
     name="treegrpo",
+    cls=OneLineErrors,
     help="Tree-structured GRPO post-training for text-to-image flow models.",
     no_args_is_help=True,
     add_completion=False,
@@ -95,4 +144,8 @@ def readable_help(command) -> None:
 def main() -> None:
     command = typer.main.get_command(app)
     readable_help(command)
-    command()
+    try:
+        command()
+    except Exception as e:  # raised outside a command's guard: still one line, the traceback in a file
+        error_line(internal_error(e))
+        raise SystemExit(1) from None

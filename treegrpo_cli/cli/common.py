@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
+import tempfile
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
+import click
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -23,27 +28,101 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from .. import __version__
 from ..errors import TreegrpoError
 
 err = Console(stderr=True)
 out = Console()
 
 
+def one_line(text: str) -> str:
+    """text with every character that is not printable (newline, CR, tab, ESC, the Unicode line separators)
+    written as its escape (\\n, \\x1b, ...): text quoted from the user (a path, a name) cannot start another
+    line of the output or drive the terminal."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
+def error_line(message: str) -> None:
+    """Print one error line on stderr (control characters escaped)."""
+    err.print(f"[bold red]Error:[/] {escape(one_line(message))}", highlight=False, markup=True, soft_wrap=True)
+
+
 def fail(message: str, code: int = 1) -> None:
     """Print one error line on stderr and exit non-zero."""
-    err.print(f"[bold red]Error:[/] {escape(message)}", highlight=False, markup=True, soft_wrap=True)
+    error_line(message)
     raise typer.Exit(code)
+
+
+# Where an internal error's traceback goes: the run folder of the command when it has one (set_error_dir),
+# else the temp folder.
+_error_dir: list[Path] = []
+
+
+def set_error_dir(folder: Path | None) -> None:
+    """The folder (a run folder) that gets the traceback file of an internal error of this command."""
+    _error_dir[:] = [Path(folder)] if folder is not None else []
+
+
+def internal_error(e: BaseException) -> str:
+    """The one line of an unexpected exception (a bug, not bad input), after writing its whole traceback to
+    error-<time>-<pid>.txt in the command's run folder (if it exists) or the temp folder. The machine's
+    refusals (no space or permission: OSError; out of memory) are said to be that rather than a bug."""
+    first = (str(e).strip().splitlines() or [""])[0]
+    head = f"{type(e).__name__}: {first}" if first else type(e).__name__
+    system = isinstance(e, (OSError, MemoryError)) or "OutOfMemory" in type(e).__name__
+    what = "a system error (disk, memory or permissions), not bad input" if system else "this is a bug"
+    report = "" if system else "; please report it with this file"
+    text = (
+        f"treegrpo {__version__}, internal error: {what}{report}.\n"
+        f"command: {command_line()}\npython: {sys.version.split()[0]}, pid {os.getpid()}\n\n"
+        + "".join(traceback.format_exception(type(e), e, e.__traceback__))
+    )
+    stem = f"error-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    for folder in [*[d for d in _error_dir if d.is_dir()], Path(tempfile.gettempdir())]:
+        for k in range(10):
+            path = folder / (stem + (f"-{k}" if k else "") + ".txt")
+            try:
+                with open(path, "x") as f:  # never over another file
+                    f.write(text)
+            except FileExistsError:
+                continue
+            except OSError:
+                break
+            return f"{head}; {what}; the traceback is in {path}"
+    return f"{head}; {what} (its traceback could not be written)"
+
+
+# How a command ends on purpose (an exit code, a usage error): never an internal error.
+# typer's own exits and usage errors pass: click's, and the copy of click that typer vendors (typer._click)
+_TYPER_CLICK_EXCEPTION: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+PASS_THROUGH: tuple[type[BaseException], ...] = (
+    typer.Exit,
+    typer.Abort,
+    click.exceptions.Exit,
+    click.exceptions.Abort,
+    click.exceptions.ClickException,
+    _TYPER_CLICK_EXCEPTION,
+)
 
 
 @contextmanager
 def guarded() -> Iterator[None]:
-    """Turn library errors into one line and an exit code; never a traceback."""
+    """Turn library errors into one line and an exit code; never a traceback. An unexpected exception is a
+    bug: its one line names the file that holds its traceback."""
     try:
         yield
     except TreegrpoError as e:
         fail(str(e), e.exit_code)
     except KeyboardInterrupt:
         fail("interrupted", 130)
+    except PASS_THROUGH:
+        raise
+    except Exception as e:
+        fail(internal_error(e), 1)
+    finally:
+        set_error_dir(None)  # the next command (in this process, as in the tests) starts without one
 
 
 @contextmanager

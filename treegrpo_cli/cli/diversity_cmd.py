@@ -92,7 +92,7 @@ def diversity(
         list[str] | None,
         typer.Option("--set-b", help="--generate: key=value override of set B's config (repeatable)."),
     ] = None,
-    num: Annotated[int, typer.Option(min=2, help="--generate: leaf images per set.")] = 4096,
+    num: Annotated[int, typer.Option(min=2, max=100_000, help="--generate: leaf images per set.")] = 4096,
     model: Annotated[
         str | None, typer.Option(help="--generate: model name or path (default: the embedded tiny-shapes).")
     ] = None,
@@ -114,12 +114,22 @@ def diversity(
         --features inception,clip --out runs/div
     """
     from ..diversity import DiversityConfig, compare, generate_set, open_images, parse_features
-    from ..preflight import check_device, check_writable_dir
+    from ..diversity.io import SET_FOLDERS, check_set_folder, is_report_folder
+    from ..preflight import check_device, check_own_dir, check_writable_dir
 
     with guarded():
         check_device(device)
+        if a is not None and b is not None and a.resolve() == b.resolve():
+            raise ConfigError(f"{b} is given twice: A and B are the same folder (compare two different sets)")
         if out is not None:
             check_writable_dir(out, "--out")
+            what = f"an earlier diversity report (only report.json, embedding-*.png, {', '.join(SET_FOLDERS)})"
+            check_own_dir(out, "--out", is_report_folder, what)
+        if generate:  # where the sets go: new, empty, or tree folders to overwrite; never someone else's
+            for label, given, default in (("A", a, SET_FOLDERS[0]), ("B", b, SET_FOLDERS[1])):
+                folder = given if given is not None else (out / default if out is not None else None)
+                if folder is not None:
+                    check_set_folder(folder, overwrite, f"set {label} folder")
         cfg = DiversityConfig(
             parse_features(features),
             kid,

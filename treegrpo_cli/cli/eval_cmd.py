@@ -88,9 +88,10 @@ def eval_(
 
     Example: treegrpo eval --model tiny-shapes --metric shapes --num-images 4 --out runs/eval
     """
-    from ..preflight import check_device, check_writable_dir
+    from ..config import check_eval_size
+    from ..preflight import check_device, check_own_dir, check_writable_dir
     from ..prompts import load_prompts
-    from ..report.evalio import write_outputs
+    from ..report.evalio import OUTPUTS, is_eval_output, write_outputs
     from ..report.evaluate import EvalRequest, run_eval
     from ..rewards.base import parse_reward_options
 
@@ -98,6 +99,7 @@ def eval_(
         check_device(device)
         if out is not None:
             check_writable_dir(out, "--out")  # before anything is generated
+            check_own_dir(out, "--out", is_eval_output, f"an earlier eval's output (only {', '.join(OUTPUTS)})")
         req = EvalRequest(
             metrics=tuple(m.strip() for m in metric.split(",") if m.strip()),
             model=model,
@@ -121,6 +123,7 @@ def eval_(
                 raise ConfigError("--num-prompts selects generation prompts; it does not apply to --images")
         else:
             req.prompts = load_prompts(prompts or "shapes-test")[:num_prompts]
+            check_eval_size(len(req.prompts), num_images, steps)  # bounded work, before any model is loaded
         with progress_bar() as bar:
             summary, scored = run_eval(req, bar)
         if out is not None:

@@ -28,13 +28,13 @@ def inspect(
 
 
 def _render(report: dict) -> None:
-    meta = report["meta"]
+    meta = report["meta"]  # validated by inspect_trees: meta.config complete, the other fields typed when present
     cfg = meta["config"]
     n = meta["num_trees"]
     head = Table(title=f"{meta.get('command') or 'trees'}", show_header=False, box=None)
     head.add_row("preset", str(cfg["name"]))
-    head.add_row("model", str(meta["model"]["name"]))
-    head.add_row("trees", f"{n} ({meta['num_prompts']} prompts x {meta['trees_per_prompt']})")
+    head.add_row("model", str(meta.get("model", {}).get("name", cfg["model"])))
+    head.add_row("trees", f"{n} ({meta.get('num_prompts', '?')} prompts x {meta.get('trees_per_prompt', '?')})")
     head.add_row("model evaluations", f"{meta.get('nfe', 0)} ({meta.get('nfe', 0) / max(n, 1):.1f} per tree)")
     head.add_row(
         "sampler",
@@ -43,11 +43,14 @@ def _render(report: dict) -> None:
     )
     scoring = meta.get("scoring")
     if scoring:
-        a = scoring["advantage"]
+        a = scoring.get("advantage", {})
         head.add_row(
-            "rewards", ", ".join(f"{k} x{v}" for k, v in scoring["rewards"].items()) + f" ({scoring['combine']})"
+            "rewards",
+            ", ".join(f"{k} x{v}" for k, v in scoring["rewards"].items()) + f" ({scoring.get('combine', '?')})",
         )
-        head.add_row("advantages", f"{a['estimator']} (ddof {a['ddof']}, clamp {a['clamp']})")
+        head.add_row(
+            "advantages", f"{a.get('estimator', '?')} (ddof {a.get('ddof', '?')}, clamp {a.get('clamp', '?')})"
+        )
     else:
         head.add_row("rewards", "not scored yet: run `treegrpo score`")
     out.print(head)

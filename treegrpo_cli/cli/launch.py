@@ -12,15 +12,19 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 GRACE_S = 3.0
+STOPPED = {130, 143}  # a run stopped by Ctrl-C or SIGTERM after a checkpoint (train_cmd.STOP_CODES)
 # Errors that only say a peer went away: the cause is another process's error.
 PEER_FAILURE = re.compile(r"terminate called|connection|socket|broken pipe|gloo|nccl|timed? ?out|exit code -", re.I)
 
@@ -58,17 +62,40 @@ def run(nproc: int, argv: list[str]) -> tuple[int, str | None]:
         held: list[str] = []
         pump = threading.Thread(target=_forward, args=(procs[0], held), daemon=True)
         pump.start()
-        failed = _wait(procs)
+        with _passing_stops(procs) as asked:
+            failed = _wait(procs)
         pump.join(timeout=GRACE_S)
-        if not failed:
-            for line in held:
+        codes = {procs[r].returncode for r in failed}
+        if not failed or (codes <= STOPPED and not any(ln.startswith("Error: ") for ln in held)):
+            for line in held:  # a stopped run: rank 0 said so and how to resume
                 sys.stderr.write(line)
-            return 0, None
+            return (0, None) if not failed else (asked[0] if asked else procs[failed[0]].returncode, None)
         lasts = {
             r: _last_line("".join(held) if r == 0 else logs[r].read_text(errors="replace"), procs[r]) for r in failed
         }
         cause = next((r for r in failed if not PEER_FAILURE.search(lasts[r])), failed[0])
         return procs[cause].returncode or 1, lasts[cause] + ("" if cause == 0 else f" (process {cause} of {nproc})")
+
+
+@contextmanager
+def _passing_stops(procs: list[subprocess.Popen]) -> Iterator[list[int]]:
+    """While the processes run, SIGTERM or Ctrl-C to this one asks each of them to stop after its iteration
+    (SIGTERM to each: a second SIGTERM after a Ctrl-C that reached the whole process group changes nothing,
+    where a second SIGINT would abort). Yields the exit code the stop asks for (130 or 143), once asked."""
+    asked: list[int] = []
+
+    def ask(signum, frame):
+        asked[:] = asked or [128 + signum]
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+
+    old = {s: signal.signal(s, ask) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield asked
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 def _last_line(text: str, proc: subprocess.Popen) -> str:

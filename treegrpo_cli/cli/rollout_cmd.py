@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from .common import command_line, err, guarded, print_json, progress_bar
+from .common import command_line, err, guarded, one_line, print_json, progress_bar
 from .train_cmd import MODEL_PANEL, policy_sets
 
 
@@ -63,19 +63,24 @@ def rollout(
     Example: treegrpo rollout --preset branch --num-prompts 4 --out runs/trees
     """
     from ..config import load_config
-    from ..preflight import check_device, check_writable_dir
+    from ..preflight import check_device, check_own_dir, check_writable_dir
     from ..prompts import load_prompts
     from ..training.stages import RolloutRequest, run_rollout
 
     with guarded():
         check_device(device)
         check_writable_dir(out, "--out")
+        check_own_dir(
+            out, "--out", lambda p: (p / "index.json").is_file(), "a treegrpo tree folder (it has no index.json)"
+        )
         sets = list(set_ or [])
         sets += [f"seed={seed}"] if seed is not None else []
         sets += [f"model={json.dumps(model)}"] if model else []
         sets += [f"rollout.max_batch={max_batch}"] if max_batch else []
         sets += policy_sets(revision=revision, dtype=dtype)
         cfg = load_config(preset, config, sets)
+        for w in cfg.warnings():
+            err.print(one_line(w), highlight=False, markup=False)
         req = RolloutRequest(
             cfg,
             load_prompts(prompts or cfg.rollout.prompts),

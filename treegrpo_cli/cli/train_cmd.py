@@ -14,21 +14,42 @@ import typer
 from rich.table import Table
 
 from ..errors import TreegrpoError
-from .common import command_line, err, fail, guarded, out, parse_numbers, print_json, progress_bar
+from .common import (
+    command_line,
+    err,
+    fail,
+    guarded,
+    internal_error,
+    one_line,
+    out,
+    parse_numbers,
+    print_json,
+    progress_bar,
+    set_error_dir,
+)
+
+# The exit code of a run stopped early (it checkpointed first): 128 + the signal, as a shell reports it.
+STOP_CODES: dict[int, int] = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
 
 @contextmanager
-def graceful_stop() -> Iterator[dict]:
-    """SIGTERM or a first Ctrl-C asks the loop to stop after the current iteration and checkpoint."""
-    flag = {"stop": False}
+def graceful_stop(flag: dict | None = None, quiet: bool = False) -> Iterator[dict]:
+    """SIGTERM or a first Ctrl-C asks the loop to stop after the current iteration and checkpoint; the flag
+    keeps the first signal (its exit code). quiet: say nothing (the other ranks of a data-parallel run)."""
+    flag = flag if flag is not None else {}
+    flag.setdefault("stop", False)
+    flag.setdefault("signal", None)
 
     def ask(signum, frame):
         if flag["stop"] and signum == signal.SIGINT:
             raise KeyboardInterrupt
+        if not flag["stop"]:
+            flag["signal"] = signum
         flag["stop"] = True
         # a raw write: the signal may land inside a rich print or a lazy import of the main thread, and
         # printing through rich again from here re-enters them (a half-imported module, exit 1)
-        os.write(2, b"stopping after this iteration (checkpoint follows); Ctrl-C again to abort\n")
+        if not quiet:
+            os.write(2, b"stopping after this iteration (checkpoint follows); Ctrl-C again to abort\n")
 
     old = {s: signal.signal(s, ask) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -41,7 +62,7 @@ def graceful_stop() -> Iterator[dict]:
 def _sets(set_, model, reward, weights, iterations, seed, max_batch, reward_opt=None) -> list[str]:
     sets = list(set_ or [])
     sets += [f"model={json.dumps(model)}"] if model else []
-    if reward:
+    if reward is not None:  # --reward '' or ',' names no reward: the config refuses the empty list
         names = [n.strip() for n in reward.split(",") if n.strip()]
         sets.append("reward.names=[" + ", ".join(json.dumps(n) for n in names) + "]")
     sets += [f"reward.weights={json.dumps(parse_numbers(weights, '--weights'))}"] if weights else []
@@ -78,8 +99,13 @@ def policy_sets(
     return sets
 
 
+DEFAULT_PRESET = "tree-grpo"
+
+
 def train(
-    preset: Annotated[str, typer.Option(help="Method preset (see `treegrpo presets`).")] = "tree-grpo",
+    preset: Annotated[
+        str | None, typer.Option(help=f"Method preset (see `treegrpo presets`); default {DEFAULT_PRESET}.")
+    ] = None,
     config: Annotated[Path | None, typer.Option("--config", help="A TOML config file layered over the preset.")] = None,
     set_: Annotated[
         list[str] | None, typer.Option("--set", help="Override one key, e.g. --set train.lr=1e-4 (repeatable).")
@@ -171,7 +197,9 @@ def train(
 
     if nproc_per_node > 1 and "RANK" not in os.environ:
         _relaunch(nproc_per_node)
+    stop: dict = {}
     with guarded():
+        _refuse_ignored(trees, resume, iterations, preset, config, prompts)
         check_device(device)
         sets = _sets(set_, model, reward, weights, iterations, seed, max_batch, reward_opt)
         sets += policy_sets(revision, finetune, lora_rank, lora_alpha, lora_targets, dtype, gradient_checkpointing)
@@ -180,9 +208,38 @@ def train(
                 raise TreegrpoError("train --trees makes one update in one process; run it without --nproc-per-node")
             summary = _staged(trees, run_dir, sets, device)
         else:
-            summary = _online(preset, config, sets, prompts, run_dir, resume, device)
+            summary = _online(preset or DEFAULT_PRESET, config, sets, prompts, run_dir, resume, device, stop)
     if summary:  # other ranks of a data-parallel run return none
         _report(summary, json_)
+    if summary.get("stopped_early"):
+        err.print(
+            f"stopped early after {summary['iterations']} iterations (saved in the last checkpoint); "
+            f"continue with: {summary['resume_command']}",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
+        raise typer.Exit(STOP_CODES.get(int(stop.get("signal") or signal.SIGTERM), 143))
+
+
+def _refuse_ignored(trees, resume, iterations, preset, config, prompts) -> None:
+    """Options that the chosen mode would ignore are refused, not dropped."""
+    if trees is not None:
+        given = {"--resume": resume, "--iterations": iterations, "--preset": preset, "--config": config}
+        given["--prompts"] = prompts
+        for option, value in given.items():
+            if value is not None:
+                raise TreegrpoError(
+                    f"--trees makes one update with the trees' own config and prompts; {option} cannot be used "
+                    "with it (training keys go in --set)"
+                )
+    if resume is not None:
+        for option, value in {"--preset": preset, "--config": config}.items():
+            if value is not None:
+                raise TreegrpoError(
+                    f"--resume continues the run with its own settings; {option} cannot be used with it "
+                    "(--set and --iterations change what a resumed run may change)"
+                )
 
 
 def _relaunch(nproc: int) -> None:
@@ -203,7 +260,7 @@ def _relaunch(nproc: int) -> None:
     raise typer.Exit(code)
 
 
-def _online(preset, config, sets, prompts, run_dir, resume, device) -> dict:
+def _online(preset, config, sets, prompts, run_dir, resume, device, stop: dict) -> dict:
     from ..config import load_config
     from ..preflight import check_writable_dir
     from ..prompts import load_prompts
@@ -217,10 +274,13 @@ def _online(preset, config, sets, prompts, run_dir, resume, device) -> dict:
         cfg, run = rundir.resume_config(resume, sets), resume
     else:
         cfg = load_config(preset, config, sets)
+        for w in cfg.warnings() if d.main else []:
+            err.print(one_line(w), highlight=False, markup=False)
         run = Path(dist.gather(str(run_dir or Path("runs") / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"), d)[0])
         if d.main:
             rundir.check_new(run)
             check_writable_dir(run, "--run-dir")
+    set_error_dir(run)  # an internal error's traceback goes to the run folder (once it exists)
     dist.shard(cfg.rollout.num_prompts, d)  # divisible by the processes, before anything is written
     train_prompts, eval_prompts = load_prompts(cfg.rollout.prompts), load_prompts(cfg.rollout.eval_prompts)
     if resume is not None:
@@ -230,31 +290,36 @@ def _online(preset, config, sets, prompts, run_dir, resume, device) -> dict:
     if d.active:
         done = False
         try:
-            summary = _train_rank(req, train_loop, d, cfg, run)
+            summary = _train_rank(req, train_loop, d, cfg, run, stop)
             dist.barrier(d)  # every rank done before the group goes away
             done = True
             return summary
         except TreegrpoError as e:
             fail(str(e), e.exit_code)  # said before the group goes: tearing gloo down can abort
-        except Exception as e:  # a peer failed (closed connection) or this rank did
+        except KeyboardInterrupt:
+            fail("interrupted", 130)
+        except Exception as e:  # a peer failed (closed connection) or this rank did (a bug)
+            from .launch import PEER_FAILURE
+
             first = (str(e).strip().splitlines() or [""])[0]
-            fail(f"{type(e).__name__}: {first}")
+            fail(f"{type(e).__name__}: {first}" if PEER_FAILURE.search(first) else internal_error(e))
         finally:
             sys.stderr.flush()
             dist.shutdown()  # a live gloo group at interpreter exit aborts the process
             if done and not d.main:  # rank 0 reports; the others leave now: gloo's threads can still be
                 sys.stdout.flush()  # winding down, and the interpreter's teardown then aborts the process
                 os._exit(0)  # ("terminate called without an active exception")
-    return _train_rank(req, train_loop, d, cfg, run)
+    return _train_rank(req, train_loop, d, cfg, run, stop)
 
 
-def _train_rank(req, train_loop, d, cfg, run) -> dict:
+def _train_rank(req, train_loop, d, cfg, run, stop: dict) -> dict:
     from ..training.loop import Hooks
 
-    if not d.main:  # rank 0 speaks for the run
-        return train_loop(req)
+    if not d.main:  # rank 0 speaks for the run; a signal to any rank stops them all after the iteration
+        with graceful_stop(stop, quiet=True) as flag:
+            return train_loop(req, Hooks(should_stop=lambda: flag["stop"]))
     shown: list[bool] = []
-    with graceful_stop() as flag, progress_bar(quiet=("rollout", "iterations", "eval")) as bar:
+    with graceful_stop(stop) as flag, progress_bar(quiet=("rollout", "iterations", "eval")) as bar:
 
         def on_row(row: dict) -> None:
             if not shown:
@@ -269,7 +334,7 @@ def _train_rank(req, train_loop, d, cfg, run) -> dict:
                 )
 
         def note(message: str) -> None:
-            err.print(message, highlight=False, markup=False, soft_wrap=True)
+            err.print(one_line(message), highlight=False, markup=False, soft_wrap=True)
 
         return train_loop(req, Hooks(progress=bar, on_row=on_row, should_stop=lambda: flag["stop"], note=note))
 
@@ -280,6 +345,7 @@ def _staged(trees: Path, run_dir, sets, device) -> dict:
 
     run = run_dir or Path("runs") / f"staged-{time.strftime('%Y%m%d-%H%M%S')}"
     check_writable_dir(run, "--run-dir")
+    set_error_dir(run)
     with progress_bar() as bar:
         return train_from_trees(StagedRequest(trees, run, sets, device, command_line()), bar)
 

@@ -4,6 +4,8 @@ Both stream their images in chunks (`batches`), so features for thousands of ima
 every image in memory. A tree folder also names the tree of every leaf (`groups`): leaves of one
 tree share their early noise, so the permutation test takes one leaf per tree.
 `generate_set` rolls out a preset with the rollout library and opens the result.
+Every image file's size is checked from its header (preflight.check_image) when a folder is opened,
+before any image is decoded.
 """
 
 from __future__ import annotations
@@ -21,12 +23,14 @@ from torch import Tensor
 from ..config import load_config
 from ..engine.rollout import Progress
 from ..errors import TreegrpoError
+from ..preflight import check_image
 from ..prompts import load_prompts
-from ..store.shards import INDEX
+from ..store.shards import INDEX, ShardStore
 from ..store.trees import open_trees, read_tree_shard
 from ..training.stages import RolloutRequest, run_rollout
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
+SET_FOLDERS = ("set-a", "set-b")  # under --out with --generate
 
 
 class ImageSet(ABC):
@@ -77,7 +81,9 @@ class FolderImages(ImageSet):
         if not self.files:
             raise TreegrpoError(f"{folder}: no image files ({', '.join(IMAGE_SUFFIXES)}) and no {INDEX}")
         super().__init__(folder, len(self.files), torch.arange(len(self.files)))
-        self.size = _read(self.files[0]).size
+        self.size = check_image(self.files[0])
+        for f in self.files[1:]:  # every header before any image is decoded
+            check_image(f)
 
     def batches(self, size: int) -> Iterator[Tensor]:
         files = [f for f, k in zip(self.files, self.keep.tolist(), strict=True) if k]
@@ -86,10 +92,11 @@ class FolderImages(ImageSet):
 
 
 def _read(path: Path) -> Image.Image:
+    check_image(path)
     try:
         with Image.open(path) as im:
             return im.convert("RGB")
-    except (UnidentifiedImageError, OSError) as e:
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
         raise TreegrpoError(f"{path}: not a readable image ({e})") from None
 
 
@@ -137,6 +144,23 @@ def open_images(path: Path) -> ImageSet:
     if not path.is_dir():
         raise TreegrpoError(f"{path}: no such folder")
     return TreeImages(path) if (path / INDEX).is_file() else FolderImages(path)
+
+
+def check_set_folder(path: Path, overwrite: bool, option: str) -> None:
+    """Before anything is generated: `path` is new, empty, or (with overwrite) a tree folder with an intact
+    index; never someone else's non-empty folder."""
+    ShardStore.check_target(Path(path), overwrite, option)
+
+
+def is_report_folder(folder: Path) -> bool:
+    """A folder that holds only what `treegrpo diversity --out` writes (report.json, embedding-*.png,
+    set-a/, set-b/ and their temporary files)."""
+    return all(
+        p.name in ("report.json", *SET_FOLDERS)
+        or (p.name.startswith("embedding-") and p.name.endswith(".png"))
+        or (p.name.startswith(".") and p.name.endswith(".tmp"))
+        for p in Path(folder).iterdir()
+    )
 
 
 def _generate_config(preset: str, model: str, seed: int, sets: tuple[str, ...]):

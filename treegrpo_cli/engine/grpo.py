@@ -91,8 +91,11 @@ class TrainConfig:
         for name in ("lr", "clip_range", "max_grad_norm"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"train.{name} must be > 0, got {getattr(self, name)}")
-        if not 0 <= self.ema_decay < 1 or min(self.kl_beta, self.sample_every, self.eval_samples) < 0:
-            raise ConfigError("train.ema_decay must be in [0, 1); train.kl_beta, sample_every and eval_samples >= 0")
+        if not 0 <= self.ema_decay < 1:
+            raise ConfigError(f"train.ema_decay must be in [0, 1) (0 = off), got {self.ema_decay}")
+        for name in ("kl_beta", "sample_every", "eval_samples"):
+            if not getattr(self, name) >= 0:
+                raise ConfigError(f"train.{name} must be >= 0 (0 = off), got {getattr(self, name)}")
         for name in ("eval_every_minutes", "max_minutes", "eval_every_tflops", "max_tflops"):
             if not getattr(self, name) >= 0:
                 raise ConfigError(f"train.{name} must be >= 0 (0 = off), got {getattr(self, name)}")
@@ -300,7 +303,10 @@ def _edges_per_tree(b: Batch) -> float:
 
 
 def _parent_chunks(parent: Tensor, edges: Tensor, max_batch: int) -> list[Tensor]:
-    """Split edges so that each chunk's distinct parents number at most max_batch."""
+    """Split edges so that each chunk's distinct parents number at most max_batch; no edges, no chunk (a
+    rank with nothing to train in a step runs no forward: parent_chunk_count says 0 for it too)."""
+    if not len(edges):
+        return []
     parents = torch.unique(parent[edges])
     owner = parent[edges]
     return [edges[torch.isin(owner, g)] for g in parents.split(max_batch)]

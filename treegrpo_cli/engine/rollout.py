@@ -31,6 +31,7 @@ from .tree import Tree
 BRANCH_NOISES = ("correlated", "scaled")
 MASK63 = (1 << 63) - 1
 SHARED = -1  # child slot of the noise that siblings share
+MAX_TREES_PER_PROMPT = 10_000  # stated maximum of tree.trees_per_prompt (Flow-GRPO samples 24 chains per prompt)
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total); the one progress callback type
 
@@ -65,6 +66,11 @@ class TreeConfig:
             raise ConfigError(f"tree.branch_s must be > 0 (inf: independent children), got {self.branch_s}")
         if self.trees_per_prompt < 1:
             raise ConfigError(f"tree.trees_per_prompt must be >= 1, got {self.trees_per_prompt}")
+        if self.trees_per_prompt > MAX_TREES_PER_PROMPT:
+            raise ConfigError(
+                f"tree.trees_per_prompt = {self.trees_per_prompt:,} is more than the maximum of "
+                f"{MAX_TREES_PER_PROMPT:,} trees per prompt"
+            )
         if self.sde_steps is not None and any(not 0 <= s < steps for s in self.sde_steps):
             raise ConfigError(f"tree.sde_steps {list(self.sde_steps)} outside 0..{steps - 1}")
 
@@ -75,15 +81,20 @@ class TreeConfig:
         return self.branch if step in self.split_steps else 1
 
     def model_evals(self, steps: int) -> int:
-        """Forwards per tree: one per node at depths 0..T-1."""
-        total, width = 0, 1
-        for i in range(steps):
-            total += width
-            width *= self.children(i)
-        return total
+        """Forwards per tree: one per node at depths 0..T-1, in closed form (no loop over the steps, so a
+        bound on the count can be checked before the steps are)."""
+        total, width, done = 0, 1, 0
+        for s in self._splits(steps):  # steps done..s run at this width, then every node splits
+            total += width * (s + 1 - done)
+            width *= self.branch
+            done = s + 1
+        return total + width * (steps - done)
 
     def leaves(self, steps: int) -> int:
-        return math.prod(self.children(i) for i in range(steps))
+        return self.branch ** len(self._splits(steps))
+
+    def _splits(self, steps: int) -> list[int]:
+        return sorted({s for s in self.split_steps if 0 <= s < steps})
 
 
 # --- seeds -----------------------------------------------------------------------------------

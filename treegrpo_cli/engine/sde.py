@@ -28,6 +28,10 @@ GRIDS = ("shifted", "flow-match-euler")
 NOISES = ("dance", "flow")
 REDUCTIONS = ("mean", "sum")
 DECODES = ("x0", "final")
+# Stated maxima, checked before any work: the references sample 10 to 50 steps; 1000 is a flow model's whole
+# training grid. Every count of a tree (nodes, model evaluations) grows with the steps.
+MAX_STEPS = 1000
+MAX_TRAIN_TIMESTEPS = 100_000  # the flow-match-euler grid's training timesteps (diffusers' SD3: 1000)
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,13 @@ class SamplerConfig:
     def validate(self) -> None:
         if self.steps < 1:
             raise ConfigError(f"sampler.steps must be >= 1, got {self.steps}")
+        if self.steps > MAX_STEPS:
+            raise ConfigError(f"sampler.steps = {self.steps:,} is more than the maximum of {MAX_STEPS:,} steps")
+        if not 1 <= self.num_train_timesteps <= MAX_TRAIN_TIMESTEPS:
+            raise ConfigError(
+                f"sampler.num_train_timesteps must be in 1..{MAX_TRAIN_TIMESTEPS:,} (the maximum), "
+                f"got {self.num_train_timesteps:,}"
+            )
         if self.shift <= 0:
             raise ConfigError(f"sampler.shift must be > 0, got {self.shift}")
         if self.eta < 0:

@@ -164,7 +164,7 @@ class TinyDiT(nn.Module):
         B, C, H, W = x.shape
         p = self.cfg.patch
         patches = x.unfold(2, p, p).unfold(3, p, p)  # [B, C, H/p, W/p, p, p]
-        patches = patches.permute(0, 2, 3, 1, 4, 5).reshape(B, -1, C * p * p)
+        patches = patches.permute(0, 2, 3, 1, 4, 5).reshape(B, (H // p) * (W // p), C * p * p)  # B = 0 too
         img = self.patch_in(patches) + self.pos  # [B, N, D]
         txt = self.words(ids) + self.word_pos[:, : ids.shape[1]]  # [B, W, D]
         for block in self.text_blocks:

@@ -4,7 +4,9 @@ An image folder is scored with an image -> prompt map, by default DIR/prompts.js
 DIR/prompts.csv (or the file given as --prompts):
     prompts.json   {"0001.png": "a red circle", "sub/0002.png": "two blue squares", ...}
     prompts.csv    a header row with the columns `image` and `prompt` (others are ignored)
-Paths are relative to the folder; every listed image must exist, unlisted files are ignored.
+Paths are relative to the folder and stay inside it (no absolute path, no '..', no link that resolves
+outside); every listed image must exist and have at most preflight.MAX_IMAGE_PIXELS pixels (checked
+from the headers of all of them before any is decoded); unlisted files are ignored.
 
 Outputs under --out DIR:
     results.json          the summary (the same object `--json` prints)
@@ -12,6 +14,7 @@ Outputs under --out DIR:
                           file, prompt, one column per metric
     samples.png           the first 16 images, captioned with their prompt and first metric
     samples-baseline.png  the same for the baseline
+A non-empty --out folder must hold only these files (an earlier eval's, which are replaced).
 """
 
 from __future__ import annotations
@@ -32,10 +35,12 @@ from torch import Tensor
 
 from ..errors import TreegrpoError
 from ..plots import image_grid, save_png
+from ..preflight import check_image
 from ..store.shards import atomic_write
 
 GRID_IMAGES = 16  # images in the sample grid of each source
 GRID_PIXELS = 128  # grid images are scaled to about this many pixels on their long side
+OUTPUTS = ("results.json", "results.csv", "samples.png", "samples-baseline.png")  # what --out gets
 
 
 @dataclass
@@ -84,11 +89,34 @@ def prompt_map(folder: Path, given: Path | None = None) -> tuple[Path, list[tupl
         raise TreegrpoError(f"{path}: the prompt map of --images must be a .json or .csv file")
     if not pairs:
         raise TreegrpoError(f"{path}: no images listed")
-    out = [(folder / name, prompt) for name, prompt in pairs]
+    out = [(_inside(folder, name, path), prompt) for name, prompt in pairs]
     missing = [p for p, _ in out if not p.is_file()]
     if missing:
         raise TreegrpoError(f"{path}: {len(missing)} listed images do not exist (e.g. {missing[0]})")
     return path, out
+
+
+def _inside(folder: Path, name: str, map_path: Path) -> Path:
+    """folder / name for an image path of a prompt map: relative, without '..', resolving inside folder."""
+    rel = Path(name)
+    if not name or "\x00" in name or rel.is_absolute() or ".." in rel.parts:
+        raise TreegrpoError(
+            f"{map_path}: {name!r} is outside {folder} (image paths are relative to the folder, without '..')"
+        )
+    try:
+        real, base = (folder / rel).resolve(), folder.resolve()
+    except (OSError, RuntimeError) as e:  # a link loop
+        raise TreegrpoError(f"{map_path}: {name!r} does not resolve ({e})") from None
+    if not real.is_relative_to(base) or real == base:
+        raise TreegrpoError(f"{map_path}: {name!r} resolves outside {folder} (to {real}); it is not read")
+    return folder / rel
+
+
+def is_eval_output(folder: Path) -> bool:
+    """A folder that holds only the files `treegrpo eval --out` writes (and their temporary files)."""
+    return all(
+        p.name in OUTPUTS or (p.name.startswith(".results.") and p.name.endswith(".tmp")) for p in folder.iterdir()
+    )
 
 
 def _json_pairs(path: Path) -> list[tuple[str, str]]:
@@ -112,11 +140,12 @@ def _csv_pairs(path: Path) -> list[tuple[str, str]]:
 
 
 def read_image(path: Path) -> Tensor:
-    """[3, H, W] float in [0, 1]."""
+    """[3, H, W] float in [0, 1]; the size is checked from the header first (check_image)."""
+    check_image(path)
     try:
         with Image.open(path) as im:
             arr = np.asarray(im.convert("RGB")).copy()
-    except (UnidentifiedImageError, OSError) as e:
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
         raise TreegrpoError(f"{path}: not a readable image ({e})") from None
     return torch.from_numpy(arr).permute(2, 0, 1).float() / 255
 
@@ -127,6 +156,8 @@ def image_folder(folder: Path, prompts_file: Path | None, batch: int) -> Source:
     if not folder.is_dir():
         raise TreegrpoError(f"{folder}: no such image folder")
     map_path, pairs = prompt_map(folder, prompts_file)
+    for path, _ in pairs:  # every header before any image is decoded or scored
+        check_image(path)
 
     def chunks() -> Iterator[Chunk]:
         pending: list[tuple[Path, str, Tensor]] = []

@@ -29,10 +29,11 @@ from ..engine.protocols import Kernel
 from ..engine.rollout import Progress, TreeConfig, mix_seed, rollout
 from ..engine.sde import SamplerConfig, make_kernel
 from ..errors import ConfigError, TreegrpoError
+from ..models import hub
 from ..models.base import Policy
-from ..models.registry import load_policy
-from ..rewards.base import Reward, get_reward, spec
-from ..store.checkpoint import MANIFEST, list_checkpoints, load_checkpoint
+from ..models.registry import MODELS, load_policy
+from ..rewards.base import DTYPES, Reward, get_reward, spec
+from ..store.checkpoint import MANIFEST, check_checkpoint, list_checkpoints, load_checkpoint
 from .evalio import GRID_IMAGES, Chunk, Scored, Source, image_folder
 
 # --- treegrpo eval ---------------------------------------------------------------------------
@@ -116,6 +117,8 @@ def run_eval(
 def _check(req: EvalRequest) -> None:
     if req.num_images < 1 or req.batch < 1 or req.max_batch < 1:
         raise ConfigError("--num-images, --batch and --max-batch must be >= 1")
+    if req.reward_dtype is not None and req.reward_dtype not in DTYPES:
+        raise ConfigError(f"--reward-dtype {req.reward_dtype!r} is not a dtype; use one of {', '.join(DTYPES)}")
     if req.images is None and not req.prompts:
         raise ConfigError("no prompts to generate from")
     if req.images is not None and (req.model or req.checkpoint):
@@ -125,10 +128,28 @@ def _check(req: EvalRequest) -> None:
 
 
 def _baseline_spec(spec_: str) -> tuple[str | None, Path | None]:
-    """A folder is a checkpoint (or a run; checked now); anything else a model name or weights file."""
+    """A folder is a checkpoint (or a run); anything else a model name or weights file. Checked now, before
+    the model is generated: the name, or the checkpoint's own files, config and model (no weight is read)."""
     if Path(spec_).is_dir():
-        return None, find_checkpoint(Path(spec_))
+        step = find_checkpoint(Path(spec_))
+        state = check_checkpoint(step)
+        if "config" not in state:
+            raise TreegrpoError(f"{step}: the checkpoint does not record its config")
+        check_model_name(config_from_dict(state["config"]).model)
+        return None, step
+    check_model_name(spec_)
     return spec_, None
+
+
+def check_model_name(name: str) -> None:
+    """A model name or weights file that load_policy accepts, checked without loading anything."""
+    if name in MODELS or hub.is_diffusers_name(name):
+        return
+    if name.endswith(".safetensors"):
+        if not Path(name).is_file():
+            raise TreegrpoError(f"model weights not found: {name}")
+        return
+    load_policy(name)  # no loader takes this name: raises the registry's one line (available models, a hint)
 
 
 # --- sources ---------------------------------------------------------------------------------

@@ -8,6 +8,9 @@ from typing import Any
 
 import torch
 
+from ..config import config_from_dict
+from ..errors import CorruptFileError, TreegrpoError
+from ..store.shards import INDEX
 from ..store.trees import open_trees, read_extra, read_tree_shard
 
 
@@ -16,8 +19,14 @@ def _num(x: float) -> float | None:
 
 
 def inspect_trees(root: Path, with_nodes: bool = True) -> dict[str, Any]:
-    """{"trees": [{"tree", "prompt", "nodes": [...]}], "meta": {...}, "depths": [...]} for a tree folder."""
+    """{"trees": [{"tree", "prompt", "nodes": [...]}], "meta": {...}, "depths": [...]} for a tree folder.
+    The index is validated as a whole first (open_trees), its config too: meta.config is the rollout's
+    config as a complete, valid dict."""
     store = open_trees(root)
+    try:
+        config = config_from_dict(store.meta["config"]).to_dict()
+    except TreegrpoError as e:
+        raise CorruptFileError(f"{store.root / INDEX}: meta.config: {e}") from None
     trees: list[dict[str, Any]] = []
     per_depth: dict[int, dict[str, Any]] = {}  # counts, sigma, and [n, sum, sum of squares] accumulators
     for name in store.names("trees"):
@@ -28,6 +37,7 @@ def inspect_trees(root: Path, with_nodes: bool = True) -> dict[str, Any]:
         trees += _tree_rows(s, reward, adv[0] if adv else None, with_nodes)
         _depth_stats(per_depth, s, reward, adv[0] if adv else None)
     meta = dict(store.meta)
+    meta["config"] = config
     meta["num_trees"] = len(trees)
     depths = [dict(depth=d, **_finish(v)) for d, v in sorted(per_depth.items())]
     return {"trees": trees, "meta": meta, "depths": depths}

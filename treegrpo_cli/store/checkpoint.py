@@ -9,6 +9,11 @@
     trainer_state.json                     iteration, seed, wall time
     manifest.json                          sha256 of every file above; written last, checked on load
 
+Reading validates the folder's own files as a whole before any weight is read (`check_checkpoint`):
+manifest.json maps plain file names of the folder (no separator, no '..', no link out) to sha256s and
+lists every file a checkpoint needs; the shard indexes name only files the manifest lists;
+trainer_state.json is an object with a whole-number step.
+
 Shards are written one at a time, each moved to the CPU only while it is written, and hashed from the
 file in chunks: a 12B-parameter state never sits in RAM as one buffer. Checkpoints written as single
 model.safetensors / ema.safetensors / optimizer.safetensors files (before shards) still load.
@@ -29,9 +34,11 @@ from safetensors.torch import load_file, save_file
 from safetensors.torch import save as st_save
 
 from ..errors import CorruptFileError, TreegrpoError
-from .shards import atomic_write, file_sha256
+from .shards import SHA256_HEX, atomic_write, check_file_name, file_sha256, kind_of, shown
 
 MANIFEST = "manifest.json"
+STATE = "trainer_state.json"
+REQUIRED = (STATE, "optimizer.json", "rng.safetensors")  # besides the model and optimizer tensors
 
 
 @dataclass
@@ -160,29 +167,112 @@ def list_checkpoints(folder: Path) -> list[Path]:
     return sorted(done, key=lambda p: int(p.name[5:]))
 
 
-def load_checkpoint(path: Path) -> Checkpoint:
-    """Read and verify one step-N folder (every file's sha256 against the manifest, streamed)."""
-    path = Path(path)
+def _read_json(path: Path) -> Any:
     try:
-        manifest = json.loads((path / MANIFEST).read_text())
+        return json.loads(path.read_text())
     except FileNotFoundError:
-        raise TreegrpoError(f"{path}: not a complete checkpoint (no {MANIFEST})") from None
-    except ValueError:
-        raise CorruptFileError(f"{path / MANIFEST}: not valid JSON") from None
+        raise CorruptFileError(f"{path}: missing") from None
+    except (ValueError, UnicodeDecodeError):
+        raise CorruptFileError(f"{path}: not valid JSON") from None
+    except OSError as e:
+        raise TreegrpoError(f"{path}: cannot be read ({e.strerror or e})") from None
+
+
+def read_manifest(path: Path) -> dict[str, str]:
+    """manifest.json of a step-N folder, validated as a whole: an object of plain file names of the folder
+    (each present) and their sha256s, listing every file a checkpoint needs. Hashes nothing."""
+    path = Path(path)
+    where = path / MANIFEST
+    if not where.is_file():
+        raise TreegrpoError(f"{path}: not a complete checkpoint (no {MANIFEST})")
+    manifest = _read_json(where)
+    if not isinstance(manifest, dict):
+        raise CorruptFileError(f"{where}: must be an object of file names and their sha256, got {kind_of(manifest)}")
     for name, digest in manifest.items():
+        check_file_name(path, name, f"{where}: the file name")
+        if not isinstance(digest, str) or not SHA256_HEX.match(digest):
+            raise CorruptFileError(f"{where}: the sha256 of {name} must be 64 hex digits, got {shown(digest)}")
         if not (path / name).is_file():
-            raise CorruptFileError(f"{path / name}: missing (listed in {MANIFEST})")
+            what = "not a regular file" if (path / name).exists() else "missing"
+            raise CorruptFileError(f"{path / name}: {what} (listed in {MANIFEST})")
+    for stem in ("model", "optimizer"):
+        if not _has(path, stem, manifest):
+            raise CorruptFileError(f"{where}: lists neither {stem}.index.json nor {stem}.safetensors")
+    for name in REQUIRED:
+        if name not in manifest:
+            raise CorruptFileError(f"{where}: does not list {name}")
+    return manifest
+
+
+def read_state(path: Path) -> dict[str, Any]:
+    """trainer_state.json of a step-N folder: an object with a whole-number step (and a config object)."""
+    where = Path(path) / STATE
+    state = _read_json(where)
+    if not isinstance(state, dict):
+        raise CorruptFileError(f"{where}: must be an object, got {kind_of(state)}")
+    step = state.get("step")
+    if type(step) is not int or step < 0:
+        raise CorruptFileError(f"{where}: step must be a whole number >= 0, got {shown(step)}")
+    if "config" in state and not isinstance(state["config"], dict):
+        raise CorruptFileError(f"{where}: config must be an object, got {kind_of(state['config'])}")
+    return state
+
+
+def _weight_map(path: Path, stem: str, manifest: dict[str, str]) -> dict[str, str]:
+    """stem.index.json's weight_map: tensor name -> a shard file of this folder that the manifest lists."""
+    where = path / f"{stem}.index.json"
+    index = _read_json(where)
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict):
+        raise CorruptFileError(
+            f"{where}: weight_map must be an object of tensor names and files, got {kind_of(weight_map)}"
+        )
+    seen: set[str] = set()
+    for name in weight_map.values():
+        if isinstance(name, str) and name in seen:
+            continue
+        check_file_name(path, name, f"{where}: the weight_map file")
+        if name not in manifest:
+            raise CorruptFileError(f"{where}: weight_map names {shown(name)}, which {MANIFEST} does not list")
+        seen.add(name)
+    return weight_map
+
+
+def _validated(path: Path) -> tuple[dict[str, str], dict[str, Any]]:
+    manifest = read_manifest(path)
+    for stem in ("model", "optimizer", "ema"):
+        if f"{stem}.index.json" in manifest:
+            _weight_map(path, stem, manifest)
+    return manifest, read_state(path)
+
+
+def check_checkpoint(path: Path) -> dict[str, Any]:
+    """Validate a step-N folder's own files (manifest, shard indexes, trainer state) without hashing or
+    loading any weight; returns the trainer state. One line naming the file and the field."""
+    return _validated(Path(path))[1]
+
+
+def load_checkpoint(path: Path) -> Checkpoint:
+    """Read and verify one step-N folder: its own files validated first (check_checkpoint), then every
+    file's sha256 against the manifest (streamed), then the tensors."""
+    path = Path(path)
+    manifest, _ = _validated(path)
+    for name, digest in manifest.items():
         if file_sha256(path / name) != digest:
             raise CorruptFileError(f"{path / name}: corrupt, its sha256 does not match {MANIFEST}")
-    state = json.loads((path / "trainer_state.json").read_text())
+    state = read_state(path)  # read again: the hashed bytes
+    try:
+        optimizer = _optimizer_from_files(
+            _read_tensors(path, "optimizer", manifest), (path / "optimizer.json").read_bytes()
+        )
+    except (KeyError, ValueError, TypeError, AttributeError) as e:
+        raise CorruptFileError(f"{path / 'optimizer.json'}: not an optimizer state ({shown(e)})") from None
     return Checkpoint(
-        step=int(state["step"]),
+        step=state["step"],
         model=_read_tensors(path, "model", manifest),
         ema=_read_tensors(path, "ema", manifest) if _has(path, "ema", manifest) else None,
-        optimizer=_optimizer_from_files(
-            _read_tensors(path, "optimizer", manifest), (path / "optimizer.json").read_bytes()
-        ),
-        rng=load_file(str(path / "rng.safetensors")),
+        optimizer=optimizer,
+        rng=_load(path / "rng.safetensors"),
         state=state,
     )
 
@@ -191,14 +281,21 @@ def _has(path: Path, stem: str, manifest: dict) -> bool:
     return f"{stem}.index.json" in manifest or f"{stem}.safetensors" in manifest
 
 
+def _load(file: Path) -> dict[str, torch.Tensor]:
+    try:
+        return load_file(str(file))
+    except Exception as e:  # safetensors raises its own error types
+        raise CorruptFileError(f"{file}: unreadable safetensors ({shown(str(e))})") from None
+
+
 def _read_tensors(path: Path, stem: str, manifest: dict) -> dict[str, torch.Tensor]:
     """The tensors of stem: its shards through stem.index.json, or the single stem.safetensors."""
     if f"{stem}.index.json" not in manifest:
-        return load_file(str(path / f"{stem}.safetensors"))
+        return _load(path / f"{stem}.safetensors")
     out: dict[str, torch.Tensor] = {}
-    weight_map = json.loads((path / f"{stem}.index.json").read_text())["weight_map"]
+    weight_map = _weight_map(path, stem, manifest)
     for name in sorted(set(weight_map.values())):
-        out.update(load_file(str(path / name)))
+        out.update(_load(path / name))
     if set(out) != set(weight_map):
         raise CorruptFileError(f"{path / (stem + '.index.json')}: its shards hold other tensors than it lists")
     return out

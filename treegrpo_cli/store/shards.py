@@ -7,6 +7,10 @@
 Every write goes to a temporary file in the same folder, is flushed to disk and renamed over the
 target, so a crash leaves either the old file or the new one. Every read checks the sha256 that the
 index recorded, and a mismatch is one clear error naming the file.
+
+index.json is validated as a whole when a folder is opened, before anything is read, written or deleted:
+every field's type, and every shard's `file` is `<name>.safetensors`, a plain file name of the folder
+that does not resolve outside it (`check_file_name`, also used for the names in a checkpoint's manifest).
 """
 
 from __future__ import annotations
@@ -14,9 +18,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import torch
 from safetensors.torch import load as st_load
@@ -28,6 +33,8 @@ FORMAT = "treegrpo"
 VERSION = 1
 INDEX = "index.json"
 META_KEY = "treegrpo"  # the one __metadata__ entry: a JSON object
+SHARD_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*\Z")  # a shard's name: letters, digits, '-' and '_'
+SHA256_HEX = re.compile(r"[0-9a-f]{64}\Z")
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -59,14 +66,88 @@ def file_sha256(path: Path, chunk: int = 1 << 23) -> str:
     return h.hexdigest()
 
 
+def shown(value: Any, limit: int = 200) -> str:
+    """A value read from a damaged file, for an error line: its repr, cut short."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def kind_of(value: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(value), f"a {type(value).__name__}"
+    )
+
+
+def check_file_name(root: Path, name: Any, where: str) -> Path:
+    """root / name for a file name read from one of treegrpo's own files (an index, a manifest): a plain
+    name of a file in root (no path separator, no '..', not absolute) that does not resolve outside root
+    through a link. `where` names the file and the field in the one-line error. Reads nothing."""
+    root = Path(root)
+    if not isinstance(name, str) or not name:
+        raise CorruptFileError(f"{where} must be a file name, got {shown(name)}")
+    seps = {"/", "\\", os.sep, os.altsep or "/"}
+    if name in (".", "..") or "\x00" in name or any(s in name for s in seps) or Path(name).is_absolute():
+        raise CorruptFileError(
+            f"{where} is {shown(name)}: not a plain file name; the files it names must lie inside {root} "
+            "(no path separator, no '..')"
+        )
+    path = root / name
+    try:
+        real, base = path.resolve(), root.resolve()
+    except (OSError, RuntimeError) as e:  # a link loop
+        raise CorruptFileError(f"{where} is {shown(name)}, which does not resolve ({e})") from None
+    if real.parent != base:
+        raise CorruptFileError(f"{where} is {shown(name)}, a link that resolves outside {root} (to {real})")
+    return path
+
+
+def validate_index(index: Any, path: Path, root: Path) -> dict[str, Any]:
+    """index.json as a whole: its header, `meta` an object, and every shard entry (file, sha256, bytes,
+    role) with its file confined to root. One CorruptFileError line naming the field; reads no shard."""
+    if not isinstance(index, dict) or index.get("format") != FORMAT:
+        raise CorruptFileError(f"{path}: not a treegrpo index")
+    version = index.get("version")
+    if type(version) is not int or version != VERSION:
+        raise CorruptFileError(f"{path}: format version {shown(version)} (this treegrpo reads {VERSION})")
+    if not isinstance(index.get("kind"), str):
+        raise CorruptFileError(f"{path}: kind must be a string, got {shown(index.get('kind'))}")
+    if not isinstance(index.get("meta"), dict):
+        raise CorruptFileError(f"{path}: meta must be an object, got {kind_of(index.get('meta'))}")
+    shards = index.get("shards")
+    if not isinstance(shards, dict):
+        raise CorruptFileError(f"{path}: shards must be an object of shard entries, got {kind_of(shards)}")
+    for name, entry in shards.items():
+        if not SHARD_NAME.match(name):
+            raise CorruptFileError(f"{path}: shard name {shown(name)} is not a plain name (letters, digits, - and _)")
+        field = f"{path}: shards[{name!r}]"
+        if not isinstance(entry, dict):
+            raise CorruptFileError(f"{field} must be an object with file, sha256, bytes and role, got {kind_of(entry)}")
+        for key in ("file", "sha256", "bytes", "role"):
+            if key not in entry:
+                raise CorruptFileError(f"{field} has no {key}")
+        if not isinstance(entry["sha256"], str) or not SHA256_HEX.match(entry["sha256"]):
+            raise CorruptFileError(f"{field}.sha256 must be 64 hex digits, got {shown(entry['sha256'])}")
+        if type(entry["bytes"]) is not int or entry["bytes"] < 0:
+            raise CorruptFileError(f"{field}.bytes must be a whole number >= 0, got {shown(entry['bytes'])}")
+        if not isinstance(entry["role"], str) or not SHARD_NAME.match(entry["role"]):
+            raise CorruptFileError(f"{field}.role must be a plain name, got {shown(entry['role'])}")
+        check_file_name(root, entry["file"], f"{field}.file")
+        if entry["file"] != f"{name}.safetensors":
+            raise CorruptFileError(f"{field}.file must be {name}.safetensors, got {shown(entry['file'])}")
+    return index
+
+
 def _parse_meta(data: bytes, path: Path) -> dict[str, Any]:
     try:
         n = int.from_bytes(data[:8], "little")
         header = json.loads(data[8 : 8 + n])
         raw = header.get("__metadata__", {}) or {}
-        return json.loads(raw[META_KEY]) if META_KEY in raw else {}
-    except (ValueError, UnicodeDecodeError) as e:
+        meta = json.loads(raw[META_KEY]) if META_KEY in raw else {}
+    except (ValueError, UnicodeDecodeError, AttributeError, TypeError) as e:
         raise CorruptFileError(f"{path}: unreadable safetensors header ({e})") from None
+    if not isinstance(meta, dict):
+        raise CorruptFileError(f"{path}: its {META_KEY} metadata must be an object, got {kind_of(meta)}")
+    return meta
 
 
 class ShardStore:
@@ -77,14 +158,11 @@ class ShardStore:
 
     # -- opening ---------------------------------------------------------------------------
     @classmethod
-    def create(cls, root: Path, kind: str, meta: dict[str, Any], overwrite: bool = False) -> ShardStore:
+    def create(cls, root: Path, kind: str, meta: dict[str, Any], overwrite: bool = False) -> Self:
         root = Path(root)
-        if (root / INDEX).exists() and not overwrite:
-            raise TreegrpoError(f"{root} already holds a treegrpo {INDEX}; choose another --out or pass --overwrite")
-        if root.exists() and not root.is_dir():
-            raise TreegrpoError(f"{root} exists and is not a folder")
-        if (root / INDEX).exists():  # overwrite: delete the old folder's shards, not just forget them
-            for entry in cls.open(root).index["shards"].values():
+        old = cls.check_target(root, overwrite)
+        if old is not None:  # overwrite: delete the old folder's shards (its own files), not just forget them
+            for entry in old.index["shards"].values():
                 (root / entry["file"]).unlink(missing_ok=True)
         root.mkdir(parents=True, exist_ok=True)
         store = cls(root, {"format": FORMAT, "version": VERSION, "kind": kind, "meta": meta, "shards": {}})
@@ -92,7 +170,7 @@ class ShardStore:
         return store
 
     @classmethod
-    def open(cls, root: Path, kind: str | None = None) -> ShardStore:
+    def open(cls, root: Path, kind: str | None = None) -> Self:
         root = Path(root)
         path = root / INDEX
         if not root.is_dir():
@@ -103,13 +181,41 @@ class ShardStore:
             index = json.loads(path.read_text())
         except (ValueError, UnicodeDecodeError) as e:
             raise CorruptFileError(f"{path}: not valid JSON ({e})") from None
-        if not isinstance(index, dict) or index.get("format") != FORMAT or "shards" not in index:
-            raise CorruptFileError(f"{path}: not a treegrpo index")
-        if index.get("version") != VERSION:
-            raise CorruptFileError(f"{path}: format version {index.get('version')} (this treegrpo reads {VERSION})")
+        except OSError as e:
+            raise TreegrpoError(f"{path}: cannot be read ({e.strerror or e})") from None
+        validate_index(index, path, root)
         if kind is not None and index.get("kind") != kind:
             raise TreegrpoError(f"{root} holds {index.get('kind')!r} shards, expected {kind!r}")
-        return cls(root, index)
+        store = cls(root, index)
+        store.validate()
+        return store
+
+    def validate(self) -> None:
+        """Checks of a kind of folder beyond the index's own (a subclass's); none here."""
+
+    @classmethod
+    def check_target(cls, root: Path, overwrite: bool, option: str = "--out") -> Self | None:
+        """Read-only checks before a folder of shards is created at root: a new or empty folder, or (with
+        overwrite) a treegrpo folder whose index is intact, returned so that its own shards can be deleted.
+        A non-empty folder without an index is someone else's: never written into."""
+        root = Path(root)
+        if root.exists() and not root.is_dir():
+            raise TreegrpoError(f"{option} {root} exists and is not a folder")
+        if (root / INDEX).exists():
+            if not overwrite:
+                raise TreegrpoError(
+                    f"{root} already holds a treegrpo {INDEX}; choose another {option} or pass --overwrite"
+                )
+            return cls.open(root)
+        try:
+            foreign = root.is_dir() and any(root.iterdir())
+        except OSError as e:
+            raise TreegrpoError(f"{option} {root}: cannot list it ({e.strerror or e})") from None
+        if foreign:
+            raise TreegrpoError(
+                f"{option} {root} is not empty and is not a treegrpo folder (no {INDEX}); choose a new or empty folder"
+            )
+        return None
 
     # -- index -----------------------------------------------------------------------------
     @property
@@ -151,10 +257,16 @@ class ShardStore:
         if entry is None:
             raise TreegrpoError(f"{self.root}: no shard named {name!r}")
         path = self.root / entry["file"]
+        if not path.exists():
+            raise CorruptFileError(f"{path}: missing (listed in {INDEX})")
+        if not path.is_file():  # a folder, a FIFO, a device: never read
+            raise CorruptFileError(f"{path}: not a regular file (listed in {INDEX})")
+        if path.stat().st_size != entry["bytes"]:  # checked before reading it
+            raise CorruptFileError(f"{path}: corrupt, its size does not match {INDEX}")
         try:
             data = path.read_bytes()
-        except FileNotFoundError:
-            raise CorruptFileError(f"{path}: missing (listed in {INDEX})") from None
+        except OSError as e:
+            raise CorruptFileError(f"{path}: cannot be read ({e.strerror or e})") from None
         if len(data) != entry["bytes"] or sha256(data) != entry["sha256"]:
             raise CorruptFileError(f"{path}: corrupt, its sha256 does not match {INDEX}")
         meta = _parse_meta(data, path)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -414,6 +414,15 @@ def train(req: TrainRequest, hooks: Hooks = Hooks()) -> dict[str, Any]:
     checkpoint. With several processes every rank trains and rank 0 alone writes the run folder; the
     sample grids, held-out evaluations and checkpoints are rank 0's work, or, for a sharded model, every
     rank's (each forward is a collective)."""
+    with ExitStack() as held:
+        if req.resume and req.dist.main:  # one writer per run folder: refused before the model loads
+            held.enter_context(rundir.lock(req.run_dir))
+        if req.resume:
+            rundir.check_resumable(req.run_dir, req.config)  # damaged files: refused before anything is written
+        return _train(req, hooks, held)
+
+
+def _train(req: TrainRequest, hooks: Hooks, held: ExitStack) -> dict[str, Any]:
     cfg, d = req.config, req.dist
     trainer = Trainer(cfg, req.device, d)
     works = d.main or trainer.sharded  # this rank runs the grids', evaluations' and checkpoints' forwards
@@ -422,6 +431,7 @@ def train(req: TrainRequest, hooks: Hooks = Hooks()) -> dict[str, Any]:
     if req.resume:
         _resume(trainer, req, hooks)
     elif d.main:
+        held.enter_context(rundir.lock(req.run_dir, create=True))
         rundir.create(req.run_dir, cfg, req.command, {"train": req.prompts, "eval": req.eval_prompts})
     if not req.resume and cfg.train.sample_every and works:
         _grid(trainer, req, 0)
@@ -429,7 +439,7 @@ def train(req: TrainRequest, hooks: Hooks = Hooks()) -> dict[str, Any]:
         _heldout(trainer, req, hooks, 0.0)
     dist.barrier(d)
     done_rows = rundir.read_metrics(req.run_dir)
-    start, wall = trainer.step, (done_rows[-1]["wall"] if done_rows else 0.0)
+    start, wall = trainer.step, (done_rows[-1].get("wall", 0.0) if done_rows else 0.0)
     trainer.totals = {k: int(done_rows[-1].get(k, 0)) if done_rows else 0 for k in TOTALS}
     wall0, budget = time.perf_counter() - wall, cfg.train.max_minutes * 60
     spent = lambda: bool(cfg.train.max_tflops and trainer.totals["flops_total"] >= cfg.train.max_tflops * 1e12)  # noqa: E731
@@ -465,7 +475,8 @@ def train(req: TrainRequest, hooks: Hooks = Hooks()) -> dict[str, Any]:
     if cfg.train.eval_samples and finished and _main_says(lambda: last_eval() < trainer.step, trainer, d):
         _heldout(trainer, req, hooks, wall)  # also after a run killed between its last checkpoint and this
     dist.barrier(d)
-    return rundir.summary(req.run_dir, start, stopped) if d.main else {}
+    # a stop asked for during the last iteration came too late to stop anything: the run is complete
+    return rundir.summary(req.run_dir, start, stopped and not finished) if d.main else {}
 
 
 def _main_says(question: Callable[[], bool], trainer: Trainer, d: Dist) -> bool:
@@ -516,27 +527,42 @@ def _grid(trainer: Trainer, req: TrainRequest, step: int) -> None:
 
 
 def _resume(trainer: Trainer, req: TrainRequest, hooks: Hooks) -> None:
-    """Restore the newest checkpoint that verifies (a damaged one is skipped with a warning), say which,
-    and drop the metrics and evaluations of the iterations after it (they are recomputed)."""
-    rundir.read_metrics(req.run_dir), rundir.read_evals(req.run_dir)  # damaged lines: refuse before anything
-    for path in reversed(list_checkpoints(req.run_dir / "checkpoints")):
+    """Restore the newest checkpoint that verifies (a damaged one is named and skipped with a warning), say
+    which, and drop the metrics and evaluations of the iterations after it (they are recomputed)."""
+    run = req.run_dir
+    rows = rundir.read_metrics(run)
+    rundir.read_evals(run)  # damaged lines: refuse before anything
+    said = req.dist.main  # rank 0 speaks for the run
+    if said and (change := rundir.code_change(run)):
+        hooks.note(change)
+    good, other = rundir.scan_checkpoints(run)
+    for name, why in other:
+        hooks.note(f"warning: {run / rundir.CHECKPOINTS / name}: {why}; skipped")
+    damaged = bool(other)
+    for path in reversed(good):
         try:
             ck = load_checkpoint(path)
-        except TreegrpoError as e:
+        except (TreegrpoError, OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             hooks.note(f"warning: checkpoint {path.name} is damaged ({e}); falling back to the one before it")
+            damaged = True
             continue
         trainer.restore(ck)
         hooks.note(
-            f"resuming {req.run_dir} from checkpoint {path.name} "
-            f"(iteration {trainer.step} of {trainer.cfg.train.iterations})"
+            f"resuming {run} from checkpoint {path.name} (iteration {trainer.step} of {trainer.cfg.train.iterations})"
         )
         break
     else:
-        hooks.note(f"{req.run_dir} has no usable checkpoint yet: starting again from iteration 0")
+        if damaged and rows:
+            hooks.note(
+                f"warning: {run} has no usable checkpoint left: starting again from iteration 0; the "
+                f"{len(rows)} rows of {rundir.METRICS} are recomputed (same seeds: the same rows)"
+            )
+        else:
+            hooks.note(f"{run} has no usable checkpoint yet: starting again from iteration 0")
     dist.barrier(req.dist)  # every rank has read the checkpoint before rank 0 trims the logs
     if req.dist.main:
-        rundir.truncate_metrics(req.run_dir, trainer.step)
-        rundir.truncate_evals(req.run_dir, trainer.step)
+        rundir.truncate_metrics(run, trainer.step)
+        rundir.truncate_evals(run, trainer.step)
 
 
 def _check_finite(row: dict[str, Any], run: Path) -> None:

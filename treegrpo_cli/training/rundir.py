@@ -7,23 +7,30 @@ RUN/reward.png        reward against iteration and against wall time
 RUN/samples/step-N.png  captioned ODE samples of the eval prompts (step-0: the base model)
 RUN/before_after.png  the same eval prompts and noises: base model left, trained model right
 RUN/checkpoints/step-N/ see store/checkpoint.py
+RUN/.lock             held (flock) by the one process that writes the run; the OS drops it when that process dies
+RUN/error-*.txt       the traceback of an internal error (a bug), named by the error line
 """
 
 from __future__ import annotations
 
+import errno
+import functools
 import hashlib
 import json
 import math
 import os
+import shlex
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from .. import __version__
 from ..config import Config, config_from_dict
 from ..engine.rollout import TreeConfig, mix_seed, rollout
-from ..errors import TreegrpoError
+from ..errors import ConfigError, TreegrpoError
 from ..plots import image_grid, line_chart, save_png, side_by_side, titled
 from ..rewards.base import score_leaves, weighted_sum
 from ..store.shards import atomic_write
@@ -33,6 +40,127 @@ VERSION = 1
 RUN_JSON = "run.json"
 METRICS = "metrics.jsonl"
 EVALS = "eval.jsonl"
+CHECKPOINTS = "checkpoints"
+LOCK = ".lock"
+
+
+# --- one writer per run folder ------------------------------------------------------------------
+
+
+class RunLock:
+    """An exclusive OS lock (flock) on RUN/.lock, held by the one process that writes the run folder (a new
+    run, a resume, a staged update; rank 0 of a data-parallel run). The file holds the holder's pid. The OS
+    drops the lock when the process ends, however it ends: a SIGKILLed run can be resumed at once."""
+
+    def __init__(self, run: Path, create: bool = False):
+        self.run, self.path, self.fd = Path(run), Path(run) / LOCK, -1
+        try:
+            import fcntl
+        except ImportError:  # Windows has no flock: no lock there
+            return
+        if create:
+            try:
+                self.run.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise TreegrpoError(f"{self.run}: cannot create the run folder ({e.strerror})") from None
+        while True:
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            except OSError as e:
+                raise TreegrpoError(f"{self.path}: cannot create the run's lock file ({e.strerror})") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                holder = _lock_holder(fd)
+                os.close(fd)
+                if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    raise TreegrpoError(f"{self.path}: cannot lock the run folder ({e.strerror})") from None
+                raise TreegrpoError(
+                    f"{self.run} is in use by another treegrpo process (pid {holder}); wait for it to end "
+                    "or stop it, then try again"
+                ) from None
+            try:  # the last holder may have removed the file between our open and our lock: lock the new one
+                same = os.path.samestat(os.fstat(fd), os.stat(self.path))
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd < 0:
+            return
+        try:
+            os.unlink(self.path)  # while still held: a process that opened it meanwhile sees it gone and retries
+        except OSError:
+            pass
+        os.close(self.fd)
+        self.fd = -1
+
+    def __enter__(self) -> RunLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def lock(run: Path, create: bool = False) -> RunLock:
+    """Hold RUN's lock (create: make the folder first) or refuse in one line naming the holder's pid."""
+    return RunLock(run, create)
+
+
+def _lock_holder(fd: int) -> str:
+    """The pid the holder wrote into the lock file (it writes it just after locking: wait a moment for it)."""
+    for _ in range(20):
+        text = os.pread(fd, 32, 0).decode(errors="replace").strip()
+        if text.isdigit():
+            return text
+        time.sleep(0.01)
+    return "unknown"
+
+
+# --- the code that writes a run ----------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=1)
+def code_version() -> dict[str, str | None]:
+    """This treegrpo's version and, when the package is a git checkout, its commit (else None)."""
+    pkg = Path(__file__).resolve().parents[1]
+    commit = None
+    try:
+        r = subprocess.run(
+            ["git", "-C", str(pkg), "rev-parse", "--show-toplevel", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            stdin=subprocess.DEVNULL,
+        )
+        lines = r.stdout.split()
+        # the package's own checkout only (not a git repository that happens to hold an installed copy)
+        if r.returncode == 0 and len(lines) == 2 and Path(lines[0]).resolve() == pkg.parent:
+            commit = lines[1]
+    except (OSError, subprocess.SubprocessError, ValueError):
+        pass
+    return {"version": __version__, "commit": commit}
+
+
+def code_change(run: Path) -> str | None:
+    """A warning when the run was started by another treegrpo version or commit than this one."""
+    then = read_info(run).get("treegrpo")
+    now = code_version()
+    if then is None or then == now:
+        return None
+
+    def said(v: dict[str, Any]) -> str:
+        return f"treegrpo {v.get('version')}" + (f" (commit {v['commit']})" if v.get("commit") else "")
+
+    return (
+        f"warning: {run} was started by {said(then)} and is resumed by {said(now)}; the resumed iterations "
+        "may not repeat what the old code would have done"
+    )
 
 
 def check_new(run: Path) -> None:
@@ -46,7 +174,8 @@ def check_new(run: Path) -> None:
 
 
 def create(run: Path, cfg: Config, command: str, prompts: dict[str, list[str]] | None = None) -> None:
-    """run.json: the command, the resolved config and, by content hash, the prompt lists the run uses."""
+    """run.json: the command, the resolved config, the code (version, commit) and, by content hash, the
+    prompt lists the run uses. The caller holds the run's lock (`lock(run, create=True)`)."""
     check_new(run)
     run.mkdir(parents=True, exist_ok=True)
     info = {
@@ -54,6 +183,7 @@ def create(run: Path, cfg: Config, command: str, prompts: dict[str, list[str]] |
         "version": VERSION,
         "command": command,
         "created": time.time(),
+        "treegrpo": code_version(),
         "config": cfg.to_dict(),
         "prompts": {k: prompt_record(v) for k, v in (prompts or {}).items()},
     }
@@ -104,10 +234,10 @@ def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def check_prompts(run: Path, kind: str, prompts: list[str]) -> None:
     """The prompts a resumed run loads are the ones it started with (same content)."""
-    info = json.loads((run / RUN_JSON).read_text())
+    info = read_info(run)
     rec = info.get("prompts", {}).get(kind)
     if rec and rec != prompt_record(prompts):
-        source = info["config"]["rollout"]["prompts" if kind == "train" else "eval_prompts"]
+        source = info["config"].get("rollout", {}).get("prompts" if kind == "train" else "eval_prompts", "?")
         raise TreegrpoError(
             f"the {kind} prompts ({source}) changed since {run} started: {rec['count']} prompts with "
             f"sha256 {rec['sha256'][:12]}... then, {len(prompts)} with "
@@ -117,37 +247,229 @@ def check_prompts(run: Path, kind: str, prompts: list[str]) -> None:
 
 def load_config(run: Path) -> Config:
     """The resolved config of an existing run, after checking that the folder is a treegrpo run."""
+    info = read_info(run)
+    try:
+        return config_from_dict(info["config"])
+    except ConfigError as e:
+        raise ConfigError(f"{run / RUN_JSON}: config: {e}") from None
+
+
+def _kind(v: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(v), "a number"
+    )
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def read_info(run: Path) -> dict[str, Any]:
+    """run.json of an existing run, every field checked (a damaged one is named, with its file)."""
     path = run / RUN_JSON
     if not run.is_dir():
         raise TreegrpoError(f"{run}: no such run folder")
+    if not path.is_file():
+        if os.path.lexists(path):
+            raise TreegrpoError(f"{path}: not a regular file")
+        raise TreegrpoError(f"{run}: no {RUN_JSON}; not a treegrpo run folder")
     try:
-        info = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise TreegrpoError(f"{run}: no {RUN_JSON}; not a treegrpo run folder") from None
-    except ValueError:
+        info = json.loads(path.read_bytes())
+    except (ValueError, UnicodeDecodeError):
         raise TreegrpoError(f"{path}: not valid JSON") from None
+    except OSError as e:
+        raise TreegrpoError(f"{path}: cannot be read ({e.strerror})") from None
     if not isinstance(info, dict) or info.get("format") != FORMAT:
         raise TreegrpoError(
             f"{path}: not a treegrpo run (format {info.get('format') if isinstance(info, dict) else '?'!r})"
         )
-    if info.get("version") != VERSION:
-        raise TreegrpoError(f"{path}: run format version {info.get('version')} (this treegrpo reads {VERSION})")
-    return config_from_dict(info["config"])
+    version = info.get("version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise TreegrpoError(f"{path}: version is {version!r} ({_kind(version)}), not a run format number")
+    if version != VERSION:
+        raise TreegrpoError(f"{path}: run format version {version} (this treegrpo reads version {VERSION})")
+    if "config" not in info:
+        raise TreegrpoError(f"{path}: no config (the run's settings); the file is damaged")
+    if not isinstance(info["config"], dict):
+        raise TreegrpoError(f"{path}: config is {_kind(info['config'])}, not an object of settings")
+    for key in ("command",):
+        if key in info and not isinstance(info[key], str):
+            raise TreegrpoError(f"{path}: {key} is {_kind(info[key])}, not a string")
+    if "created" in info and not _is_number(info["created"]):
+        raise TreegrpoError(f"{path}: created is {_kind(info['created'])}, not a number")
+    code = info.get("treegrpo")
+    if code is not None and (
+        not isinstance(code, dict) or not all(isinstance(code.get(k), (str, type(None))) for k in ("version", "commit"))
+    ):
+        raise TreegrpoError(f"{path}: treegrpo must be an object with a version and a commit, got {code!r}")
+    prompts = info.get("prompts", {})
+    if not isinstance(prompts, dict):
+        raise TreegrpoError(f"{path}: prompts is {_kind(prompts)}, not an object")
+    for kind, rec in prompts.items():
+        if kind not in ("train", "eval"):
+            raise TreegrpoError(f"{path}: prompts.{kind} is not a prompt list of a run (train, eval)")
+        if (
+            not isinstance(rec, dict)
+            or not isinstance(rec.get("count"), int)
+            or isinstance(rec.get("count"), bool)
+            or not isinstance(rec.get("sha256"), str)
+        ):
+            raise TreegrpoError(f"{path}: prompts.{kind} must be an object with a count and a sha256, got {rec!r}")
+    return info
+
+
+def check_layout(run: Path) -> None:
+    """The run's files are files and its folders folders (not a symlink loop, not a folder in a file's place)."""
+    for name in (RUN_JSON, METRICS, EVALS):
+        p = run / name
+        if os.path.lexists(p) and not p.is_file():
+            raise TreegrpoError(f"{p}: not a regular file{_dangling(p)}")
+    for name in (CHECKPOINTS, "samples"):
+        p = run / name
+        if os.path.lexists(p) and not p.is_dir():
+            raise TreegrpoError(f"{p}: not a folder{_dangling(p)}")
+
+
+def _dangling(p: Path) -> str:
+    return " (a broken symlink or a symlink loop)" if not p.exists() else ""
+
+
+def scan_checkpoints(run: Path) -> tuple[list[Path], list[tuple[str, str]]]:
+    """(the complete checkpoints step-N, oldest first; (name, why) of every other entry of RUN/checkpoints).
+    Names that start with a dot are a save's temporary folder (a process killed while saving) and are
+    not listed."""
+    folder = run / CHECKPOINTS
+    if not folder.is_dir():
+        return [], []
+    good, other = [], []
+    for p in sorted(folder.iterdir()):
+        name = p.name
+        if name.startswith("."):
+            continue
+        if not (name.startswith("step-") and name[5:].isdigit() and name[5:].isascii()):
+            other.append((name, "not a checkpoint's name (step-N)"))
+        elif p.is_symlink() or not p.is_dir():
+            other.append((name, "not a folder"))
+        elif not (p / "manifest.json").is_file():
+            other.append((name, "no manifest.json (an incomplete or damaged checkpoint)"))
+        else:
+            good.append(p)
+    return sorted(good, key=lambda p: int(p.name[5:])), other
+
+
+def _checkpoint_config(path: Path) -> dict[str, Any] | None:
+    """The config a checkpoint recorded, when its trainer_state.json is intact (its sha256 matches the
+    manifest); None otherwise (loading it will report the damage)."""
+    try:
+        manifest = json.loads((path / "manifest.json").read_bytes())
+        data = (path / "trainer_state.json").read_bytes()
+        if not isinstance(manifest, dict) or manifest.get("trainer_state.json") != hashlib.sha256(data).hexdigest():
+            return None
+        state = json.loads(data)
+    except (OSError, ValueError):
+        return None
+    config = state.get("config") if isinstance(state, dict) else None
+    return config if isinstance(config, dict) else None
+
+
+def check_resumable(run: Path, cfg: Config) -> None:
+    """Before a resume writes anything: the folder's layout, every metrics and held-out row, and the settings
+    every intact checkpoint was trained with against run.json's (a key a resume may not change that differs:
+    run.json was edited)."""
+    check_layout(run)
+    read_metrics(run)
+    read_evals(run)
+    now = _flat(json.loads(json.dumps(cfg.to_dict())))
+    good, _ = scan_checkpoints(run)
+    for path in reversed(good):
+        then = _checkpoint_config(path)
+        if then is None:
+            continue
+        flat = _flat(then)
+        for key in sorted(k for k in flat if k in now and k not in RESUMABLE and flat[k] != now[k]):
+            raise TreegrpoError(
+                f"{run / RUN_JSON} says {key} = {json.dumps(now[key])} but checkpoint {path.name} was trained "
+                f"with {json.dumps(flat[key])}; restore run.json's settings or start a new run"
+            )
 
 
 def read_metrics(run: Path) -> list[dict[str, Any]]:
     """The rows of metrics.jsonl. A torn last line (no newline: the process was killed while writing it)
     is left out; a damaged line before it is an error, not a silent truncation."""
-    return _read_jsonl(run / METRICS)
+    return _read_jsonl(run / METRICS, _check_metrics_row)
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
+# Fields of the rows the tool reads back, and what they hold (a row may lack any but "iteration").
+_ROW_NUMBERS = {
+    "wall",
+    "reward_mean",
+    "reward_std",
+    "reward_sem",
+    "adv_mean",
+    "adv_std",
+    "adv_abs_max",
+    "trained_edges",
+    "leaves",
+    "rollout_evals",
+    "rollout_evals_per_leaf",
+    "train_evals_per_leaf",
+    "train_evals",
+    "lr",
+    "loss",
+    "grad_norm",
+    "optimizer_steps",
+    "ema_updates",
+    "peak_mib",
+    "flops",
+    "flops_total",
+    "reward_images",
+    "reward_images_total",
+}
+
+
+def _check_fields(row: dict[str, Any]) -> str | None:
+    """What is wrong with a row (None: nothing)."""
+    it = row.get("iteration")
+    if not isinstance(it, int) or isinstance(it, bool) or it < 0:
+        return f"iteration is {it!r}, not a whole number >= 0"
+    for k, v in row.items():
+        numeric = k in _ROW_NUMBERS or k.startswith(("rewards/", "raw/"))
+        if numeric and not _is_number(v):
+            return f"{k} is {v!r}, not a number"
+    seconds = row.get("seconds", {})
+    if not isinstance(seconds, dict) or not all(_is_number(v) for v in seconds.values()):
+        return f"seconds is {seconds!r}, not an object of numbers"
+    return None
+
+
+def _check_metrics_row(row: dict[str, Any], iterations: list[int]) -> str | None:
+    bad = _check_fields(row)
+    if bad is None and iterations and row["iteration"] <= iterations[-1]:
+        return (
+            f"iteration {row['iteration']} follows iteration {iterations[-1]}, and the iterations must increase "
+            "(did two processes write this run?)"
+        )
+    return bad
+
+
+def _check_eval_row(row: dict[str, Any], iterations: list[int]) -> str | None:
+    bad = _check_fields(row)
+    if bad is None and "reward_mean" not in row:
+        return "no reward_mean (the held-out reward)"
+    if bad is None and not _is_number(row["reward_mean"]):
+        return f"reward_mean is {row['reward_mean']!r}, not a number"
+    return bad
+
+
+def _read_jsonl(path: Path, check) -> list[dict[str, Any]]:
+    if not os.path.lexists(path):
         return []
+    if not path.is_file():
+        raise TreegrpoError(f"{path}: not a regular file{_dangling(path)}")
     text = path.read_text(errors="replace")
     lines = text.split("\n")
     complete = lines[:-1]  # the part after the last newline is empty or torn
-    rows = []
+    rows: list[dict[str, Any]] = []
     for n, line in enumerate(complete, 1):
         if not line.strip():
             continue
@@ -160,6 +482,9 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
                 f"{path}: line {n} is damaged ({line[:40]!r}); the rows after it would be lost — "
                 f"repair or delete that line, then resume"
             )
+        bad = check(row, [r["iteration"] for r in rows[-1:]])
+        if bad:
+            raise TreegrpoError(f"{path}: line {n}: {bad}; repair or delete that line")
         rows.append(row)
     return rows
 
@@ -172,7 +497,7 @@ def append_metrics(run: Path, row: dict[str, Any]) -> None:
 
 
 def read_evals(run: Path) -> list[dict[str, Any]]:
-    return _read_jsonl(run / EVALS)
+    return _read_jsonl(run / EVALS, _check_eval_row)
 
 
 def append_eval(run: Path, row: dict[str, Any]) -> None:
@@ -195,7 +520,7 @@ def truncate_metrics(run: Path, step: int) -> None:
 
 
 def reward_plot(run: Path) -> None:
-    rows = read_metrics(run)
+    rows = [r for r in read_metrics(run) if "reward_mean" in r and "wall" in r]  # a staged update's row has neither
     if not rows:
         return
     r = [row["reward_mean"] for row in rows]
@@ -244,8 +569,8 @@ def tenth_means(rows: list[dict[str, Any]]) -> tuple[float, float]:
     if not rows:
         return math.nan, math.nan
     k = max(1, len(rows) // 10)
-    first = sum(r["reward_mean"] for r in rows[:k]) / k
-    last = sum(r["reward_mean"] for r in rows[-k:]) / k
+    first = sum(r.get("reward_mean", math.nan) for r in rows[:k]) / k
+    last = sum(r.get("reward_mean", math.nan) for r in rows[-k:]) / k
     return first, last
 
 
@@ -288,11 +613,16 @@ def summary(run: Path, started_at: int, stopped: bool) -> dict[str, Any]:
         "stalled_iterations": stall_runs(rows),
         "reward_first_tenth": first,
         "reward_last_tenth": last,
-        "minutes": (rows[-1]["wall"] / 60) if rows else 0.0,
-        "rollout_evals_per_leaf": rows[-1]["rollout_evals_per_leaf"] if rows else 0.0,
-        "train_evals_per_leaf": rows[-1]["train_evals_per_leaf"] if rows else 0.0,
+        "minutes": (rows[-1].get("wall", 0.0) / 60) if rows else 0.0,
+        "rollout_evals_per_leaf": rows[-1].get("rollout_evals_per_leaf", 0.0) if rows else 0.0,
+        "train_evals_per_leaf": rows[-1].get("train_evals_per_leaf", 0.0) if rows else 0.0,
         **_heldout_summary(read_evals(run)),
+        **({"resume_command": resume_command(run)} if stopped else {}),
     }
+
+
+def resume_command(run: Path) -> str:
+    return f"treegrpo train --resume {shlex.quote(str(run))}"
 
 
 def _heldout_summary(evals: list[dict[str, Any]]) -> dict[str, Any]:

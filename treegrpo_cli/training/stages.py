@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from PIL import Image
 
-from ..config import Config, as_json, config_from_dict, parse_set
+from ..config import MAX_PROMPTS, Config, as_json, config_from_dict, parse_set
 from ..engine.grpo import Batch
 from ..engine.rollout import Progress, rollout
 from ..engine.sde import make_kernel
@@ -61,6 +61,8 @@ def run_rollout(req: RolloutRequest, progress: Progress = _noop) -> dict[str, An
         raise TreegrpoError(f"--iteration must be >= 0, got {req.iteration}")
     if req.num_prompts is not None and req.num_prompts < 1:
         raise TreegrpoError(f"--num-prompts must be >= 1, got {req.num_prompts}")
+    if req.num_prompts is not None and req.num_prompts > MAX_PROMPTS:
+        raise TreegrpoError(f"--num-prompts {req.num_prompts:,} is more than the maximum of {MAX_PROMPTS:,} prompts")
     if not req.prompts:
         raise TreegrpoError("no prompts to roll out")
     policy = load_policy(cfg.model, req.device, cfg.policy)
@@ -232,30 +234,31 @@ def train_from_trees(req: StagedRequest, progress: Progress = _noop) -> dict[str
     tree = cat_trees([s.tree for s in shards])
     prompts = [s.prompts[int(p)] for s in shards for p in s.tree.tree_prompt]
     trainer = Trainer(cfg, req.device)
-    rundir.create(req.run_dir, cfg, req.command)
-    batch = Batch(
-        tree,
-        torch.cat([a["trained"] for a in adv]),
-        torch.cat([a["advantage"] for a in adv]),
-        trainer.policy.encode(prompts),
-    )
-    gen = update_generator(cfg, store.meta.get("iteration", 0))  # the online loop's minibatch order
-    progress("update", 0, 1)
-    metrics = trainer.update(batch, gen)
-    progress("update", 1, 1)
-    trainer.step = 1
-    leaves = int(tree.is_leaf().sum())
-    rundir.append_metrics(
-        req.run_dir,
-        {
-            "iteration": 0,
-            "source": str(req.trees),
-            "leaves": leaves,
-            "train_evals_per_leaf": metrics.get("train_evals", 0) / leaves,
-            **metrics,
-        },
-    )
-    path = save_checkpoint(
-        req.run_dir / "checkpoints", trainer.checkpoint({"config": cfg.to_dict()}), cfg.train.keep_last
-    )
+    with rundir.lock(req.run_dir, create=True):  # one writer per run folder
+        rundir.create(req.run_dir, cfg, req.command)
+        batch = Batch(
+            tree,
+            torch.cat([a["trained"] for a in adv]),
+            torch.cat([a["advantage"] for a in adv]),
+            trainer.policy.encode(prompts),
+        )
+        gen = update_generator(cfg, store.meta.get("iteration", 0))  # the online loop's minibatch order
+        progress("update", 0, 1)
+        metrics = trainer.update(batch, gen)
+        progress("update", 1, 1)
+        trainer.step = 1
+        leaves = int(tree.is_leaf().sum())
+        rundir.append_metrics(
+            req.run_dir,
+            {
+                "iteration": 0,
+                "source": str(req.trees),
+                "leaves": leaves,
+                "train_evals_per_leaf": metrics.get("train_evals", 0) / leaves,
+                **metrics,
+            },
+        )
+        path = save_checkpoint(
+            req.run_dir / "checkpoints", trainer.checkpoint({"config": cfg.to_dict()}), cfg.train.keep_last
+        )
     return {"run_dir": str(req.run_dir), "checkpoint": str(path), **metrics}
