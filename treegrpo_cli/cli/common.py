@@ -14,7 +14,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import click
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -95,14 +94,11 @@ def internal_error(e: BaseException) -> str:
 
 
 # How a command ends on purpose (an exit code, a usage error): never an internal error.
-# typer's own exits and usage errors pass: click's, and the copy of click that typer vendors (typer._click)
+# typer's exits and usage errors pass (typer vendors click as typer._click: click itself may not be installed)
 _TYPER_CLICK_EXCEPTION: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
 PASS_THROUGH: tuple[type[BaseException], ...] = (
     typer.Exit,
     typer.Abort,
-    click.exceptions.Exit,
-    click.exceptions.Abort,
-    click.exceptions.ClickException,
     _TYPER_CLICK_EXCEPTION,
 )
 
