@@ -163,7 +163,7 @@ def table(result: dict) -> str:
     steps: dict[str, list[float]] = {}
     for r in result["runs"]:
         rows = [json.loads(x) for x in (Path(r["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
-        steps.setdefault(r["label"], []).append(sum(x["optimizer_steps"] for x in rows) / len(rows))
+        steps.setdefault(r["label"], []).append(sum(x.get("optimizer_steps", 0) for x in rows) / len(rows))
     lines = []
     for g in result["flops"]["groups"]:
         by = {

@@ -175,3 +175,9 @@ def test_every_package_has_a_one_line_face_and_the_top_level_few_loose_modules()
         assert doc and len(doc.splitlines()[0]) > 20, init
     loose = sorted(p.name for p in PACKAGE.glob("*.py") if p.name not in ("__init__.py", "__main__.py"))
     assert len(loose) <= 6, loose
+
+
+def test_the_cli_needs_no_click_of_its_own():
+    """typer vendors click; a fresh `pip install -e .` has no `click` package, so the CLI must not import one."""
+    code = "import sys; sys.modules['click'] = None; import treegrpo_cli.cli.app, treegrpo_cli.cli.common"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).returncode == 0
