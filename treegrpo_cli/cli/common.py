@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -178,3 +179,14 @@ def parse_numbers(text: str, option: str) -> list[float]:
     if not all(math.isfinite(v) for v in values):
         raise TreegrpoError(f"{option} must be finite numbers, got {text!r}")
     return values
+
+
+@contextmanager
+def on_stop_signals(handler: Any) -> Iterator[None]:
+    """SIGINT and SIGTERM go to handler for the duration; the handlers before come back after."""
+    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)

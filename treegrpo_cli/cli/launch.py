@@ -23,6 +23,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from .common import on_stop_signals
+
 GRACE_S = 3.0
 STOPPED = {130, 143}  # a run stopped by Ctrl-C or SIGTERM after a checkpoint (train_cmd.STOP_CODES)
 # Errors that only say a peer went away: the cause is another process's error.
@@ -90,12 +92,8 @@ def _passing_stops(procs: list[subprocess.Popen]) -> Iterator[list[int]]:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
 
-    old = {s: signal.signal(s, ask) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    with on_stop_signals(ask):
         yield asked
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
 
 
 def _last_line(text: str, proc: subprocess.Popen) -> str:

@@ -20,6 +20,7 @@ from .common import (
     fail,
     guarded,
     internal_error,
+    on_stop_signals,
     one_line,
     out,
     parse_numbers,
@@ -51,12 +52,8 @@ def graceful_stop(flag: dict | None = None, quiet: bool = False) -> Iterator[dic
         if not quiet:
             os.write(2, b"stopping after this iteration (checkpoint follows); Ctrl-C again to abort\n")
 
-    old = {s: signal.signal(s, ask) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    with on_stop_signals(ask):
         yield flag
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
 
 
 def _sets(set_, model, reward, weights, iterations, seed, max_batch, reward_opt=None) -> list[str]:
