@@ -475,3 +475,17 @@ def test_resume_refuses_options_it_would_ignore(copy, tmp_path, extra, needle):
     before = snapshot(copy)
     one_line_error(run("train", "--resume", copy, *extra), "--resume", needle)
     assert snapshot(copy) == before
+
+
+def test_a_new_run_or_a_compare_page_refuses_a_foreign_non_empty_folder(tmp_path):
+    """`train --run-dir` and `compare --out` into a folder of the user's own files: one line, nothing written."""
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine\n")
+    one_line_error(run("train", *FAST, "--iterations", 1, "--run-dir", foreign), "not empty")
+    r = run("train", *FAST, "--iterations", 1, "--run-dir", tmp_path / "run")
+    assert r.exit_code == 0, r.output
+    one_line_error(run("compare", tmp_path / "run", "--out", foreign), "not empty")
+    assert sorted(p.name for p in foreign.iterdir()) == ["notes.txt"]
+    assert run("compare", tmp_path / "run", "--out", tmp_path / "page").exit_code == 0
+    assert run("compare", tmp_path / "run", "--out", tmp_path / "page").exit_code == 0  # its own page: replaced

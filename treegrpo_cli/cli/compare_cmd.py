@@ -63,11 +63,12 @@ def compare(
 
     Example: treegrpo compare runs/flow-s0 runs/flow-s1 runs/tree-s0 runs/tree-s1 --baseline flow-grpo --out runs/cmp
     """
-    from ..preflight import check_writable_dir
+    from ..preflight import check_own_dir, check_writable_dir
     from ..report.compare import COLUMNS, compare_runs, table_rows, to_dict, write_report
 
     with guarded():
         check_writable_dir(out, "--out")
+        check_own_dir(out, "--out", _is_compare_page, "an earlier compare page (compare.json, index.html, *.png)")
         cmp = compare_runs(runs, label, target, baseline, gain, x, raw)
         write_report(cmp, out)
     if json_:
@@ -90,3 +91,9 @@ def compare(
 
 def _count(n: int, word: str) -> str:
     return f"{n} {word}" + ("s" if n != 1 else "")
+
+
+def _is_compare_page(folder: Path) -> bool:
+    """A folder `compare` wrote: compare.json beside nothing but its page and plots."""
+    names = {p.name for p in folder.iterdir()}
+    return "compare.json" in names and all(n in ("compare.json", "index.html") or n.endswith(".png") for n in names)

@@ -171,6 +171,8 @@ def check_new(run: Path) -> None:
         )
     if run.exists() and not run.is_dir():
         raise TreegrpoError(f"{run} exists and is not a folder")
+    if run.is_dir() and any(p.name != LOCK for p in run.iterdir()):
+        raise TreegrpoError(f"{run} is not empty and holds no treegrpo run; choose a new or empty --run-dir")
 
 
 def create(run: Path, cfg: Config, command: str, prompts: dict[str, list[str]] | None = None) -> None:
