@@ -69,9 +69,6 @@ class PixelNetPolicy:
     def evals_per_row(self) -> int:
         return 1  # one network evaluation per latent row (no true CFG)
 
-    def encode(self, prompts: list[str]) -> Conditions:
-        raise NotImplementedError  # every adapter tokenizes its own way
-
     def velocity(self, x: Tensor, sigma: Tensor, cond: Conditions) -> Tensor:
         return self.net(x, sigma, cond["ids"], cond["mask"])
 
