@@ -128,7 +128,8 @@ def commit() -> str:
 def report(rows: list[dict], work: Path, args: argparse.Namespace) -> dict:
     """treegrpo compare over the runs (gain over each run's own base: the methods' samplers start the base
     model at slightly different rewards) -> the results file and plots."""
-    from treegrpo_cli.report.compare import compare_runs, to_dict, write_report
+    from treegrpo_cli.report.compare import compare_runs, to_dict
+    from treegrpo_cli.report.compare_page import write_report
 
     out = work / "compare"
     cmp = compare_runs([Path(r["run_dir"]) for r in rows], baseline="dance-grpo", gain=True)

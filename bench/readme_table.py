@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from treegrpo_cli.report.compare import speedup_text
+from treegrpo_cli.report.compare_page import speedup_text
 
 ROOT = Path(__file__).resolve().parents[1]
 BEGIN, END = "<!-- methods-table:begin -->", "<!-- methods-table:end -->"

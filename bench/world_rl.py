@@ -124,7 +124,8 @@ def main() -> None:
 
 
 def _summary(run: Path) -> dict:
-    from treegrpo_cli.training.rundir import read_metrics, summary
+    from treegrpo_cli.training.rundir import summary
+    from treegrpo_cli.training.runlog import read_metrics
 
     return summary(run, 0, False) if read_metrics(run) else {}
 

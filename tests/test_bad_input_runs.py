@@ -17,8 +17,8 @@ from clitools import one_line_error, run
 
 from treegrpo_cli import __version__
 from treegrpo_cli.store.checkpoint import list_checkpoints
-from treegrpo_cli.training import rundir
-from treegrpo_cli.training.rundir import read_metrics
+from treegrpo_cli.training import rundir, runlock
+from treegrpo_cli.training.runlog import read_metrics
 
 FAST = [
     "--preset",
@@ -125,7 +125,7 @@ def test_a_second_resume_of_a_running_run_is_refused_naming_the_holder(copy):
 
 def test_a_new_run_and_a_staged_run_into_a_locked_folder_are_refused(base, tmp_path):
     folder = tmp_path / "busy"
-    with rundir.lock(folder, create=True):
+    with runlock.lock(folder, create=True):
         before = snapshot(folder)
         one_line_error(run("train", *FAST, "--iterations", 1, "--run-dir", folder), f"pid {os.getpid()}")
         one_line_error(run("train", "--trees", base / "trees", "--run-dir", folder), f"pid {os.getpid()}")
@@ -138,7 +138,7 @@ def test_a_new_run_and_a_staged_run_into_a_locked_folder_are_refused(base, tmp_p
 def test_a_two_process_resume_of_a_locked_run_is_refused_by_rank_0(copy):
     """Rank 0 holds the lock of a data-parallel run: refused there, the command says so in one line."""
     before = snapshot(copy)
-    with rundir.lock(copy):
+    with runlock.lock(copy):
         q = subprocess.run(
             [sys.executable, "-m", "treegrpo_cli", "train", "--resume", str(copy), "--iterations", "3"]
             + ["--nproc-per-node", "2"],

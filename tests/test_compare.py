@@ -13,7 +13,7 @@ from clitools import one_line_error, run
 from PIL import Image
 
 from treegrpo_cli import plots
-from treegrpo_cli.report import compare
+from treegrpo_cli.report import compare, compare_page
 
 TINY = [
     "--set",
@@ -141,13 +141,13 @@ def test_heldout_curve_takes_the_wall_of_the_iteration_before():
 
 def test_mean_band_on_a_common_grid():
     c1, c2 = [(0.0, 0.0), (2.0, 1.0)], [(0.0, 1.0), (1.0, 1.0), (3.0, 3.0)]
-    grid = compare.common_grid([c1, c2], points=3)
+    grid = compare_page.common_grid([c1, c2], points=3)
     assert grid == [0.0, 1.0, 2.0]  # the span both curves cover
-    x, mean, low, high = compare.mean_band([c1, c2], grid)
+    x, mean, low, high = compare_page.mean_band([c1, c2], grid)
     assert mean == pytest.approx([0.5, 0.75, 1.5])
     assert low == pytest.approx([0.0, 0.5, 1.0]) and high == pytest.approx([1.0, 1.0, 2.0])
-    assert compare.common_grid([[(0.0, 1.0)]]) == [0.0]
-    assert compare.common_grid([[(0.0, 1.0), (1.0, 1.0)], [(2.0, 1.0), (3.0, 1.0)]]) == []
+    assert compare_page.common_grid([[(0.0, 1.0)]]) == [0.0]
+    assert compare_page.common_grid([[(0.0, 1.0), (1.0, 1.0)], [(2.0, 1.0), (3.0, 1.0)]]) == []
 
 
 def test_stat_is_the_sample_std_and_zero_for_one():
@@ -210,10 +210,10 @@ def test_speedup_interval_counts_draws_that_never_reach_the_target():
     low, high, reach = compare.speedup_interval(base, group, 0.3)
     assert (low, high, reach) == (0.0, pytest.approx(4 / 1.5), 9 / 12)
     assert compare.speedup_interval(base, group, 0.5) is None  # no baseline draw gets there
-    assert compare.speedup_text(2.476, 0.0, 3.1) == "2.48x (never-3.10)"
-    assert compare.speedup_text(None, 0.0, 1.2, none="never reaches it") == "never reaches it (never-1.20)"
-    assert compare.speedup_text(None, 0.0, 0.0, none="never") == "never"
-    assert compare.speedup_text(None, None, None) == "-"
+    assert compare_page.speedup_text(2.476, 0.0, 3.1) == "2.48x (never-3.10)"
+    assert compare_page.speedup_text(None, 0.0, 1.2, none="never reaches it") == "never reaches it (never-1.20)"
+    assert compare_page.speedup_text(None, 0.0, 0.0, none="never") == "never"
+    assert compare_page.speedup_text(None, None, None) == "-"
 
 
 def test_a_group_without_heldout_evaluations_has_no_speedup_interval(runs, tmp_path):
@@ -381,7 +381,7 @@ def test_the_page_draws_its_plots_in_a_headless_browser(runs, tmp_path):
         pytest.skip(
             "no chromium on PATH: install Debian's chromium package (apt-get install chromium) to run the browser check"
         )
-    compare.write_report(compare.compare_runs(runs, baseline="flow-grpo"), tmp_path / "cmp")
+    compare_page.write_report(compare.compare_runs(runs, baseline="flow-grpo"), tmp_path / "cmp")
     shot = tmp_path / "shot.png"
     subprocess.run(
         [

@@ -13,7 +13,7 @@ import torch
 import torch.multiprocessing as mp
 
 from treegrpo_cli.store.checkpoint import list_checkpoints, load_checkpoint
-from treegrpo_cli.training.rundir import read_evals, read_metrics
+from treegrpo_cli.training.runlog import read_evals, read_metrics
 
 SETS = [
     "--set",
@@ -84,7 +84,7 @@ def test_one_step_leaves_the_same_weights_on_both_ranks_and_the_trees_of_one_pro
     from treegrpo_cli.cli.launch import free_port
     from treegrpo_cli.config import load_config
     from treegrpo_cli.engine.rollout import rollout
-    from treegrpo_cli.training import loop
+    from treegrpo_cli.training import loop, steps
 
     mp.spawn(_worker, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
@@ -93,7 +93,7 @@ def test_one_step_leaves_the_same_weights_on_both_ranks_and_the_trees_of_one_pro
     cfg = load_config("branch", sets=['model="pixel-tiny"', "rollout.num_prompts=4", "seed=5"])
     trainer = loop.Trainer(cfg, "cpu")
     prompts = ["a red circle", "two blue squares", "a green triangle", "a big yellow square", "a purple circle"]
-    plan = loop.plan_iteration(cfg, len(prompts), 0)
+    plan = steps.plan_iteration(cfg, len(prompts), 0)
     for rank, ids in ((0, plan.prompt_ids[:2]), (1, plan.prompt_ids[2:])):  # each rank's half, rolled out alone
         tree, _ = rollout(trainer.policy, [prompts[i] for i in ids], ids, trainer.sde, plan.tree, plan.seed)
         got = (r0, r1)[rank]["tree"]

@@ -12,7 +12,7 @@ from treegrpo_cli.engine.grpo import Batch, Parallel, _parent_chunks, grpo_updat
 from treegrpo_cli.engine.rollout import rollout
 from treegrpo_cli.engine.sde import FlowSDE
 from treegrpo_cli.models.registry import load_policy
-from treegrpo_cli.training.rundir import read_metrics
+from treegrpo_cli.training.runlog import read_metrics
 
 SETS = [
     "--set",

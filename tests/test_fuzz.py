@@ -16,7 +16,7 @@ from treegrpo_cli.errors import TreegrpoError
 from treegrpo_cli.prompts import load_prompts
 from treegrpo_cli.report.tree_report import inspect_trees
 from treegrpo_cli.store.shards import FORMAT, VERSION
-from treegrpo_cli.training import rundir
+from treegrpo_cli.training import rundir, runlog
 
 SETTINGS = settings(
     max_examples=500,
@@ -181,8 +181,8 @@ def test_any_metrics_rows(tmp_path, rows, torn):
     (run / "metrics.jsonl").write_text(text[:-1] if torn and text else text)
     (run / "eval.jsonl").write_text(text)
     before = snapshot(run)
-    accepts_or_refuses(rundir.read_metrics, run)
-    accepts_or_refuses(rundir.read_evals, run)
+    accepts_or_refuses(runlog.read_metrics, run)
+    accepts_or_refuses(runlog.read_evals, run)
     assert snapshot(run) == before
 
 

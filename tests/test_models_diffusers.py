@@ -635,7 +635,7 @@ def test_flux_full_finetune_sharded_over_two_processes_matches_one(model_dirs, t
     import subprocess
     import sys
 
-    from treegrpo_cli.training.rundir import read_metrics
+    from treegrpo_cli.training.runlog import read_metrics
 
     args = [
         "train",

@@ -11,7 +11,7 @@ from treegrpo_cli.config import load_config
 from treegrpo_cli.errors import TreegrpoError
 from treegrpo_cli.store.checkpoint import list_checkpoints
 from treegrpo_cli.training import loop
-from treegrpo_cli.training.rundir import read_metrics
+from treegrpo_cli.training.runlog import read_metrics
 
 TINY = [
     "--preset",

@@ -16,7 +16,7 @@ from treegrpo_cli.prompts import load_prompts
 from treegrpo_cli.store.checkpoint import load_checkpoint
 from treegrpo_cli.store.shards import ShardStore
 from treegrpo_cli.store.trees import open_trees, read_tree_shard, shard_name
-from treegrpo_cli.training import loop
+from treegrpo_cli.training import loop, steps
 
 runner = CliRunner()
 SETS = ['model="pixel-tiny"', "rollout.num_prompts=3", "seed=7"]
@@ -93,7 +93,7 @@ def test_rollout_honours_the_schedule(tmp_path):
         windows.append(open_trees(out).meta["sde_steps"])
     assert windows[0] != windows[1]
     cfg = load_config("mix-grpo", sets=SETS)
-    assert windows == [list(loop.plan_iteration(cfg, 5, it).tree.sde_steps) for it in (0, 26)]
+    assert windows == [list(steps.plan_iteration(cfg, 5, it).tree.sde_steps) for it in (0, 26)]
 
 
 def test_score_uses_reward_options_and_refuses_other_keys(tmp_path):

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from treegrpo_cli.cli.app import app
 from treegrpo_cli.config import preset_names
 from treegrpo_cli.store.checkpoint import list_checkpoints, load_checkpoint
-from treegrpo_cli.training.rundir import read_evals, read_metrics
+from treegrpo_cli.training.runlog import read_evals, read_metrics
 
 runner = CliRunner()
 TINY = ["--set", 'model="pixel-tiny"']

@@ -64,7 +64,8 @@ def compare(
     Example: treegrpo compare runs/flow-s0 runs/flow-s1 runs/tree-s0 runs/tree-s1 --baseline flow-grpo --out runs/cmp
     """
     from ..preflight import check_own_dir, check_writable_dir
-    from ..report.compare import COLUMNS, compare_runs, table_rows, to_dict, write_report
+    from ..report.compare import compare_runs, to_dict
+    from ..report.compare_page import COLUMNS, table_rows, write_report
 
     with guarded():
         check_writable_dir(out, "--out")

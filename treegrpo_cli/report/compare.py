@@ -22,12 +22,9 @@ standard deviation (0 with one run).
 
 from __future__ import annotations
 
-import base64
 import bisect
 import dataclasses
-import html
 import itertools
-import json
 import math
 import random
 import re
@@ -36,9 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import TreegrpoError
-from ..plots import band_chart, point_chart, save_png
-from ..store.shards import atomic_write
-from ..training import rundir
+from ..training import rundir, runlog
 
 PHASES = ("rollout", "score", "update")
 GRID_POINTS = 64  # points of the common grid a group's mean curve is drawn on
@@ -172,15 +167,15 @@ def load_run(run: Path, label: str | None = None, axis: str = "time", raw: bool 
     """The numbers of one run folder; refused when it is not a run or has no iterations yet, or when the
     flops axis is asked of a run that did not count them."""
     cfg = rundir.load_config(run)
-    metrics = rundir.read_metrics(run)
+    metrics = runlog.read_metrics(run)
     if not metrics:
-        raise TreegrpoError(f"{run}: no iterations in {rundir.METRICS} yet; nothing to compare")
+        raise TreegrpoError(f"{run}: no iterations in {runlog.METRICS} yet; nothing to compare")
     if axis == "flops" and not any(_number(r.get("flops_total")) for r in metrics):
         raise TreegrpoError(
             f"{run}: its metrics have no flops_total (a run of an older treegrpo, or a model that "
             "cannot count its FLOPs); compare it with --x time or --x iterations"
         )
-    curve = heldout_curve(metrics, rundir.read_evals(run), axis, raw)
+    curve = heldout_curve(metrics, runlog.read_evals(run), axis, raw)
     peaks = [x for x in (_number(r.get("peak_mib")) for r in metrics) if x is not None]
     sample = latest_sample(run)
     return RunStats(
@@ -300,11 +295,23 @@ def speedup_interval(
     return ratios[math.floor(tail)], ratios[math.ceil(len(ratios) - 1 - tail)], sum(r > 0 for r in ratios) / len(ratios)
 
 
+def interp(x: float, curve: list[tuple[float, float]]) -> float:
+    """The curve at x, linear between points, held constant outside them."""
+    xs = [t for t, _ in curve]
+    k = bisect.bisect_right(xs, x)
+    if k == 0:
+        return curve[0][1]
+    if k == len(curve):
+        return curve[-1][1]
+    (t0, y0), (t1, y1) = curve[k - 1], curve[k]
+    return y0 if t1 == t0 else y0 + (x - t0) / (t1 - t0) * (y1 - y0)
+
+
 def mean_curve(curves: list[list[tuple[float, float]]]) -> list[tuple[float, float]]:
     """The mean of piecewise-linear curves at every one of their points, each held at its last value after
     its end (a run that stopped a little earlier keeps its final reward)."""
     times = sorted({t for c in curves for t, _ in c})
-    return [(t, sum(_interp(t, c) for c in curves) / len(curves)) for t in times]
+    return [(t, sum(interp(t, c) for c in curves) / len(curves)) for t in times]
 
 
 def _labels(folders: list[Path], labels: list[str] | None) -> list[str | None]:
@@ -385,211 +392,3 @@ def _curve_time(curves: list[list[tuple[float, float]]], target: float | None) -
 
 def to_dict(cmp: Comparison) -> dict[str, Any]:
     return dataclasses.asdict(cmp)
-
-
-# --- plots -------------------------------------------------------------------------------------
-
-
-def _interp(x: float, curve: list[tuple[float, float]]) -> float:
-    """The curve at x, linear between points, held constant outside them."""
-    xs = [t for t, _ in curve]
-    k = bisect.bisect_right(xs, x)
-    if k == 0:
-        return curve[0][1]
-    if k == len(curve):
-        return curve[-1][1]
-    (t0, y0), (t1, y1) = curve[k - 1], curve[k]
-    return y0 if t1 == t0 else y0 + (x - t0) / (t1 - t0) * (y1 - y0)
-
-
-def common_grid(curves: list[list[tuple[float, float]]], points: int = GRID_POINTS) -> list[float]:
-    """Evenly spaced minutes over the span every curve covers (empty when they do not overlap)."""
-    lo, hi = max(c[0][0] for c in curves), min(c[-1][0] for c in curves)
-    if hi < lo:
-        return []
-    if hi == lo:
-        return [lo]
-    return [lo + (hi - lo) * i / (points - 1) for i in range(points)]
-
-
-def mean_band(curves: list[list[tuple[float, float]]], grid: list[float]):
-    """(grid, mean, min, max) of the curves interpolated onto the grid."""
-    at = [[_interp(x, c) for c in curves] for x in grid]
-    return grid, [sum(v) / len(v) for v in at], [min(v) for v in at], [max(v) for v in at]
-
-
-def reward_plot(cmp: Comparison):
-    bands, marks, gain = {}, {}, cmp.measure == "gain"
-    for g in cmp.groups:
-        curves = [measured(r, gain) for r in cmp.runs if r.label == g.label and r.heldout_curve]
-        bands[g.label] = mean_band(curves, common_grid(curves)) if curves else ([], [], [], [])
-        marks[g.label] = [p for c in curves for p in c]
-    label = f"target {cmp.target:.4g}" if cmp.target is not None else ""
-    what = "held-out gain" if gain else "held-out reward"
-    unit = AXES[cmp.axis][0]
-    return band_chart(
-        bands,
-        f"{what} against {unit} (mean over seeds, min-max band, rings: measured)",
-        unit,
-        what,
-        cmp.target,
-        label,
-        marks=marks,
-    )
-
-
-def pareto_plot(cmp: Comparison):
-    nan = math.nan  # a group without the numbers keeps its colour, no point
-    gain = cmp.measure == "gain"
-    points = {
-        g.label: (_or(g.seconds_per_iteration.mean, nan), _or((g.gain if gain else g.final_heldout).mean, nan))
-        for g in cmp.groups
-    }
-    return point_chart(
-        points,
-        "cost against reward (mean over seeds)",
-        "seconds per iteration",
-        "final held-out gain" if gain else "final held-out reward",
-    )
-
-
-def _or(x: float | None, default: float) -> float:
-    return default if x is None else x
-
-
-# --- table and page ----------------------------------------------------------------------------
-
-COLUMNS = [
-    "group",
-    "runs",
-    "final held-out",
-    "gain",
-    "to target (seeds reaching it)",
-    "speed-up (95% interval)",
-    "s / iteration",
-    "rollout s",
-    "score s",
-    "update s",
-    "forward NFE / sample",
-    "backward NFE / sample",
-    "peak MiB",
-]
-
-
-def _pm(s: Stat, fmt: str = ".4f") -> str:
-    """mean, with +- std when there are several runs; '-' when no run has the value."""
-    if s.mean is None:
-        return "-"
-    return f"{s.mean:{fmt}}" + (f" ± {s.std:{fmt.lstrip('+')}}" if s.n > 1 else "")
-
-
-def _minutes(g: GroupStats) -> str:
-    return "never" if g.curve_to_target is None else f"{g.curve_to_target:.2f}"
-
-
-def speedup_text(speedup: float | None, low: float | None, high: float | None, none: str = "-") -> str:
-    """'2.48x (1.60-3.70)': the speed-up and its interval, 'never' for a bound of 0 (draws that never reach
-    the target; no interval when none does); `none` in place of a speed-up the mean curve does not have."""
-
-    def bound(x: float | None) -> str:
-        return "never" if x == 0 else f"{x:.2f}"
-
-    spread = f" ({bound(low)}-{bound(high)})" if low is not None and high != 0 else ""  # (never-never): none
-    return (none if speedup is None else f"{speedup:.2f}x") + spread
-
-
-def _speedup(g: GroupStats) -> str:
-    return speedup_text(g.speedup, g.speedup_low, g.speedup_high)
-
-
-def table_rows(cmp: Comparison) -> list[list[str]]:
-    """One row of strings per group, in COLUMNS order."""
-    rows = []
-    for g in cmp.groups:
-        reach = _minutes(g) + f" ({g.reached_target}/{len(g.runs)})" if cmp.target is not None else "-"
-        rows.append(
-            [
-                g.label,
-                f"{len(g.runs)} (seeds {', '.join(map(str, g.seeds))})",
-                _pm(g.final_heldout),
-                _pm(g.gain, "+.4f"),
-                reach,
-                _speedup(g),
-                _pm(g.seconds_per_iteration, ".2f"),
-                *(_pm(g.phase_seconds[p], ".2f") for p in PHASES),
-                _pm(g.forward_nfe_per_sample, ".1f"),
-                _pm(g.backward_nfe_per_sample, ".1f"),
-                _pm(g.peak_mib, ".0f"),
-            ]
-        )
-    return rows
-
-
-def _data_uri(png: bytes) -> str:
-    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
-
-
-def _html_table(cmp: Comparison) -> str:
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in COLUMNS)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in row) + "</tr>" for row in table_rows(cmp))
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
-def _samples_html(cmp: Comparison) -> str:
-    figures = []
-    for r in cmp.runs:
-        caption = html.escape(f"{r.label} · seed {r.seed} · {Path(r.folder).name}")
-        if r.sample_grid is None:
-            figures.append(f"<figure><p>no sample grid</p><figcaption>{caption}</figcaption></figure>")
-            continue
-        name = html.escape(Path(r.sample_grid).name)
-        figures.append(
-            f'<figure><img src="{_data_uri(Path(r.sample_grid).read_bytes())}" alt="{name}">'
-            f"<figcaption>{caption} · {name}</figcaption></figure>"
-        )
-    return '<div class="samples">' + "".join(figures) + "</div>"
-
-
-STYLE = """
-body{font-family:sans-serif;margin:24px;color:#282828}
-table{border-collapse:collapse;margin:12px 0}
-th,td{border:1px solid #ccc;padding:4px 8px;text-align:right}
-td{white-space:nowrap}
-td:first-child,th:first-child{text-align:left}
-th{background:#f2f2f2}
-.plots{display:flex;flex-wrap:wrap;gap:16px}
-.samples{display:flex;gap:16px;overflow-x:auto}
-figure{margin:0}
-figcaption{font-size:13px;margin-top:4px}
-"""
-
-
-def page(cmp: Comparison, pngs: dict[str, bytes]) -> str:
-    """index.html: everything inline (CSS, base64 PNGs), no scripts, nothing fetched."""
-    target = "none" if cmp.target is None else f"{cmp.target:.4f}"
-    images = "".join(f'<img src="{_data_uri(data)}" alt="{html.escape(name)}">' for name, data in pngs.items())
-    return (
-        f'<!doctype html>\n<html><head><meta charset="utf-8"><title>treegrpo compare</title>'
-        f"<style>{STYLE}</style></head><body>\n"
-        f"<h1>treegrpo compare: runs {len(cmp.runs)}, groups {len(cmp.groups)}</h1>\n"
-        f"<p>axis: {html.escape(AXES[cmp.axis][1])}; "
-        f"target held-out {cmp.measure}: {html.escape(target)}; baseline: {html.escape(cmp.baseline or 'none')}. "
-        "Mean ± sample standard deviation over seeds; speed-up intervals: 95% of the speed-ups with both "
-        "groups' seeds drawn again with replacement (never: draws that do not reach the target).</p>\n"
-        f'{_html_table(cmp)}\n<h2>Reward against time, cost against reward</h2>\n<div class="plots">{images}</div>\n'
-        f"<h2>Latest samples</h2>\n{_samples_html(cmp)}\n</body></html>\n"
-    )
-
-
-def write_report(cmp: Comparison, out: Path) -> list[str]:
-    """reward_vs_<axis>.png, pareto.png, compare.json and index.html under out; returns the paths written."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    pngs = {}
-    for name, image in ((f"reward_vs_{cmp.axis}.png", reward_plot(cmp)), ("pareto.png", pareto_plot(cmp))):
-        save_png(image, out / name)
-        pngs[name] = (out / name).read_bytes()
-    cmp.files = [str(out / n) for n in (*pngs, "compare.json", "index.html")]
-    atomic_write(out / "compare.json", (json.dumps(to_dict(cmp), indent=1, allow_nan=False) + "\n").encode())
-    atomic_write(out / "index.html", page(cmp, pngs).encode())
-    return cmp.files

@@ -18,7 +18,6 @@ from typing import Any
 import torch
 
 from ..config import Config
-from ..engine.credit import assign_credit
 from ..engine.grpo import (
     Batch,
     Parallel,
@@ -28,19 +27,28 @@ from ..engine.grpo import (
     minibatches,
     parent_chunk_count,
 )
-from ..engine.rollout import Progress, TreeConfig, mix_seed, rollout
-from ..engine.schedules import tree_for_iteration
+from ..engine.rollout import Progress, mix_seed, rollout
 from ..engine.sde import make_kernel
 from ..engine.tree import Tree, cat_trees
 from ..errors import TreegrpoError
 from ..models.base import Policy
 from ..models.registry import load_policy
-from ..rewards.base import get_reward, parse_reward_options, score_leaves, weighted_sum
+from ..rewards.base import score_leaves
 from ..store.checkpoint import Checkpoint, follow_checkpoint_gathers, list_checkpoints, load_checkpoint, save_checkpoint
-from ..store.trees import to_uint8
-from . import dist, rundir
+from . import dist, rundir, runlock, runlog
 from .dist import SINGLE, Dist
 from .heldout import heldout_reward
+from .steps import (
+    build_rewards,
+    credit,
+    leaf_images,
+    metrics_row,
+    peak_memory_mib,
+    plan_iteration,
+    rng_states,
+    set_rng_states,
+    update_generator,
+)
 
 
 @dataclass
@@ -198,7 +206,7 @@ class Trainer:
         t3 = time.perf_counter()
         self.step += 1
         nfe = sum(dist.gather(nfe, d))
-        row = _row(
+        row = metrics_row(
             it, all_scores, self.weights, adv.edge[trained], int(whole.is_leaf().sum()), nfe, upd, plan.tree, self.opt
         )
         row["seconds"] = {"rollout": t1 - t0, "score": t2 - t1, "update": t3 - t2, "total": t3 - t0}
@@ -283,129 +291,6 @@ def _parallel(whole: Batch, cfg: Config, it: int, starts: list[int], d: Dist, sh
     )
 
 
-# --- the steps of an iteration, shared with the staged pipeline (stages.py) -------------------
-
-
-@dataclass(frozen=True)
-class IterationPlan:
-    """What the online loop samples at one iteration: which prompts, the tree's shape, the noise seed."""
-
-    prompt_ids: list[int]
-    tree: TreeConfig
-    seed: int
-
-
-def plan_iteration(cfg: Config, num_available: int, it: int, num_prompts: int | None = None) -> IterationPlan:
-    """Iteration `it`'s prompts (a seeded draw from the num_available), tree shape (the preset's
-    [schedule]) and root seed: what `train` samples and what `rollout --iteration it` writes."""
-    ids = sample_prompt_ids(num_available, num_prompts or cfg.rollout.num_prompts, cfg.seed, it)
-    tree_cfg = tree_for_iteration(cfg.tree, cfg.schedule, cfg.sampler.steps, it, cfg.seed, cfg.sampler.decode)
-    return IterationPlan(ids, tree_cfg, mix_seed(cfg.seed, it))
-
-
-def build_rewards(cfg: Config, device: str) -> dict[str, Any]:
-    """The config's reward models with their reward.options, on `device`."""
-    opts = parse_reward_options(cfg.reward.options)
-    return {n: get_reward(n, device=device, **opts.get(n, {})) for n in cfg.reward.names}
-
-
-def leaf_images(policy: Policy, tree: Tree) -> torch.Tensor:
-    """[L, 3, H, W] uint8: the leaves' images as a user sees them and the rewards score them
-    (the staged pipeline stores exactly these)."""
-    dev = next(iter(policy.trainable_parameters())).device
-    with torch.no_grad():
-        return to_uint8(policy.decode(tree.image_latent.to(dev)))
-
-
-def credit(cfg: Config, tree: Tree, scores: dict[str, torch.Tensor], it: int):
-    """Leaf scores {name: [L]} -> edge advantages and the trained-edge mask [N] of a batch of trees."""
-    leaves = tree.leaves()
-    full = {n: torch.full((tree.num_nodes,), float("nan")).index_put_((leaves,), s.float()) for n, s in scores.items()}
-    return assign_credit(
-        tree.parent,
-        tree.depth,
-        tree.tree,
-        tree.group(),
-        tree.sde,
-        tree.log_prob,
-        full,
-        cfg.reward.weight_map(),
-        cfg.reward.combine,
-        cfg.advantage,
-        cfg.pruning,
-        cfg.sampler.steps,
-        cfg.sampler.decode,
-        it,
-        cfg.train.iterations,
-    )
-
-
-def update_generator(cfg: Config, it: int) -> torch.Generator:
-    """The generator of iteration it's minibatch order."""
-    return torch.Generator().manual_seed(mix_seed(cfg.seed, it, 0xB47C))
-
-
-def peak_memory_mib(device: str) -> float:
-    """Peak memory so far: the device's allocated tensors on CUDA, the process's resident set on the CPU."""
-    if str(device).startswith("cuda"):
-        return torch.cuda.max_memory_allocated(torch.device(device)) / 2**20
-    try:
-        import resource
-    except ImportError:  # not on Windows
-        return float("nan")
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
-
-
-def rng_states() -> dict[str, torch.Tensor]:
-    """Every global RNG state torch keeps: the CPU generator and each CUDA device's."""
-    states = {"torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        states.update({f"cuda.{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
-    return states
-
-
-def set_rng_states(states: dict[str, torch.Tensor]) -> None:
-    torch.set_rng_state(states["torch"])
-    cuda = [states[k] for k in sorted((k for k in states if k.startswith("cuda.")), key=lambda k: int(k[5:]))]
-    if cuda and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(cuda[: torch.cuda.device_count()])
-
-
-def sample_prompt_ids(n: int, k: int, seed: int, iteration: int) -> list[int]:
-    """k prompt ids for one iteration: a seeded permutation, cycled when k > n."""
-    g = torch.Generator().manual_seed(mix_seed(seed, iteration, 0x9A11))
-    perm = torch.randperm(n, generator=g).tolist()
-    return [perm[i % n] for i in range(k)]
-
-
-def _row(it, scores, weights, adv_trained, leaves, nfe, upd, tree_cfg: TreeConfig, opt) -> dict[str, Any]:
-    total = weighted_sum(scores, weights)
-    row: dict[str, Any] = {
-        "iteration": it,
-        "reward_mean": float(total.mean()),
-        "reward_std": float(total.std()) if total.numel() > 1 else 0.0,
-    }
-    for n, s in scores.items():
-        row[f"rewards/{n}/mean"], row[f"rewards/{n}/std"] = float(s.mean()), float(s.std()) if s.numel() > 1 else 0.0
-    a = adv_trained.float()
-    row.update(
-        {
-            "adv_mean": float(a.mean()) if a.numel() else 0.0,
-            "adv_std": float(a.std()) if a.numel() > 1 else 0.0,
-            "adv_abs_max": float(a.abs().max()) if a.numel() else 0.0,
-            "trained_edges": int(a.numel()),
-            "leaves": leaves,
-            "rollout_evals": nfe,
-            "rollout_evals_per_leaf": nfe / leaves,
-            "train_evals_per_leaf": upd.get("train_evals", 0) / leaves,
-            "lr": opt.param_groups[0]["lr"],
-            "sde_steps": list(tree_cfg.sde_steps) if tree_cfg.sde_steps is not None else "all",
-        }
-    )
-    row.update(upd)
-    return row
-
-
 # --- the run ---------------------------------------------------------------------------------
 
 
@@ -416,7 +301,7 @@ def train(req: TrainRequest, hooks: Hooks = Hooks()) -> dict[str, Any]:
     rank's (each forward is a collective)."""
     with ExitStack() as held:
         if req.resume and req.dist.main:  # one writer per run folder: refused before the model loads
-            held.enter_context(rundir.lock(req.run_dir))
+            held.enter_context(runlock.lock(req.run_dir))
         if req.resume:
             rundir.check_resumable(req.run_dir, req.config)  # damaged files: refused before anything is written
         return _train(req, hooks, held)
@@ -431,14 +316,14 @@ def _train(req: TrainRequest, hooks: Hooks, held: ExitStack) -> dict[str, Any]:
     if req.resume:
         _resume(trainer, req, hooks)
     elif d.main:
-        held.enter_context(rundir.lock(req.run_dir, create=True))
+        held.enter_context(runlock.lock(req.run_dir, create=True))
         rundir.create(req.run_dir, cfg, req.command, {"train": req.prompts, "eval": req.eval_prompts})
     if not req.resume and cfg.train.sample_every and works:
         _grid(trainer, req, 0)
-    if cfg.train.eval_samples and _main_says(lambda: not rundir.read_evals(req.run_dir), trainer, d):
+    if cfg.train.eval_samples and _main_says(lambda: not runlog.read_evals(req.run_dir), trainer, d):
         _heldout(trainer, req, hooks, 0.0)
     dist.barrier(d)
-    done_rows = rundir.read_metrics(req.run_dir)
+    done_rows = runlog.read_metrics(req.run_dir)
     start, wall = trainer.step, (done_rows[-1].get("wall", 0.0) if done_rows else 0.0)
     trainer.totals = {k: int(done_rows[-1].get(k, 0)) if done_rows else 0 for k in TOTALS}
     wall0, budget = time.perf_counter() - wall, cfg.train.max_minutes * 60
@@ -470,7 +355,7 @@ def _train(req: TrainRequest, hooks: Hooks, held: ExitStack) -> dict[str, Any]:
             break
 
     def last_eval() -> int:
-        return rundir.read_evals(req.run_dir)[-1]["iteration"]
+        return runlog.read_evals(req.run_dir)[-1]["iteration"]
 
     if cfg.train.eval_samples and finished and _main_says(lambda: last_eval() < trainer.step, trainer, d):
         _heldout(trainer, req, hooks, wall)  # also after a run killed between its last checkpoint and this
@@ -494,11 +379,11 @@ def _crossed(every: float, before: float, now: float) -> bool:
 
 def _record(req: TrainRequest, hooks: Hooks, row: dict[str, Any], stall: int) -> int:
     """Rank 0's bookkeeping of an iteration: metrics, hooks, stall warning."""
-    rundir.append_metrics(req.run_dir, row)
+    runlog.append_metrics(req.run_dir, row)
     hooks.on_row(row)
-    stall = stall + 1 if rundir.stalled(row) else 0
-    if stall == rundir.STALL_ITERATIONS:
-        hooks.note(rundir.stall_message(row["iteration"] - stall + 1, row["iteration"]))
+    stall = stall + 1 if runlog.stalled(row) else 0
+    if stall == runlog.STALL_ITERATIONS:
+        hooks.note(runlog.stall_message(row["iteration"] - stall + 1, row["iteration"]))
     return stall
 
 
@@ -530,8 +415,8 @@ def _resume(trainer: Trainer, req: TrainRequest, hooks: Hooks) -> None:
     """Restore the newest checkpoint that verifies (a damaged one is named and skipped with a warning), say
     which, and drop the metrics and evaluations of the iterations after it (they are recomputed)."""
     run = req.run_dir
-    rows = rundir.read_metrics(run)
-    rundir.read_evals(run)  # damaged lines: refuse before anything
+    rows = runlog.read_metrics(run)
+    runlog.read_evals(run)  # damaged lines: refuse before anything
     said = req.dist.main  # rank 0 speaks for the run
     if said and (change := rundir.code_change(run)):
         hooks.note(change)
@@ -555,14 +440,14 @@ def _resume(trainer: Trainer, req: TrainRequest, hooks: Hooks) -> None:
         if damaged and rows:
             hooks.note(
                 f"warning: {run} has no usable checkpoint left: starting again from iteration 0; the "
-                f"{len(rows)} rows of {rundir.METRICS} are recomputed (same seeds: the same rows)"
+                f"{len(rows)} rows of {runlog.METRICS} are recomputed (same seeds: the same rows)"
             )
         else:
             hooks.note(f"{run} has no usable checkpoint yet: starting again from iteration 0")
     dist.barrier(req.dist)  # every rank has read the checkpoint before rank 0 trims the logs
     if req.dist.main:
-        rundir.truncate_metrics(run, trainer.step)
-        rundir.truncate_evals(run, trainer.step)
+        runlog.truncate_metrics(run, trainer.step)
+        runlog.truncate_evals(run, trainer.step)
 
 
 def _check_finite(row: dict[str, Any], run: Path) -> None:
@@ -588,7 +473,7 @@ def _heldout(trainer: Trainer, req: TrainRequest, hooks: Hooks, wall: float) -> 
             row = {**_heldout_reward(trainer, req, hooks), **raw}
     row["weights"] = "ema" if trainer.ema is not None else "trained"
     if req.dist.main:
-        rundir.append_eval(req.run_dir, {"iteration": trainer.step, "wall": wall, **trainer.totals, **row})
+        runlog.append_eval(req.run_dir, {"iteration": trainer.step, "wall": wall, **trainer.totals, **row})
 
 
 def _heldout_reward(trainer: Trainer, req: TrainRequest, hooks: Hooks) -> dict[str, Any]:

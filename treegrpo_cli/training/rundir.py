@@ -13,11 +13,9 @@ RUN/error-*.txt       the traceback of an internal error (a bug), named by the e
 
 from __future__ import annotations
 
-import errno
 import functools
 import hashlib
 import json
-import math
 import os
 import shlex
 import subprocess
@@ -34,92 +32,23 @@ from ..errors import ConfigError, TreegrpoError
 from ..plots import image_grid, line_chart, save_png, side_by_side, titled
 from ..rewards.base import score_leaves, weighted_sum
 from ..store.shards import atomic_write
+from .runlock import LOCK
+from .runlog import (
+    EVALS,
+    METRICS,
+    dangling_note,
+    heldout_summary,
+    is_number,
+    read_evals,
+    read_metrics,
+    stall_runs,
+    tenth_means,
+)
 
 FORMAT = "treegrpo-run"
 VERSION = 1
 RUN_JSON = "run.json"
-METRICS = "metrics.jsonl"
-EVALS = "eval.jsonl"
 CHECKPOINTS = "checkpoints"
-LOCK = ".lock"
-
-
-# --- one writer per run folder ------------------------------------------------------------------
-
-
-class RunLock:
-    """An exclusive OS lock (flock) on RUN/.lock, held by the one process that writes the run folder (a new
-    run, a resume, a staged update; rank 0 of a data-parallel run). The file holds the holder's pid. The OS
-    drops the lock when the process ends, however it ends: a SIGKILLed run can be resumed at once."""
-
-    def __init__(self, run: Path, create: bool = False):
-        self.run, self.path, self.fd = Path(run), Path(run) / LOCK, -1
-        try:
-            import fcntl
-        except ImportError:  # Windows has no flock: no lock there
-            return
-        if create:
-            try:
-                self.run.mkdir(parents=True, exist_ok=True)
-            except OSError as e:
-                raise TreegrpoError(f"{self.run}: cannot create the run folder ({e.strerror})") from None
-        while True:
-            try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            except OSError as e:
-                raise TreegrpoError(f"{self.path}: cannot create the run's lock file ({e.strerror})") from None
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as e:
-                holder = _lock_holder(fd)
-                os.close(fd)
-                if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                    raise TreegrpoError(f"{self.path}: cannot lock the run folder ({e.strerror})") from None
-                raise TreegrpoError(
-                    f"{self.run} is in use by another treegrpo process (pid {holder}); wait for it to end "
-                    "or stop it, then try again"
-                ) from None
-            try:  # the last holder may have removed the file between our open and our lock: lock the new one
-                same = os.path.samestat(os.fstat(fd), os.stat(self.path))
-            except FileNotFoundError:
-                same = False
-            if same:
-                break
-            os.close(fd)
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        self.fd = fd
-
-    def release(self) -> None:
-        if self.fd < 0:
-            return
-        try:
-            os.unlink(self.path)  # while still held: a process that opened it meanwhile sees it gone and retries
-        except OSError:
-            pass
-        os.close(self.fd)
-        self.fd = -1
-
-    def __enter__(self) -> RunLock:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
-
-
-def lock(run: Path, create: bool = False) -> RunLock:
-    """Hold RUN's lock (create: make the folder first) or refuse in one line naming the holder's pid."""
-    return RunLock(run, create)
-
-
-def _lock_holder(fd: int) -> str:
-    """The pid the holder wrote into the lock file (it writes it just after locking: wait a moment for it)."""
-    for _ in range(20):
-        text = os.pread(fd, 32, 0).decode(errors="replace").strip()
-        if text.isdigit():
-            return text
-        time.sleep(0.01)
-    return "unknown"
 
 
 # --- the code that writes a run ----------------------------------------------------------------------
@@ -262,10 +191,6 @@ def _kind(v: Any) -> str:
     )
 
 
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
 def read_info(run: Path) -> dict[str, Any]:
     """run.json of an existing run, every field checked (a damaged one is named, with its file)."""
     path = run / RUN_JSON
@@ -297,7 +222,7 @@ def read_info(run: Path) -> dict[str, Any]:
     for key in ("command",):
         if key in info and not isinstance(info[key], str):
             raise TreegrpoError(f"{path}: {key} is {_kind(info[key])}, not a string")
-    if "created" in info and not _is_number(info["created"]):
+    if "created" in info and not is_number(info["created"]):
         raise TreegrpoError(f"{path}: created is {_kind(info['created'])}, not a number")
     code = info.get("treegrpo")
     if code is not None and (
@@ -325,15 +250,11 @@ def check_layout(run: Path) -> None:
     for name in (RUN_JSON, METRICS, EVALS):
         p = run / name
         if os.path.lexists(p) and not p.is_file():
-            raise TreegrpoError(f"{p}: not a regular file{_dangling(p)}")
+            raise TreegrpoError(f"{p}: not a regular file{dangling_note(p)}")
     for name in (CHECKPOINTS, "samples"):
         p = run / name
         if os.path.lexists(p) and not p.is_dir():
-            raise TreegrpoError(f"{p}: not a folder{_dangling(p)}")
-
-
-def _dangling(p: Path) -> str:
-    return " (a broken symlink or a symlink loop)" if not p.exists() else ""
+            raise TreegrpoError(f"{p}: not a folder{dangling_note(p)}")
 
 
 def scan_checkpoints(run: Path) -> tuple[list[Path], list[tuple[str, str]]]:
@@ -395,132 +316,6 @@ def check_resumable(run: Path, cfg: Config) -> None:
             )
 
 
-def read_metrics(run: Path) -> list[dict[str, Any]]:
-    """The rows of metrics.jsonl. A torn last line (no newline: the process was killed while writing it)
-    is left out; a damaged line before it is an error, not a silent truncation."""
-    return _read_jsonl(run / METRICS, _check_metrics_row)
-
-
-# Fields of the rows the tool reads back, and what they hold (a row may lack any but "iteration").
-_ROW_NUMBERS = {
-    "wall",
-    "reward_mean",
-    "reward_std",
-    "reward_sem",
-    "adv_mean",
-    "adv_std",
-    "adv_abs_max",
-    "trained_edges",
-    "leaves",
-    "rollout_evals",
-    "rollout_evals_per_leaf",
-    "train_evals_per_leaf",
-    "train_evals",
-    "lr",
-    "loss",
-    "grad_norm",
-    "optimizer_steps",
-    "ema_updates",
-    "peak_mib",
-    "flops",
-    "flops_total",
-    "reward_images",
-    "reward_images_total",
-}
-
-
-def _check_fields(row: dict[str, Any]) -> str | None:
-    """What is wrong with a row (None: nothing)."""
-    it = row.get("iteration")
-    if not isinstance(it, int) or isinstance(it, bool) or it < 0:
-        return f"iteration is {it!r}, not a whole number >= 0"
-    for k, v in row.items():
-        numeric = k in _ROW_NUMBERS or k.startswith(("rewards/", "raw/"))
-        if numeric and not _is_number(v):
-            return f"{k} is {v!r}, not a number"
-    seconds = row.get("seconds", {})
-    if not isinstance(seconds, dict) or not all(_is_number(v) for v in seconds.values()):
-        return f"seconds is {seconds!r}, not an object of numbers"
-    return None
-
-
-def _check_metrics_row(row: dict[str, Any], iterations: list[int]) -> str | None:
-    bad = _check_fields(row)
-    if bad is None and iterations and row["iteration"] <= iterations[-1]:
-        return (
-            f"iteration {row['iteration']} follows iteration {iterations[-1]}, and the iterations must increase "
-            "(did two processes write this run?)"
-        )
-    return bad
-
-
-def _check_eval_row(row: dict[str, Any], iterations: list[int]) -> str | None:
-    bad = _check_fields(row)
-    if bad is None and "reward_mean" not in row:
-        return "no reward_mean (the held-out reward)"
-    if bad is None and not _is_number(row["reward_mean"]):
-        return f"reward_mean is {row['reward_mean']!r}, not a number"
-    return bad
-
-
-def _read_jsonl(path: Path, check) -> list[dict[str, Any]]:
-    if not os.path.lexists(path):
-        return []
-    if not path.is_file():
-        raise TreegrpoError(f"{path}: not a regular file{_dangling(path)}")
-    text = path.read_text(errors="replace")
-    lines = text.split("\n")
-    complete = lines[:-1]  # the part after the last newline is empty or torn
-    rows: list[dict[str, Any]] = []
-    for n, line in enumerate(complete, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError:
-            row = None
-        if not isinstance(row, dict) or "iteration" not in row:
-            raise TreegrpoError(
-                f"{path}: line {n} is damaged ({line[:40]!r}); the rows after it would be lost — "
-                f"repair or delete that line, then resume"
-            )
-        bad = check(row, [r["iteration"] for r in rows[-1:]])
-        if bad:
-            raise TreegrpoError(f"{path}: line {n}: {bad}; repair or delete that line")
-        rows.append(row)
-    return rows
-
-
-def append_metrics(run: Path, row: dict[str, Any]) -> None:
-    with open(run / METRICS, "a") as f:
-        f.write(json.dumps(row) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def read_evals(run: Path) -> list[dict[str, Any]]:
-    return _read_jsonl(run / EVALS, _check_eval_row)
-
-
-def append_eval(run: Path, row: dict[str, Any]) -> None:
-    with open(run / EVALS, "a") as f:
-        f.write(json.dumps(row) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def truncate_evals(run: Path, step: int) -> None:
-    """Keep the held-out evaluations made at or before iteration `step`."""
-    rows = [r for r in read_evals(run) if r["iteration"] <= step]
-    atomic_write(run / EVALS, "".join(json.dumps(r) + "\n" for r in rows).encode())
-
-
-def truncate_metrics(run: Path, step: int) -> None:
-    """Keep the rows of iterations before `step` (those after the checkpoint are recomputed)."""
-    rows = [r for r in read_metrics(run) if r["iteration"] < step]
-    atomic_write(run / METRICS, "".join(json.dumps(r) + "\n" for r in rows).encode())
-
-
 def reward_plot(run: Path) -> None:
     rows = [r for r in read_metrics(run) if "reward_mean" in r and "wall" in r]  # a staged update's row has neither
     if not rows:
@@ -566,44 +361,6 @@ def before_after(run: Path, step: int) -> Path | None:
     return out
 
 
-def tenth_means(rows: list[dict[str, Any]]) -> tuple[float, float]:
-    """Mean reward of the first and of the last tenth of the iterations (at least one each)."""
-    if not rows:
-        return math.nan, math.nan
-    k = max(1, len(rows) // 10)
-    first = sum(r.get("reward_mean", math.nan) for r in rows[:k]) / k
-    last = sum(r.get("reward_mean", math.nan) for r in rows[-k:]) / k
-    return first, last
-
-
-STALL_ITERATIONS = 5  # this many iterations in a row without a trained edge is worth a warning
-
-
-def stalled(row: dict[str, Any]) -> bool:
-    """No edge with a non-zero advantage was trained: every group tied, no gradient."""
-    return row.get("trained_edges", 0) == 0 or row.get("adv_abs_max", 0.0) == 0.0
-
-
-def stall_message(first: int, last: int) -> str:
-    return (
-        f"warning: iterations {first}-{last} trained nothing: every group's leaves scored the same, so no "
-        "advantage and no gradient; the reward cannot tell the samples apart (collapsed model, saturated reward?)"
-    )
-
-
-def stall_runs(rows: list[dict[str, Any]]) -> list[list[int]]:
-    """[first, last] iteration of every run of at least STALL_ITERATIONS stalled iterations."""
-    runs, start = [], None
-    for i, row in enumerate(rows + [{}]):
-        if i < len(rows) and stalled(row):
-            start = row["iteration"] if start is None else start
-        else:
-            if start is not None and rows[i - 1]["iteration"] - start + 1 >= STALL_ITERATIONS:
-                runs.append([start, rows[i - 1]["iteration"]])
-            start = None
-    return runs
-
-
 def summary(run: Path, started_at: int, stopped: bool) -> dict[str, Any]:
     rows = read_metrics(run)
     first, last = tenth_means(rows)
@@ -618,24 +375,10 @@ def summary(run: Path, started_at: int, stopped: bool) -> dict[str, Any]:
         "minutes": (rows[-1].get("wall", 0.0) / 60) if rows else 0.0,
         "rollout_evals_per_leaf": rows[-1].get("rollout_evals_per_leaf", 0.0) if rows else 0.0,
         "train_evals_per_leaf": rows[-1].get("train_evals_per_leaf", 0.0) if rows else 0.0,
-        **_heldout_summary(read_evals(run)),
+        **heldout_summary(read_evals(run)),
         **({"resume_command": resume_command(run)} if stopped else {}),
     }
 
 
 def resume_command(run: Path) -> str:
     return f"treegrpo train --resume {shlex.quote(str(run))}"
-
-
-def _heldout_summary(evals: list[dict[str, Any]]) -> dict[str, Any]:
-    """heldout_before / heldout_after: the eval prompts' mean reward at the first and last evaluation."""
-    if not evals:
-        return {}
-    out = {"heldout_before": evals[0]["reward_mean"], "heldout_before_iteration": evals[0]["iteration"]}
-    if len(evals) > 1:
-        out.update(
-            heldout_after=evals[-1]["reward_mean"],
-            heldout_after_iteration=evals[-1]["iteration"],
-            heldout_gain=evals[-1]["reward_mean"] - evals[0]["reward_mean"],
-        )
-    return out

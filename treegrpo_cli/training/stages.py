@@ -24,8 +24,9 @@ from ..rewards.base import score_leaves, weighted_sum
 from ..store.checkpoint import save_checkpoint
 from ..store.shards import ShardStore
 from ..store.trees import KIND, TreeShard, open_trees, read_tree_shard, shard_name, write_tree_shard
-from . import rundir
-from .loop import Trainer, build_rewards, credit, leaf_images, plan_iteration, update_generator
+from . import rundir, runlock, runlog
+from .loop import Trainer
+from .steps import build_rewards, credit, leaf_images, plan_iteration, update_generator
 
 
 def _noop(phase: str, done: int, total: int) -> None:
@@ -234,7 +235,7 @@ def train_from_trees(req: StagedRequest, progress: Progress = _noop) -> dict[str
     tree = cat_trees([s.tree for s in shards])
     prompts = [s.prompts[int(p)] for s in shards for p in s.tree.tree_prompt]
     trainer = Trainer(cfg, req.device)
-    with rundir.lock(req.run_dir, create=True):  # one writer per run folder
+    with runlock.lock(req.run_dir, create=True):  # one writer per run folder
         rundir.create(req.run_dir, cfg, req.command)
         batch = Batch(
             tree,
@@ -248,7 +249,7 @@ def train_from_trees(req: StagedRequest, progress: Progress = _noop) -> dict[str
         progress("update", 1, 1)
         trainer.step = 1
         leaves = int(tree.is_leaf().sum())
-        rundir.append_metrics(
+        runlog.append_metrics(
             req.run_dir,
             {
                 "iteration": 0,

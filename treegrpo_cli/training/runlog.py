@@ -1,0 +1,202 @@
+"""The run folder's logs: metrics.jsonl (a row per iteration) and eval.jsonl (the held-out reward), each row
+checked on read, appended with fsync, cut back on resume; and what the rows say (stalls, tenths, gains)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from ..errors import TreegrpoError
+from ..store.shards import atomic_write
+
+METRICS = "metrics.jsonl"
+EVALS = "eval.jsonl"
+
+
+def is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def dangling_note(p: Path) -> str:
+    return " (a broken symlink or a symlink loop)" if not p.exists() else ""
+
+
+def read_metrics(run: Path) -> list[dict[str, Any]]:
+    """The rows of metrics.jsonl. A torn last line (no newline: the process was killed while writing it)
+    is left out; a damaged line before it is an error, not a silent truncation."""
+    return _read_jsonl(run / METRICS, _check_metrics_row)
+
+
+# Fields of the rows the tool reads back, and what they hold (a row may lack any but "iteration").
+_ROW_NUMBERS = {
+    "wall",
+    "reward_mean",
+    "reward_std",
+    "reward_sem",
+    "adv_mean",
+    "adv_std",
+    "adv_abs_max",
+    "trained_edges",
+    "leaves",
+    "rollout_evals",
+    "rollout_evals_per_leaf",
+    "train_evals_per_leaf",
+    "train_evals",
+    "lr",
+    "loss",
+    "grad_norm",
+    "optimizer_steps",
+    "ema_updates",
+    "peak_mib",
+    "flops",
+    "flops_total",
+    "reward_images",
+    "reward_images_total",
+}
+
+
+def _check_fields(row: dict[str, Any]) -> str | None:
+    """What is wrong with a row (None: nothing)."""
+    it = row.get("iteration")
+    if not isinstance(it, int) or isinstance(it, bool) or it < 0:
+        return f"iteration is {it!r}, not a whole number >= 0"
+    for k, v in row.items():
+        numeric = k in _ROW_NUMBERS or k.startswith(("rewards/", "raw/"))
+        if numeric and not is_number(v):
+            return f"{k} is {v!r}, not a number"
+    seconds = row.get("seconds", {})
+    if not isinstance(seconds, dict) or not all(is_number(v) for v in seconds.values()):
+        return f"seconds is {seconds!r}, not an object of numbers"
+    return None
+
+
+def _check_metrics_row(row: dict[str, Any], iterations: list[int]) -> str | None:
+    bad = _check_fields(row)
+    if bad is None and iterations and row["iteration"] <= iterations[-1]:
+        return (
+            f"iteration {row['iteration']} follows iteration {iterations[-1]}, and the iterations must increase "
+            "(did two processes write this run?)"
+        )
+    return bad
+
+
+def _check_eval_row(row: dict[str, Any], iterations: list[int]) -> str | None:
+    bad = _check_fields(row)
+    if bad is None and "reward_mean" not in row:
+        return "no reward_mean (the held-out reward)"
+    if bad is None and not is_number(row["reward_mean"]):
+        return f"reward_mean is {row['reward_mean']!r}, not a number"
+    return bad
+
+
+def _read_jsonl(path: Path, check) -> list[dict[str, Any]]:
+    if not os.path.lexists(path):
+        return []
+    if not path.is_file():
+        raise TreegrpoError(f"{path}: not a regular file{dangling_note(path)}")
+    text = path.read_text(errors="replace")
+    lines = text.split("\n")
+    complete = lines[:-1]  # the part after the last newline is empty or torn
+    rows: list[dict[str, Any]] = []
+    for n, line in enumerate(complete, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            row = None
+        if not isinstance(row, dict) or "iteration" not in row:
+            raise TreegrpoError(
+                f"{path}: line {n} is damaged ({line[:40]!r}); the rows after it would be lost — "
+                f"repair or delete that line, then resume"
+            )
+        bad = check(row, [r["iteration"] for r in rows[-1:]])
+        if bad:
+            raise TreegrpoError(f"{path}: line {n}: {bad}; repair or delete that line")
+        rows.append(row)
+    return rows
+
+
+def append_metrics(run: Path, row: dict[str, Any]) -> None:
+    with open(run / METRICS, "a") as f:
+        f.write(json.dumps(row) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_evals(run: Path) -> list[dict[str, Any]]:
+    return _read_jsonl(run / EVALS, _check_eval_row)
+
+
+def append_eval(run: Path, row: dict[str, Any]) -> None:
+    with open(run / EVALS, "a") as f:
+        f.write(json.dumps(row) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def truncate_evals(run: Path, step: int) -> None:
+    """Keep the held-out evaluations made at or before iteration `step`."""
+    rows = [r for r in read_evals(run) if r["iteration"] <= step]
+    atomic_write(run / EVALS, "".join(json.dumps(r) + "\n" for r in rows).encode())
+
+
+def truncate_metrics(run: Path, step: int) -> None:
+    """Keep the rows of iterations before `step` (those after the checkpoint are recomputed)."""
+    rows = [r for r in read_metrics(run) if r["iteration"] < step]
+    atomic_write(run / METRICS, "".join(json.dumps(r) + "\n" for r in rows).encode())
+
+
+def tenth_means(rows: list[dict[str, Any]]) -> tuple[float, float]:
+    """Mean reward of the first and of the last tenth of the iterations (at least one each)."""
+    if not rows:
+        return math.nan, math.nan
+    k = max(1, len(rows) // 10)
+    first = sum(r.get("reward_mean", math.nan) for r in rows[:k]) / k
+    last = sum(r.get("reward_mean", math.nan) for r in rows[-k:]) / k
+    return first, last
+
+
+STALL_ITERATIONS = 5  # this many iterations in a row without a trained edge is worth a warning
+
+
+def stalled(row: dict[str, Any]) -> bool:
+    """No edge with a non-zero advantage was trained: every group tied, no gradient."""
+    return row.get("trained_edges", 0) == 0 or row.get("adv_abs_max", 0.0) == 0.0
+
+
+def stall_message(first: int, last: int) -> str:
+    return (
+        f"warning: iterations {first}-{last} trained nothing: every group's leaves scored the same, so no "
+        "advantage and no gradient; the reward cannot tell the samples apart (collapsed model, saturated reward?)"
+    )
+
+
+def stall_runs(rows: list[dict[str, Any]]) -> list[list[int]]:
+    """[first, last] iteration of every run of at least STALL_ITERATIONS stalled iterations."""
+    runs, start = [], None
+    for i, row in enumerate(rows + [{}]):
+        if i < len(rows) and stalled(row):
+            start = row["iteration"] if start is None else start
+        else:
+            if start is not None and rows[i - 1]["iteration"] - start + 1 >= STALL_ITERATIONS:
+                runs.append([start, rows[i - 1]["iteration"]])
+            start = None
+    return runs
+
+
+def heldout_summary(evals: list[dict[str, Any]]) -> dict[str, Any]:
+    """heldout_before / heldout_after: the eval prompts' mean reward at the first and last evaluation."""
+    if not evals:
+        return {}
+    out = {"heldout_before": evals[0]["reward_mean"], "heldout_before_iteration": evals[0]["iteration"]}
+    if len(evals) > 1:
+        out.update(
+            heldout_after=evals[-1]["reward_mean"],
+            heldout_after_iteration=evals[-1]["iteration"],
+            heldout_gain=evals[-1]["reward_mean"] - evals[0]["reward_mean"],
+        )
+    return out

@@ -1,0 +1,139 @@
+"""The steps of one training iteration, shared by the online loop (loop.py) and the staged pipeline
+(stages.py): which prompts and tree shape, the rewards, the leaves' images, the credit, the seeded RNGs,
+and the metrics row."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..config import Config
+from ..engine.credit import assign_credit
+from ..engine.rollout import TreeConfig, mix_seed
+from ..engine.schedules import tree_for_iteration
+from ..engine.tree import Tree
+from ..models.base import Policy
+from ..rewards.base import get_reward, parse_reward_options, weighted_sum
+from ..store.trees import to_uint8
+
+
+@dataclass(frozen=True)
+class IterationPlan:
+    """What the online loop samples at one iteration: which prompts, the tree's shape, the noise seed."""
+
+    prompt_ids: list[int]
+    tree: TreeConfig
+    seed: int
+
+
+def plan_iteration(cfg: Config, num_available: int, it: int, num_prompts: int | None = None) -> IterationPlan:
+    """Iteration `it`'s prompts (a seeded draw from the num_available), tree shape (the preset's
+    [schedule]) and root seed: what `train` samples and what `rollout --iteration it` writes."""
+    ids = sample_prompt_ids(num_available, num_prompts or cfg.rollout.num_prompts, cfg.seed, it)
+    tree_cfg = tree_for_iteration(cfg.tree, cfg.schedule, cfg.sampler.steps, it, cfg.seed, cfg.sampler.decode)
+    return IterationPlan(ids, tree_cfg, mix_seed(cfg.seed, it))
+
+
+def build_rewards(cfg: Config, device: str) -> dict[str, Any]:
+    """The config's reward models with their reward.options, on `device`."""
+    opts = parse_reward_options(cfg.reward.options)
+    return {n: get_reward(n, device=device, **opts.get(n, {})) for n in cfg.reward.names}
+
+
+def leaf_images(policy: Policy, tree: Tree) -> torch.Tensor:
+    """[L, 3, H, W] uint8: the leaves' images as a user sees them and the rewards score them
+    (the staged pipeline stores exactly these)."""
+    dev = next(iter(policy.trainable_parameters())).device
+    with torch.no_grad():
+        return to_uint8(policy.decode(tree.image_latent.to(dev)))
+
+
+def credit(cfg: Config, tree: Tree, scores: dict[str, torch.Tensor], it: int):
+    """Leaf scores {name: [L]} -> edge advantages and the trained-edge mask [N] of a batch of trees."""
+    leaves = tree.leaves()
+    full = {n: torch.full((tree.num_nodes,), float("nan")).index_put_((leaves,), s.float()) for n, s in scores.items()}
+    return assign_credit(
+        tree.parent,
+        tree.depth,
+        tree.tree,
+        tree.group(),
+        tree.sde,
+        tree.log_prob,
+        full,
+        cfg.reward.weight_map(),
+        cfg.reward.combine,
+        cfg.advantage,
+        cfg.pruning,
+        cfg.sampler.steps,
+        cfg.sampler.decode,
+        it,
+        cfg.train.iterations,
+    )
+
+
+def update_generator(cfg: Config, it: int) -> torch.Generator:
+    """The generator of iteration it's minibatch order."""
+    return torch.Generator().manual_seed(mix_seed(cfg.seed, it, 0xB47C))
+
+
+def peak_memory_mib(device: str) -> float:
+    """Peak memory so far: the device's allocated tensors on CUDA, the process's resident set on the CPU."""
+    if str(device).startswith("cuda"):
+        return torch.cuda.max_memory_allocated(torch.device(device)) / 2**20
+    try:
+        import resource
+    except ImportError:  # not on Windows
+        return float("nan")
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def rng_states() -> dict[str, torch.Tensor]:
+    """Every global RNG state torch keeps: the CPU generator and each CUDA device's."""
+    states = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        states.update({f"cuda.{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
+    return states
+
+
+def set_rng_states(states: dict[str, torch.Tensor]) -> None:
+    torch.set_rng_state(states["torch"])
+    cuda = [states[k] for k in sorted((k for k in states if k.startswith("cuda.")), key=lambda k: int(k[5:]))]
+    if cuda and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(cuda[: torch.cuda.device_count()])
+
+
+def sample_prompt_ids(n: int, k: int, seed: int, iteration: int) -> list[int]:
+    """k prompt ids for one iteration: a seeded permutation, cycled when k > n."""
+    g = torch.Generator().manual_seed(mix_seed(seed, iteration, 0x9A11))
+    perm = torch.randperm(n, generator=g).tolist()
+    return [perm[i % n] for i in range(k)]
+
+
+def metrics_row(it, scores, weights, adv_trained, leaves, nfe, upd, tree_cfg: TreeConfig, opt) -> dict[str, Any]:
+    total = weighted_sum(scores, weights)
+    row: dict[str, Any] = {
+        "iteration": it,
+        "reward_mean": float(total.mean()),
+        "reward_std": float(total.std()) if total.numel() > 1 else 0.0,
+    }
+    for n, s in scores.items():
+        row[f"rewards/{n}/mean"], row[f"rewards/{n}/std"] = float(s.mean()), float(s.std()) if s.numel() > 1 else 0.0
+    a = adv_trained.float()
+    row.update(
+        {
+            "adv_mean": float(a.mean()) if a.numel() else 0.0,
+            "adv_std": float(a.std()) if a.numel() > 1 else 0.0,
+            "adv_abs_max": float(a.abs().max()) if a.numel() else 0.0,
+            "trained_edges": int(a.numel()),
+            "leaves": leaves,
+            "rollout_evals": nfe,
+            "rollout_evals_per_leaf": nfe / leaves,
+            "train_evals_per_leaf": upd.get("train_evals", 0) / leaves,
+            "lr": opt.param_groups[0]["lr"],
+            "sde_steps": list(tree_cfg.sde_steps) if tree_cfg.sde_steps is not None else "all",
+        }
+    )
+    row.update(upd)
+    return row
