@@ -1,7 +1,8 @@
 """The BranchGRPO study (issue 31): methods and ablations on the embedded world for the same denoiser-FLOP budget.
 
-    python bench/study.py                                  # the core plan: 6 variants x seeds 0 1 2, 60 TFLOPs each
+    python bench/study.py                                  # the core plan: 6 variants x seeds 0 1 2, 40 TFLOPs each
     python bench/study.py --plan ablation --seeds 0 1 2    # one factor at a time from branch and branch-mix
+                                                           # (the runs both plans share are run once)
     python bench/study.py --report-only                    # the tables again, from the runs on disk
     python bench/study.py --rerun dance-grpo --seeds 0     # one run again in a fresh folder: its metrics rows
                                                            # must equal the first one's (timings aside)
@@ -47,8 +48,10 @@ PLANS: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
         "tree-grpo": ("tree-grpo", ()),
         "tree-grpo/one-step-mean": ("tree-grpo", PAPER_SCHEDULE),
     },
-    "ablation": {
+    "ablation": {  # run with --work runs/study-core to reuse the core plan's runs of the same variants
         "dance-grpo": ("dance-grpo", ()),
+        "branch": ("branch", ()),
+        "branch-mix": ("branch-mix", ()),
         **{
             f"{base}/{name}": (base, sets)
             for base in ("branch", "branch-mix")
@@ -59,8 +62,11 @@ PLANS: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
                 "scaled-splits": ('tree.branch_noise="scaled"',),
                 "path-weighted": ("advantage.beta=1.0",),
                 "late-splits": ("tree.split_steps=[9,12,15,18]",),
+                "leaf-zscore": ('advantage.estimator="flat"',),  # each leaf's group z-score, meaned onto its path
             }.items()
         },
+        # the Mix window: SDE on steps 0-3 and the splits (branch-mix) against 0-9, and against branch (all SDE)
+        "branch-mix/window-0-9": ("branch-mix", ("tree.sde_steps=[0,1,2,3,4,5,6,7,8,9]",)),
     },
 }
 
@@ -111,7 +117,8 @@ def run_one(label: str, preset: str, sets: tuple[str, ...], seed: int, work: Pat
 
 
 def report(rows: list[dict], work: Path, args: argparse.Namespace) -> dict:
-    from treegrpo_cli.report.compare import compare_runs, to_dict, write_report
+    from treegrpo_cli.report.compare import compare_runs, to_dict
+    from treegrpo_cli.report.compare_page import write_report
 
     plots = RESULTS / f"study-{args.plan}"
     plots.mkdir(parents=True, exist_ok=True)
@@ -130,9 +137,9 @@ def report(rows: list[dict], work: Path, args: argparse.Namespace) -> dict:
         for raw in (False, True):  # the weights eval/export use (dance-grpo's EMA), and the trained ones
             key = axis + ("-raw" if raw else "")
             cmp = compare_runs(folders, labels, baseline="dance-grpo", gain=True, axis=axis, raw=raw)
-            write_report(cmp, work / f"compare-{key}")
+            write_report(cmp, work / f"compare-{args.plan}-{key}")
             (plots / f"reward_vs_{key}.png").write_bytes(
-                (work / f"compare-{key}" / f"reward_vs_{axis}.png").read_bytes()
+                (work / f"compare-{args.plan}-{key}" / f"reward_vs_{axis}.png").read_bytes()
             )
             result[key] = to_dict(cmp)
     (RESULTS / f"study-{args.plan}.json").write_text(json.dumps(result, indent=1) + "\n")
@@ -147,7 +154,7 @@ def _pm(stat: dict, fmt: str = "+.3f") -> str:
 
 
 def _speedup(g: dict) -> str:
-    from treegrpo_cli.report.compare import speedup_text
+    from treegrpo_cli.report.compare_page import speedup_text
 
     return speedup_text(g["speedup"], g["speedup_low"], g["speedup_high"], none="never")
 
@@ -212,13 +219,13 @@ def main() -> None:
     ap.add_argument("--plan", choices=sorted(PLANS), default="core")
     ap.add_argument("--labels", nargs="+", default=None, help="a subset of the plan's variants")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--tflops", type=float, default=60.0, help="denoiser TFLOPs of training per run")
+    ap.add_argument("--tflops", type=float, default=40.0, help="denoiser TFLOPs of training per run")
     ap.add_argument("--parallel", type=int, default=2, help="runs at a time (one CPU thread each)")
-    ap.add_argument("--work", type=Path, default=None, help="default: runs/study-PLAN")
+    ap.add_argument("--work", type=Path, default=None, help="default: runs/study-core, for every plan")
     ap.add_argument("--report-only", action="store_true")
     ap.add_argument("--rerun", default=None, help="a variant to run again at the first --seed")
     args = ap.parse_args()
-    args.work = args.work or Path(f"runs/study-{args.plan}")
+    args.work = args.work or Path("runs/study-core")
     args.work.mkdir(parents=True, exist_ok=True)
 
     def log(msg: str) -> None:
