@@ -689,3 +689,56 @@ def test_flux_full_finetune_sharded_over_two_processes_matches_one(model_dirs, t
         env=env,
     )
     assert r.returncode != 0 and "--finetune full" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("adapter, finetune", [("flux", "lora"), ("flux", "full"), ("sd3", "lora"), ("sd3", "full")])
+def test_one_nft_step_on_a_tiny_pipeline(model_dirs, tmp_path, adapter, finetune):
+    """train.objective = nft on the flow adapters: one optimizer step of every leaf at int(4 x 0.99) = 3 noise
+    levels, the old (sampling) policy in the checkpoint beside the trained weights, trailing them by the decay."""
+    from treegrpo_cli.store.checkpoint import list_checkpoints, load_checkpoint
+
+    run_dir = tmp_path / "run"
+    r = run(
+        "train",
+        "--model",
+        model_dirs[adapter],
+        "--preset",
+        "nft",
+        *TINY,
+        "--set",
+        "tree.split_steps=[]",
+        "--set",
+        "tree.trees_per_prompt=3",
+        "--set",
+        "rollout.num_prompts=2",
+        "--set",
+        "train.lr=0.01",
+        "--finetune",
+        finetune,
+        "--iterations",
+        1,
+        "--run-dir",
+        run_dir,
+        "--json",
+    )
+    assert r.exit_code == 0, r.output
+    row = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
+    assert row["optimizer_steps"] == 1 and row["train_evals"] == 6 * 3 and row["grad_norm"] > 0
+    ck = load_checkpoint(list_checkpoints(run_dir / "checkpoints")[-1])
+    assert ck.old is not None and set(ck.old) == set(ck.model)
+    from treegrpo_cli.engine.rollout import mix_seed
+
+    torch.manual_seed(mix_seed(0, 0x6E0B))  # as the Trainer seeds before loading: the same LoRA initialisation
+    start = policy_of(model_dirs[adapter], finetune=finetune).trainable_state()
+    d = row["old_decay"]  # old = d x start + (1 - d) x trained, after the first step
+    for k in ck.model:
+        torch.testing.assert_close(ck.old[k], d * start[k] + (1 - d) * ck.model[k], rtol=1e-5, atol=1e-6)
+    assert any(not torch.equal(ck.model[k], start[k]) for k in ck.model)
+
+
+def test_nft_refuses_a_noise_prediction_model(model_dirs, tmp_path):
+    one_line_error(
+        run("train", "--model", model_dirs["sd"], "--preset", "nft", *TINY, "--run-dir", tmp_path / "r"),
+        "train.objective = nft",
+        "epsilon-prediction",
+    )

@@ -16,6 +16,7 @@ from typing import Any
 
 from .engine.advantages import AdvantageConfig
 from .engine.grpo import TrainConfig
+from .engine.nft import NFTConfig
 from .engine.pruning import PruneConfig
 from .engine.rollout import TreeConfig
 from .engine.schedules import ScheduleConfig
@@ -94,6 +95,7 @@ SECTIONS: dict[str, type] = {
     "rollout": RolloutConfig,
     "schedule": ScheduleConfig,
     "train": TrainConfig,
+    "nft": NFTConfig,
     "policy": PolicyConfig,
 }
 TOP_LEVEL = {"name": str, "description": str, "model": str, "seed": int}
@@ -113,6 +115,7 @@ class Config:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    nft: NFTConfig = field(default_factory=NFTConfig)  # train.objective = "nft" only (engine/nft.py)
     policy: PolicyConfig = field(default_factory=PolicyConfig)  # diffusers models only (models/base.py)
 
     def validate(self) -> Config:
@@ -129,10 +132,19 @@ class Config:
             or bool(self.tree.split_steps)
             or self.schedule.kind != "static"
         )
+        self.nft.validate()
+        if self.train.objective == "nft" and self.train.parallel == "fsdp":
+            raise ConfigError("train.objective = nft runs with train.parallel = replicate (FSDP2 is not supported yet)")
         if self.sampler.eta == 0 and any_sde:
             raise ConfigError(
                 "sampler.eta = 0 makes the SDE steps deterministic (their log-probs are undefined); "
                 "set sampler.eta > 0, or tree.sde_steps = [] for an ODE-only rollout"
+            )
+        last = self.sampler.steps - 1
+        if self.sampler.noise == "cps" and last in self.largest_tree().split_steps:
+            raise ConfigError(
+                f"sampler.noise = cps draws no noise at the last step ({last}, sigma' = 0): a split there gives "
+                f"identical children; take step {last} out of tree.split_steps"
             )
         self.train.validate()
         if self.train.eval_samples > MAX_IMAGES:

@@ -31,6 +31,7 @@ LOSS_NORMS = ("mean", "node-sum", "per-transition")
 TRANSITION_NORMS = ("tree", "accum")
 KL_FORMS = ("paper", "code")
 PARALLELS = ("replicate", "fsdp")
+OBJECTIVES = ("grpo", "nft")
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,8 @@ class TrainConfig:
     eval_every_tflops: float = 0.0  # also a held-out evaluation every this many denoiser TFLOPs of training (0 = off)
     max_tflops: float = 0.0  # finish after the iteration that reaches this many denoiser TFLOPs (0 = off): a budget
     # that does not move with the machine's load, so a rerun repeats a run exactly
+    objective: str = "grpo"  # "grpo": the clipped policy gradient on SDE edges | "nft": DiffusionNFT on the leaves
+    # (engine/nft.py, the [nft] section)
     parallel: str = "replicate"  # several processes: "replicate" (whole weights on every rank, gradients summed:
     # DDP's scheme) | "fsdp" (FSDP2 fully_shard of the denoiser, for full fine-tuning)
 
@@ -75,6 +78,8 @@ class TrainConfig:
             raise ConfigError(
                 f"train.transition_norm must be one of {', '.join(TRANSITION_NORMS)}; got {self.transition_norm!r}"
             )
+        if self.objective not in OBJECTIVES:
+            raise ConfigError(f"train.objective must be one of {', '.join(OBJECTIVES)}; got {self.objective!r}")
         if self.parallel not in PARALLELS:
             raise ConfigError(f"train.parallel must be one of {', '.join(PARALLELS)}; got {self.parallel!r}")
         if self.kl_form not in KL_FORMS:

@@ -73,6 +73,9 @@ class Kernel(Protocol):
     def step(self, x: Tensor, out: Tensor, i: Tensor, sde: Tensor) -> StepResult:
         """x [B, ...], the model output [B, ...], step indices [B], stochastic [B] bool -> mean, std [B], x0."""
 
+    def has_noise(self, step: int) -> bool:
+        """Whether a stochastic step from `step` draws noise (CPS's last step does not: it is an ODE step)."""
+
     def log_prob(self, x_next: Tensor, mean: Tensor, std: Tensor) -> Tensor:
         """[B] Gaussian log-density of x_next under N(mean, std^2 I)."""
 

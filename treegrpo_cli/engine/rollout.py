@@ -198,7 +198,7 @@ def _expand(cfg: TreeConfig, sde: Kernel, step: int, lvl: _Level, first_id: int,
     """Children of every node of one frontier, from the batched velocity v [F, C, H, W]. Everything stays
     on x's device: the means, each node's noise (from its own seed), the Gaussian step and the log-probs."""
     n, K, dev = x.shape[0], cfg.children(step), x.device
-    is_sde = cfg.is_sde(step)
+    is_sde = cfg.is_sde(step) and sde.has_noise(step)
     res = sde.step(x, v, torch.full((n,), step, dtype=torch.long), torch.full((n,), is_sde))
     mean = res.mean.repeat_interleave(K, dim=0)  # [F*K, C, H, W]
     kids = [[mix_seed(s, c) for c in range(K)] for s in lvl.seed]  # per node, its K child seeds
@@ -281,7 +281,7 @@ def rollout(
 
 def _assemble(levels: list[_Level], cfg: TreeConfig, sde: Kernel, prompt_ids: list[int]) -> Tree:
     depth = torch.cat([torch.full((len(lvl.parent),), d, dtype=torch.long) for d, lvl in enumerate(levels)])
-    sde_edge = torch.tensor([d > 0 and cfg.is_sde(d - 1) for d in depth.tolist()])
+    sde_edge = torch.tensor([d > 0 and cfg.is_sde(d - 1) and sde.has_noise(d - 1) for d in depth.tolist()])
     last = levels[-1]
     image = torch.stack(last.x0) if sde.cfg.decode == "x0" else torch.stack(last.latent)  # host tensors
     tree_prompt = torch.tensor(prompt_ids, dtype=torch.long).repeat_interleave(cfg.trees_per_prompt)

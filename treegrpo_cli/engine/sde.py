@@ -10,6 +10,15 @@ The diffusion coefficient g is either a constant eta (DanceGRPO, BranchGRPO; "da
 a*sqrt(sigma/(1-sigma)) (Flow-GRPO, MixGRPO, TreeGRPO; "flow"), where at sigma = 1 the
 denominator uses the grid's second value instead (as Flow-GRPO does).
 
+Coefficients-preserving sampling ("cps"; Wang and Yu, arXiv 2509.05952; methods.md 15) predicts the
+clean image and the noise, and recombines them at the next level with the noise share split between the
+prediction and fresh noise:
+
+    x0 = x - sigma*v,   eps = x + (1 - sigma)*v,   std = sigma' sin(eta pi / 2)
+    mean = (1 - sigma') x0 + sqrt(sigma'^2 - std^2) eps
+
+At sigma' = 0 (the last step) it draws no noise: that step is deterministic (`has_noise`).
+
 All arithmetic is fp32 whatever the model dtype.
 """
 
@@ -25,7 +34,8 @@ from ..errors import ConfigError
 from .protocols import Kernel
 
 GRIDS = ("shifted", "flow-match-euler")
-NOISES = ("dance", "flow")
+NOISES = ("dance", "flow", "cps")
+LOG_PROB_FORMS = ("gaussian", "squared-error")
 REDUCTIONS = ("mean", "sum")
 DECODES = ("x0", "final")
 # Stated maxima, checked before any work: the references sample 10 to 50 steps; 1000 is a flow model's whole
@@ -41,9 +51,11 @@ class SamplerConfig:
     grid: str = (
         "shifted"  # "shifted": s*u/(1+(s-1)*u) on u = linspace(1, 0, T+1); "flow-match-euler": diffusers' SD3 grid
     )
-    noise: str = "dance"  # "dance": g = eta; "flow": g = eta*sqrt(sigma/(1-sigma))
-    eta: float = 0.3  # the noise level (eta for dance, a for flow)
+    noise: str = "dance"  # "dance": g = eta; "flow": g = eta*sqrt(sigma/(1-sigma)); "cps": std = sigma' sin(eta pi/2)
+    eta: float = 0.3  # the noise level (eta for dance, a for flow and cps)
     log_prob_reduction: str = "mean"  # "mean" over latent elements (every reference) or "sum"
+    log_prob_form: str = "gaussian"  # "gaussian": log N(x'; mean, std^2) (the papers) | "squared-error":
+    # -(x' - mean)^2, no variance and no constants (the released CPS codes)
     decode: str = "x0"  # "x0": decode the last step's x0-prediction (references); "final": the final sample
     num_train_timesteps: int = 1000  # only for the flow-match-euler grid
 
@@ -64,6 +76,7 @@ class SamplerConfig:
         for name, value, allowed in (
             ("grid", self.grid, GRIDS),
             ("noise", self.noise, NOISES),
+            ("log_prob_form", self.log_prob_form, LOG_PROB_FORMS),
             ("log_prob_reduction", self.log_prob_reduction, REDUCTIONS),
             ("decode", self.decode, DECODES),
         ):
@@ -118,6 +131,8 @@ class FlowSDE:
         i = i.cpu()
         sigma = self.sigmas[i].float().to(x.device)  # [B]
         d = (self.sigmas[i + 1] - self.sigmas[i]).float().to(x.device)  # [B], < 0
+        if self.cfg.noise == "cps":
+            return self._cps_step(x, v, sigma, self.sigmas[i + 1].float().to(x.device), sde.to(x.device))
         g = diffusion_coefficient(self.cfg, sigma, float(self.sigmas[1]))
         g = torch.where(sde.to(x.device), g, torch.zeros_like(g))
         shape = (-1,) + (1,) * (x.dim() - 1)
@@ -126,8 +141,24 @@ class FlowSDE:
         std = g * torch.sqrt(-d)
         return StepResult(mean=mean, std=std, x0=x - sb * v)
 
+    def _cps_step(self, x: Tensor, v: Tensor, sigma: Tensor, sigma_next: Tensor, sde: Tensor) -> StepResult:
+        """The CPS transition (module docstring); std 0 (the Euler step) where sde is False."""
+        std = sigma_next * math.sin(self.cfg.eta * math.pi / 2)  # [B]
+        std = torch.where(sde, std, torch.zeros_like(std))
+        shape = (-1,) + (1,) * (x.dim() - 1)
+        sb, nb = sigma.view(shape), sigma_next.view(shape)
+        x0, eps = x - sb * v, x + (1 - sb) * v
+        mean = (1 - nb) * x0 + torch.sqrt((nb**2 - std.view(shape) ** 2).clamp(min=0)) * eps
+        return StepResult(mean=mean, std=std, x0=x0)
+
+    def has_noise(self, step: int) -> bool:
+        """Whether an SDE step from `step` draws noise: not CPS's last step, whose sigma' is 0."""
+        return self.cfg.noise != "cps" or float(self.sigmas[step + 1]) > 0
+
     def log_prob(self, x_next: Tensor, mean: Tensor, std: Tensor) -> Tensor:
-        """[B] Gaussian log-density of x_next under N(mean, std^2 I), reduced over latent elements."""
+        """[B] log-density of x_next under N(mean, std^2 I) (sampler.log_prob_form), reduced over latent elements."""
+        if self.cfg.log_prob_form == "squared-error":
+            return squared_error_log_prob(x_next, mean, self.cfg.log_prob_reduction)
         return gaussian_log_prob(x_next, mean, std, self.cfg.log_prob_reduction)
 
 
@@ -138,6 +169,13 @@ def gaussian_log_prob(x: Tensor, mean: Tensor, std: Tensor, reduction: str = "me
     lp = -((x - mean) ** 2) / (2 * s**2) - torch.log(s) - 0.5 * math.log(2 * math.pi)
     lp = lp.flatten(1)
     return lp.mean(1) if reduction == "mean" else lp.sum(1)
+
+
+def squared_error_log_prob(x: Tensor, mean: Tensor, reduction: str = "mean") -> Tensor:
+    """[B] -(x - mean)^2 per element, then mean or sum: the released CPS codes' log-prob, which drops the
+    variance and the constants (a ratio of two of them is not a likelihood ratio)."""
+    se = -((x.float() - mean.float()) ** 2).flatten(1)
+    return se.mean(1) if reduction == "mean" else se.sum(1)
 
 
 # --- the diffusion (epsilon-prediction) case: DDIM with eta, as in DDPO ------------------------
@@ -214,8 +252,13 @@ class DDIMKernel:
         mean = ap.sqrt() * x0 + (1 - ap - std.view(shape) ** 2).sqrt() * eps
         return StepResult(mean=mean, std=std, x0=x0)
 
+    def has_noise(self, step: int) -> bool:
+        return True  # every DDIM step with eta > 0 draws noise (the kernel refuses a zero-variance grid)
+
     def log_prob(self, x_next: Tensor, mean: Tensor, std: Tensor) -> Tensor:
-        """[B] Gaussian log-density of x_next under N(mean, std^2 I), reduced over latent elements."""
+        """[B] log-density of x_next under N(mean, std^2 I) (sampler.log_prob_form), reduced over latent elements."""
+        if self.cfg.log_prob_form == "squared-error":
+            return squared_error_log_prob(x_next, mean, self.cfg.log_prob_reduction)
         return gaussian_log_prob(x_next, mean, std, self.cfg.log_prob_reduction)
 
 

@@ -3,6 +3,7 @@
     model-00001-of-0000K.safetensors ...   the trainable weights, in shards of at most SHARD_BYTES,
     model.index.json                       with the index of which tensor is in which shard
     ema-*.safetensors, ema.index.json      their exponential moving average (when enabled)
+    old-*.safetensors, old.index.json      the sampling ("old") policy's weights (DiffusionNFT only)
     optimizer-*.safetensors, optimizer.index.json   optimizer tensors (state.<param>.<key>)
     optimizer.json                         param groups and scalar state
     rng.safetensors                        torch's RNG states: the CPU generator and every CUDA device's
@@ -49,6 +50,7 @@ class Checkpoint:
     optimizer: dict[str, Any]  # torch optimizer state_dict
     rng: dict[str, torch.Tensor]  # "torch": the CPU generator's state; "cuda.<i>": each CUDA device's
     state: dict[str, Any]  # trainer state (JSON-able)
+    old: dict[str, torch.Tensor] | None = None  # DiffusionNFT's sampling policy, trailing the trained one
 
 
 SHARD_BYTES = 2 * 2**30
@@ -101,7 +103,8 @@ def follow_checkpoint_gathers(ck: Checkpoint) -> None:
     """A rank that writes nothing while another saves a sharded checkpoint: gather every tensor in the
     order save_checkpoint does and drop it (no rank holds the whole state)."""
     opt_tensors, _ = _optimizer_parts(ck.optimizer)
-    for t in [*ck.model.values(), *opt_tensors.values(), *(ck.ema.values() if ck.ema is not None else [])]:
+    extra = [*(ck.ema.values() if ck.ema is not None else []), *(ck.old.values() if ck.old is not None else [])]
+    for t in [*ck.model.values(), *opt_tensors.values(), *extra]:
         if hasattr(t, "full_tensor"):
             _whole(t)
 
@@ -132,6 +135,8 @@ def save_checkpoint(folder: Path, ck: Checkpoint, keep_last: int, shard_bytes: i
     names = _write_sharded(tmp, "model", ck.model, limit) + _write_sharded(tmp, "optimizer", opt_tensors, limit)
     if ck.ema is not None:
         names += _write_sharded(tmp, "ema", ck.ema, limit)
+    if ck.old is not None:
+        names += _write_sharded(tmp, "old", ck.old, limit)
     small = {
         "rng.safetensors": st_save({k: v.cpu().contiguous() for k, v in ck.rng.items()}),
         "trainer_state.json": json.dumps(ck.state, indent=1).encode(),
@@ -240,7 +245,7 @@ def _weight_map(path: Path, stem: str, manifest: dict[str, str]) -> dict[str, st
 
 def _validated(path: Path) -> tuple[dict[str, str], dict[str, Any]]:
     manifest = read_manifest(path)
-    for stem in ("model", "optimizer", "ema"):
+    for stem in ("model", "optimizer", "ema", "old"):
         if f"{stem}.index.json" in manifest:
             _weight_map(path, stem, manifest)
     return manifest, read_state(path)
@@ -274,6 +279,7 @@ def load_checkpoint(path: Path) -> Checkpoint:
         optimizer=optimizer,
         rng=_load(path / "rng.safetensors"),
         state=state,
+        old=_read_tensors(path, "old", manifest) if _has(path, "old", manifest) else None,
     )
 
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -22,14 +22,11 @@ from ..engine.grpo import (
     Batch,
     Parallel,
     grpo_update,
-    loss_denominators,
     make_optimizer,
-    minibatches,
-    parent_chunk_count,
 )
+from ..engine.nft import NFTBatch, OldPolicy, decay_at, nft_update
 from ..engine.rollout import Progress, mix_seed, rollout
-from ..engine.sde import make_kernel
-from ..engine.tree import Tree, cat_trees
+from ..engine.sde import FlowSDE, make_kernel
 from ..errors import TreegrpoError
 from ..models.base import Policy
 from ..models.registry import load_policy
@@ -38,6 +35,8 @@ from ..store.checkpoint import Checkpoint, follow_checkpoint_gathers, list_check
 from . import dist, rundir, runlock, runlog
 from .dist import SINGLE, Dist
 from .heldout import heldout_reward
+from .nft import nft_batch
+from .parallel import parallel_plan, shard_policy, whole_batch
 from .steps import (
     build_rewards,
     credit,
@@ -85,8 +84,14 @@ class Trainer:
         self.flops_row = getattr(self.policy, "flops_per_row", lambda: None)()  # (fwd, bwd) of one row, unsharded
         self.sharded = cfg.train.parallel == "fsdp" and d.active  # one process: nothing to shard
         if self.sharded:
-            _shard(self.policy, device)
+            shard_policy(self.policy, device)
         self.opt = make_optimizer(list(self.policy.trainable_parameters()), cfg.train)
+        self.old = OldPolicy(list(self.policy.trainable_parameters())) if cfg.train.objective == "nft" else None
+        if self.old is not None and not isinstance(self.sde, FlowSDE):
+            raise TreegrpoError(
+                f"train.objective = nft trains a flow-matching model's velocity; {self.policy.name} samples "
+                "with its own kernel (an epsilon-prediction model): use a GRPO preset"
+            )
         self.ema = (
             {k: v.detach().clone() for k, v in self.policy.trainable_state().items()}
             if cfg.train.ema_decay > 0
@@ -112,9 +117,8 @@ class Trainer:
 
     def add_to_totals(self, row: dict[str, Any]) -> dict[str, int]:
         """An iteration's denoiser FLOPs and reward-model images, and the run's totals with them."""
-        flops = iteration_flops(
-            self.flops_row, row.get("rollout_evals", 0), row.get("train_evals", 0), self.ref is not None
-        )
+        extra = int(self.ref is not None) + int(self.old is not None)  # forwards beside each trained one
+        flops = iteration_flops(self.flops_row, row.get("rollout_evals", 0), row.get("train_evals", 0), extra)
         now = {"flops": flops, "reward_images": int(row.get("leaves", 0))}
         self.totals = {f"{k}_total": self.totals[f"{k}_total"] + v for k, v in now.items()}
         return {**now, **self.totals}
@@ -145,6 +149,38 @@ class Trainer:
             self.update_ema()
         return {**out, "ema_updates": self.ema_updates}
 
+    def sampling_policy(self) -> AbstractContextManager[None]:
+        """The weights rollouts sample with: NFT's old policy, else the trained one."""
+        return self.old.swapped(list(self.policy.trainable_parameters())) if self.old is not None else nullcontext()
+
+    def update_nft(self, b: NFTBatch) -> dict[str, Any]:
+        """One iteration's NFT update; then the old policy trails the trained one (nft.decay)."""
+        self.ema_updates = 0
+        cfg, params = self.cfg, list(self.policy.trainable_parameters())
+        sync = (lambda ps: dist.sum_gradients(ps, self.d)) if self.d.active else None
+        gather = (lambda x: torch.cat(dist.gather(x, self.d))) if self.d.active else None
+        out = nft_update(
+            self.policy,
+            cast(OldPolicy, self.old),
+            self.opt,
+            self.sde.sigmas,
+            b,
+            cfg.nft,
+            cfg.train.kl_beta,
+            cfg.train.max_grad_norm,
+            mix_seed(cfg.seed, 0x4EF7),
+            cfg.rollout.max_batch,
+            self.ref,
+            self.after_step,
+            sync,
+            gather,
+        )
+        if cfg.train.ema_every == 0:
+            self.update_ema()
+        decay = decay_at(self.opt_steps, cfg.nft.decay)
+        cast(OldPolicy, self.old).follow(params, decay)
+        return {**out, "ema_updates": self.ema_updates, "old_decay": decay}
+
     def checkpoint(self, extra: dict[str, Any]) -> Checkpoint:
         """The run's state (a sharded run's tensors are its shards: save_checkpoint gathers them)."""
         return Checkpoint(
@@ -154,7 +190,14 @@ class Trainer:
             self.opt.state_dict(),
             rng_states(),
             {"step": self.step, "seed": self.cfg.seed, "optimizer_steps": self.opt_steps, **extra},
+            old=self.old_state(),
         )
+
+    def old_state(self) -> dict[str, torch.Tensor] | None:
+        """The NFT sampling policy's tensors under the trainable state's names (None: not an NFT run)."""
+        if self.old is None:
+            return None
+        return dict(zip(self.policy.trainable_state(), self.old.tensors, strict=True))
 
     def restore(self, ck: Checkpoint) -> None:
         """Load a checkpoint (whole tensors, written by any number of processes, sharded or not)."""
@@ -168,6 +211,11 @@ class Trainer:
         self.opt.load_state_dict(opt)
         if self.ema is not None and ema is not None:
             self.ema = {k: v.clone() for k, v in ema.items()}
+        if self.old is not None:
+            if ck.old is None:
+                raise TreegrpoError(f"checkpoint step-{ck.step} holds no NFT sampling policy (old-*.safetensors)")
+            pairs = zip(self.policy.trainable_state(), self.old.tensors, strict=True)  # NFT runs unsharded
+            self.old.tensors = [ck.old[k].to(t.device, t.dtype).clone() for k, t in pairs]
         set_rng_states(ck.rng)
         self.step = ck.step
         self.opt_steps = int(ck.state.get("optimizer_steps", 0))
@@ -180,34 +228,41 @@ class Trainer:
         plan = plan_iteration(cfg, len(prompts), it)
         part = dist.shard(len(plan.prompt_ids), d)
         mine = plan.prompt_ids[part]
-        tree, nfe = rollout(
-            self.policy,
-            [prompts[i] for i in mine],
-            mine,
-            self.sde,
-            plan.tree,
-            plan.seed,
-            cfg.rollout.max_batch,
-            progress,
-            earlier_ids=plan.prompt_ids[: part.start],
-        )
+        with self.sampling_policy():
+            tree, nfe = rollout(
+                self.policy,
+                [prompts[i] for i in mine],
+                mine,
+                self.sde,
+                plan.tree,
+                plan.seed,
+                cfg.rollout.max_batch,
+                progress,
+                earlier_ids=plan.prompt_ids[: part.start],
+            )
         t1 = time.perf_counter()
         leaf_prompts = [prompts[int(p)] for p in tree.tree_prompt[tree.tree[tree.leaves()]]]
         scores = score_leaves(self.rewards, leaf_images(self.policy, tree), leaf_prompts)
-        whole, all_scores, starts = _whole_batch(tree, scores, d)
+        whole, all_scores, starts = whole_batch(tree, scores, d)
         adv, trained = credit(cfg, whole, all_scores, it)
         t2 = time.perf_counter()
-        own = slice(starts[d.rank], starts[d.rank] + tree.num_nodes)
-        batch = Batch(
-            tree, trained[own], adv.edge[own], self.policy.encode([prompts[int(p)] for p in tree.tree_prompt])
-        )
-        par = _parallel(Batch(whole, trained, adv.edge, {}), cfg, it, starts, d, self.sharded) if d.active else None
-        upd = self.update(batch, update_generator(cfg, it), par)
+        cond = self.policy.encode([prompts[int(p)] for p in tree.tree_prompt])
+        if self.old is not None:
+            upd = self.update_nft(nft_batch(cfg, it, tree, whole, adv.leaf, starts, d.rank, cond))
+            trained = whole.is_leaf()  # NFT trains every leaf, on its advantage
+            credited = adv.leaf[trained]
+        else:
+            own = slice(starts[d.rank], starts[d.rank] + tree.num_nodes)
+            batch = Batch(tree, trained[own], adv.edge[own], cond)
+            whole_plan = Batch(whole, trained, adv.edge, {})
+            par = parallel_plan(whole_plan, cfg, it, starts, d, self.sharded) if d.active else None
+            upd = self.update(batch, update_generator(cfg, it), par)
+            credited = adv.edge[trained]
         t3 = time.perf_counter()
         self.step += 1
         nfe = sum(dist.gather(nfe, d))
         row = metrics_row(
-            it, all_scores, self.weights, adv.edge[trained], int(whole.is_leaf().sum()), nfe, upd, plan.tree, self.opt
+            it, all_scores, self.weights, credited, int(whole.is_leaf().sum()), nfe, upd, plan.tree, self.opt
         )
         row["seconds"] = {"rollout": t1 - t0, "score": t2 - t1, "update": t3 - t2, "total": t3 - t0}
         row["peak_mib"] = peak_memory_mib(self.device)
@@ -217,78 +272,15 @@ class Trainer:
 TOTALS = ("flops_total", "reward_images_total")
 
 
-def iteration_flops(per_row: tuple[int, int] | None, rollout_evals: int, train_evals: int, with_ref: bool) -> int:
+def iteration_flops(per_row: tuple[int, int] | None, rollout_evals: int, train_evals: int, extra: int = 0) -> int:
     """Denoiser FLOPs of an iteration, from the evaluations it ran and the model's per-row count
     (models/flops.py): each rollout evaluation a forward, each training evaluation a forward and a
-    backward, plus the reference forward of each training evaluation when a KL term is on. 0 where
-    the policy cannot say."""
+    backward, plus `extra` forwards beside each (the reference's when a KL term is on, NFT's old policy).
+    0 where the policy cannot say."""
     if per_row is None:
         return 0
     fwd, bwd = per_row
-    return int(rollout_evals * fwd + train_evals * (fwd + bwd + (fwd if with_ref else 0)))
-
-
-def _shard(policy: Policy, device: str) -> None:
-    """FSDP2 over the policy's denoiser (train.parallel = "fsdp")."""
-    root = getattr(policy, "net", None) or getattr(policy, "denoiser", None)
-    if not isinstance(root, torch.nn.Module):
-        raise TreegrpoError(
-            f"train.parallel = fsdp needs a policy with one denoiser module; {type(policy).__name__} "
-            "has none: use train.parallel = replicate"
-        )
-    if getattr(getattr(policy, "opts", None), "finetune", "full") != "full":
-        raise TreegrpoError(
-            "train.parallel = fsdp shards a fully fine-tuned model (--finetune full); a LoRA run keeps "
-            "the frozen model whole on every process: use train.parallel = replicate"
-        )
-    dist.shard_module(root, str(device).startswith("cuda") and getattr(policy, "dtype", None) == torch.bfloat16)
-
-
-def _whole_batch(
-    tree: Tree, scores: dict[str, torch.Tensor], d: Dist
-) -> tuple[Tree, dict[str, torch.Tensor], list[int]]:
-    """The structure of every rank's trees (no latents) concatenated in rank order, every leaf's scores,
-    and where each rank's nodes start in it (and end: the last entry). One process: the tree itself."""
-    if not d.active:
-        return tree, scores, [0, tree.num_nodes]
-    shape = {k: v for k, v in tree.tensors().items() if k not in ("latent", "image_latent")}
-    parts = dist.gather((shape, scores), d)
-    skeletons = [Tree(latent=torch.zeros(len(t["parent"]), 0), image_latent=torch.zeros(0, 0), **t) for t, _ in parts]
-    whole = cat_trees(skeletons)
-    all_scores = {n: torch.cat([sc[n] for _, sc in parts]) for n in scores}
-    sizes = torch.tensor([len(t["parent"]) for t, _ in parts])
-    return whole, all_scores, [0, *torch.cumsum(sizes, 0).tolist()]
-
-
-def _parallel(whole: Batch, cfg: Config, it: int, starts: list[int], d: Dist, sharded: bool) -> Parallel:
-    """The global minibatch plan restricted to this rank's nodes, with global loss divisors; for a sharded
-    model also the chunk count every rank runs per step (the most any rank needs), divisors that undo
-    the averaging of FSDP's reduce-scatter (a sum is wanted), and gradient clipping over the shards."""
-    plan = minibatches(whole, cfg.train, update_generator(cfg, it))
-
-    def part(mb: torch.Tensor, r: int) -> torch.Tensor:
-        return mb[(mb >= starts[r]) & (mb < starts[r + 1])]
-
-    mine = [part(mb, d.rank) - starts[d.rank] for mb in plan]
-
-    def gather(x: torch.Tensor) -> torch.Tensor:
-        return torch.cat(dist.gather(x, d))
-
-    if not sharded:
-        return Parallel(mine, loss_denominators(whole, cfg.train, plan), lambda ps: dist.sum_gradients(ps, d), gather)
-    chunks = [
-        max(parent_chunk_count(whole.tree.parent, part(mb, r), cfg.rollout.max_batch) for r in range(d.world))
-        for mb in plan
-    ]
-    denominators = [x / d.world for x in loss_denominators(whole, cfg.train, plan)]
-    return Parallel(
-        mine,
-        denominators,
-        lambda ps: None,
-        gather,
-        chunks,  # FSDP reduce-scatters
-        dist.clip_sharded_gradients,
-    )
+    return int(rollout_evals * fwd + train_evals * (fwd + bwd + extra * fwd))
 
 
 # --- the run ---------------------------------------------------------------------------------

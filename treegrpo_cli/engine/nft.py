@@ -1,0 +1,225 @@
+"""DiffusionNFT (Zheng et al., ICLR 2026; methods.md 15): reinforcement on the forward process.
+
+No log-probabilities and no SDE: the data are clean samples x0 of a sampling ("old") policy and their
+rewards. For a sample with optimality probability r and a noise level t of the sampler's grid:
+
+    x_t = (1 - t) x0 + t eps                       (fresh eps, the forward process)
+    v+  = beta v_theta + (1 - beta) v_old          (the implicit positive policy)
+    v-  = (1 + beta) v_old - beta v_theta          (the implicit negative policy)
+    x0+- = x_t - t v+-
+    w+- = mean |x0+- - x0|                         (adaptive weights, no gradient, at least 1e-5)
+    L   = c [r |x0+ - x0|^2 / w+ + (1 - r) |x0- - x0|^2 / w-] / beta     (|.|^2: mean over elements)
+
+with c = adv_clip (the released code's scale, scripts/train_nft_sd3.py) and r = clamp(A / adv_clip / 2 + 0.5,
+0, 1) from the advantage A clipped to +-adv_clip. A velocity penalty kl_beta |v_theta - v_ref|^2 to the
+initial policy is added (the code's train.beta, 1e-4). Gradients of every trained noise level of every
+sample of a step are averaged; after the iteration the old policy trails the trained one:
+old <- d old + (1 - d) theta, with d from the step count (`decay_at`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from ..errors import ConfigError
+from .protocols import Conditions, Policy, select
+from .rollout import mix_seed
+
+ADV_MODES = ("all", "positive_only", "negative_only", "one_only", "binary")
+DECAYS = ("hard", "ramp", "delayed-ramp")
+# decay -> (steps held at 0, rise per step, ceiling): the released code's return_decay types 0, 1, 2
+DECAY_RULES = {"hard": (0, 0.0, 0.0), "ramp": (0, 0.001, 0.5), "delayed-ramp": (75, 0.0075, 0.999)}
+MIN_WEIGHT = 1e-5  # floor of the adaptive weights
+
+
+@dataclass(frozen=True)
+class NFTConfig:
+    beta: float = 1.0  # how far the implicit policies step from the old one (the code: 1.0; 0.1 for OCR)
+    adv_clip: float = 5.0  # advantages clipped to +-adv_clip; also the loss scale (the code's adv_clip_max)
+    adv_mode: str = "all"  # "all" | "positive_only" | "negative_only" | "one_only" | "binary" (the code's adv_mode)
+    timestep_fraction: float = 0.99  # trained noise levels per sample: int(steps x this) of the sampler's grid
+    decay: str = "ramp"  # old policy: "hard" copy (d = 0) | "ramp": d = min(0.001 s, 0.5) | "delayed-ramp": 0 for 75
+    # steps, then min(0.0075 (s - 75), 0.999) (the code's return_decay 0, 1 (its default), 2)
+    steps: int = 1  # optimizer steps per iteration (the code's gradient_step_per_epoch)
+
+    def validate(self) -> None:
+        for name, value, allowed in (("adv_mode", self.adv_mode, ADV_MODES), ("decay", self.decay, DECAYS)):
+            if value not in allowed:
+                raise ConfigError(f"nft.{name} must be one of {', '.join(allowed)}; got {value!r}")
+        if not (self.beta > 0 and self.adv_clip > 0):
+            raise ConfigError(f"nft.beta and nft.adv_clip must be > 0; got {self.beta!r}, {self.adv_clip!r}")
+        if not 0 < self.timestep_fraction <= 1:
+            raise ConfigError(f"nft.timestep_fraction must be in (0, 1]; got {self.timestep_fraction!r}")
+        if not isinstance(self.steps, int) or self.steps < 1:
+            raise ConfigError(f"nft.steps must be a whole number >= 1; got {self.steps!r}")
+
+    def trained_levels(self, steps: int) -> int:
+        """Noise levels trained per sample: int(steps x timestep_fraction), at least 1 (10 steps: 9)."""
+        return max(1, int(steps * self.timestep_fraction))
+
+
+def optimality(adv: Tensor, cfg: NFTConfig) -> Tensor:
+    """[B] r in [0, 1] from advantages [B]: clipped to +-adv_clip, shaped by adv_mode, mapped to A / c / 2 + 0.5."""
+    c = cfg.adv_clip
+    a = adv.float().clamp(-c, c)
+    if cfg.adv_mode == "positive_only":
+        a = a.clamp(0, c)
+    elif cfg.adv_mode == "negative_only":
+        a = a.clamp(-c, 0)
+    elif cfg.adv_mode == "one_only":
+        a = (a > 0).float()
+    elif cfg.adv_mode == "binary":
+        a = torch.sign(a)
+    return (a / c / 2 + 0.5).clamp(0, 1)
+
+
+def decay_at(step: int, kind: str) -> float:
+    """The old policy's decay after `step` optimizer steps of the run (DECAY_RULES)."""
+    hold, rate, ceiling = DECAY_RULES[kind]
+    return 0.0 if step < hold else min((step - hold) * rate, ceiling)
+
+
+def nft_loss(
+    v: Tensor, v_old: Tensor, x_t: Tensor, x0: Tensor, t: Tensor, r: Tensor, beta: float, scale: float
+) -> Tensor:
+    """[B] NFT loss per row (module docstring): v, v_old, x_t, x0 [B, ...] (v_old: no gradient); t, r [B]."""
+    tb = t.float().view((-1,) + (1,) * (x0.dim() - 1))
+    v, v_old, x_t, x0 = v.float(), v_old.float().detach(), x_t.float(), x0.float()
+    dims = tuple(range(1, x0.dim()))
+    terms = []
+    for pred in (beta * v + (1 - beta) * v_old, (1 + beta) * v_old - beta * v):
+        err = x_t - tb * pred - x0  # x0+- - x0
+        with torch.no_grad():
+            w = err.double().abs().mean(dims, keepdim=True).clamp(min=MIN_WEIGHT).float()
+        terms.append((err**2 / w).mean(dims))
+    return scale * (r * terms[0] + (1 - r) * terms[1]) / beta
+
+
+class OldPolicy:
+    """The sampling policy's weights, one tensor per trainable parameter of the policy (a full copy for full
+    fine-tuning, the adapter's tensors for LoRA). `swapped` runs the policy with them in place of its own
+    by exchanging the parameters' storage (no copy); `follow` moves them toward the trained weights."""
+
+    def __init__(self, params: list[nn.Parameter]):
+        self.tensors = [p.detach().clone() for p in params]
+
+    @contextmanager
+    def swapped(self, params: list[nn.Parameter]) -> Iterator[None]:
+        with torch.no_grad():
+            self._swap(params)
+            try:
+                yield
+            finally:
+                self._swap(params)
+
+    def _swap(self, params: list[nn.Parameter]) -> None:
+        if len(params) != len(self.tensors):
+            raise ValueError(f"the old policy has {len(self.tensors)} tensors for {len(params)} parameters")
+        for k, p in enumerate(params):
+            p.data, self.tensors[k] = self.tensors[k], p.data
+
+    def follow(self, params: list[nn.Parameter], decay: float) -> None:
+        """old <- decay old + (1 - decay) theta."""
+        with torch.no_grad():
+            for o, p in zip(self.tensors, params, strict=True):
+                o.mul_(decay).add_(p.detach().to(o.dtype), alpha=1 - decay)
+
+
+@dataclass
+class NFTBatch:
+    """This process's samples of one iteration: clean latents, conditions and r, and the global plan."""
+
+    x0: Tensor  # [L, C, H, W] the sampling policy's clean samples (what the rewards scored)
+    cond: Conditions  # rows [L]
+    r: Tensor  # [L] optimality probabilities
+    keys: Tensor  # [L] int64: each sample's identity, the same whatever the process layout (its noise seed)
+    groups: list[Tensor]  # per optimizer step: this process's sample indices in it
+    denominators: list[float]  # per optimizer step: samples in it over every process
+
+
+def sample_draws(key: int, seed: int, sigmas: Tensor, levels: int, shape: tuple[int, ...]) -> tuple[Tensor, Tensor]:
+    """One sample's noise levels [levels] (a random subset of the grid's sigmas but 0, in random order, as the
+    code shuffles its timesteps per sample) and its fresh noises [levels, *shape], from the sample's own seed."""
+    g = torch.Generator().manual_seed(mix_seed(seed, key, 0x4EF7))
+    order = torch.randperm(len(sigmas) - 1, generator=g)[:levels]
+    return sigmas[order].float(), torch.randn((levels, *shape), generator=g)
+
+
+def nft_update(
+    policy: Policy,
+    old: OldPolicy,
+    opt: torch.optim.Optimizer,
+    sigmas: Tensor,
+    b: NFTBatch,
+    cfg: NFTConfig,
+    kl_beta: float,
+    max_grad_norm: float,
+    seed: int,
+    max_batch: int = 64,
+    ref: Policy | None = None,
+    after_step: Callable[[], None] | None = None,
+    sync: Callable[[list[nn.Parameter]], None] | None = None,
+    gather: Callable[[Tensor], Tensor] | None = None,
+) -> dict[str, float]:
+    """One iteration's NFT update: per optimizer step, every sample of the step at int(T x fraction) noise
+    levels, gradients averaged over samples and levels (over every process with `sync`: a gradient sum;
+    `gather` concatenates a per-row tensor over the processes, for the metrics)."""
+    params = list(policy.trainable_parameters())
+    levels = cfg.trained_levels(len(sigmas) - 1)
+    losses, kls, norms, evals = [], [], [], 0
+    for group, denom in zip(b.groups, b.denominators, strict=True):
+        opt.zero_grad(set_to_none=True)
+        for chunk in torch.split(group, max_batch):
+            loss, kl = _chunk_terms(policy, old, params, sigmas, b, chunk, cfg, kl_beta, seed, levels, ref)
+            (loss.sum() / (denom * levels)).backward()
+            losses.append(loss.detach().cpu())
+            kls += [kl.detach().cpu()] if kl is not None else []
+            evals += len(chunk) * levels
+        if sync:
+            sync(params)
+        norms.append(float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm)))
+        opt.step()
+        if after_step:
+            after_step()
+    every = gather or (lambda x: x)
+    loss_all = every(torch.cat(losses) if losses else torch.zeros(0))
+    out = {
+        "loss": float(loss_all.mean()) if len(loss_all) else 0.0,
+        "grad_norm": sum(norms) / len(norms),
+        "optimizer_steps": float(len(b.groups)),
+        "train_evals": float(every(torch.tensor([evals])).sum()),
+    }
+    if ref is not None and kl_beta > 0:
+        kl_all = every(torch.cat(kls) if kls else torch.zeros(0))
+        out["kl_ref"] = float(kl_all.mean()) if len(kl_all) else 0.0
+    return out
+
+
+def _chunk_terms(policy, old, params, sigmas, b: NFTBatch, chunk: Tensor, cfg: NFTConfig, kl_beta, seed, levels, ref):
+    """[chunk x levels] loss rows (levels outer) and the velocity penalties, with gradients to backpropagate."""
+    dev = b.x0.device
+    draws = [sample_draws(int(b.keys[i]), seed, sigmas, levels, tuple(b.x0.shape[1:])) for i in chunk.tolist()]
+    x0, cond, r = b.x0[chunk], select(b.cond, chunk.to(next(iter(b.cond.values())).device)), b.r[chunk].to(dev)
+    losses, kls = [], []
+    for j in range(levels):
+        t = torch.stack([d[0][j] for d in draws]).to(dev)  # [c]
+        eps = torch.stack([d[1][j] for d in draws]).to(dev, x0.dtype)
+        tb = t.view((-1,) + (1,) * (x0.dim() - 1))
+        x_t = (1 - tb) * x0 + tb * eps
+        with old.swapped(params):
+            v_old = policy.velocity(x_t, t, cond)
+        v = policy.velocity(x_t, t, cond)
+        loss = nft_loss(v, v_old, x_t, x0, t, r, cfg.beta, cfg.adv_clip)
+        if ref is not None and kl_beta > 0:
+            with torch.no_grad():
+                v_ref = ref.velocity(x_t, t, cond)
+            kl = ((v.float() - v_ref.float()) ** 2).flatten(1).mean(1)
+            loss = loss + kl_beta * kl
+            kls.append(kl)
+        losses.append(loss)
+    return torch.cat(losses), (torch.cat(kls) if kls else None)
