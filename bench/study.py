@@ -3,6 +3,7 @@
     python bench/study.py                                  # the core plan: 6 variants x seeds 0 1 2, 40 TFLOPs each
     python bench/study.py --plan ablation --seeds 0 1 2    # one factor at a time from branch and branch-mix
                                                            # (the runs both plans share are run once)
+    python bench/study.py --plan nft --seeds 0 1 2         # DiffusionNFT and tree-NFT against flow-grpo, dance-grpo
     python bench/study.py --report-only                    # the tables again, from the runs on disk
     python bench/study.py --rerun dance-grpo --seeds 0     # one run again in a fresh folder: its metrics rows
                                                            # must equal the first one's (timings aside)
@@ -47,6 +48,12 @@ PLANS: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
         "branch-mix/one-step-mean": ("branch-mix", PAPER_SCHEDULE),
         "tree-grpo": ("tree-grpo", ()),
         "tree-grpo/one-step-mean": ("tree-grpo", PAPER_SCHEDULE),
+    },
+    "nft": {  # DiffusionNFT (issue 34) against the flat GRPO baselines, and on the leaves of a tree
+        "dance-grpo": ("dance-grpo", ()),
+        "flow-grpo": ("flow-grpo", ()),
+        "nft": ("nft", ()),
+        "tree-nft": ("tree-nft", ()),
     },
     "ablation": {  # run with --work runs/study-core to reuse the core plan's runs of the same variants
         "dance-grpo": ("dance-grpo", ()),

@@ -165,6 +165,9 @@ def test_presets_json():
     rows = {p["name"]: p for p in json.loads(r.stdout)}
     assert rows["branch"]["evals_per_prompt"] == 203 and rows["tree-grpo"]["leaves_per_prompt"] == 27
     assert rows["flow-grpo"]["evals_per_prompt"] == 24 * 10 and rows["flow-grpo"]["trees_per_prompt"] == 24
+    # tree-nft: 1 + 3 x 3 (steps 1-3) + 9 x 3 (steps 4-6) + 27 x 3 (steps 7-9) = 118 evaluations for 27 samples
+    assert rows["tree-nft"]["evals_per_prompt"] == 118 and rows["tree-nft"]["leaves_per_prompt"] == 27
+    assert rows["nft"]["objective"] == "nft" and rows["flow-grpo"]["objective"] == "grpo"
 
 
 def test_readme_preset_table_agrees_with_presets():

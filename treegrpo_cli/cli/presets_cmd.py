@@ -24,12 +24,14 @@ def presets(json_: Annotated[bool, typer.Option("--json", help="List as JSON.")]
                     "trees_per_prompt": cfg.tree.trees_per_prompt,
                     "leaves_per_prompt": cfg.tree.leaves(cfg.sampler.steps) * cfg.tree.trees_per_prompt,
                     "evals_per_prompt": cfg.tree.model_evals(cfg.sampler.steps) * cfg.tree.trees_per_prompt,
+                    "objective": cfg.train.objective,
                 }
             )
     if json_:
         print_json(rows)
         return
-    table = Table("preset", "leaves/prompt", "evals/prompt", "description")
+    table = Table("preset", "leaves/prompt", "evals/prompt", "evals/sample", "description")
     for r in rows:
-        table.add_row(r["name"], str(r["leaves_per_prompt"]), str(r["evals_per_prompt"]), r["description"])
+        per_sample = f"{r['evals_per_prompt'] / r['leaves_per_prompt']:.1f}"
+        table.add_row(r["name"], str(r["leaves_per_prompt"]), str(r["evals_per_prompt"]), per_sample, r["description"])
     out.print(table)
