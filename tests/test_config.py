@@ -14,7 +14,9 @@ ALL = [
     "dance-grpo",
     "flow-grpo",
     "mix-grpo",
+    "nft",
     "tree-grpo",
+    "tree-nft",
     "treepo",
 ]
 

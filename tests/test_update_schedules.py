@@ -120,3 +120,11 @@ def test_flowgrpo_ema_warmup_decay():
 def test_one_step_of_the_mean_elsewhere(tmp_path, preset):
     for row in rows(tmp_path, preset, 1):
         assert row["optimizer_steps"] == 1 and row["ema_updates"] == 0
+
+
+@pytest.mark.parametrize("preset", ["nft", "tree-nft"])
+def test_nft_one_step_and_one_ema_update_per_iteration(tmp_path, preset):
+    """DiffusionNFT's code (gradient_step_per_epoch = 1): gradients accumulated over every micro-batch and
+    timestep of the epoch, one optimizer step, then ema.step(params, global_step) with update_step_interval 1."""
+    for row in rows(tmp_path, preset, 2, "rollout.num_prompts=1", "tree.trees_per_prompt=2"):
+        assert row["optimizer_steps"] == 1 and row["ema_updates"] == 1
