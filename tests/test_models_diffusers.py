@@ -314,35 +314,22 @@ def check_lora_reload(folder, run_dir, out, adapter, ema):
     assert torch.allclose(reloaded, trained, atol=1e-5, rtol=0), (reloaded - trained).abs().max()
 
 
+def train_one_iteration(folder, run_dir, preset, finetune, sets):
+    """`treegrpo train` for one iteration on a tiny pipeline; its metrics row."""
+    args = ["--model", folder, "--preset", preset, *TINY, *(x for s in sets for x in ("--set", s))]
+    r = run("train", *args, "--finetune", finetune, "--iterations", 1, "--run-dir", run_dir, "--json")
+    assert r.exit_code == 0, r.output
+    return json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
+
+
 def test_full_finetune_exports_a_model_folder(model_dirs, tmp_path):
     from diffusers import UNet2DConditionModel
 
     from treegrpo_cli.store.checkpoint import list_checkpoints, load_checkpoint
 
     folder, run_dir, out = model_dirs["sd"], tmp_path / "run", tmp_path / "full"
-    r = run(
-        "train",
-        "--model",
-        folder,
-        "--preset",
-        "flow-grpo",
-        *TINY,
-        "--set",
-        "tree.split_steps=[]",
-        "--set",
-        "tree.trees_per_prompt=2",
-        "--finetune",
-        "full",
-        "--set",
-        "train.lr=1e-3",
-        "--iterations",
-        1,
-        "--run-dir",
-        run_dir,
-        "--json",
-    )
-    assert r.exit_code == 0, r.output
-    row = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
+    sets = ["tree.split_steps=[]", "tree.trees_per_prompt=2", "train.lr=1e-3"]
+    row = train_one_iteration(folder, run_dir, "flow-grpo", "full", sets)
     assert row["ratio_first_dev"] < 1e-5
     ck = load_checkpoint(list_checkpoints(run_dir / "checkpoints")[-1])
     policy = policy_of(folder, finetune="full")
@@ -698,31 +685,8 @@ def test_one_nft_step_on_a_tiny_pipeline(model_dirs, tmp_path, adapter, finetune
     from treegrpo_cli.store.checkpoint import list_checkpoints, load_checkpoint
 
     run_dir = tmp_path / "run"
-    r = run(
-        "train",
-        "--model",
-        model_dirs[adapter],
-        "--preset",
-        "nft",
-        *TINY,
-        "--set",
-        "tree.split_steps=[]",
-        "--set",
-        "tree.trees_per_prompt=3",
-        "--set",
-        "rollout.num_prompts=2",
-        "--set",
-        "train.lr=0.01",
-        "--finetune",
-        finetune,
-        "--iterations",
-        1,
-        "--run-dir",
-        run_dir,
-        "--json",
-    )
-    assert r.exit_code == 0, r.output
-    row = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
+    sets = ["tree.split_steps=[]", "tree.trees_per_prompt=3", "rollout.num_prompts=2", "train.lr=0.01"]
+    row = train_one_iteration(model_dirs[adapter], run_dir, "nft", finetune, sets)
     assert row["optimizer_steps"] == 1 and row["train_evals"] == 6 * 3 and row["grad_norm"] > 0
     ck = load_checkpoint(list_checkpoints(run_dir / "checkpoints")[-1])
     assert ck.old is not None and set(ck.old) == set(ck.model)
