@@ -70,8 +70,9 @@ class Kernel(Protocol):
     cfg: Any  # the SamplerConfig: steps, decode, log_prob_reduction, ...
     sigmas: Tensor  # [T+1] float64, the model's time input at every grid point
 
-    def step(self, x: Tensor, out: Tensor, i: Tensor, sde: Tensor) -> StepResult:
-        """x [B, ...], the model output [B, ...], step indices [B], stochastic [B] bool -> mean, std [B], x0."""
+    def step(self, x: Tensor, out: Tensor, i: Tensor, sde: Tensor, prev_x0: Tensor | None = None) -> StepResult:
+        """x [B, ...], the model output [B, ...], step indices [B], stochastic [B] bool -> mean, std [B], x0.
+        prev_x0: the x0-predictions of the step before on the same paths (a multistep solver's history)."""
 
     def has_noise(self, step: int) -> bool:
         """Whether a stochastic step from `step` draws noise (CPS's last step does not: it is an ODE step)."""

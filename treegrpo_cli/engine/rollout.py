@@ -155,6 +155,7 @@ class _Level:
     latent: list[Tensor] = field(default_factory=list)
     log_prob: list[Tensor] = field(default_factory=list)
     x0: list[Tensor] = field(default_factory=list)
+    prev_x0: Tensor | None = None  # [F, ...] the parents' x0-predictions (a multistep solver's history), on device
 
 
 def _roots(
@@ -199,7 +200,7 @@ def _expand(cfg: TreeConfig, sde: Kernel, step: int, lvl: _Level, first_id: int,
     on x's device: the means, each node's noise (from its own seed), the Gaussian step and the log-probs."""
     n, K, dev = x.shape[0], cfg.children(step), x.device
     is_sde = cfg.is_sde(step) and sde.has_noise(step)
-    res = sde.step(x, v, torch.full((n,), step, dtype=torch.long), torch.full((n,), is_sde))
+    res = sde.step(x, v, torch.full((n,), step, dtype=torch.long), torch.full((n,), is_sde), lvl.prev_x0)
     mean = res.mean.repeat_interleave(K, dim=0)  # [F*K, C, H, W]
     kids = [[mix_seed(s, c) for c in range(K)] for s in lvl.seed]  # per node, its K child seeds
     if is_sde:  # noise per node from its own generators, then one batched Gaussian step and log-prob
@@ -220,6 +221,8 @@ def _expand(cfg: TreeConfig, sde: Kernel, step: int, lvl: _Level, first_id: int,
             nxt.seed.append(kids[f][c])
     nxt.latent, nxt.log_prob = list(lat.unbind(0)), list(lp.unbind(0))
     nxt.x0 = list(x0.unbind(0)) if x0 is not None else []  # the last step's
+    if sde.cfg.solver != "euler" and not is_sde:  # a stochastic step restarts the multistep history
+        nxt.prev_x0 = res.x0.repeat_interleave(K, dim=0)
     return nxt
 
 

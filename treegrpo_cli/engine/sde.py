@@ -36,6 +36,7 @@ from .protocols import Kernel
 GRIDS = ("shifted", "flow-match-euler")
 NOISES = ("dance", "flow", "cps")
 LOG_PROB_FORMS = ("gaussian", "squared-error")
+SOLVERS = ("euler", "dpm2")
 REDUCTIONS = ("mean", "sum")
 DECODES = ("x0", "final")
 # Stated maxima, checked before any work: the references sample 10 to 50 steps; 1000 is a flow model's whole
@@ -58,6 +59,8 @@ class SamplerConfig:
     # -(x' - mean)^2, no variance and no constants (the released CPS codes)
     decode: str = "x0"  # "x0": decode the last step's x0-prediction (references); "final": the final sample
     num_train_timesteps: int = 1000  # only for the flow-match-euler grid
+    solver: str = "euler"  # deterministic (ODE) steps: "euler" | "dpm2", the second-order multistep DPM-Solver++
+    # in data prediction (DiffusionNFT's sampler): steps 1..T-2 use the parent's x0-prediction too
 
     def validate(self) -> None:
         if self.steps < 1:
@@ -77,6 +80,7 @@ class SamplerConfig:
             ("grid", self.grid, GRIDS),
             ("noise", self.noise, NOISES),
             ("log_prob_form", self.log_prob_form, LOG_PROB_FORMS),
+            ("solver", self.solver, SOLVERS),
             ("log_prob_reduction", self.log_prob_reduction, REDUCTIONS),
             ("decode", self.decode, DECODES),
         ):
@@ -125,10 +129,13 @@ class FlowSDE:
         self.cfg = cfg
         self.sigmas = sigma_grid(cfg)  # [T+1] float64
 
-    def step(self, x: Tensor, v: Tensor, i: Tensor, sde: Tensor) -> StepResult:
-        """One transition from step i for a batch: x, v [B, ...]; i [B] int64 step index; sde [B] bool."""
+    def step(self, x: Tensor, v: Tensor, i: Tensor, sde: Tensor, prev_x0: Tensor | None = None) -> StepResult:
+        """One transition from step i for a batch: x, v [B, ...]; i [B] int64 step index; sde [B] bool.
+        prev_x0 [B, ...]: the x0-prediction of step i - 1 on the same path (sampler.solver = "dpm2")."""
         x, v = x.float(), v.float()
         i = i.cpu()
+        if self.cfg.solver == "dpm2" and prev_x0 is not None and not bool(sde.any()):
+            return self._dpm2_step(x, v, i, prev_x0.float())
         sigma = self.sigmas[i].float().to(x.device)  # [B]
         d = (self.sigmas[i + 1] - self.sigmas[i]).float().to(x.device)  # [B], < 0
         if self.cfg.noise == "cps":
@@ -140,6 +147,34 @@ class FlowSDE:
         mean = x + db * v + (gb**2 / (2 * sb)) * (x + (1 - sb) * v) * db
         std = g * torch.sqrt(-d)
         return StepResult(mean=mean, std=std, x0=x - sb * v)
+
+    def _dpm2_step(self, x: Tensor, v: Tensor, i: Tensor, prev_x0: Tensor) -> StepResult:
+        """DPM-Solver++(2M) in data prediction for x = (1 - sigma) x0 + sigma eps (alpha = 1 - sigma), lambda =
+        log(alpha / sigma), h = lambda' - lambda, r = (lambda - lambda_prev) / h, D1 = (x0 - x0_prev) / r:
+            x' = (sigma' / sigma) x - alpha' (exp(-h) - 1) (x0 + D1 / 2)
+        Euler at the first and the last step (the released solver's lower orders there); at sigma_prev = 1,
+        lambda_prev = -inf and D1 = 0: the first-order step."""
+        shape = (-1,) + (1,) * (x.dim() - 1)
+        s = self.sigmas
+        sig = s[i].float().to(x.device).view(shape)
+        x0 = x - sig * v
+        coef = []
+        for k in i.tolist():
+            if k == 0 or k == self.cfg.steps - 1:
+                coef.append((1.0, float(s[k + 1] - s[k]), 0.0, 0.0))  # Euler: x + d v
+                continue
+            lam = [
+                math.log((1 - float(s[j])) / float(s[j])) if float(s[j]) < 1 else -math.inf for j in (k + 1, k, k - 1)
+            ]
+            h, h0 = lam[0] - lam[1], lam[1] - lam[2]
+            inv_r = h / h0 if math.isfinite(h0) else 0.0
+            a_next = 1 - float(s[k + 1])
+            e = a_next * math.expm1(-h)
+            coef.append((float(s[k + 1] / s[k]), 0.0, -e, -0.5 * e * inv_r))
+        c = torch.tensor(coef, dtype=torch.float32, device=x.device)  # [B, 4]: x, v, x0, (x0 - x0_prev)
+        cb = [c[:, j].view(shape) for j in range(4)]
+        mean = cb[0] * x + cb[1] * v + cb[2] * x0 + cb[3] * (x0 - prev_x0)
+        return StepResult(mean=mean, std=torch.zeros(x.shape[0], device=x.device), x0=x0)
 
     def _cps_step(self, x: Tensor, v: Tensor, sigma: Tensor, sigma_next: Tensor, sde: Tensor) -> StepResult:
         """The CPS transition (module docstring); std 0 (the Euler step) where sde is False."""
@@ -237,8 +272,9 @@ class DDIMKernel:
             return a.sqrt() * out + (1 - a).sqrt() * x, a.sqrt() * x - (1 - a).sqrt() * out
         return (x - a.sqrt() * out) / (1 - a).sqrt(), out
 
-    def step(self, x: Tensor, out: Tensor, i: Tensor, sde: Tensor) -> StepResult:
-        """One transition from step i for a batch: x, out [B, ...]; i [B] int64 step index; sde [B] bool."""
+    def step(self, x: Tensor, out: Tensor, i: Tensor, sde: Tensor, prev_x0: Tensor | None = None) -> StepResult:
+        """One transition from step i for a batch: x, out [B, ...]; i [B] int64 step index; sde [B] bool
+        (prev_x0 is ignored: DDIM is a one-step solver)."""
         x, out = x.float(), out.float()
         i = i.cpu()
         shape = (-1,) + (1,) * (x.dim() - 1)
