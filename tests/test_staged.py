@@ -119,3 +119,25 @@ def test_score_uses_reward_options_and_refuses_other_keys(tmp_path):
     assert r.exit_code != 0 and len(r.stderr.strip().splitlines()) == 1 and "tree.branch" in r.stderr, r.output
     r = runner.invoke(app, ["score", str(trees), "--reward-opt", "shapes.kind=bogus"])  # options reach the reward
     assert r.exit_code != 0 and "shapes.kind must be one of" in r.stderr, r.output
+
+
+@pytest.mark.parametrize("preset,iteration", [("nft", 0), ("tree-nft", 3)])
+def test_staged_nft_equals_online(preset, iteration, tmp_path):
+    """rollout, score, train --trees with train.objective = nft: the trees the online iteration samples (with the
+    old policy, at the start the initial weights) and the same weights after its NFT update."""
+    sets = [*SETS, "tree.trees_per_prompt=2"] if preset == "nft" else SETS
+    cfg = load_config(preset, sets=sets)
+    trainer = loop.Trainer(cfg, "cpu")
+    trainer.step = iteration
+    row = trainer.iteration(load_prompts(cfg.rollout.prompts), lambda *a: None)
+    assert row["optimizer_steps"] == 1 and row["grad_norm"] > 0
+    trees, run_dir = tmp_path / "trees", tmp_path / "run"
+    args = [x for s in sets for x in ("--set", s)]
+    run("rollout", "--preset", preset, *args, "--iteration", iteration, "--out", trees)
+    run("score", trees)
+    out = __import__("json").loads(run("train", "--trees", trees, "--run-dir", run_dir, "--json").stdout)
+    ck = load_checkpoint(Path(out["checkpoint"]))
+    assert out["optimizer_steps"] == 1 and ck.old is not None
+    for k, v in trainer.policy.trainable_state().items():
+        assert torch.equal(v, ck.model[k]), k
+        assert torch.equal(trainer.old_state()[k], ck.old[k]), k

@@ -26,6 +26,7 @@ from ..store.shards import ShardStore
 from ..store.trees import KIND, TreeShard, open_trees, read_tree_shard, shard_name, write_tree_shard
 from . import rundir, runlock, runlog
 from .loop import Trainer
+from .nft import nft_batch
 from .steps import build_rewards, credit, leaf_images, plan_iteration, update_generator
 
 
@@ -225,7 +226,8 @@ class StagedRequest:
 
 
 def train_from_trees(req: StagedRequest, progress: Progress = _noop) -> dict[str, Any]:
-    """One GRPO update from scored shards (rollout + score), written as checkpoint step-1 of a run."""
+    """One update (GRPO, or NFT with train.objective = nft) from scored shards (rollout + score), written as
+    checkpoint step-1 of a run."""
     store = open_trees(req.trees)
     if "scoring" not in store.meta:
         raise TreegrpoError(f"{req.trees} is not scored yet; run `treegrpo score {req.trees}` first")
@@ -235,17 +237,17 @@ def train_from_trees(req: StagedRequest, progress: Progress = _noop) -> dict[str
     tree = cat_trees([s.tree for s in shards])
     prompts = [s.prompts[int(p)] for s in shards for p in s.tree.tree_prompt]
     trainer = Trainer(cfg, req.device)
+    it = store.meta.get("iteration", 0)
     with runlock.lock(req.run_dir, create=True):  # one writer per run folder
         rundir.create(req.run_dir, cfg, req.command)
-        batch = Batch(
-            tree,
-            torch.cat([a["trained"] for a in adv]),
-            torch.cat([a["advantage"] for a in adv]),
-            trainer.policy.encode(prompts),
-        )
-        gen = update_generator(cfg, store.meta.get("iteration", 0))  # the online loop's minibatch order
+        cond = trainer.policy.encode(prompts)
         progress("update", 0, 1)
-        metrics = trainer.update(batch, gen)
+        if cfg.train.objective == "nft":  # the old policy is the one that rolled the trees out: the start
+            leaf_adv = torch.cat([a["leaf_advantage"] for a in adv])
+            metrics = trainer.update_nft(nft_batch(cfg, it, tree, tree, leaf_adv, [0, tree.num_nodes], 0, cond))
+        else:
+            trained, advantage = torch.cat([a["trained"] for a in adv]), torch.cat([a["advantage"] for a in adv])
+            metrics = trainer.update(Batch(tree, trained, advantage, cond), update_generator(cfg, it))
         progress("update", 1, 1)
         trainer.step = 1
         leaves = int(tree.is_leaf().sum())
