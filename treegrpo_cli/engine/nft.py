@@ -200,11 +200,25 @@ def nft_update(
     return out
 
 
-def _chunk_terms(policy, old, params, sigmas, b: NFTBatch, chunk: Tensor, cfg: NFTConfig, kl_beta, seed, levels, ref):
-    """[chunk x levels] loss rows (levels outer) and the velocity penalties, with gradients to backpropagate."""
-    dev = b.x0.device
+def _chunk_terms(
+    policy: Policy,
+    old: OldPolicy,
+    params: list[nn.Parameter],
+    sigmas: Tensor,
+    b: NFTBatch,
+    chunk: Tensor,
+    cfg: NFTConfig,
+    kl_beta: float,
+    seed: int,
+    levels: int,
+    ref: Policy | None,
+) -> tuple[Tensor, Tensor | None]:
+    """[chunk x levels] loss rows (levels outer) and the velocity penalties, with gradients to backpropagate.
+    The samples (host or device) move to the policy's device; the draws are made on the host."""
+    dev = params[0].device
     draws = [sample_draws(int(b.keys[i]), seed, sigmas, levels, tuple(b.x0.shape[1:])) for i in chunk.tolist()]
-    x0, cond, r = b.x0[chunk], select(b.cond, chunk.to(next(iter(b.cond.values())).device)), b.r[chunk].to(dev)
+    rows = chunk.to(next(iter(b.cond.values())).device)
+    x0, cond, r = b.x0[chunk].to(dev).float(), select(b.cond, rows), b.r[chunk].to(dev)
     losses, kls = [], []
     for j in range(levels):
         t = torch.stack([d[0][j] for d in draws]).to(dev)  # [c]
