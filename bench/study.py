@@ -4,6 +4,7 @@
     python bench/study.py --plan ablation --seeds 0 1 2    # one factor at a time from branch and branch-mix
                                                            # (the runs both plans share are run once)
     python bench/study.py --plan nft --seeds 0 1 2         # DiffusionNFT and tree-NFT against flow-grpo, dance-grpo
+    python bench/study.py --plan lr --seeds 100            # the learning-rate sweep, on a seed no table uses
     python bench/study.py --report-only                    # the tables again, from the runs on disk
     python bench/study.py --rerun dance-grpo --seeds 0     # one run again in a fresh folder: its metrics rows
                                                            # must equal the first one's (timings aside)
@@ -54,6 +55,21 @@ PLANS: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
         "flow-grpo": ("flow-grpo", ()),
         "nft": ("nft", ()),
         "tree-nft": ("tree-nft", ()),
+    },
+    # the learning rate of each method and schedule: 3 values around the world's 1e-4, on a seed the tables do not
+    # use (python bench/study.py --plan lr --seeds 100); the best per variant is the one the tables should use
+    "lr": {
+        (label if lr == "1e-4" else f"{label}@lr{lr}"): (preset, (*sets, f"train.lr={lr}"))
+        for label, (preset, sets) in {
+            "dance-grpo": ("dance-grpo", ()),
+            "branch": ("branch", ()),
+            "branch-mix": ("branch-mix", ()),
+            "branch-mix/one-step-mean": ("branch-mix", PAPER_SCHEDULE),
+            "tree-grpo": ("tree-grpo", ()),
+            "tree-grpo/one-step-mean": ("tree-grpo", PAPER_SCHEDULE),
+            "nft": ("nft", ()),
+        }.items()
+        for lr in ("3e-5", "1e-4", "3e-4")
     },
     "ablation": {  # run with --work runs/study-core to reuse the core plan's runs of the same variants
         "dance-grpo": ("dance-grpo", ()),
