@@ -37,6 +37,11 @@ def test_dense_branch_inspect_json(branch_dir):
     # decoded from x0, yet the released code (the preset's pruning.train_last) trains the last edge too
     assert all(n["trained"] == (abs(n["advantage"]) > 1e-6) for n in leaves)
     assert all(n["advantage"] is not None and n["log_prob"] is not None for n in nodes[1:])
+    # two prompts' groups of 16 leaves: none ties (JPEG sizes differ), the spread is each group's population std
+    groups = [[n["reward"] for n in t["nodes"] if n["depth"] == 20] for t in data["trees"]]
+    spread = [(sum((r - sum(g) / len(g)) ** 2 for r in g) / len(g)) ** 0.5 for g in groups]
+    assert data["groups"]["zero_std_ratio"] == 0.0
+    assert data["groups"]["reward_group_std"] == pytest.approx(sum(spread) / 2, rel=1e-5)
 
 
 def test_inspect_ids_are_dense_per_tree(branch_dir):
@@ -59,6 +64,7 @@ def test_overwrite_removes_old_shards(tmp_path):
 def test_inspect_table(branch_dir):
     r = run("inspect", branch_dir)
     assert r.exit_code == 0 and "203.0 per tree" in r.stdout and "jpeg-compressibility" in r.stdout
+    assert "0% with tied rewards" in r.stdout
 
 
 def test_treegrpo_preset_counts(tmp_path):

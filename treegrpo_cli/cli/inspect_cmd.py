@@ -22,7 +22,7 @@ def inspect(
     with guarded():
         report = inspect_trees(trees, with_nodes=json_)
     if json_:
-        print_json({"trees": report["trees"], "meta": report["meta"]})
+        print_json({"trees": report["trees"], "meta": report["meta"], "groups": report["groups"]})
         return
     _render(report)
 
@@ -51,6 +51,11 @@ def _render(report: dict) -> None:
         head.add_row(
             "advantages", f"{a.get('estimator', '?')} (ddof {a.get('ddof', '?')}, clamp {a.get('clamp', '?')})"
         )
+        g = report["groups"]
+        if g is not None:
+            head.add_row(
+                "groups", f"{g['zero_std_ratio']:.0%} with tied rewards, within-group std {g['reward_group_std']:.4f}"
+            )
     else:
         head.add_row("rewards", "not scored yet: run `treegrpo score`")
     out.print(head)

@@ -330,7 +330,10 @@ def _metrics(ratios, losses, norms, kls, evals, first: list[Tensor], cfg: TrainC
         "ratio_max": float(r.max()),
         "ratio_first_dev": float((torch.cat(first) - 1).abs().max()) if first and torch.cat(first).numel() else 0.0,
         # ^ the ratios of the first step, taken before any update of this iteration: 0 on-policy
+        "ratio_std": float(r.std()) if r.numel() > 1 else 0.0,
         "clip_frac": float(((r - 1).abs() > cfg.clip_range).float().mean()),
+        "clip_frac_high": float((r > 1 + cfg.clip_range).float().mean()),  # above the band: capped when A > 0
+        "clip_frac_low": float((r < 1 - cfg.clip_range).float().mean()),  # below it: capped when A < 0
         "approx_kl": float(0.5 * (logr**2).mean()),
         "grad_norm": sum(norms) / len(norms),
         "optimizer_steps": len(norms),

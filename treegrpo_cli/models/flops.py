@@ -248,3 +248,18 @@ def measure_policy_flops(policy: Any, prompt: str) -> tuple[int, int]:
     fwd, bwd = measure(lambda: policy.velocity(x, sigma, cond), policy.trainable_parameters())
     rows = int(policy.evals_per_row)
     return fwd // rows, bwd // rows
+
+
+# Dense bf16 tensor-core peaks (TFLOP/s, the vendors' datasheets, without sparsity) of the GPUs users train on,
+# matched against torch.cuda.get_device_name; model FLOPs utilisation is reported only on these.
+PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A6000": 155.0, "4090": 165.0, "L4": 121.0}
+
+
+def device_peak_flops(device: str) -> float | None:
+    """The device's peak FLOP/s, or None where it is not known (the CPU, an unlisted GPU)."""
+    if not str(device).startswith("cuda"):
+        return None
+    import torch
+
+    name = torch.cuda.get_device_name(torch.device(device))
+    return next((tf * 1e12 for key, tf in PEAK_TFLOPS.items() if key in name), None)

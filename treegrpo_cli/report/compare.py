@@ -70,6 +70,8 @@ class RunStats:
     forward_nfe_per_sample: float | None  # mean rollout_evals_per_leaf
     backward_nfe_per_sample: float | None  # mean train_evals_per_leaf
     peak_mib: float | None
+    zero_std_ratio: float | None = None  # mean over iterations: the share of groups whose rewards all tie
+    images_per_second: float | None = None  # mean over iterations
     to_target: float | None = None  # None: never reaches the target (or no target)
     sample_grid: str | None = None  # the latest samples/step-N.png
 
@@ -87,6 +89,8 @@ class GroupStats:
     forward_nfe_per_sample: Stat
     backward_nfe_per_sample: Stat
     peak_mib: Stat
+    zero_std_ratio: Stat
+    images_per_second: Stat
     to_target: Stat  # each seed's, over the runs that reach the target
     reached_target: int
     curve_to_target: float | None = None  # the mean curve over seeds' (what the speed-up uses)
@@ -192,6 +196,8 @@ def load_run(run: Path, label: str | None = None, axis: str = "time", raw: bool 
         forward_nfe_per_sample=_mean([r.get("rollout_evals_per_leaf") for r in metrics]),
         backward_nfe_per_sample=_mean([r.get("train_evals_per_leaf") for r in metrics]),
         peak_mib=max(peaks) if peaks else None,
+        zero_std_ratio=_mean([r.get("zero_std_ratio") for r in metrics]),
+        images_per_second=_mean([r.get("images_per_second") for r in metrics]),
         sample_grid=str(sample) if sample else None,
     )
 
@@ -240,6 +246,8 @@ def group_stats(
         forward_nfe_per_sample=stat([r.forward_nfe_per_sample for r in runs]),
         backward_nfe_per_sample=stat([r.backward_nfe_per_sample for r in runs]),
         peak_mib=stat([r.peak_mib for r in runs]),
+        zero_std_ratio=stat([r.zero_std_ratio for r in runs]),
+        images_per_second=stat([r.images_per_second for r in runs]),
         to_target=stat([r.to_target for r in runs]),
         reached_target=sum(r.to_target is not None for r in runs),
         curve_to_target=curve_minutes,

@@ -88,6 +88,8 @@ COLUMNS = [
     "update s",
     "forward NFE / sample",
     "backward NFE / sample",
+    "images / s",
+    "tied groups",
     "peak MiB",
 ]
 
@@ -135,6 +137,8 @@ def table_rows(cmp: Comparison) -> list[list[str]]:
                 *(_pm(g.phase_seconds[p], ".2f") for p in PHASES),
                 _pm(g.forward_nfe_per_sample, ".1f"),
                 _pm(g.backward_nfe_per_sample, ".1f"),
+                _pm(g.images_per_second, ".1f"),
+                _pm(g.zero_std_ratio, ".2f"),
                 _pm(g.peak_mib, ".0f"),
             ]
         )

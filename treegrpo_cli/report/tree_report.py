@@ -12,6 +12,7 @@ from ..config import config_from_dict
 from ..errors import CorruptFileError, TreegrpoError
 from ..store.shards import INDEX
 from ..store.trees import open_trees, read_extra, read_tree_shard
+from ..training.steps import group_spread
 
 
 def _num(x: float) -> float | None:
@@ -29,6 +30,7 @@ def inspect_trees(root: Path, with_nodes: bool = True) -> dict[str, Any]:
         raise CorruptFileError(f"{store.root / INDEX}: meta.config: {e}") from None
     trees: list[dict[str, Any]] = []
     per_depth: dict[int, dict[str, Any]] = {}  # counts, sigma, and [n, sum, sum of squares] accumulators
+    leaf_rewards, leaf_groups = [], []  # every leaf's total reward and prompt group, for the group spread
     for name in store.names("trees"):
         s = read_tree_shard(store, name)
         rew = read_extra(store, "rewards", s.index)
@@ -36,11 +38,16 @@ def inspect_trees(root: Path, with_nodes: bool = True) -> dict[str, Any]:
         reward = rew[0]["reward"] if rew else None
         trees += _tree_rows(s, reward, adv[0] if adv else None, with_nodes)
         _depth_stats(per_depth, s, reward, adv[0] if adv else None)
+        if reward is not None:
+            leaves = s.tree.leaves()
+            leaf_rewards.append(reward[leaves])
+            leaf_groups.append(s.tree.group()[leaves])
     meta = dict(store.meta)
     meta["config"] = config
     meta["num_trees"] = len(trees)
     depths = [dict(depth=d, **_finish(v)) for d, v in sorted(per_depth.items())]
-    return {"trees": trees, "meta": meta, "depths": depths}
+    groups = group_spread(torch.cat(leaf_rewards), torch.cat(leaf_groups)) if leaf_rewards else None
+    return {"trees": trees, "meta": meta, "depths": depths, "groups": groups}
 
 
 def _tree_rows(s, reward, adv, with_nodes: bool) -> list[dict[str, Any]]:

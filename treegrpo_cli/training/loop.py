@@ -29,6 +29,7 @@ from ..engine.rollout import Progress, mix_seed, rollout
 from ..engine.sde import FlowSDE, make_kernel
 from ..errors import TreegrpoError
 from ..models.base import Policy
+from ..models.flops import device_peak_flops
 from ..models.registry import load_policy
 from ..rewards.base import score_leaves
 from ..store.checkpoint import Checkpoint, follow_checkpoint_gathers, list_checkpoints, load_checkpoint, save_checkpoint
@@ -46,6 +47,7 @@ from .steps import (
     plan_iteration,
     rng_states,
     set_rng_states,
+    throughput,
     update_generator,
 )
 
@@ -115,10 +117,16 @@ class Trainer:
                 self.ema[k].mul_(d).add_(v.to(self.ema[k].device), alpha=1 - d)
         self.ema_updates += 1
 
+    @property
+    def extra_forwards(self) -> int:
+        """Forwards beside each trained one: the KL reference's, NFT's old policy's."""
+        return int(self.ref is not None) + int(self.old is not None)
+
     def add_to_totals(self, row: dict[str, Any]) -> dict[str, int]:
         """An iteration's denoiser FLOPs and reward-model images, and the run's totals with them."""
-        extra = int(self.ref is not None) + int(self.old is not None)  # forwards beside each trained one
-        flops = iteration_flops(self.flops_row, row.get("rollout_evals", 0), row.get("train_evals", 0), extra)
+        flops = iteration_flops(
+            self.flops_row, row.get("rollout_evals", 0), row.get("train_evals", 0), self.extra_forwards
+        )
         now = {"flops": flops, "reward_images": int(row.get("leaves", 0))}
         self.totals = {f"{k}_total": self.totals[f"{k}_total"] + v for k, v in now.items()}
         return {**now, **self.totals}
@@ -261,11 +269,11 @@ class Trainer:
         t3 = time.perf_counter()
         self.step += 1
         nfe = sum(dist.gather(nfe, d))
-        row = metrics_row(
-            it, all_scores, self.weights, credited, int(whole.is_leaf().sum()), nfe, upd, plan.tree, self.opt
-        )
+        group = whole.group()[whole.leaves()]
+        row = metrics_row(it, all_scores, self.weights, credited, group, nfe, upd, plan.tree, self.opt)
         row["seconds"] = {"rollout": t1 - t0, "score": t2 - t1, "update": t3 - t2, "total": t3 - t0}
         row["peak_mib"] = peak_memory_mib(self.device)
+        row.update(throughput(row, self.flops_row, self.extra_forwards, device_peak_flops(self.device)))
         return row
 
 

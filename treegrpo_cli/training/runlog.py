@@ -55,6 +55,9 @@ _ROW_NUMBERS = {
     "flops_total",
     "reward_images",
     "reward_images_total",
+    "zero_std_ratio",
+    "reward_group_std",
+    "images_per_second",
 }
 
 
@@ -64,7 +67,7 @@ def _check_fields(row: dict[str, Any]) -> str | None:
     if not isinstance(it, int) or isinstance(it, bool) or it < 0:
         return f"iteration is {it!r}, not a whole number >= 0"
     for k, v in row.items():
-        numeric = k in _ROW_NUMBERS or k.startswith(("rewards/", "raw/"))
+        numeric = k in _ROW_NUMBERS or k.startswith(("rewards/", "raw/", "ms_per_image/", "mfu/"))
         if numeric and not is_number(v):
             return f"{k} is {v!r}, not a number"
     seconds = row.get("seconds", {})

@@ -4,6 +4,7 @@ and the metrics row."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,12 +112,33 @@ def sample_prompt_ids(n: int, k: int, seed: int, iteration: int) -> list[int]:
     return [perm[i % n] for i in range(k)]
 
 
-def metrics_row(it, scores, weights, adv_trained, leaves, nfe, upd, tree_cfg: TreeConfig, opt) -> dict[str, Any]:
+def group_spread(total: torch.Tensor, group: torch.Tensor) -> dict[str, float]:
+    """Of the leaves' rewards [L] by prompt group [L]: the fraction of groups whose rewards all tie (zero
+    within-group std: no advantage, nothing to learn there) and the mean within-group std (population std, as
+    DiffusionNFT's calculate_zero_std_ratio)."""
+    _, inv = torch.unique(group, return_inverse=True)
+    k = int(inv.max()) + 1 if inv.numel() else 0
+    x = total.double()
+    count = torch.zeros(k, dtype=torch.float64).index_add_(0, inv, torch.ones_like(x))
+    mean = torch.zeros(k, dtype=torch.float64).index_add_(0, inv, x) / count
+    std = (torch.zeros(k, dtype=torch.float64).index_add_(0, inv, (x - mean[inv]) ** 2) / count).sqrt()
+    lo = torch.full((k,), math.inf, dtype=torch.float64).scatter_reduce_(0, inv, x, "amin")
+    hi = torch.full((k,), -math.inf, dtype=torch.float64).scatter_reduce_(0, inv, x, "amax")
+    return {"zero_std_ratio": float((hi == lo).double().mean()), "reward_group_std": float(std.mean())}
+
+
+def metrics_row(
+    it, scores, weights, adv_trained, group: torch.Tensor, nfe, upd, tree_cfg: TreeConfig, opt
+) -> dict[str, Any]:
+    """An iteration's row: rewards (total and per reward, their spread within prompt groups), the trained
+    edges' advantages, model evaluations, and the update's metrics. group [L]: each leaf's prompt group."""
     total = weighted_sum(scores, weights)
+    leaves = int(total.numel())
     row: dict[str, Any] = {
         "iteration": it,
         "reward_mean": float(total.mean()),
         "reward_std": float(total.std()) if total.numel() > 1 else 0.0,
+        **group_spread(total, group),
     }
     for n, s in scores.items():
         row[f"rewards/{n}/mean"], row[f"rewards/{n}/std"] = float(s.mean()), float(s.std()) if s.numel() > 1 else 0.0
@@ -137,3 +159,21 @@ def metrics_row(it, scores, weights, adv_trained, leaves, nfe, upd, tree_cfg: Tr
     )
     row.update(upd)
     return row
+
+
+def throughput(
+    row: dict[str, Any], per_row: tuple[int, int] | None, extra: int, peak: float | None
+) -> dict[str, float]:
+    """Milliseconds per image of each phase and images per second of the iteration, from row["seconds"]; model
+    FLOPs utilisation of the rollout and the update where the device's peak FLOP/s is known."""
+    sec, images = row["seconds"], max(int(row.get("leaves", 0)), 1)
+    out = {f"ms_per_image/{k}": 1000 * sec[k] / images for k in ("rollout", "score", "update")}
+    out["images_per_second"] = images / sec["total"] if sec["total"] > 0 else 0.0
+    if peak and per_row:
+        fwd, bwd = per_row
+        done = {
+            "rollout": row.get("rollout_evals", 0) * fwd,
+            "update": row.get("train_evals", 0) * (fwd + bwd + extra * fwd),
+        }
+        out.update({f"mfu/{k}": f / (sec[k] * peak) for k, f in done.items() if sec[k] > 0})
+    return out
