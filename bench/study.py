@@ -218,19 +218,22 @@ def rerun(label: str, seed: int, args: argparse.Namespace, log) -> None:
     first = args.work / folder(label, seed)
     again = args.work.with_name(args.work.name + "-rerun")
     row = run_one(label, preset, sets, seed, again, args.tflops, log)
-    timings = {"seconds", "wall", "peak_mib"}
+    timings = ("seconds", "wall", "peak_mib", "ms_per_image/", "images_per_second", "mfu/")
     read = lambda p: [  # noqa: E731
-        {k: v for k, v in json.loads(line).items() if k not in timings}
+        {k: v for k, v in json.loads(line).items() if not k.startswith(timings)}
         for line in (p / "metrics.jsonl").read_text().splitlines()
     ]
     a, b = read(first), read(Path(row["run_dir"]))
-    same = a == b
+    # a rerun by newer code may add fields; every field the first run has must be there, with the same value
+    same = len(a) == len(b) and all(all(k in y and y[k] == x[k] for k in x) for x, y in zip(a, b, strict=True))
+    added = sorted({k for y in b for k in y} - {k for x in a for k in x})
     log(f"rerun of {label} seed {seed}: {len(b)} metrics rows, {'equal' if same else 'NOT equal'} to the first run's")
     out = {
         "label": label,
         "seed": seed,
         "rows": len(b),
         "equal_rows": same,
+        "fields_added_since": added,
         "first": str(first),
         "rerun": row["run_dir"],
     }
