@@ -18,7 +18,7 @@ from clitools import one_line_error, run
 from treegrpo_cli import __version__
 from treegrpo_cli.store.checkpoint import list_checkpoints
 from treegrpo_cli.training import rundir, runlock
-from treegrpo_cli.training.runlog import read_metrics
+from treegrpo_cli.training.runlog import read_metrics, without_timings
 
 FAST = [
     "--preset",
@@ -35,11 +35,10 @@ FAST = [
     "train.eval_samples=1",
 ]
 ENV = dict(os.environ, OMP_NUM_THREADS="1")
-TIMINGS = ("seconds", "wall", "peak_mib")
 
 
 def comparable(rows):
-    return [{k: v for k, v in r.items() if k not in TIMINGS} for r in rows]
+    return without_timings(rows)
 
 
 def snapshot(root: Path) -> dict[str, str]:

@@ -13,7 +13,7 @@ import torch
 import torch.multiprocessing as mp
 
 from treegrpo_cli.store.checkpoint import list_checkpoints, load_checkpoint
-from treegrpo_cli.training.runlog import read_evals, read_metrics
+from treegrpo_cli.training.runlog import is_timing, read_evals, read_metrics
 
 SETS = [
     "--set",
@@ -27,7 +27,6 @@ SETS = [
     "--seed",
     "3",
 ]
-TIMINGS = ("seconds", "wall", "peak_mib")
 
 
 def treegrpo(*args, nproc: int = 1, timeout: float = 240, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -43,7 +42,7 @@ def close(rows_a, rows_b, tol=1e-5):
     for a, b in zip(rows_a, rows_b, strict=True):
         assert a.keys() == b.keys()
         for k in a:
-            if k in TIMINGS:
+            if is_timing(k):
                 continue
             if isinstance(a[k], float):
                 assert abs(a[k] - b[k]) <= tol * max(1.0, abs(b[k])), (a["iteration"], k, a[k], b[k])

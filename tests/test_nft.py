@@ -13,7 +13,7 @@ from treegrpo_cli.errors import ConfigError
 from treegrpo_cli.prompts import load_prompts
 from treegrpo_cli.store.checkpoint import list_checkpoints, load_checkpoint
 from treegrpo_cli.training.loop import Trainer
-from treegrpo_cli.training.runlog import read_metrics
+from treegrpo_cli.training.runlog import read_metrics, without_timings
 
 # --- the loss, by hand -------------------------------------------------------------------------------
 
@@ -133,7 +133,9 @@ def test_an_nft_iteration_samples_with_the_old_policy_and_takes_one_step():
     for o, a, b in zip(t.old.tensors, before, theta, strict=True):  # old = d x initial + (1 - d) x trained
         torch.testing.assert_close(o, d * a + (1 - d) * b)
     fwd, bwd = t.flops_row
-    assert t.add_to_totals(row)["flops"] == 60 * fwd + 54 * (fwd + bwd + 2 * fwd)  # rollout; theta, old and reference forwards
+    assert t.add_to_totals(row)["flops"] == 60 * fwd + 54 * (
+        fwd + bwd + 2 * fwd
+    )  # rollout; theta, old and reference forwards
     t2 = _trainer(extra=["nft.steps=2"])
     assert t2.iteration(prompts, lambda *a: None)["optimizer_steps"] == 2
 
@@ -162,7 +164,7 @@ def test_nft_resume_repeats_the_run_and_keeps_the_old_policy(tmp_path):
     assert r.exit_code == 0, r.output
 
     def same(rows):
-        return [{k: v for k, v in x.items() if k not in ("seconds", "wall", "peak_mib")} for x in rows]
+        return without_timings(rows)
 
     assert same(read_metrics(tmp_path / "b")) == same(read_metrics(tmp_path / "a"))
 

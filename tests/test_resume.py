@@ -11,7 +11,7 @@ from treegrpo_cli.config import load_config
 from treegrpo_cli.errors import TreegrpoError
 from treegrpo_cli.store.checkpoint import list_checkpoints
 from treegrpo_cli.training import loop
-from treegrpo_cli.training.runlog import read_metrics
+from treegrpo_cli.training.runlog import read_metrics, without_timings
 
 TINY = [
     "--preset",
@@ -28,7 +28,7 @@ TINY = [
 
 
 def comparable(rows):
-    return [{k: v for k, v in r.items() if k not in ("seconds", "wall", "peak_mib")} for r in rows]
+    return without_timings(rows)
 
 
 def train(*args):

@@ -16,6 +16,19 @@ METRICS = "metrics.jsonl"
 EVALS = "eval.jsonl"
 
 
+# fields of a metrics row that measure the machine, not the run: they differ between two runs of one seed
+TIMING_FIELDS = ("seconds", "wall", "peak_mib", "ms_per_image/", "images_per_second", "mfu/")
+
+
+def is_timing(key: str) -> bool:
+    return key.startswith(TIMING_FIELDS)
+
+
+def without_timings(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows with their timing fields left out: what must equal between two runs of one seed and config."""
+    return [{k: v for k, v in r.items() if not is_timing(k)} for r in rows]
+
+
 def is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
