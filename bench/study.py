@@ -16,6 +16,9 @@ and the evaluations run, models/flops.py), so the same seed gives the same run w
 Held-out evaluations (56 test prompts x 4 ODE samples, the same noises every time) every eighth of the budget,
 of the weights `eval` and `export` use (the EMA where a preset keeps one; the trained ones as `raw/`).
 
+Each finished run's run.json, metrics.jsonl, eval.jsonl and summary are kept in bench/results/study-runs/WORK/
+(committed), which is what --report-only reads, and what a rerun skips.
+
 Then `treegrpo compare` over the runs, with dance-grpo as the baseline (target: its mean final held-out gain
 over each run's first evaluation), on the FLOP axis and on wall-clock, each with the weights `eval` uses
 (dance-grpo's EMA) and with the trained weights (`-raw`): bench/results/study-PLAN.json and
@@ -38,6 +41,9 @@ from methods import commit, machine, train_command  # noqa: E402  (bench/ is not
 
 TREEGRPO = [sys.executable, "-m", "treegrpo_cli"]
 RESULTS = Path("bench/results")
+# what `compare` reads of a run, kept under bench/results/study-runs/ (committed: run folders under runs/
+# are scratch, and a lost one would cost its minutes again); checkpoints and sample grids are not kept
+KEPT = ("run.json", "metrics.jsonl", "eval.jsonl", "summary.json")
 PAPER_SCHEDULE = ('train.loss_norm="mean"', "pruning.train_last=false", "train.minibatches=1")
 
 # label -> (preset, --set values). The presets carry the released codes' update schedules (presets/*.toml).
@@ -103,11 +109,29 @@ def folder(label: str, seed: int) -> str:
     return f"{label.replace('/', '--')}-seed{seed}"
 
 
+def kept(work: Path, label: str, seed: int) -> Path:
+    return RESULTS / "study-runs" / work.name / folder(label, seed)
+
+
+def keep(row: dict, work: Path) -> dict:
+    """Copy what compare reads of a finished run into bench/results/study-runs/; the row then points there."""
+    src, dst = Path(row["run_dir"]), kept(work, row["label"], row["seed"])
+    if src.resolve() != dst.resolve():
+        dst.mkdir(parents=True, exist_ok=True)
+        row = dict(row, run_dir=str(dst))
+        for name in KEPT[:-1]:
+            (dst / name).write_bytes((src / name).read_bytes())
+        (dst / "summary.json").write_text(json.dumps(row, indent=1) + "\n")
+    return row
+
+
 def run_one(label: str, preset: str, sets: tuple[str, ...], seed: int, work: Path, tflops: float, log) -> dict:
+    if (kept(work, label, seed) / "summary.json").exists():
+        return json.loads((kept(work, label, seed) / "summary.json").read_text())
     run = work / folder(label, seed)
     done = run / "summary.json"
     if done.exists():
-        return json.loads(done.read_text())
+        return keep(json.loads(done.read_text()), work)
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     t0 = time.perf_counter()
     out = subprocess.run(
@@ -136,7 +160,7 @@ def run_one(label: str, preset: str, sets: tuple[str, ...], seed: int, work: Pat
     log(
         f"{label} seed {seed}: {sm['iterations']} iterations, held-out gain {sm.get('heldout_gain', float('nan')):+.3f}"
     )
-    return row
+    return keep(row, work)
 
 
 def report(rows: list[dict], work: Path, args: argparse.Namespace) -> dict:
@@ -215,14 +239,12 @@ def table(result: dict) -> str:
 def rerun(label: str, seed: int, args: argparse.Namespace, log) -> None:
     """The run again in a fresh folder; its metrics rows against the first run's, timings aside."""
     preset, sets = PLANS[args.plan][label]
-    first = args.work / folder(label, seed)
+    first = kept(args.work, label, seed)
     again = args.work.with_name(args.work.name + "-rerun")
     row = run_one(label, preset, sets, seed, again, args.tflops, log)
-    timings = ("seconds", "wall", "peak_mib", "ms_per_image/", "images_per_second", "mfu/")
-    read = lambda p: [  # noqa: E731
-        {k: v for k, v in json.loads(line).items() if not k.startswith(timings)}
-        for line in (p / "metrics.jsonl").read_text().splitlines()
-    ]
+    from treegrpo_cli.training.runlog import without_timings
+
+    read = lambda p: without_timings([json.loads(line) for line in (p / "metrics.jsonl").read_text().splitlines()])  # noqa: E731
     a, b = read(first), read(Path(row["run_dir"]))
     # a rerun by newer code may add fields; every field the first run has must be there, with the same value
     same = len(a) == len(b) and all(all(k in y and y[k] == x[k] for k in x) for x, y in zip(a, b, strict=True))
@@ -262,7 +284,7 @@ def main() -> None:
     plan = {k: v for k, v in PLANS[args.plan].items() if args.labels is None or k in args.labels}
     jobs = [(label, *plan[label], seed) for seed in args.seeds for label in plan]  # seed by seed
     if args.report_only:
-        paths = [args.work / folder(label, seed) / "summary.json" for label, _, _, seed in jobs]
+        paths = [kept(args.work, label, seed) / "summary.json" for label, _, _, seed in jobs]
         rows = [json.loads(p.read_text()) for p in paths if p.exists()]
     else:
         with ThreadPoolExecutor(args.parallel) as pool:
