@@ -72,11 +72,18 @@ class RolloutConfig:
     eval_prompts: str = "default"  # prompts of the sample grids
     max_nodes: int = 1_000_000  # refuse a rollout whose trees would hold more nodes than this (each keeps its latent)
     max_tree_gib: float = 32.0  # refuse a rollout whose node latents would take more host memory than this
+    # chunks of an iteration's prompts whose scoring overlaps the next chunk's rollout (training/overlap.py);
+    # 0: 4 when a reward is served over HTTP, else 1 (no overlap)
+    score_overlap: int = 0
 
     def validate(self) -> None:
         for name in ("num_prompts", "max_batch", "max_nodes"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 <= self.score_overlap <= MAX_PROMPTS:
+            raise ConfigError(
+                f"rollout.score_overlap must be 0 (automatic) to {MAX_PROMPTS:,}, got {self.score_overlap}"
+            )
         for name, most, what in (("num_prompts", MAX_PROMPTS, "prompts"), ("max_nodes", MAX_NODES, "nodes")):
             if getattr(self, name) > most:
                 raise ConfigError(

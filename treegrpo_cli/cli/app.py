@@ -19,6 +19,7 @@ from . import (
     presets_cmd,
     rollout_cmd,
     score_cmd,
+    serve_cmd,
     train_cmd,
 )
 from .common import error_line, internal_error
@@ -100,6 +101,7 @@ app.command("diversity")(diversity_cmd.diversity)
 app.command("eval")(eval_cmd.eval_)
 app.command("export")(export_cmd.export)
 app.command("compare")(compare_cmd.compare)
+app.command("serve-reward")(serve_cmd.serve_reward)
 
 
 # Placeholders in --help: the option's own word instead of a Python type ("<list[str]>", "<bool>").

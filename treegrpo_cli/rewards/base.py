@@ -77,6 +77,10 @@ def available() -> list[str]:
 def spec(name: str) -> RewardSpec:
     """The registry entry of a reward name; a ConfigError naming the closest name when unknown."""
     _load_builtins()
+    if name.startswith(("http://", "https://")):  # a `treegrpo serve-reward` server (rewards/remote.py)
+        from .remote import RemoteReward
+
+        return RewardSpec(name, lambda: RemoteReward(name), summary="a reward served over HTTP")
     if name not in _REGISTRY:
         close = difflib.get_close_matches(name, _REGISTRY, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""

@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from .common import err, guarded
+
+
+def serve_reward(
+    reward: Annotated[str, typer.Option(help="Reward name(s) to serve, comma separated.")],
+    reward_opt: Annotated[
+        list[str] | None,
+        typer.Option("--reward-opt", help="A reward option NAME.KEY=VALUE, e.g. clip.checkpoint=/w (repeatable)."),
+    ] = None,
+    host: Annotated[str, typer.Option(help="Address to bind; loopback unless you mean otherwise.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port (0: any free one, printed).")] = 8000,
+    device: Annotated[str, typer.Option(help="Torch device for the reward models.")] = "cpu",
+    dtype: Annotated[str | None, typer.Option(help="Reward model dtype: fp32, bf16 or fp16.")] = None,
+) -> None:
+    """Serve rewards over HTTP, for runs that name the server as their reward (rewards/remote.py).
+
+    Example: treegrpo serve-reward --reward shapes --port 8000
+    then:    treegrpo train --reward http://127.0.0.1:8000
+    """
+    from ..errors import TreegrpoError
+    from ..preflight import check_device
+    from ..rewards.base import get_reward, parse_reward_options, parse_rewards
+    from ..rewards.remote import is_url, make_server
+
+    with guarded():
+        check_device(device)
+        names = list(parse_rewards(reward))
+        if any(is_url(n) for n in names):
+            raise TreegrpoError("a server serves the tool's own rewards, not another server's URL")
+        opts = parse_reward_options(reward_opt or [])
+        rewards = {n: get_reward(n, device=device, dtype=dtype, **opts.get(n, {})) for n in names}
+        try:
+            server = make_server(rewards, host, port, log=lambda m: err.print(m, highlight=False))
+        except OSError as e:
+            raise TreegrpoError(f"cannot listen on {host}:{port} ({e.strerror})") from None
+    bound = server.server_address[1]
+    err.print(f"serving {', '.join(names)} on http://{host}:{bound} (Ctrl-C stops)", highlight=False)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()

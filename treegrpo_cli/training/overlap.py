@@ -1,0 +1,94 @@
+"""Rollout and scoring of one iteration, overlapped: while chunk k+1 of the prompts is rolled out, chunk k's
+leaves are scored on a worker thread. It pays when the reward's work happens elsewhere (a `serve-reward`
+server in another process, on another GPU or machine): the rollout hides the scoring's wall-clock. With one
+chunk it is the plain sequence, rollout then scoring.
+
+The trees of a chunked rollout are those of one rollout (each prompt's trees come from its own seeds, the
+earlier chunks' prompt ids passed on as in sharded rollouts); only their order in the batch is chunk by
+chunk, so a run keeps its chunk count for life (it is part of the config).
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..engine.protocols import Policy
+from ..engine.rollout import Progress, TreeConfig, rollout
+from ..engine.tree import Tree, cat_trees
+from ..rewards.base import score_leaves
+from .steps import leaf_images
+
+
+@dataclass
+class Scored:
+    tree: Tree
+    nfe: int
+    scores: dict[str, torch.Tensor]  # {name: [L]} in the tree's leaf order
+    seconds: dict[str, float] = field(default_factory=dict)  # rollout, score (exposed), score_busy
+
+
+def chunk_count(setting: int, reward_names: list[str]) -> int:
+    """rollout.score_overlap: 0 chooses 4 chunks when a reward is served over HTTP (its work is elsewhere,
+    so the rollout hides it), else 1 (an in-process reward shares this process's cores and device)."""
+    if setting > 0:
+        return setting
+    return 4 if any(n.startswith(("http://", "https://")) for n in reward_names) else 1
+
+
+def _timed_score(rewards: dict[str, Any], images: torch.Tensor, prompts: list[str]) -> tuple[dict, float]:
+    t = time.perf_counter()
+    out = score_leaves(rewards, images, prompts)
+    return out, time.perf_counter() - t
+
+
+def rollout_and_score(
+    policy: Policy,
+    prompts: list[str],  # every prompt of the run, by id
+    mine: list[int],  # the prompt ids this process rolls out, in order
+    earlier: list[int],  # the prompt ids of earlier ranks' shares
+    sde: Any,
+    cfg: TreeConfig,
+    seed: int,
+    max_batch: int,
+    rewards: dict[str, Any],
+    chunks: int,
+    progress: Progress | None = None,
+) -> Scored:
+    size = max(1, -(-len(mine) // max(chunks, 1)))  # prompts per chunk
+    starts = list(range(0, len(mine), size)) or [0]
+    trees, nfe, pending = [], 0, []
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(1, thread_name_prefix="treegrpo-score") as pool:
+        for a in starts:
+            ids = mine[a : a + size]
+            tree, n = rollout(
+                policy, [prompts[i] for i in ids], ids, sde, cfg, seed, max_batch, progress, [*earlier, *mine[:a]]
+            )
+            trees.append(tree)
+            nfe += n
+            leaf_prompts = [prompts[int(p)] for p in tree.tree_prompt[tree.tree[tree.leaves()]]]
+            images = leaf_images(policy, tree)
+            if len(starts) == 1:  # no overlap: score here, as the plain sequence does
+                pending.append(_done(_timed_score(rewards, images, leaf_prompts)))
+            else:
+                pending.append(pool.submit(_timed_score, rewards, images, leaf_prompts))
+        t1 = time.perf_counter()
+        results = [f.result() for f in pending]  # a scoring error surfaces here, once the rollout is done
+    t2 = time.perf_counter()
+    scores = {n: torch.cat([r[n] for r, _ in results]) for n in results[0][0]} if results else {}
+    busy = sum(s for _, s in results)
+    whole = trees[0] if len(trees) == 1 else cat_trees(trees)
+    if len(starts) == 1:  # the rollout phase did the scoring: split it back out
+        return Scored(whole, nfe, scores, {"rollout": t1 - t0 - busy, "score": busy, "score_busy": busy})
+    return Scored(whole, nfe, scores, {"rollout": t1 - t0, "score": t2 - t1, "score_busy": busy})
+
+
+def _done(value: Any) -> Future:
+    f: Future = Future()
+    f.set_result(value)
+    return f
