@@ -70,6 +70,15 @@ def _sets(set_, model, reward, weights, iterations, seed, max_batch, reward_opt=
     return sets
 
 
+def _log_sets(log: str | None) -> list[str]:
+    if log is None:
+        return []
+    names = [] if log.strip() == "none" else [n.strip() for n in log.split(",") if n.strip()]
+    if not names and log.strip() != "none":
+        raise TreegrpoError("--log takes tensorboard, wandb, both (comma separated), or none")
+    return ["train.log=[" + ", ".join(json.dumps(n) for n in names) + "]"]
+
+
 MODEL_PANEL = "Model (diffusers: FLUX, SD3, SD1.5)"
 
 
@@ -134,6 +143,13 @@ def train(
     max_batch: Annotated[int | None, typer.Option("--max-batch", min=1, help="Rows per model forward.")] = None,
     device: Annotated[str, typer.Option(help="Torch device.")] = "cpu",
     json_: Annotated[bool, typer.Option("--json", help="Print the final summary as JSON.")] = False,
+    log: Annotated[
+        str | None,
+        typer.Option(
+            "--log",
+            help="Also log to tensorboard and/or wandb (comma separated; W&B offline unless set up); 'none' stops.",
+        ),
+    ] = None,
     revision: Annotated[
         str | None,
         typer.Option(help="Hub revision (branch, tag or commit) of --model.", rich_help_panel=MODEL_PANEL),
@@ -200,6 +216,7 @@ def train(
         check_device(device)
         sets = _sets(set_, model, reward, weights, iterations, seed, max_batch, reward_opt)
         sets += policy_sets(revision, finetune, lora_rank, lora_alpha, lora_targets, dtype, gradient_checkpointing)
+        sets += _log_sets(log)
         if trees is not None:
             if "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1:
                 raise TreegrpoError("train --trees makes one update in one process; run it without --nproc-per-node")

@@ -34,6 +34,9 @@ PARALLELS = ("replicate", "fsdp")
 OBJECTIVES = ("grpo", "nft")
 
 
+TRACKERS = ("tensorboard", "wandb")
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     iterations: int = 100  # online iterations (rollout, score, update)
@@ -68,6 +71,7 @@ class TrainConfig:
     # that does not move with the machine's load, so a rerun repeats a run exactly
     objective: str = "grpo"  # "grpo": the clipped policy gradient on SDE edges | "nft": DiffusionNFT on the leaves
     # (engine/nft.py, the [nft] section)
+    log: tuple[str, ...] = ()  # run trackers fed beside metrics.jsonl: "tensorboard", "wandb" (training/tracking.py)
     parallel: str = "replicate"  # several processes: "replicate" (whole weights on every rank, gradients summed:
     # DDP's scheme) | "fsdp" (FSDP2 fully_shard of the denoiser, for full fine-tuning)
 
@@ -82,6 +86,9 @@ class TrainConfig:
             raise ConfigError(f"train.objective must be one of {', '.join(OBJECTIVES)}; got {self.objective!r}")
         if self.parallel not in PARALLELS:
             raise ConfigError(f"train.parallel must be one of {', '.join(PARALLELS)}; got {self.parallel!r}")
+        bad = [x for x in self.log if x not in TRACKERS]
+        if bad or len(set(self.log)) != len(self.log):
+            raise ConfigError(f"train.log takes each of {', '.join(TRACKERS)} at most once; got {list(self.log)}")
         if self.kl_form not in KL_FORMS:
             raise ConfigError(f"train.kl_form must be one of {', '.join(KL_FORMS)}; got {self.kl_form!r}")
         if not isinstance(self.ema_every, int) or self.ema_every < 0:

@@ -7,10 +7,11 @@ optimizer and the iteration counter for a resumed run to repeat an uninterrupted
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+from contextlib import AbstractContextManager, ExitStack, closing, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -25,23 +26,22 @@ from ..engine.grpo import (
     make_optimizer,
 )
 from ..engine.nft import NFTBatch, OldPolicy, decay_at, nft_update
-from ..engine.rollout import Progress, mix_seed, rollout
+from ..engine.rollout import Progress, mix_seed
 from ..engine.sde import FlowSDE, make_kernel
 from ..errors import TreegrpoError
 from ..models.base import Policy
 from ..models.flops import device_peak_flops
 from ..models.registry import load_policy
-from ..rewards.base import score_leaves
 from ..store.checkpoint import Checkpoint, follow_checkpoint_gathers, list_checkpoints, load_checkpoint, save_checkpoint
-from . import dist, rundir, runlock, runlog
+from . import dist, rundir, runlock, runlog, tracking
 from .dist import SINGLE, Dist
 from .heldout import heldout_reward
 from .nft import nft_batch
+from .overlap import chunk_count, rollout_and_score
 from .parallel import parallel_plan, shard_policy, whole_batch
 from .steps import (
     build_rewards,
     credit,
-    leaf_images,
     metrics_row,
     peak_memory_mib,
     plan_iteration,
@@ -70,6 +70,8 @@ class Hooks:
     on_row: Callable[[dict[str, Any]], None] = lambda row: None
     note: Callable[[str], None] = lambda message: None  # resume, fallback and stall messages
     should_stop: Callable[[], bool] = lambda: False
+    on_eval: Callable[[dict[str, Any]], None] = lambda row: None  # a held-out evaluation's row, once written
+    on_image: Callable[[str, Path, int], None] = lambda tag, path, step: None  # a sample grid, once written
 
 
 class Trainer:
@@ -237,20 +239,21 @@ class Trainer:
         part = dist.shard(len(plan.prompt_ids), d)
         mine = plan.prompt_ids[part]
         with self.sampling_policy():
-            tree, nfe = rollout(
+            out = rollout_and_score(
                 self.policy,
-                [prompts[i] for i in mine],
+                prompts,
                 mine,
+                plan.prompt_ids[: part.start],
                 self.sde,
                 plan.tree,
                 plan.seed,
                 cfg.rollout.max_batch,
+                self.rewards,
+                chunk_count(cfg.rollout.score_overlap, list(cfg.reward.names)),
                 progress,
-                earlier_ids=plan.prompt_ids[: part.start],
             )
-        t1 = time.perf_counter()
-        leaf_prompts = [prompts[int(p)] for p in tree.tree_prompt[tree.tree[tree.leaves()]]]
-        scores = score_leaves(self.rewards, leaf_images(self.policy, tree), leaf_prompts)
+        tree, nfe, scores = out.tree, out.nfe, out.scores
+        t1 = t0 + out.seconds["rollout"]
         whole, all_scores, starts = whole_batch(tree, scores, d)
         adv, trained = credit(cfg, whole, all_scores, it)
         t2 = time.perf_counter()
@@ -271,7 +274,9 @@ class Trainer:
         nfe = sum(dist.gather(nfe, d))
         group = whole.group()[whole.leaves()]
         row = metrics_row(it, all_scores, self.weights, credited, group, nfe, upd, plan.tree, self.opt)
+        hidden = max(out.seconds["score_busy"] - out.seconds["score"], 0.0)  # scoring the rollout overlapped
         row["seconds"] = {"rollout": t1 - t0, "score": t2 - t1, "update": t3 - t2, "total": t3 - t0}
+        row["seconds"]["score_hidden"] = hidden
         row["peak_mib"] = peak_memory_mib(self.device)
         row.update(throughput(row, self.flops_row, self.extra_forwards, device_peak_flops(self.device)))
         return row
@@ -299,6 +304,7 @@ def train(req: TrainRequest, hooks: Hooks = Hooks()) -> dict[str, Any]:
     checkpoint. With several processes every rank trains and rank 0 alone writes the run folder; the
     sample grids, held-out evaluations and checkpoints are rank 0's work, or, for a sharded model, every
     rank's (each forward is a collective)."""
+    tracking.check_available(req.config.train.log)  # a missing tracker package: before anything is written
     with ExitStack() as held:
         if req.resume and req.dist.main:  # one writer per run folder: refused before the model loads
             held.enter_context(runlock.lock(req.run_dir))
@@ -318,8 +324,11 @@ def _train(req: TrainRequest, hooks: Hooks, held: ExitStack) -> dict[str, Any]:
     elif d.main:
         held.enter_context(runlock.lock(req.run_dir, create=True))
         rundir.create(req.run_dir, cfg, req.command, {"train": req.prompts, "eval": req.eval_prompts})
+    if cfg.train.log and d.main:
+        track = tracking.Tracking(req.run_dir, cfg.train.log, cfg.to_dict(), trainer.step if req.resume else None)
+        hooks = _tracked(hooks, held.enter_context(closing(track)))
     if not req.resume and cfg.train.sample_every and works:
-        _grid(trainer, req, 0)
+        _grid(trainer, req, 0, hooks)
     if cfg.train.eval_samples and _main_says(lambda: not runlog.read_evals(req.run_dir), trainer, d):
         _heldout(trainer, req, hooks, 0.0)
     dist.barrier(d)
@@ -343,7 +352,7 @@ def _train(req: TrainRequest, hooks: Hooks, held: ExitStack) -> dict[str, Any]:
         if d.main:  # the other ranks go on; the next iteration's gather waits for rank 0
             stall = _record(req, hooks, row, stall)
         if works:
-            _outputs(trainer, req, stopped, finished)
+            _outputs(trainer, req, stopped, finished, hooks)
             due = _crossed(cfg.train.eval_every_minutes * 60, last_wall, wall) or _crossed(
                 cfg.train.eval_every_tflops, last_tflops, trainer.totals["flops_total"] / 1e12
             )
@@ -387,19 +396,39 @@ def _record(req: TrainRequest, hooks: Hooks, row: dict[str, Any], stall: int) ->
     return stall
 
 
-def _outputs(trainer: Trainer, req: TrainRequest, stopped: bool, last: bool) -> None:
+def _tracked(hooks: Hooks, track: tracking.Tracking) -> Hooks:
+    """The hooks, with every row, evaluation and image also given to the run's trackers."""
+
+    def on_row(row: dict[str, Any]) -> None:
+        track.metrics(row)
+        hooks.on_row(row)
+
+    def on_eval(row: dict[str, Any]) -> None:
+        track.heldout(row)
+        hooks.on_eval(row)
+
+    def on_image(tag: str, path: Path, step: int) -> None:
+        track.image(tag, path, step)
+        hooks.on_image(tag, path, step)
+
+    return dataclasses.replace(hooks, on_row=on_row, on_eval=on_eval, on_image=on_image)
+
+
+def _outputs(trainer: Trainer, req: TrainRequest, stopped: bool, last: bool, hooks: Hooks) -> None:
     """The checkpoint and sample grid due after an iteration."""
     cfg = trainer.cfg
     if last or stopped or trainer.step % cfg.train.save_every == 0:
         _save(trainer, req)
     if cfg.train.sample_every and (last or trainer.step % cfg.train.sample_every == 0):
-        _grid(trainer, req, trainer.step)
+        _grid(trainer, req, trainer.step, hooks)
         if last and req.dist.main:
-            rundir.before_after(req.run_dir, trainer.step)
+            path = rundir.before_after(req.run_dir, trainer.step)
+            if path is not None:
+                hooks.on_image("before_after", path, trainer.step)
 
 
-def _grid(trainer: Trainer, req: TrainRequest, step: int) -> None:
-    rundir.sample_grid(
+def _grid(trainer: Trainer, req: TrainRequest, step: int, hooks: Hooks) -> None:
+    path = rundir.sample_grid(
         req.run_dir,
         trainer.policy,
         trainer.sde,
@@ -409,6 +438,8 @@ def _grid(trainer: Trainer, req: TrainRequest, step: int) -> None:
         step,
         write=req.dist.main,
     )
+    if req.dist.main:
+        hooks.on_image("samples", path, step)
 
 
 def _resume(trainer: Trainer, req: TrainRequest, hooks: Hooks) -> None:
@@ -473,7 +504,9 @@ def _heldout(trainer: Trainer, req: TrainRequest, hooks: Hooks, wall: float) -> 
             row = {**_heldout_reward(trainer, req, hooks), **raw}
     row["weights"] = "ema" if trainer.ema is not None else "trained"
     if req.dist.main:
-        runlog.append_eval(req.run_dir, {"iteration": trainer.step, "wall": wall, **trainer.totals, **row})
+        row = {"iteration": trainer.step, "wall": wall, **trainer.totals, **row}
+        runlog.append_eval(req.run_dir, row)
+        hooks.on_eval(row)
 
 
 def _heldout_reward(trainer: Trainer, req: TrainRequest, hooks: Hooks) -> dict[str, Any]:

@@ -128,6 +128,7 @@ def prompt_record(prompts: list[str]) -> dict[str, Any]:
 # Keys a resumed run may change: they extend it or change how it is run, not what it learns.
 RESUMABLE = {
     "train.iterations",
+    "train.log",
     "train.parallel",
     "train.max_minutes",
     "train.eval_every_minutes",
