@@ -8,7 +8,7 @@ import torch
 from treegrpo_cli.config import load_config
 from treegrpo_cli.engine.grpo import TrainConfig, _metrics
 from treegrpo_cli.prompts import load_prompts
-from treegrpo_cli.training import loop
+from treegrpo_cli.training import loop, overlap
 from treegrpo_cli.training.steps import group_spread, throughput
 
 
@@ -52,7 +52,7 @@ def test_a_batch_where_every_group_ties_has_ratio_1_and_trains_nothing(monkeypat
     def tied(rewards, images, prompts, *a, **k):
         return {"shapes": torch.full((images.shape[0],), 0.5)}
 
-    monkeypatch.setattr(loop, "score_leaves", tied)
+    monkeypatch.setattr(overlap, "score_leaves", tied)
     cfg = load_config("tree-grpo", sets=["rollout.num_prompts=2", "train.eval_samples=0"])
     row = loop.Trainer(cfg, "cpu").iteration(load_prompts(cfg.rollout.prompts), lambda *a: None)
     assert row["zero_std_ratio"] == 1.0 and row["reward_group_std"] == 0.0 and row["trained_edges"] == 0

@@ -10,7 +10,7 @@ from clitools import one_line_error, run
 from treegrpo_cli.config import load_config
 from treegrpo_cli.errors import TreegrpoError
 from treegrpo_cli.store.checkpoint import list_checkpoints
-from treegrpo_cli.training import loop
+from treegrpo_cli.training import loop, overlap
 from treegrpo_cli.training.runlog import read_metrics, without_timings
 
 TINY = [
@@ -99,8 +99,8 @@ def test_a_damaged_metrics_line_is_an_error_not_a_truncation(tmp_path):
 def test_a_stalled_run_is_reported(tmp_path, monkeypatch):
     """A reward that is the same for every image: every advantage is 0, nothing to learn (a weight of 0, the
     old way to ask for it, is refused now)."""
-    real = loop.score_leaves
-    monkeypatch.setattr(loop, "score_leaves", lambda *a: {n: v * 0 for n, v in real(*a).items()})
+    real = overlap.score_leaves
+    monkeypatch.setattr(overlap, "score_leaves", lambda *a: {n: v * 0 for n, v in real(*a).items()})
     r = train(*TINY, "--iterations", 6, "--run-dir", tmp_path / "r", "--json")
     assert json.loads(r.stdout)["stalled_iterations"] == [[0, 5]]
     assert "warning: iterations 0-4 trained nothing" in r.stderr

@@ -16,7 +16,7 @@ from treegrpo_cli.prompts import load_prompts
 from treegrpo_cli.store.checkpoint import load_checkpoint
 from treegrpo_cli.store.shards import ShardStore
 from treegrpo_cli.store.trees import open_trees, read_tree_shard, shard_name
-from treegrpo_cli.training import loop, steps
+from treegrpo_cli.training import loop, overlap, steps
 
 runner = CliRunner()
 SETS = ['model="pixel-tiny"', "rollout.num_prompts=3", "seed=7"]
@@ -32,7 +32,7 @@ def online(preset: str, iteration: int, monkeypatch) -> dict:
     """One Trainer.iteration at `iteration` from the initial weights; what it scored, credited and learned."""
     cfg = load_config(preset, sets=SETS)
     seen: dict = {}
-    real_score, real_update = loop.score_leaves, loop.grpo_update
+    real_score, real_update = overlap.score_leaves, loop.grpo_update
 
     def score(rewards, images, prompts, *a, **k):
         seen["images"], seen["scores"] = images, real_score(rewards, images, prompts, *a, **k)
@@ -42,7 +42,7 @@ def online(preset: str, iteration: int, monkeypatch) -> dict:
         seen["batch"] = batch
         return real_update(policy, opt, sde, batch, *a, **k)
 
-    monkeypatch.setattr(loop, "score_leaves", score)
+    monkeypatch.setattr(overlap, "score_leaves", score)
     monkeypatch.setattr(loop, "grpo_update", update)
     trainer = loop.Trainer(cfg, "cpu")
     trainer.step = iteration
