@@ -47,15 +47,16 @@ KEPT = ("run.json", "metrics.jsonl", "eval.jsonl", "summary.json")
 PAPER_SCHEDULE = ('train.loss_norm="mean"', "pruning.train_last=false", "train.minibatches=1")
 
 # label -> (preset, --set values). The presets carry the released codes' update schedules (presets/*.toml).
+CORE: dict[str, tuple[str, tuple[str, ...]]] = {
+    "dance-grpo": ("dance-grpo", ()),
+    "branch": ("branch", ()),
+    "branch-mix": ("branch-mix", ()),
+    "branch-mix/one-step-mean": ("branch-mix", PAPER_SCHEDULE),
+    "tree-grpo": ("tree-grpo", ()),
+    "tree-grpo/one-step-mean": ("tree-grpo", PAPER_SCHEDULE),
+}
 PLANS: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
-    "core": {
-        "dance-grpo": ("dance-grpo", ()),
-        "branch": ("branch", ()),
-        "branch-mix": ("branch-mix", ()),
-        "branch-mix/one-step-mean": ("branch-mix", PAPER_SCHEDULE),
-        "tree-grpo": ("tree-grpo", ()),
-        "tree-grpo/one-step-mean": ("tree-grpo", PAPER_SCHEDULE),
-    },
+    "core": CORE,
     "nft": {  # DiffusionNFT (issue 34) against the flat GRPO baselines, and on the leaves of a tree
         "dance-grpo": ("dance-grpo", ()),
         "flow-grpo": ("flow-grpo", ()),
@@ -66,15 +67,7 @@ PLANS: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
     # use (python bench/study.py --plan lr --seeds 100); the best per variant is the one the tables should use
     "lr": {
         (label if lr == "1e-4" else f"{label}@lr{lr}"): (preset, (*sets, f"train.lr={lr}"))
-        for label, (preset, sets) in {
-            "dance-grpo": ("dance-grpo", ()),
-            "branch": ("branch", ()),
-            "branch-mix": ("branch-mix", ()),
-            "branch-mix/one-step-mean": ("branch-mix", PAPER_SCHEDULE),
-            "tree-grpo": ("tree-grpo", ()),
-            "tree-grpo/one-step-mean": ("tree-grpo", PAPER_SCHEDULE),
-            "nft": ("nft", ()),
-        }.items()
+        for label, (preset, sets) in {**CORE, "nft": ("nft", ())}.items()
         for lr in ("3e-5", "1e-4", "3e-4")
     },
     "ablation": {  # run with --work runs/study-core to reuse the core plan's runs of the same variants
