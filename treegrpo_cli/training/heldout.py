@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -40,3 +42,43 @@ def heldout_reward(
     }
     out.update({f"rewards/{k}/mean": float(v.mean()) for k, v in scores.items()})
     return out
+
+
+def heldout_row(
+    policy: Policy,
+    sde: Kernel,
+    prompts: list[str],
+    rewards: dict[str, Reward],
+    weights: dict[str, float],
+    ema: dict[str, torch.Tensor] | None,
+    samples: int,
+    seed: int,
+    max_batch: int = 64,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """The held-out reward of the weights `eval` and `export` use by default: the EMA where the run keeps one
+    (then `raw/` fields score the trained weights), else the trained weights; `weights` says which."""
+    args = (policy, sde, prompts, rewards, weights, samples, seed, max_batch, progress)
+    row = heldout_reward(*args)
+    if ema is not None:
+        raw = {f"raw/{k}": v for k, v in row.items() if k.startswith(("reward_", "rewards/"))}
+        with swapped_in(policy, ema):
+            row = {**heldout_reward(*args), **raw}
+    row["weights"] = "ema" if ema is not None else "trained"
+    return row
+
+
+@contextmanager
+def swapped_in(policy: Policy, tensors: dict[str, torch.Tensor]) -> Iterator[None]:
+    """`tensors` (e.g. the EMA) in the policy's trainable weights for the duration; the trained ones put back
+    bit for bit after."""
+    state = policy.trainable_state()  # detached views of the parameters (or of this rank's shards)
+    kept = {k: v.clone() for k, v in state.items()}
+    with torch.no_grad():
+        try:
+            for k, v in state.items():
+                v.copy_(tensors[k])
+            yield
+        finally:
+            for k, v in state.items():
+                v.copy_(kept[k])

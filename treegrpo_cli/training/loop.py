@@ -7,11 +7,10 @@ optimizer and the iteration counter for a resumed run to repeat an uninterrupted
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, ExitStack, closing, contextmanager, nullcontext
+from collections.abc import Callable
+from contextlib import AbstractContextManager, ExitStack, closing, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -35,7 +34,7 @@ from ..models.registry import load_policy
 from ..store.checkpoint import Checkpoint, follow_checkpoint_gathers, list_checkpoints, load_checkpoint, save_checkpoint
 from . import dist, rundir, runlock, runlog, tracking
 from .dist import SINGLE, Dist
-from .heldout import heldout_reward
+from .heldout import heldout_row
 from .nft import nft_batch
 from .overlap import chunk_count, rollout_and_score
 from .parallel import parallel_plan, shard_policy, whole_batch
@@ -326,7 +325,7 @@ def _train(req: TrainRequest, hooks: Hooks, held: ExitStack) -> dict[str, Any]:
         rundir.create(req.run_dir, cfg, req.command, {"train": req.prompts, "eval": req.eval_prompts})
     if cfg.train.log and d.main:
         track = tracking.Tracking(req.run_dir, cfg.train.log, cfg.to_dict(), trainer.step if req.resume else None)
-        hooks = _tracked(hooks, held.enter_context(closing(track)))
+        hooks = tracking.tracked(hooks, held.enter_context(closing(track)))
     if not req.resume and cfg.train.sample_every and works:
         _grid(trainer, req, 0, hooks)
     if cfg.train.eval_samples and _main_says(lambda: not runlog.read_evals(req.run_dir), trainer, d):
@@ -394,24 +393,6 @@ def _record(req: TrainRequest, hooks: Hooks, row: dict[str, Any], stall: int) ->
     if stall == runlog.STALL_ITERATIONS:
         hooks.note(runlog.stall_message(row["iteration"] - stall + 1, row["iteration"]))
     return stall
-
-
-def _tracked(hooks: Hooks, track: tracking.Tracking) -> Hooks:
-    """The hooks, with every row, evaluation and image also given to the run's trackers."""
-
-    def on_row(row: dict[str, Any]) -> None:
-        track.metrics(row)
-        hooks.on_row(row)
-
-    def on_eval(row: dict[str, Any]) -> None:
-        track.heldout(row)
-        hooks.on_eval(row)
-
-    def on_image(tag: str, path: Path, step: int) -> None:
-        track.image(tag, path, step)
-        hooks.on_image(tag, path, step)
-
-    return dataclasses.replace(hooks, on_row=on_row, on_eval=on_eval, on_image=on_image)
 
 
 def _outputs(trainer: Trainer, req: TrainRequest, stopped: bool, last: bool, hooks: Hooks) -> None:
@@ -494,50 +475,25 @@ def _check_finite(row: dict[str, Any], run: Path) -> None:
 
 
 def _heldout(trainer: Trainer, req: TrainRequest, hooks: Hooks, wall: float) -> None:
-    """The reward of ODE samples of the eval prompts (same root noises every time) -> eval.jsonl, with the
-    seconds of training so far. It scores the weights `eval` and `export` use by default: the EMA where the
-    run keeps one (its `raw/` fields score the trained weights), else the trained weights."""
-    row = _heldout_reward(trainer, req, hooks)
-    if trainer.ema is not None:
-        raw = {f"raw/{k}": v for k, v in row.items() if k.startswith(("reward_", "rewards/"))}
-        with _ema_weights(trainer):
-            row = {**_heldout_reward(trainer, req, hooks), **raw}
-    row["weights"] = "ema" if trainer.ema is not None else "trained"
-    if req.dist.main:
-        row = {"iteration": trainer.step, "wall": wall, **trainer.totals, **row}
-        runlog.append_eval(req.run_dir, row)
-        hooks.on_eval(row)
-
-
-def _heldout_reward(trainer: Trainer, req: TrainRequest, hooks: Hooks) -> dict[str, Any]:
+    """The held-out evaluation of the weights `eval` and `export` use (heldout.py) -> eval.jsonl, with the
+    seconds of training so far."""
     cfg = trainer.cfg
-    return heldout_reward(
+    row = heldout_row(
         trainer.policy,
         trainer.sde,
         req.eval_prompts,
         trainer.rewards,
         trainer.weights,
+        trainer.ema,
         cfg.train.eval_samples,
         mix_seed(cfg.seed, 0x4E1D),
         cfg.rollout.max_batch,
         lambda ph, d, t: hooks.progress("eval", d, t),
     )
-
-
-@contextmanager
-def _ema_weights(trainer: Trainer) -> Iterator[None]:
-    """The EMA weights in the policy for the duration, the trained ones put back bit for bit after."""
-    assert trainer.ema is not None
-    state = trainer.policy.trainable_state()  # detached views of the parameters (or of this rank's shards)
-    raw = {k: v.clone() for k, v in state.items()}
-    with torch.no_grad():
-        try:
-            for k, v in state.items():
-                v.copy_(trainer.ema[k])
-            yield
-        finally:
-            for k, v in state.items():
-                v.copy_(raw[k])
+    if req.dist.main:
+        row = {"iteration": trainer.step, "wall": wall, **trainer.totals, **row}
+        runlog.append_eval(req.run_dir, row)
+        hooks.on_eval(row)
 
 
 def _save(trainer: Trainer, req: TrainRequest) -> None:

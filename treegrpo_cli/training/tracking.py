@@ -16,12 +16,13 @@ the user set it up), one W&B run id per treegrpo run, kept in tracking.json.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
 import uuid
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from ..errors import TreegrpoError
 from ..store.shards import atomic_write
@@ -181,6 +182,28 @@ class Tracking:
     def close(self) -> None:
         for tracker in self.trackers.values():
             tracker.close()
+
+
+H = TypeVar("H")
+
+
+def tracked(hooks: H, track: Tracking) -> H:
+    """The loop's hooks (a dataclass), with every row, evaluation and image also given to the trackers."""
+    base: Any = hooks
+
+    def on_row(row: dict[str, Any]) -> None:
+        track.metrics(row)
+        base.on_row(row)
+
+    def on_eval(row: dict[str, Any]) -> None:
+        track.heldout(row)
+        base.on_eval(row)
+
+    def on_image(tag: str, path: Path, step: int) -> None:
+        track.image(tag, path, step)
+        base.on_image(tag, path, step)
+
+    return dataclasses.replace(base, on_row=on_row, on_eval=on_eval, on_image=on_image)
 
 
 def _step(name: str) -> int:
