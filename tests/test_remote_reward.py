@@ -111,18 +111,34 @@ def test_train_runs_the_world_with_a_remote_reward(tmp_path):
 def test_a_server_killed_mid_run_is_one_line_and_the_run_resumes_when_it_is_back(tmp_path):
     p, port = _serve("shapes")
     url = f"http://127.0.0.1:{port}?retries=1"
-    args = ["--reward", url, *FAST, "--set", "train.save_every=1", "--run-dir", tmp_path / "r"]
-    assert run("train", *args, "--iterations", 1).exit_code == 0
-    p.kill()
-    p.wait(timeout=30)
-    r = run("train", "--resume", tmp_path / "r", "--iterations", 3)
-    one_line_error(r, f"reward server http://127.0.0.1:{port} did not answer", "after 2 tries", "serve-reward")
-    assert len(read_metrics(tmp_path / "r")) == 1  # nothing recorded past the checkpoint
+    args = ["--reward", url, *FAST, "--set", "train.save_every=1", "--run-dir", str(tmp_path / "r")]
+    train = subprocess.Popen(
+        [sys.executable, "-m", "treegrpo_cli", "train", *args, "--iterations", "200"],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
+    try:
+        t0 = time.time()
+        while not (tmp_path / "r" / "metrics.jsonl").exists() or not read_metrics(tmp_path / "r"):
+            assert train.poll() is None and time.time() - t0 < 300, "the run did not get going"
+            time.sleep(0.2)
+        p.kill()  # while the run goes on
+        p.wait(timeout=30)
+        code, stderr = train.wait(timeout=300), train.stderr.read()
+    finally:
+        if train.poll() is None:
+            train.kill()
+    errors = [ln for ln in stderr.splitlines() if ln.startswith("Error")]  # after the progress lines
+    assert code != 0 and len(errors) == 1 and stderr.strip().endswith(errors[0]) and "Traceback" not in stderr, stderr
+    assert f"reward server http://127.0.0.1:{port} did not answer" in errors[0] and "serve-reward" in errors[0]
+    done = len(read_metrics(tmp_path / "r"))  # nothing recorded past the last checkpoint
+    assert 1 <= done < 200 and (tmp_path / "r" / "checkpoints" / f"step-{done}").is_dir()
     p2, _ = _serve("shapes", port=port)
     try:
-        r = run("train", "--resume", tmp_path / "r", "--iterations", 3)
+        r = run("train", "--resume", tmp_path / "r", "--iterations", done + 1)
         assert r.exit_code == 0, r.output
-        assert [row["iteration"] for row in read_metrics(tmp_path / "r")] == [0, 1, 2]
+        assert [row["iteration"] for row in read_metrics(tmp_path / "r")] == list(range(done + 1))
     finally:
         p2.terminate()
         p2.wait(timeout=30)
