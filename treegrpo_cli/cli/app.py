@@ -112,6 +112,7 @@ SPECIAL_METAVARS = {
     "reward": "NAMES",
     "weights": "W1,W2",
     "features": "NAMES",
+    "log": "TRACKERS",
 }
 
 
