@@ -352,6 +352,19 @@ def test_flux_dev_without_weights_is_one_line(tmp_path, monkeypatch):
     assert not (tmp_path / "run").exists()
 
 
+def test_sd35_large_without_weights_is_one_line_and_samples_at_its_guidance(tmp_path, monkeypatch):
+    from treegrpo_cli.models.registry import model_defaults
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    r = run("train", "--model", "sd3.5-large", "--iterations", 1, "--run-dir", tmp_path / "run")
+    one_line_error(r, "sd3.5-large", "stabilityai/stable-diffusion-3.5-large", "missing", "--model")
+    assert not (tmp_path / "run").exists()
+    assert model_defaults("sd3.5-large")["policy.guidance"] == 3.5
+    assert "policy.guidance" not in model_defaults("sd3.5-medium")  # the adapter's 4.5
+
+
 def test_incomplete_folder_names_the_missing_files(model_dirs, tmp_path):
     import shutil
 
@@ -706,3 +719,53 @@ def test_nft_refuses_a_noise_prediction_model(model_dirs, tmp_path):
         "train.objective = nft",
         "epsilon-prediction",
     )
+
+
+def _sd3_large_shaped():
+    """SD3.5 Large's block layout at tiny size: no dual-attention layers, RMS-normed q and k."""
+    from diffusers import SD3Transformer2DModel
+
+    pipe = tiny_sd3()
+    pipe.transformer = SD3Transformer2DModel(
+        sample_size=8,
+        patch_size=2,
+        in_channels=4,
+        num_layers=2,
+        attention_head_dim=8,
+        num_attention_heads=2,
+        joint_attention_dim=2 * H,
+        caption_projection_dim=16,
+        pooled_projection_dim=2 * H,
+        out_channels=4,
+        pos_embed_max_size=16,
+        qk_norm="rms_norm",
+        dual_attention_layers=(),
+    )
+    return pipe
+
+
+@pytest.mark.parametrize("layout", ["medium", "large"])
+def test_sd3_ode_rollout_equals_the_pipeline_sampling(tmp_path, layout):
+    """The engine's ODE rollout through the SD3 adapter (true CFG 4.5, the scheduler's grid and shift) ends
+    where StableDiffusion3Pipeline ends from the same initial latent and prompt."""
+    from treegrpo_cli.engine.rollout import TreeConfig, rollout
+    from treegrpo_cli.engine.sde import FlowSDE, SamplerConfig
+
+    torch.manual_seed(0)
+    (tiny_sd3 if layout == "medium" else _sd3_large_shaped)().save_pretrained(tmp_path / "m")
+    policy = policy_of(tmp_path / "m")
+    sde = FlowSDE(SamplerConfig(steps=4, grid="flow-match-euler", shift=3.0, decode="final"))
+    tree, _ = rollout(policy, ["a red cat"], [0], sde, TreeConfig(sde_steps=()), seed=3)
+    pipe = load_pipe(tmp_path / "m")
+    out = pipe(
+        "a red cat",
+        num_inference_steps=4,
+        guidance_scale=4.5,
+        height=16,
+        width=16,
+        max_sequence_length=8,
+        latents=tree.latent[tree.depth == 0].clone(),
+        output_type="latent",
+    ).images
+    torch.testing.assert_close(tree.image_latent, out.float(), rtol=0, atol=1e-4)
+    assert (tree.image_latent - tree.latent[tree.depth == 0]).abs().max() > 0.1  # it moved

@@ -21,7 +21,13 @@ KNOWN: dict[str, tuple[str, str]] = {
     "flux-dev": ("black-forest-labs/FLUX.1-dev", "flux"),
     "flux-schnell": ("black-forest-labs/FLUX.1-schnell", "flux"),
     "sd3.5-medium": ("stabilityai/stable-diffusion-3.5-medium", "sd3"),
+    "sd3.5-large": ("stabilityai/stable-diffusion-3.5-large", "sd3"),
     "sd1.5": ("stable-diffusion-v1-5/stable-diffusion-v1-5", "sd"),
+}
+# settings of one released model beyond its adapter's (by hub id): SD3.5 Large's card samples at guidance 3.5
+# (Medium 4.5, the adapter's default, as Flow-GRPO trains it)
+RELEASE_DEFAULTS: dict[str, dict[str, object]] = {
+    "stabilityai/stable-diffusion-3.5-large": {"policy.guidance": 3.5},
 }
 PIPELINES = {"FluxPipeline": "flux", "StableDiffusion3Pipeline": "sd3", "StableDiffusionPipeline": "sd"}
 TEXT_PARTS = ("text_encoder", "text_encoder_2", "text_encoder_3", "tokenizer", "tokenizer_2", "tokenizer_3")
@@ -186,4 +192,5 @@ def adapter_defaults(name: str) -> dict[str, object]:
         )
     if kind == "sd":
         out.update({"rollout.max_batch": 16})
+    out.update(RELEASE_DEFAULTS.get(repo_id(name), {}))
     return out
