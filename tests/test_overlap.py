@@ -2,6 +2,8 @@
 rollout (only their order in the batch is chunk by chunk), each leaf gets its own image's score, a reward that
 fails on the worker thread fails the iteration, and the automatic chunk count."""
 
+import threading
+
 import pytest
 import torch
 
@@ -10,6 +12,7 @@ from treegrpo_cli.engine.sde import FlowSDE, SamplerConfig
 from treegrpo_cli.errors import TreegrpoError
 from treegrpo_cli.models.registry import load_policy
 from treegrpo_cli.rewards.base import get_reward
+from treegrpo_cli.training import overlap
 from treegrpo_cli.training.overlap import chunk_count, rollout_and_score
 from treegrpo_cli.training.steps import leaf_images
 
@@ -53,18 +56,31 @@ def test_chunks_make_the_trees_of_one_rollout_and_score_each_leaf():
         assert set(out.seconds) == {"rollout", "score", "score_busy"}
 
 
-def test_a_reward_that_fails_on_the_worker_fails_the_call():
-    calls = []
+def test_a_reward_that_fails_on_the_worker_stops_the_iteration(monkeypatch):
+    """Chunk 1's scoring fails on the worker while chunk 2 is rolled out: chunk 2 is not sent for scoring and
+    chunk 3 is not rolled out; the error is the reward's own."""
+    second, failed, rollouts, calls = threading.Event(), threading.Event(), [], []
+    real = overlap.rollout
+
+    def counted(*a, **k):
+        rollouts.append(1)
+        if len(rollouts) == 2:
+            second.set()
+        out = real(*a, **k)
+        if len(rollouts) == 2:
+            assert failed.wait(30)  # chunk 1's scoring has failed by the end of chunk 2's rollout
+        return out
 
     def broken(images, prompts):
         calls.append(len(prompts))
-        if len(calls) == 2:
-            raise TreegrpoError("the reward server at http://127.0.0.1:1 is not answering")
-        return images.mean(dim=(1, 2, 3))
+        assert second.wait(30)  # fails while chunk 2 is rolled out
+        failed.set()
+        raise TreegrpoError("the reward server at http://127.0.0.1:1 is not answering")
 
+    monkeypatch.setattr(overlap, "rollout", counted)
     with pytest.raises(TreegrpoError, match="not answering"):
         _run(3, {"broken": broken})
-    assert len(calls) == 3  # every chunk was rolled out and submitted before the error surfaced
+    assert len(rollouts) == 2 and len(calls) == 1
 
 
 @pytest.mark.parametrize(

@@ -61,10 +61,14 @@ def rollout_and_score(
 ) -> Scored:
     size = max(1, -(-len(mine) // max(chunks, 1)))  # prompts per chunk
     starts = list(range(0, len(mine), size)) or [0]
-    trees, nfe, pending = [], 0, []
+    trees: list[Tree] = []
+    pending: list[Future] = []
+    nfe = 0
     t0 = time.perf_counter()
-    with ThreadPoolExecutor(1, thread_name_prefix="treegrpo-score") as pool:
+    pool = ThreadPoolExecutor(1, thread_name_prefix="treegrpo-score")
+    try:
         for a in starts:
+            _raise_failed(pending)  # a chunk whose scoring failed stops the next ones' rollout and scoring
             ids = mine[a : a + size]
             tree, n = rollout(
                 policy, [prompts[i] for i in ids], ids, sde, cfg, seed, max_batch, progress, [*earlier, *mine[:a]]
@@ -76,9 +80,12 @@ def rollout_and_score(
             if len(starts) == 1:  # no overlap: score here, as the plain sequence does
                 pending.append(_done(_timed_score(rewards, images, leaf_prompts)))
             else:
+                _raise_failed(pending)
                 pending.append(pool.submit(_timed_score, rewards, images, leaf_prompts))
         t1 = time.perf_counter()
-        results = [f.result() for f in pending]  # a scoring error surfaces here, once the rollout is done
+        results = [f.result() for f in pending]  # in order; the first error surfaces here
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)  # after an error, chunks not yet scored are not sent
     t2 = time.perf_counter()
     scores = {n: torch.cat([r[n] for r, _ in results]) for n in results[0][0]} if results else {}
     busy = sum(s for _, s in results)
@@ -86,6 +93,12 @@ def rollout_and_score(
     if len(starts) == 1:  # the rollout phase did the scoring: split it back out
         return Scored(whole, nfe, scores, {"rollout": t1 - t0 - busy, "score": busy, "score_busy": busy})
     return Scored(whole, nfe, scores, {"rollout": t1 - t0, "score": t2 - t1, "score_busy": busy})
+
+
+def _raise_failed(pending: list[Future]) -> None:
+    for f in pending:
+        if f.done() and f.exception() is not None:
+            f.result()
 
 
 def _done(value: Any) -> Future:
