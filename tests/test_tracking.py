@@ -63,6 +63,7 @@ def test_wandb_offline_writes_its_run_folder(tmp_path, monkeypatch):
     pytest.importorskip("wandb")
     for var in ("WANDB_MODE", "WANDB_API_KEY"):
         monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))  # not logged in
     monkeypatch.setenv("WANDB_DIR", str(tmp_path / "elsewhere"))  # ours is the run folder
     r = tmp_path / "r"
     res = run("train", "--log", "wandb", *FAST, "--iterations", 2, "--run-dir", r)

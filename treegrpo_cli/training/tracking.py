@@ -10,8 +10,8 @@ folder's; W&B cannot rewind an offline run, so it skips the steps it already has
 held-out point logged after the checkpoint stays there. A tracker added on resume is first given the history.
 
 TensorBoard writes `tensorboard/` in the run folder (torch.utils.tensorboard; the `tensorboard` package).
-W&B writes `wandb/` in the run folder, offline unless WANDB_MODE or WANDB_API_KEY says otherwise (then as
-the user set it up), one W&B run id per treegrpo run, kept in tracking.json.
+W&B writes `wandb/` in the run folder, offline unless the user has set W&B up (WANDB_MODE, WANDB_API_KEY, or
+`wandb login`'s entry in ~/.netrc: then as they set it up), one W&B run id per treegrpo run, in tracking.json.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ class _Wandb:
         import wandb
 
         state.setdefault("id", uuid.uuid4().hex[:12])
-        setup = "WANDB_MODE" in os.environ or "WANDB_API_KEY" in os.environ
+        setup = "WANDB_MODE" in os.environ or "WANDB_API_KEY" in os.environ or _wandb_login()
         self.run = wandb.init(
             project=os.environ.get("WANDB_PROJECT", "treegrpo"),
             name=run.name,
@@ -116,6 +116,16 @@ class _Wandb:
 
     def close(self) -> None:
         self.run.finish()
+
+
+def _wandb_login() -> bool:
+    """Has the user run `wandb login` (an api.wandb.ai entry in ~/.netrc, or $NETRC)?"""
+    import netrc
+
+    try:
+        return netrc.netrc(os.environ.get("NETRC")).authenticators("api.wandb.ai") is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
 
 
 class Tracking:
