@@ -1,12 +1,12 @@
 """Denoiser FLOPs per row (models/flops.py): the counts derived from the models' shapes agree with torch's
-FlopCounterMode on the world's DiT and on the tiny FLUX transformer, forward and backward."""
+FlopCounterMode on the world's DiT and on the tiny FLUX and SD3 transformers, forward and backward."""
 
 import copy
 
 import pytest
 import torch
 import torch.nn.functional as F
-from test_models_diffusers import tiny_flux, tiny_sd3
+from test_models_diffusers import tiny_flux, tiny_sd, tiny_sd3
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -150,12 +150,71 @@ def test_the_measured_fallback_on_the_pixel_policy():
 
 
 def test_the_measured_fallback_counts_one_network_row_under_true_cfg():
-    from treegrpo_cli.models.sd3 import SD3Policy
+    from treegrpo_cli.models.sd import SDPolicy
 
     rows = {}
-    for guidance in (1.0, 4.5):  # 4.5: both CFG halves in one forward, two network rows per latent row
+    for guidance in (1.0, 5.0):  # 5.0: both CFG halves in one forward, two network rows per latent row
         torch.manual_seed(0)
         opts = PolicyConfig(dtype="fp32", resolution=16, max_sequence_length=8, guidance=guidance)
-        policy = SD3Policy(tiny_sd3(), opts, name="sd3-test")
+        policy = SDPolicy(tiny_sd(), opts, name="sd-test")
         rows[policy.evals_per_row] = policy.flops_per_row()
     assert rows[1] == rows[2] and min(rows[1]) > 0
+
+
+def _sd3_transformer(dual: tuple[int, ...]):
+    from diffusers import SD3Transformer2DModel
+
+    torch.manual_seed(0)
+    return SD3Transformer2DModel(
+        sample_size=8,
+        patch_size=2,
+        in_channels=4,
+        num_layers=2,
+        attention_head_dim=8,
+        num_attention_heads=2,
+        joint_attention_dim=64,
+        caption_projection_dim=16,
+        pooled_projection_dim=64,
+        out_channels=4,
+        pos_embed_max_size=16,
+        qk_norm="rms_norm",
+        dual_attention_layers=dual,
+    )
+
+
+@pytest.mark.parametrize("layout", ["medium", "large"])  # SD3.5 Medium's dual-attention block, Large's plain ones
+@pytest.mark.parametrize("case", ["full", "lora"])
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_sd3_count_matches_flop_counter(layout, case, checkpointing):
+    from peft import LoraConfig
+
+    from treegrpo_cli.models.flops import sd3_flops
+    from treegrpo_cli.models.sd3 import SD3_LORA
+
+    net = _sd3_transformer((0,) if layout == "medium" else ())
+    targets = None if case == "full" else SD3_LORA.targets
+    if targets is None:
+        net.requires_grad_(True)
+    else:
+        net.requires_grad_(False).add_adapter(LoraConfig(r=4, lora_alpha=8, target_modules=list(targets)))
+    if checkpointing:
+        net.enable_gradient_checkpointing()
+    x, emb, pooled = torch.randn(1, 4, 8, 8), torch.randn(1, 8, 64), torch.randn(1, 64)
+    kw = dict(encoder_hidden_states=emb, pooled_projections=pooled, timestep=torch.tensor([500.0]), return_dict=False)
+    measured = measure(lambda: net(hidden_states=x, **kw)[0], [p for p in net.parameters() if p.requires_grad])
+    counted = sd3_flops(net.config, 16, 8, None if targets is None else 4, targets, recompute=checkpointing)
+    assert counted == measured
+
+
+@pytest.mark.parametrize(("finetune", "uncond"), [("lora", "grad"), ("full", "grad"), ("lora", "detach")])
+def test_the_sd3_adapter_reports_its_shapes(finetune, uncond):
+    from treegrpo_cli.models.sd3 import SD3Policy
+
+    torch.manual_seed(0)
+    opts = PolicyConfig(
+        dtype="fp32", resolution=16, max_sequence_length=8, finetune=finetune, lora_rank=4, cfg_uncond=uncond
+    )
+    policy = SD3Policy(tiny_sd3(), opts, name="sd3-test")
+    counted = policy.flops_per_row()
+    assert policy.evals_per_row == 2 and counted is not None
+    assert within(counted, measure_policy_flops(policy, "a red cat")), (counted, measure_policy_flops(policy, "x"))

@@ -11,8 +11,8 @@ Backward of a linear layer y = x W^T: the weight gradient (2*m*k*n) when W is tr
 products forward and their weight and input gradients backward. The count follows which tensors require
 grad through the network, as autograd does: the sampler latent and the text embeddings never do.
 
-`dit_flops` and `flux_flops` derive the count from a model's config; `measure` and `measure_policy_flops`
-run FlopCounterMode itself (the fallback of the adapters with no formula: pixel, SD3, SD1.5).
+`dit_flops`, `flux_flops` and `sd3_flops` derive the count from a model's config; `measure` and
+`measure_policy_flops` run FlopCounterMode itself (the fallback of the adapters with no formula: pixel, SD1.5).
 """
 
 from __future__ import annotations
@@ -199,6 +199,94 @@ def _flux_single(led: Ledger, pre: str, S: int, D: int, M: int, h: bool, c: bool
     qkv = [led.linear(pre + f"attn.to_{n}", S, D, D, x) for n in "qkv"]
     led.attention(S, D, any(qkv))
     return led.linear(pre + "proj_out", S, D + M, D, any(qkv) or mlp) or x
+
+
+# -- SD3 / SD3.5 (diffusers' SD3Transformer2DModel) ---------------------------------------------
+SD3_DEFAULTS: dict[str, Any] = {  # SD3Transformer2DModel's constructor defaults
+    "patch_size": 2,
+    "in_channels": 16,
+    "num_layers": 18,
+    "attention_head_dim": 64,
+    "num_attention_heads": 18,
+    "joint_attention_dim": 4096,
+    "caption_projection_dim": 1152,
+    "pooled_projection_dim": 2048,
+    "out_channels": 16,
+    "dual_attention_layers": (),
+}
+
+
+def sd3_flops(
+    config: Mapping[str, Any] | Any,
+    image_tokens: int,
+    text_tokens: int,
+    lora_rank: int | None = None,
+    lora_targets: Sequence[str] | None = None,
+    recompute: bool = False,
+) -> tuple[int, int]:
+    """(forward, backward) FLOPs of one network row of SD3Transformer2DModel(**config) (SD3, SD3.5 Medium with
+    its dual-attention blocks, SD3.5 Large): image_tokens patches, text_tokens CLIP+T5 tokens. lora_rank None:
+    full fine-tuning; else LoRA on lora_targets (None: models/sd3.py's SD3_LORA targets)."""
+    cfg = {
+        k: (config.get(k, v) if isinstance(config, Mapping) else getattr(config, k, v)) for k, v in SD3_DEFAULTS.items()
+    }
+    if lora_rank is not None and lora_targets is None:
+        from .sd3 import SD3_LORA
+
+        lora_targets = SD3_LORA.targets
+    led = Ledger(lora_rank, tuple(lora_targets or ()))
+    D, p, L = cfg["num_attention_heads"] * cfg["attention_head_dim"], cfg["patch_size"], cfg["num_layers"]
+    N, T = image_tokens, text_tokens
+    img = led.linear("pos_embed.proj", N, cfg["in_channels"] * p * p, D, x_grad=False)  # patches -> [N, D]
+    pre = "time_text_embed."
+    t = led.linear(pre + "timestep_embedder.linear_1", 1, TIME_FEATURES, D, x_grad=False)
+    t = led.linear(pre + "timestep_embedder.linear_2", 1, D, D, t)
+    y = led.linear(pre + "text_embedder.linear_1", 1, cfg["pooled_projection_dim"], D, x_grad=False)
+    temb = led.linear(pre + "text_embedder.linear_2", 1, D, D, y) or t  # [1, D]
+    txt = led.linear("context_embedder", T, cfg["joint_attention_dim"], cfg["caption_projection_dim"], x_grad=False)
+    blocks = led.fwd
+    for i in range(L):
+        img, txt = _sd3_block(
+            led,
+            f"transformer_blocks.{i}.",
+            N,
+            T,
+            D,
+            img,
+            txt,
+            temb,
+            i == L - 1,
+            i in tuple(cfg["dual_attention_layers"]),
+        )
+    blocks = led.fwd - blocks
+    led.linear("norm_out.linear", 1, D, 2 * D, temb)  # AdaLayerNormContinuous: [1, D] -> scale, shift
+    led.linear("proj_out", N, D, p * p * cfg["out_channels"], img)
+    return led.fwd, led.bwd + (blocks if recompute else 0)
+
+
+def _sd3_block(
+    led: Ledger, pre: str, N: int, T: int, D: int, img: bool, txt: bool, c: bool, last: bool, dual: bool
+) -> tuple[bool, bool]:
+    """JointTransformerBlock: image [N, D] and text [T, D] streams with their adaLN-zero (9 modulations with a
+    second, image-only attention in SD3.5 Medium's dual blocks; the last block's text stream only feeds the
+    attention: a continuous adaLN, no output projection or feed-forward), joint attention over [T + N, D]."""
+    mod = led.linear(pre + "norm1.linear", 1, D, (9 if dual else 6) * D, c)
+    cmod = led.linear(pre + "norm1_context.linear", 1, D, (2 if last else 6) * D, c)
+    x, y = img or mod, txt or cmod
+    qkv = [led.linear(pre + f"attn.to_{n}", N, D, D, x) for n in "qkv"]
+    qkv += [led.linear(pre + f"attn.add_{n}_proj", T, D, D, y) for n in "qkv"]
+    led.attention(T + N, D, any(qkv))
+    img = led.linear(pre + "attn.to_out.0", N, D, D, any(qkv)) or x
+    if dual:  # attn2 on the image stream alone
+        qkv2 = [led.linear(pre + f"attn2.to_{n}", N, D, D, x) for n in "qkv"]
+        led.attention(N, D, any(qkv2))
+        img = led.linear(pre + "attn2.to_out.0", N, D, D, any(qkv2)) or img
+    img = led.linear(pre + "ff.net.2", N, 4 * D, D, led.linear(pre + "ff.net.0.proj", N, D, 4 * D, img)) or img
+    if last:
+        return img, False
+    txt = led.linear(pre + "attn.to_add_out", T, D, D, any(qkv)) or y
+    ctx = led.linear(pre + "ff_context.net.0.proj", T, D, 4 * D, txt)
+    return img, led.linear(pre + "ff_context.net.2", T, 4 * D, D, ctx) or txt
 
 
 # -- measured (FlopCounterMode) ----------------------------------------------------------------
