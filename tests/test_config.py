@@ -16,6 +16,7 @@ ALL = [
     "mix-grpo",
     "nft",
     "tree-grpo",
+    "tree-grpo-mean",
     "tree-nft",
     "treepo",
 ]

@@ -116,7 +116,7 @@ def test_flowgrpo_ema_warmup_decay():
     torch.testing.assert_close(trainer.ema[name], d * start[name] + (1 - d) * param)
 
 
-@pytest.mark.parametrize("preset", ["mix-grpo"])
+@pytest.mark.parametrize("preset", ["mix-grpo", "tree-grpo-mean"])
 def test_one_step_of_the_mean_elsewhere(tmp_path, preset):
     for row in rows(tmp_path, preset, 1):
         assert row["optimizer_steps"] == 1 and row["ema_updates"] == 0

@@ -105,7 +105,7 @@ def policy_sets(
     return sets
 
 
-DEFAULT_PRESET = "tree-grpo"
+DEFAULT_PRESET = "tree-grpo-mean"
 
 
 def train(
