@@ -6,7 +6,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from test_models_diffusers import tiny_flux, tiny_sd, tiny_sd3
+from test_models_diffusers import tiny_flux, tiny_sd, tiny_sd3, tiny_sd3_transformer
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -162,24 +162,8 @@ def test_the_measured_fallback_counts_one_network_row_under_true_cfg():
 
 
 def _sd3_transformer(dual: tuple[int, ...]):
-    from diffusers import SD3Transformer2DModel
-
     torch.manual_seed(0)
-    return SD3Transformer2DModel(
-        sample_size=8,
-        patch_size=2,
-        in_channels=4,
-        num_layers=2,
-        attention_head_dim=8,
-        num_attention_heads=2,
-        joint_attention_dim=64,
-        caption_projection_dim=16,
-        pooled_projection_dim=64,
-        out_channels=4,
-        pos_embed_max_size=16,
-        qk_norm="rms_norm",
-        dual_attention_layers=dual,
-    )
+    return tiny_sd3_transformer(dual)
 
 
 @pytest.mark.parametrize("layout", ["medium", "large"])  # SD3.5 Medium's dual-attention block, Large's plain ones

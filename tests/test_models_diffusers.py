@@ -721,12 +721,12 @@ def test_nft_refuses_a_noise_prediction_model(model_dirs, tmp_path):
     )
 
 
-def _sd3_large_shaped():
-    """SD3.5 Large's block layout at tiny size: no dual-attention layers, RMS-normed q and k."""
+def tiny_sd3_transformer(dual: tuple[int, ...]):
+    """An SD3 transformer of tiny_sd3's widths, two blocks with RMS-normed q and k: `dual` (0,) has SD3.5
+    Medium's dual-attention block first, () is SD3.5 Large's layout."""
     from diffusers import SD3Transformer2DModel
 
-    pipe = tiny_sd3()
-    pipe.transformer = SD3Transformer2DModel(
+    return SD3Transformer2DModel(
         sample_size=8,
         patch_size=2,
         in_channels=4,
@@ -739,8 +739,13 @@ def _sd3_large_shaped():
         out_channels=4,
         pos_embed_max_size=16,
         qk_norm="rms_norm",
-        dual_attention_layers=(),
+        dual_attention_layers=dual,
     )
+
+
+def _sd3_large_shaped():
+    pipe = tiny_sd3()
+    pipe.transformer = tiny_sd3_transformer(())
     return pipe
 
 
