@@ -38,7 +38,7 @@ MODEL_DEFAULTS: dict[str, dict[str, object]] = {
     "pixel": {"train.lr": 1e-3, "train.clip_range": 1e-2, "rollout.num_prompts": 2, "train.iterations": 300},
     "pixel-tiny": {"train.lr": 3e-4, "train.clip_range": 1e-2, "rollout.num_prompts": 2, "train.iterations": 2},
     # the embedded world: its own prompts, verifiable reward and test list, and a step size and budget for
-    # a 1.7M-parameter latent DiT that keep `treegrpo train` (tree-grpo preset) within 15 minutes on 2 CPU cores
+    # a 1.7M-parameter latent DiT that keep `treegrpo train` (tree-grpo-mean preset) within 15 minutes on 2 CPU cores
     "tiny-shapes": {
         "reward.names": ["shapes"],
         "rollout.prompts": "shapes-train",
