@@ -148,7 +148,7 @@ class _Quiet(ThreadingHTTPServer):
     daemon_threads = True
 
     def handle_error(self, request, client_address):
-        pass  # the client hung up on a slow answer: expected here
+        """Silent: the client hung up on a slow answer, as the timeout test means it to."""
 
 
 class _Fake(BaseHTTPRequestHandler):
@@ -166,7 +166,7 @@ class _Fake(BaseHTTPRequestHandler):
         self.wfile.write(self.answer)
 
     def log_message(self, *a):
-        pass
+        """No request log on stderr."""
 
 
 @pytest.mark.parametrize(
