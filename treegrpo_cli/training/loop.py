@@ -41,6 +41,7 @@ from .parallel import parallel_plan, shard_policy, whole_batch
 from .steps import (
     build_rewards,
     credit,
+    iteration_flops,
     metrics_row,
     peak_memory_mib,
     plan_iteration,
@@ -282,17 +283,6 @@ class Trainer:
 
 
 TOTALS = ("flops_total", "reward_images_total")
-
-
-def iteration_flops(per_row: tuple[int, int] | None, rollout_evals: int, train_evals: int, extra: int = 0) -> int:
-    """Denoiser FLOPs of an iteration, from the evaluations it ran and the model's per-row count
-    (models/flops.py): each rollout evaluation a forward, each training evaluation a forward and a
-    backward, plus `extra` forwards beside each (the reference's when a KL term is on, NFT's old policy).
-    0 where the policy cannot say."""
-    if per_row is None:
-        return 0
-    fwd, bwd = per_row
-    return int(rollout_evals * fwd + train_evals * (fwd + bwd + extra * fwd))
 
 
 # --- the run ---------------------------------------------------------------------------------

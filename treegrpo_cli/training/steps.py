@@ -177,3 +177,14 @@ def throughput(
         }
         out.update({f"mfu/{k}": f / (sec[k] * peak) for k, f in done.items() if sec[k] > 0})
     return out
+
+
+def iteration_flops(per_row: tuple[int, int] | None, rollout_evals: int, train_evals: int, extra: int = 0) -> int:
+    """Denoiser FLOPs of an iteration, from the evaluations it ran and the model's per-row count
+    (models/flops.py): each rollout evaluation a forward, each training evaluation a forward and a
+    backward, plus `extra` forwards beside each (the reference's when a KL term is on, NFT's old policy).
+    0 where the policy cannot say."""
+    if per_row is None:
+        return 0
+    fwd, bwd = per_row
+    return int(rollout_evals * fwd + train_evals * (fwd + bwd + extra * fwd))
