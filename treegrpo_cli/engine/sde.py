@@ -33,7 +33,7 @@ from torch import Tensor
 from ..errors import ConfigError
 from .protocols import Kernel
 
-GRIDS = ("shifted", "flow-match-euler")
+GRIDS = ("shifted", "flow-match-euler", "model")
 NOISES = ("dance", "flow", "cps")
 LOG_PROB_FORMS = ("gaussian", "squared-error")
 SOLVERS = ("euler", "dpm2")
@@ -49,9 +49,9 @@ MAX_TRAIN_TIMESTEPS = 100_000  # the flow-match-euler grid's training timesteps 
 class SamplerConfig:
     steps: int = 20  # T denoising steps
     shift: float = 3.0  # time shift s of the sigma grid
-    grid: str = (
-        "shifted"  # "shifted": s*u/(1+(s-1)*u) on u = linspace(1, 0, T+1); "flow-match-euler": diffusers' SD3 grid
-    )
+    # "shifted": s*u/(1+(s-1)*u) on u = linspace(1, 0, T+1); "flow-match-euler": diffusers' SD3 grid;
+    # "model": the diffusers model's own scheduler at its resolution (the dynamic shift of FLUX.2, Qwen-Image)
+    grid: str = "shifted"
     noise: str = "dance"  # "dance": g = eta; "flow": g = eta*sqrt(sigma/(1-sigma)); "cps": std = sigma' sin(eta pi/2)
     eta: float = 0.3  # the noise level (eta for dance, a for flow and cps)
     log_prob_reduction: str = "mean"  # "mean" over latent elements (every reference) or "sum"
@@ -92,9 +92,22 @@ def time_shift(u: Tensor, shift: float) -> Tensor:
     return shift * u / (1 + (shift - 1) * u)
 
 
+def check_grid(sigmas: Tensor, steps: int) -> Tensor:
+    """A given grid as [T+1] float64, refused unless it falls strictly from at most 1 to exactly 0."""
+    s = torch.as_tensor(sigmas, dtype=torch.float64).flatten().cpu()
+    if len(s) != steps + 1 or not bool((s[1:] < s[:-1]).all()) or float(s[0]) > 1 or float(s[-1]) != 0:
+        raise ConfigError(f"a sigma grid must fall strictly from <= 1 to 0 in {steps} steps; got {s.tolist()}")
+    return s
+
+
 def sigma_grid(cfg: SamplerConfig) -> Tensor:
     """[T+1] float64 noise levels from 1 (pure noise) down to 0."""
     T = cfg.steps
+    if cfg.grid == "model":
+        raise ConfigError(
+            'sampler.grid = "model" takes the grid of a diffusers model\'s scheduler; this model has none '
+            '(use "shifted" or "flow-match-euler")'
+        )
     if cfg.grid == "shifted":
         u = torch.linspace(1.0, 0.0, T + 1, dtype=torch.float64)
         return time_shift(u, cfg.shift)
@@ -124,10 +137,11 @@ class StepResult:
 class FlowSDE:
     """The transition kernel of a flow-matching sampler on one sigma grid."""
 
-    def __init__(self, cfg: SamplerConfig):
+    def __init__(self, cfg: SamplerConfig, sigmas: Tensor | None = None):
+        """sigmas [T+1]: a grid from elsewhere (sampler.grid = "model": the policy's scheduler), else sigma_grid."""
         cfg.validate()
         self.cfg = cfg
-        self.sigmas = sigma_grid(cfg)  # [T+1] float64
+        self.sigmas = sigma_grid(cfg) if sigmas is None else check_grid(sigmas, cfg.steps)  # [T+1] float64
 
     def step(self, x: Tensor, v: Tensor, i: Tensor, sde: Tensor, prev_x0: Tensor | None = None) -> StepResult:
         """One transition from step i for a batch: x, v [B, ...]; i [B] int64 step index; sde [B] bool.

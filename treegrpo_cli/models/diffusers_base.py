@@ -69,7 +69,11 @@ def load_pipeline(folder: Path, pipeline_cls: Any, dtype: torch.dtype, text_enco
 class LoraDefaults:
     rank: int
     alpha: float
-    targets: tuple[str, ...]
+    targets: tuple[str, ...] | str  # module names (peft matches their suffixes) or one regex of full names
+
+
+def _targets(targets: tuple[str, ...] | str) -> list[str] | str:
+    return targets if isinstance(targets, str) else list(targets)
 
 
 class _WithAdapters(Protocol):
@@ -100,7 +104,8 @@ class DiffusersPolicy(ABC):
     lora_defaults = LoraDefaults(32, 64.0, ("to_k", "to_q", "to_v", "to_out.0"))
     default_guidance = 1.0
     default_resolution = 512
-    uses_negative = False  # true classifier-free guidance: the empty prompt is embedded too
+    uses_negative = False  # true classifier-free guidance: the negative prompt is embedded too
+    negative_prompt = ""  # the unconditional half's prompt
     _flops_row: tuple[int, int] | None = None  # flops_per_row()'s measurement
 
     def __init__(self, pipe: Any, opts: PolicyConfig, name: str, source: str = "", device: str | torch.device = "cpu"):
@@ -147,7 +152,7 @@ class DiffusersPolicy(ABC):
             # peft annotates lora_alpha as int but scales by lora_alpha / r: a float alpha is honoured
             lora_alpha=int(alpha) if alpha.is_integer() else alpha,  # type: ignore[arg-type]
             init_lora_weights="gaussian",
-            target_modules=list(o.lora_targets or d.targets),
+            target_modules=list(o.lora_targets) if o.lora_targets else _targets(d.targets),
         )
 
     def _setup_training(self) -> None:
@@ -168,6 +173,37 @@ class DiffusersPolicy(ABC):
             net.enable_gradient_checkpointing()
 
     # -- the Policy protocol -----------------------------------------------------------------
+    def kernel(self, cfg: Any) -> Any:
+        """FlowSDE on the configured grid; sampler.grid = "model" takes the pipeline scheduler's own grid."""
+        from ..engine.sde import FlowSDE
+
+        return FlowSDE(cfg, self.model_sigmas(cfg.steps) if cfg.grid == "model" else None)
+
+    def model_sigmas(self, steps: int) -> Tensor:
+        """[T+1] the sigmas the pipeline samples with at this resolution: its scheduler's set_timesteps on
+        linspace(1, 1/T, T), with the dynamic shift mu of the image's token count where the scheduler has one."""
+        import numpy as np
+        from diffusers import FlowMatchEulerDiscreteScheduler
+
+        sched = FlowMatchEulerDiscreteScheduler.from_config(self.pipe.scheduler.config)
+        if sched.config.use_dynamic_shifting:
+            sched.set_timesteps(sigmas=np.linspace(1.0, 1 / steps, steps), mu=self.shift_mu(steps))
+        else:
+            sched.set_timesteps(steps)
+        return sched.sigmas.double().cpu()  # float32 values, as the pipeline steps with them
+
+    def shift_mu(self, steps: int) -> float:
+        """The dynamic shift of FluxPipeline and QwenImagePipeline: linear in the packed image's token count
+        between the scheduler's (base_image_seq_len, base_shift) and (max_image_seq_len, max_shift)."""
+        c = self.pipe.scheduler.config
+        n0, n1 = c.get("base_image_seq_len", 256), c.get("max_image_seq_len", 4096)
+        m0, m1 = c.get("base_shift", 0.5), c.get("max_shift", 1.15)
+        return (self.image_tokens() - n0) * (m1 - m0) / (n1 - n0) + m0
+
+    def image_tokens(self) -> int:
+        """Tokens of one latent in the transformer (2x2 patches by default)."""
+        return self.latent_shape[-2] * self.latent_shape[-1] // 4
+
     @property
     def evals_per_row(self) -> int:
         return 2 if self.uses_negative and self.guidance != 1.0 else 1
@@ -226,7 +262,8 @@ class DiffusersPolicy(ABC):
         lora = None
         if self.opts.finetune == "lora":
             c = self._lora_config()
-            lora = {"rank": c.r, "alpha": c.lora_alpha, "targets": sorted(c.target_modules)}
+            t = c.target_modules
+            lora = {"rank": c.r, "alpha": c.lora_alpha, "targets": t if isinstance(t, str) else sorted(t)}
         return {
             "name": self.name,
             "adapter": self.adapter,
@@ -246,7 +283,7 @@ class DiffusersPolicy(ABC):
         """Cached embeddings of the prompts, each tensor [P, ...] on the device."""
         if not prompts:
             raise TreegrpoError("no prompts to encode")
-        self._fill_cache(list(prompts) + ([""] if self.uses_negative else []))
+        self._fill_cache(list(prompts) + ([self.negative_prompt] if self.uses_negative else []))
         keys = self._cache[prompts[0]].keys()
         return {k: torch.cat([self._cache[p][k] for p in prompts]).to(self.device) for k in keys}
 
@@ -258,12 +295,12 @@ class DiffusersPolicy(ABC):
         return uncond_out + self.guidance * (cond_out - uncond_out)
 
     def negative(self, rows: int) -> Conditions:
-        """The empty prompt's embeddings repeated for `rows` rows (the unconditional half of CFG)."""
-        return {k: v.to(self.device).expand(rows, *v.shape[1:]) for k, v in self._cache[""].items()}
+        """The negative prompt's embeddings repeated for `rows` rows (the unconditional half of CFG)."""
+        return {k: v.to(self.device).expand(rows, *v.shape[1:]) for k, v in self._cache[self.negative_prompt].items()}
 
     def cache_prompts(self, prompts: list[str]) -> None:
         """Embed and cache every prompt; then free the text encoders when policy.free_text_encoders."""
-        self._fill_cache(list(prompts) + ([""] if self.uses_negative else []))
+        self._fill_cache(list(prompts) + ([self.negative_prompt] if self.uses_negative else []))
         if self.opts.free_text_encoders:
             self.free_text_encoders()
 
@@ -335,6 +372,10 @@ class DiffusersPolicy(ABC):
     def _vae_in(self, latents: Tensor) -> Tensor:
         """Sampler latents -> what the VAE decodes (undo its scaling and shift)."""
 
+    def _vae_decode(self, z: Tensor) -> Tensor:
+        """[B, C, h, w] VAE latents -> [B, 3, H, W] in [-1, 1]."""
+        return self.pipe.vae.decode(z, return_dict=False)[0]
+
     def _check_resolution(self, multiple: int) -> int:
         if self.resolution % multiple:
             raise ConfigError(f"policy.resolution {self.resolution} must be a multiple of {multiple} for {self.name}")
@@ -347,7 +388,7 @@ class DiffusersPolicy(ABC):
         with torch.no_grad():
             for chunk in latents.split(DECODE_BATCH):
                 z = self._vae_in(chunk.to(self.device).float()).to(vae.dtype)
-                out.append(vae.decode(z, return_dict=False)[0].float())
+                out.append(self._vae_decode(z).float())
         return ((torch.cat(out) + 1) / 2).clamp(0, 1)
 
     # -- export ------------------------------------------------------------------------------

@@ -23,13 +23,28 @@ KNOWN: dict[str, tuple[str, str]] = {
     "sd3.5-medium": ("stabilityai/stable-diffusion-3.5-medium", "sd3"),
     "sd3.5-large": ("stabilityai/stable-diffusion-3.5-large", "sd3"),
     "sd1.5": ("stable-diffusion-v1-5/stable-diffusion-v1-5", "sd"),
+    "qwen-image": ("Qwen/Qwen-Image", "qwenimage"),
+    "flux2-dev": ("black-forest-labs/FLUX.2-dev", "flux2"),
+    "flux2-klein-4b": ("black-forest-labs/FLUX.2-klein-4B", "flux2"),
+    "flux2-klein-9b": ("black-forest-labs/FLUX.2-klein-9B", "flux2"),
+    "flux2-klein-base-4b": ("black-forest-labs/FLUX.2-klein-base-4B", "flux2"),
+    "flux2-klein-base-9b": ("black-forest-labs/FLUX.2-klein-base-9B", "flux2"),
 }
 # settings of one released model beyond its adapter's (by hub id): SD3.5 Large's card samples at guidance 3.5
 # (Medium 4.5, the adapter's default, as Flow-GRPO trains it)
 RELEASE_DEFAULTS: dict[str, dict[str, object]] = {
     "stabilityai/stable-diffusion-3.5-large": {"policy.guidance": 3.5},
 }
-PIPELINES = {"FluxPipeline": "flux", "StableDiffusion3Pipeline": "sd3", "StableDiffusionPipeline": "sd"}
+PIPELINES = {
+    "FluxPipeline": "flux",
+    "StableDiffusion3Pipeline": "sd3",
+    "StableDiffusionPipeline": "sd",
+    "QwenImagePipeline": "qwenimage",
+    "Flux2Pipeline": "flux2",
+    "Flux2KleinPipeline": "flux2",
+}
+# flow models whose pipelines shift their grid by the image's token count: they sample on it (sampler.grid = "model")
+DYNAMIC_GRID = ("qwenimage", "flux2")
 TEXT_PARTS = ("text_encoder", "text_encoder_2", "text_encoder_3", "tokenizer", "tokenizer_2", "tokenizer_3")
 OPTIONAL_PARTS = ("safety_checker", "feature_extractor", "image_encoder")
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -97,7 +112,7 @@ def model_index(folder: Path) -> dict:
 
 
 def pipeline_kind(folder: Path) -> str:
-    """'flux' | 'sd3' | 'sd' from model_index.json's _class_name."""
+    """The adapter ('flux', 'sd3', 'sd', 'qwenimage', 'flux2') from model_index.json's _class_name."""
     cls = model_index(folder).get("_class_name", "?")
     if cls not in PIPELINES:
         raise TreegrpoError(f"{folder}: pipeline {cls} is not supported (supported: {', '.join(PIPELINES)})")
@@ -173,8 +188,10 @@ def adapter_defaults(name: str) -> dict[str, object]:
         return {}
     kind, folder = _kind_and_folder(name)
     out: dict[str, object] = {}
-    if kind in ("flux", "sd3"):
+    if kind in ("flux", "sd3", *DYNAMIC_GRID):
         out.update({"rollout.max_batch": 8, "policy.gradient_checkpointing": True})
+    if kind in DYNAMIC_GRID:
+        out["sampler.grid"] = "model"
     if kind == "sd3":
         sched = {}
         path = folder / "scheduler" / "scheduler_config.json" if folder else None

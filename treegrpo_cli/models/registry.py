@@ -78,7 +78,7 @@ def load_policy(
 
 
 def _load_diffusers(name: str, device: str | torch.device, opts: PolicyConfig, text_encoders: bool) -> Policy:
-    """A local folder or cached hub snapshot -> the FLUX, SD3 or SD adapter its model_index.json names."""
+    """A local folder or cached hub snapshot -> the adapter its model_index.json's pipeline class names."""
     opts.validate()
     require_extra(("diffusers", "transformers", "peft"), "models", name)
     folder = hub.resolve(name, opts.revision, opts.download)
@@ -87,29 +87,26 @@ def _load_diffusers(name: str, device: str | torch.device, opts: PolicyConfig, t
     from .diffusers_base import load_pipeline, quiet_diffusers, torch_dtype
 
     quiet_diffusers()  # the torchvision guard first: transformers imports it
-    pipeline_cls: type  # a diffusers pipeline class
-    adapter: type[DiffusersPolicy]
-    if kind == "flux":
-        from diffusers import FluxPipeline
-
-        from .flux import FluxPolicy
-
-        pipeline_cls, adapter = FluxPipeline, FluxPolicy
-    elif kind == "sd3":
-        from diffusers import StableDiffusion3Pipeline
-
-        from .sd3 import SD3Policy
-
-        pipeline_cls, adapter = StableDiffusion3Pipeline, SD3Policy
-    else:
-        from diffusers import StableDiffusionPipeline
-
-        from .sd import SDPolicy
-
-        pipeline_cls, adapter = StableDiffusionPipeline, SDPolicy
+    pipeline_cls = getattr(importlib.import_module("diffusers"), _class_name(folder))  # checked by pipeline_kind
+    module, cls_name = ADAPTERS[kind]
+    adapter: type[DiffusersPolicy] = getattr(importlib.import_module(f".{module}", __package__), cls_name)
     pipe = load_pipeline(folder, pipeline_cls, torch_dtype(opts.dtype, device), text_encoders)
     shown = name if name in hub.KNOWN or not Path(name).expanduser().is_dir() else Path(name).expanduser().name
     return adapter(pipe, opts, name=shown, source=str(folder), device=device)
+
+
+# adapter kind (models/hub.py PIPELINES) -> (module, class) of its Policy
+ADAPTERS = {
+    "flux": ("flux", "FluxPolicy"),
+    "sd3": ("sd3", "SD3Policy"),
+    "sd": ("sd", "SDPolicy"),
+    "qwenimage": ("qwenimage", "QwenImagePolicy"),
+    "flux2": ("flux2", "Flux2Policy"),
+}
+
+
+def _class_name(folder: Path) -> str:
+    return str(hub.model_index(folder).get("_class_name"))
 
 
 def _load_dit(name: str, device: str | torch.device) -> Policy:

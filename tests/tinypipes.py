@@ -1,0 +1,194 @@
+"""Tiny Qwen-Image and FLUX.2 pipelines built from config (no files from any hub): random weights, in-memory
+byte-level tokenizers with the chat templates the pipelines apply, the text encoders' widths and layer
+counts just large enough for the hidden layers each pipeline reads (FLUX.2 [dev]: 10, 20, 30; [klein]:
+9, 18, 27). 16 px images: 8 x 8 VAE latents."""
+
+import torch
+from tokenizers.pre_tokenizers import ByteLevel
+
+W = 16  # text width of the tiny encoders
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<s>", "</s>", "<unk>", "<pad>"]
+# enough of a chat template for the pipelines' calls: role and text of each message, then the generation prompt
+CHAT = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+    "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for c in m['content'] %}{{ c['text'] }}"
+    "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def byte_vocab() -> dict[str, int]:
+    vocab: dict[str, int] = {}
+    for s in [*SPECIAL, *sorted(ByteLevel.alphabet())]:
+        vocab.setdefault(s, len(vocab))
+    return vocab
+
+
+def qwen_tokenizer():
+    from transformers import Qwen2TokenizerFast
+
+    tok = Qwen2TokenizerFast(vocab=byte_vocab(), merges=[], model_max_length=2048)
+    tok.chat_template = CHAT
+    return tok
+
+
+def plain_tokenizer():
+    """A tokenizer with Mistral's special tokens and the chat template (FLUX.2 [dev]'s processor stand-in)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    t = Tokenizer(models.BPE(vocab=byte_vocab(), merges=[], unk_token="<unk>"))
+    t.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=t, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>"
+    )
+    tok.chat_template = CHAT
+    return tok
+
+
+def scheduler(**kw):
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    return FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True, time_shift_type="exponential", **kw)
+
+
+def tiny_qwen_image():
+    from diffusers import AutoencoderKLQwenImage, QwenImagePipeline, QwenImageTransformer2DModel
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    tok = qwen_tokenizer()
+    text = Qwen2_5_VLConfig(
+        text_config=dict(
+            vocab_size=len(tok),
+            hidden_size=W,
+            intermediate_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            rope_scaling={"type": "mrope", "mrope_section": [1, 1, 2]},
+        ),
+        vision_config=dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=W),
+    )
+    z = 4
+    g = torch.Generator().manual_seed(7)
+    return QwenImagePipeline(
+        scheduler=scheduler(base_shift=0.5, max_shift=0.9, max_image_seq_len=8192, shift_terminal=0.02),
+        vae=AutoencoderKLQwenImage(
+            base_dim=8,
+            z_dim=z,
+            dim_mult=[1, 2],
+            num_res_blocks=1,
+            temperal_downsample=[False],
+            latents_mean=(torch.randn(z, generator=g) * 0.3).tolist(),
+            latents_std=(1 + torch.rand(z, generator=g)).tolist(),
+        ),
+        text_encoder=Qwen2_5_VLForConditionalGeneration(text),
+        tokenizer=tok,
+        transformer=QwenImageTransformer2DModel(
+            patch_size=2,
+            in_channels=4 * z,
+            out_channels=z,
+            num_layers=2,
+            attention_head_dim=16,
+            num_attention_heads=2,
+            joint_attention_dim=W,
+            axes_dims_rope=(4, 6, 6),
+        ),
+    )
+
+
+def flux2_vae():
+    from diffusers import AutoencoderKLFlux2
+
+    vae = AutoencoderKLFlux2(
+        down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2,
+        block_out_channels=(8, 16),
+        layers_per_block=1,
+        latent_channels=4,
+        norm_num_groups=4,
+        sample_size=16,
+    )
+    g = torch.Generator().manual_seed(8)  # batch-norm statistics that are not the identity
+    vae.bn.running_mean.copy_(torch.randn(16, generator=g) * 0.3)
+    vae.bn.running_var.copy_(1 + torch.rand(16, generator=g))
+    return vae
+
+
+def flux2_transformer(text_dim: int, guidance: bool):
+    from diffusers import Flux2Transformer2DModel
+
+    return Flux2Transformer2DModel(
+        patch_size=1,
+        in_channels=16,
+        num_layers=1,
+        num_single_layers=2,
+        attention_head_dim=16,
+        num_attention_heads=2,
+        joint_attention_dim=text_dim,
+        timestep_guidance_channels=16,
+        axes_dims_rope=(4, 4, 4, 4),
+        guidance_embeds=guidance,
+    )
+
+
+def tiny_flux2_klein(distilled: bool = False):
+    from diffusers import Flux2KleinPipeline
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    tok = qwen_tokenizer()
+    te = Qwen3ForCausalLM(
+        Qwen3Config(
+            vocab_size=len(tok),
+            hidden_size=W,
+            intermediate_size=32,
+            num_hidden_layers=28,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=8,
+        )
+    )
+    return Flux2KleinPipeline(
+        scheduler=scheduler(),
+        vae=flux2_vae(),
+        text_encoder=te,
+        tokenizer=tok,
+        transformer=flux2_transformer(3 * W, guidance=False),
+        is_distilled=distilled,
+    )
+
+
+def tiny_flux2_dev():
+    from diffusers import Flux2Pipeline
+    from transformers import Mistral3Config, Mistral3ForConditionalGeneration
+
+    tok = plain_tokenizer()
+    cfg = Mistral3Config(
+        text_config=dict(
+            model_type="mistral",
+            vocab_size=len(tok),
+            hidden_size=W,
+            intermediate_size=32,
+            num_hidden_layers=30,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=8,
+        ),
+        vision_config=dict(
+            model_type="pixtral", hidden_size=16, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2
+        ),
+    )
+    return Flux2Pipeline(
+        scheduler=scheduler(),
+        vae=flux2_vae(),
+        text_encoder=Mistral3ForConditionalGeneration(cfg),
+        tokenizer=tok,
+        transformer=flux2_transformer(3 * W, guidance=True),
+    )
+
+
+BUILDERS = {
+    "qwenimage": tiny_qwen_image,
+    "flux2-dev": tiny_flux2_dev,
+    "flux2-klein": tiny_flux2_klein,
+    "flux2-klein-distilled": lambda: tiny_flux2_klein(distilled=True),
+}
