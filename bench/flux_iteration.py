@@ -1,30 +1,28 @@
-"""Seconds per GRPO iteration (rollout and training) and peak GPU memory with a FLUX.1-dev-sized model.
+"""Seconds per GRPO iteration (rollout and training), peak GPU memory and MFU with a released model's denoiser.
 
-    python bench/flux_iteration.py [--presets dance-grpo,branch,branch-mix,tree-grpo] [--modes lora,full]
-        [--resolution 720] [--prompts 1] [--max-batch 8] [--iterations 2] [--no-gradient-checkpointing]
-        [--out bench/results/flux_iteration.json]
+    python bench/flux_iteration.py [--model flux-dev] [--presets dance-grpo,branch,branch-mix,tree-grpo]
+        [--modes lora,full] [--resolution PX] [--prompts 1] [--max-batch 8] [--iterations 2]
+        [--no-gradient-checkpointing] [--out bench/results/flux_iteration[-MODEL].json]
     python bench/flux_iteration.py --tiny [...]     # the same code path on the CPU, tiny sizes
 
-The model is a FluxTransformer2DModel with FLUX.1-dev's architecture (19 double and 38 single blocks,
-24 heads of 128, T5 width 4096, pooled 768, the guidance embedding; 11.9 B parameters) and random bf16
-weights: built on the meta device, then materialised on the GPU and filled from a seeded normal
-(no download). Prompt embeddings are random tensors of the real shapes (T5 [512, 4096], CLIP pooled
-[768]) put into the policy's prompt cache, so no text encoder is loaded. The VAE and the reward are
-left out: images are never decoded and random leaf rewards drive the advantages, which changes
-nothing in what the GPU does per node. Each case is one preset x one fine-tuning mode (LoRA with the
-FLUX defaults r 64 / alpha 128, or full fine-tuning with AdamW on every weight); each iteration runs
-the library's rollout (engine/rollout.py) and GRPO update (engine/grpo.py) and records seconds and
-torch.cuda.max_memory_allocated per phase. A case that runs out of memory is recorded as such.
-The last iteration is the steady-state number (the first includes CUDA warm-up).
+--model is one of bench/model_specs.py: flux-dev (FLUX.1-dev, 11.9B), sd3.5-medium, sd3.5-large, qwen-image
+(20B), flux2-dev (32B), flux2-klein-4b, flux2-klein-base-9b. The denoiser has the release's architecture
+(its transformer config) and random bf16 weights: built on the meta device, then materialised on the GPU
+and filled from a seeded normal (no download). Prompt embeddings are random tensors of the real shapes
+put into the adapter's prompt cache (and the negative prompt's, for the models with true CFG), so no text
+encoder is loaded. The VAE and the reward are left out: images are never decoded and random leaf rewards
+drive the advantages, which changes nothing in what the GPU does per node. Each case is one preset x one
+fine-tuning mode (LoRA with the adapter's defaults, or full fine-tuning with AdamW on every weight); each
+iteration runs the library's rollout (engine/rollout.py) and GRPO update (engine/grpo.py) through the
+model's adapter and records seconds and torch.cuda.max_memory_allocated per phase. A case that runs out of
+memory is recorded as such. The last iteration is the steady-state number (the first includes CUDA warm-up).
 
 Model FLOP utilisation (MFU) of each phase: model FLOPs / (seconds x the GPU's dense bf16 peak,
---peak-tflops, by default from the device name: H100 and H200 989, A100 312). Model FLOPs of one
-forward (forward_flops): 2 x (weight-matrix entries) x (tokens that pass through them) -- image
-tokens for the image stream of the double blocks, text tokens for the text stream, all tokens in the
-single blocks, one per sample for the adaLN and embedding MLPs -- plus 4 x tokens^2 x width for each
-block's joint attention; checked against torch's FlopCounterMode in the tests. A rollout is
-rollout_evals forwards; training counts 3 forwards per trained parent (forward and backward; the
-recomputation of gradient checkpointing is not model FLOPs).
+--peak-tflops, by default from the device name: H100 and H200 989, A100 312). Model FLOPs are the
+adapter's flops_per_row() (models/flops.py, flops_qwen_flux2.py: derived from the config, equal to torch's
+FlopCounterMode in the tests): a rollout is its network-row evaluations times one row's forward; training
+is its evaluations times one row's forward and backward, without the recomputation of gradient
+checkpointing (not model FLOPs).
 
 On a machine without CUDA it refuses (exit 2) unless --tiny is given.
 """
@@ -43,6 +41,9 @@ from typing import Any
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from model_specs import MODELS, build, embed_shapes  # noqa: E402  (bench/ is not a package)
+
 from treegrpo_cli.config import load_config
 from treegrpo_cli.engine.credit import assign_credit
 from treegrpo_cli.engine.grpo import Batch, grpo_update, make_optimizer
@@ -53,53 +54,8 @@ from treegrpo_cli.models.base import PolicyConfig
 from treegrpo_cli.models.diffusers_base import quiet_diffusers
 
 PRESETS = ("dance-grpo", "branch", "branch-mix", "tree-grpo")
-FLUX_DEV = dict(
-    patch_size=1,
-    in_channels=64,
-    num_layers=19,
-    num_single_layers=38,
-    attention_head_dim=128,
-    num_attention_heads=24,
-    joint_attention_dim=4096,
-    pooled_projection_dim=768,
-    guidance_embeds=True,
-    axes_dims_rope=(16, 56, 56),
-)
-TINY = dict(
-    FLUX_DEV,
-    num_layers=1,
-    num_single_layers=1,
-    attention_head_dim=16,
-    num_attention_heads=2,
-    joint_attention_dim=32,
-    pooled_projection_dim=32,
-    axes_dims_rope=(4, 4, 8),
-)
-VAE_SCALE = 8  # FLUX's VAE: 720 px -> 90 x 90 latents -> 45 x 45 = 2025 packed tokens
+VAE_SCALE = 8  # every model here: 8x VAE (FLUX.1 720 px -> 90 x 90 latents -> 45 x 45 = 2025 packed tokens)
 PEAK_TFLOPS = {"H100": 989.4, "H200": 989.4, "A100": 312.0, "L40S": 362.1, "A10G": 70.0}  # dense bf16
-
-
-def forward_flops(net: torch.nn.Module, image_tokens: int, text_tokens: int) -> float:
-    """Model FLOPs of one FluxTransformer2DModel forward of one sample (see the module docstring)."""
-    tokens = image_tokens + text_tokens
-    total = 0.0
-    for name, p in net.named_parameters():
-        if p.dim() != 2:
-            continue
-        if "norm" in name or name.startswith("time_text_embed"):
-            n = 1  # adaLN / embedding MLPs: per sample
-        elif name.startswith("transformer_blocks."):
-            n = text_tokens if ("context" in name or ".add_" in name or "to_add_out" in name) else image_tokens
-        elif name.startswith("single_transformer_blocks."):
-            n = tokens
-        elif name.startswith("context_embedder"):
-            n = text_tokens
-        else:  # x_embedder, proj_out
-            n = image_tokens
-        total += 2.0 * p.numel() * n
-    width = net.config.num_attention_heads * net.config.attention_head_dim
-    blocks = net.config.num_layers + net.config.num_single_layers
-    return total + 4.0 * blocks * tokens * tokens * width
 
 
 def peak_flops(args: argparse.Namespace, device: torch.device) -> float | None:
@@ -113,13 +69,13 @@ def peak_flops(args: argparse.Namespace, device: torch.device) -> float | None:
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="flux-dev", choices=sorted(MODELS), help="the denoiser (bench/model_specs.py)")
     ap.add_argument("--presets", default=",".join(PRESETS))
     ap.add_argument("--modes", default="lora,full", help="lora, full or both")
-    ap.add_argument("--resolution", type=int, default=None, help="pixels (default 720; --tiny 32)")
+    ap.add_argument("--resolution", type=int, default=None, help="pixels (default: the model's; --tiny 32)")
     ap.add_argument("--prompts", type=int, default=1, help="prompts per iteration")
     ap.add_argument("--max-batch", type=int, default=8, help="rows per forward (rollout.max_batch)")
     ap.add_argument("--iterations", type=int, default=2)
-    ap.add_argument("--text-len", type=int, default=None, help="T5 tokens (default 512; --tiny 8)")
     ap.add_argument("--no-gradient-checkpointing", action="store_true")
     ap.add_argument("--tiny", action="store_true", help="tiny transformer on the CPU: a smoke test of this script")
     ap.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak for MFU (default: by GPU name)")
@@ -127,56 +83,56 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--out", type=Path, default=None, help="JSON results (default bench/results/flux_iteration[_tiny].json)"
     )
     args = ap.parse_args(argv)
-    args.resolution = args.resolution or (32 if args.tiny else 720)
-    args.text_len = args.text_len or (8 if args.tiny else 512)
-    name = "flux_iteration_tiny.json" if args.tiny else "flux_iteration.json"
+    args.resolution = args.resolution or (32 if args.tiny else MODELS[args.model].resolution)
+    suffix = "" if args.model == "flux-dev" else f"-{args.model}"
+    name = f"flux_iteration{suffix}_tiny.json" if args.tiny else f"flux_iteration{suffix}.json"
     args.out = args.out or Path(__file__).parent / "results" / name
     return args
 
 
-def build_transformer(cfg: dict, device: torch.device, dtype: torch.dtype, seed: int = 0) -> torch.nn.Module:
-    """A FluxTransformer2DModel of the given sizes: meta device, then real random weights on `device`."""
-    from diffusers import FluxTransformer2DModel
-
-    with torch.device("meta"):
-        net = FluxTransformer2DModel(**cfg)
-    net = net.to(dtype).to_empty(device=device)
-    gen = torch.Generator(device=device).manual_seed(seed)
-    with torch.no_grad():
-        for p in net.parameters():
-            p.normal_(0.0, 0.02, generator=gen)
-    return net.eval()
-
-
 def make_policy(args: argparse.Namespace, mode: str, device: torch.device, dtype: torch.dtype):
-    from treegrpo_cli.models.flux import FluxPolicy
+    """The model's adapter over a stand-in pipeline: the random-weight denoiser, no VAE or text encoders, random
+    prompt embeddings of the real shapes in the prompt cache."""
+    import importlib
 
-    cfg = TINY if args.tiny else FLUX_DEV
-    pipe = SimpleNamespace(
-        transformer=build_transformer(cfg, device, dtype),
-        vae=None,
-        text_encoder=None,
-        text_encoder_2=None,
-        vae_scale_factor=VAE_SCALE,
+    spec = MODELS[args.model]
+    module = importlib.import_module(f"treegrpo_cli.models.{spec.adapter}")
+    adapter = next(
+        v for k, v in vars(module).items() if k.endswith("Policy") and getattr(v, "adapter", "") == spec.adapter
     )
+    net = build(spec, args.tiny, device, dtype)
+    pipe = SimpleNamespace(vae=None, vae_scale_factor=VAE_SCALE, **{a: None for a in adapter.text_encoder_attrs})
+    setattr(pipe, adapter.denoiser_attr, net)
+    for k, v in spec.pipe.items():
+        setattr(pipe, k, SimpleNamespace(**v) if isinstance(v, dict) else v)
     opts = PolicyConfig(
         finetune=mode,
         dtype="bf16" if dtype == torch.bfloat16 else "fp32",
         resolution=args.resolution,
         gradient_checkpointing=not args.no_gradient_checkpointing,
-        max_sequence_length=args.text_len,
+        max_sequence_length=embed_shapes(spec, args.tiny)["prompt_embeds"][0] - (77 if spec.adapter == "sd3" else 0),
     )
-    policy = FluxPolicy(pipe, opts, name="flux-dev-random", source="random weights", device=device)
+    policy = adapter(pipe, opts, name=f"{args.model}-random", source="random weights", device=device)
     gen = torch.Generator().manual_seed(1)
-    for k in range(args.prompts):  # random embeddings of the real shapes stand in for CLIP + T5
+    names = [f"prompt {k}" for k in range(args.prompts)] + ([policy.negative_prompt] if policy.uses_negative else [])
+    for name in names:  # random embeddings of the real shapes stand in for the text encoders
         policy.put_cached(
-            f"prompt {k}",
-            {
-                "prompt_embeds": torch.randn(1, args.text_len, cfg["joint_attention_dim"], generator=gen).to(dtype),
-                "pooled": torch.randn(1, cfg["pooled_projection_dim"], generator=gen).to(dtype),
-            },
+            name,
+            {k: torch.randn(1, *shape, generator=gen).to(dtype) for k, shape in embed_shapes(spec, args.tiny).items()},
         )
     return policy
+
+
+def model_flops(policy) -> tuple[int, int]:
+    """(forward, backward) FLOPs of one network row, the backward without checkpointing's recomputation."""
+    import dataclasses
+
+    opts = policy.opts
+    policy.opts = dataclasses.replace(opts, gradient_checkpointing=False)
+    try:
+        return policy.flops_per_row()
+    finally:
+        policy.opts = opts
 
 
 class Clock:
@@ -228,8 +184,8 @@ def iteration(policy, kernel, opt, cfg, it: int, args: argparse.Namespace, devic
     batch = Batch(tree, trained, adv.edge, policy.encode([prompts[int(p)] for p in tree.tree_prompt]))
     with Clock(device) as upd:
         metrics = grpo_update(policy, opt, kernel, batch, cfg.train, torch.Generator().manual_seed(it), args.max_batch)
-    flops = forward_flops(policy.denoiser, _image_tokens(policy), args.text_len)
-    rollout_flops, train_flops = nfe * flops, 3 * metrics.get("train_evals", 0) * flops
+    fwd, bwd = model_flops(policy)  # nfe and train_evals count network rows (2 per latent row under true CFG)
+    rollout_flops, train_flops = nfe * fwd, metrics.get("train_evals", 0) * (fwd + bwd)
     peak = peak_flops(args, device)
 
     def mfu(f: float, sec: float) -> float | None:
@@ -247,17 +203,13 @@ def iteration(policy, kernel, opt, cfg, it: int, args: argparse.Namespace, devic
         "trained_edges": int(trained.sum()),
         "train_evals": metrics.get("train_evals", 0),
         "ratio_first_dev": metrics.get("ratio_first_dev"),
-        "forward_gflops": flops / 1e9,
+        "forward_gflops": fwd / 1e9,
+        "backward_gflops": bwd / 1e9,
         "rollout_tflops": rollout_flops / 1e12,
         "train_tflops": train_flops / 1e12,
         "rollout_mfu": mfu(rollout_flops, roll.seconds),
         "train_mfu": mfu(train_flops, upd.seconds),
     }
-
-
-def _image_tokens(policy) -> int:
-    c, h, w = policy.latent_shape  # FLUX packs 2x2 latent patches into one token
-    return (h // 2) * (w // 2)
 
 
 def run_case(preset: str, mode: str, args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> dict:
@@ -318,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     if not args.tiny and not torch.cuda.is_available():
         print(
-            "flux_iteration.py needs a CUDA GPU for a FLUX.1-dev-sized model and found none; "
+            f"flux_iteration.py needs a CUDA GPU for a {args.model}-sized model and found none; "
             "--tiny runs the same code on the CPU at tiny sizes",
             file=sys.stderr,
         )
@@ -332,10 +284,11 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__,
         "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
         "tiny": args.tiny,
-        "transformer": TINY if args.tiny else FLUX_DEV,
+        "model": args.model,
+        "hub_id": MODELS[args.model].hub_id,
+        "transformer": MODELS[args.model].tiny if args.tiny else MODELS[args.model].config,
         "resolution": args.resolution,
         "prompts": args.prompts,
-        "text_len": args.text_len,
         "max_batch": args.max_batch,
         "dtype": str(dtype).removeprefix("torch."),
         "gradient_checkpointing": not args.no_gradient_checkpointing,

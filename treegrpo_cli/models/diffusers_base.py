@@ -76,6 +76,12 @@ def _targets(targets: tuple[str, ...] | str) -> list[str] | str:
     return targets if isinstance(targets, str) else list(targets)
 
 
+def _lora_targets(config: Any) -> tuple[str, ...] | str:
+    """A peft LoraConfig's target_modules as the FLOP formulas take them: a regex string or a tuple of names."""
+    t = config.target_modules
+    return t if isinstance(t, str) else tuple(t)
+
+
 class _WithAdapters(Protocol):
     """A diffusers model with peft's adapter mixin."""
 

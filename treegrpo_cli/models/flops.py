@@ -11,12 +11,14 @@ Backward of a linear layer y = x W^T: the weight gradient (2*m*k*n) when W is tr
 products forward and their weight and input gradients backward. The count follows which tensors require
 grad through the network, as autograd does: the sampler latent and the text embeddings never do.
 
-`dit_flops`, `flux_flops` and `sd3_flops` derive the count from a model's config; `measure` and
+`dit_flops`, `flux_flops` and `sd3_flops` (and flops_qwen_flux2.py's `qwen_image_flops`, `flux2_flops`)
+derive the count from a model's config; `measure` and
 `measure_policy_flops` run FlopCounterMode itself (the fallback of the adapters with no formula: pixel, SD1.5).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -50,14 +52,21 @@ class Ledger:
     or a '.'-suffix of it) carry a trained rank-r LoRA adapter."""
 
     rank: int | None = None
-    targets: tuple[str, ...] = ()
+    targets: tuple[str, ...] | str = ()  # names, or one regular expression of full names (peft's two forms)
     fwd: int = 0
     bwd: int = 0
 
     def lora(self, name: str) -> int:
-        if self.rank is None or not any(name == t or name.endswith("." + t) for t in self.targets):
+        if self.rank is None:
             return 0
-        return self.rank
+        if isinstance(self.targets, str):
+            return self.rank if re.fullmatch(self.targets, name) else 0
+        return self.rank if any(name == t or name.endswith("." + t) for t in self.targets) else 0
+
+    def dead(self, name: str, m: int, k: int, n: int) -> None:
+        """A linear layer whose output never reaches the loss: its forward only (autograd skips its backward)."""
+        r = self.lora(name)
+        self.fwd += 2 * m * k * n + (2 * m * k * r + 2 * m * r * n if r else 0)
 
     def linear(self, name: str, m: int, k: int, n: int, x_grad: bool) -> bool:
         """x [m, k] -> y [m, n]; x_grad: x requires grad. Returns whether y requires grad."""

@@ -1,0 +1,146 @@
+"""Denoiser FLOPs of one network row of Qwen-Image and FLUX.2 from their configs (models/flops.py's rules:
+FlopCounterMode's matmul and attention counts, gradients where autograd takes them)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .flops import TIME_FEATURES, Ledger
+
+QWEN_DEFAULTS: dict[str, Any] = {  # QwenImageTransformer2DModel's constructor defaults (Qwen-Image)
+    "patch_size": 2,
+    "in_channels": 64,
+    "out_channels": 16,
+    "num_layers": 60,
+    "attention_head_dim": 128,
+    "num_attention_heads": 24,
+    "joint_attention_dim": 3584,
+}
+FLUX2_DEFAULTS: dict[str, Any] = {  # Flux2Transformer2DModel's constructor defaults (FLUX.2 [dev])
+    "patch_size": 1,
+    "in_channels": 128,
+    "out_channels": None,
+    "num_layers": 8,
+    "num_single_layers": 48,
+    "attention_head_dim": 128,
+    "num_attention_heads": 48,
+    "joint_attention_dim": 15360,
+    "timestep_guidance_channels": 256,
+    "mlp_ratio": 3.0,
+    "guidance_embeds": True,
+}
+
+
+def _config(config: Mapping[str, Any] | Any, defaults: dict[str, Any]) -> dict[str, Any]:
+    get = config.get if isinstance(config, Mapping) else lambda k, v: getattr(config, k, v)
+    return {k: get(k, v) for k, v in defaults.items()}
+
+
+def qwen_image_flops(
+    config: Mapping[str, Any] | Any,
+    image_tokens: int,
+    text_tokens: int,
+    lora_rank: int | None = None,
+    lora_targets: Sequence[str] | str | None = None,
+    recompute: bool = False,
+) -> tuple[int, int]:
+    """(forward, backward) FLOPs of one network row of QwenImageTransformer2DModel(**config): image_tokens packed
+    2x2 patches, text_tokens Qwen2.5-VL tokens. lora_rank None: full fine-tuning; else LoRA on lora_targets
+    (None: models/qwenimage.py's QWEN_LORA). recompute: gradient checkpointing (every block's forward again)."""
+    cfg = _config(config, QWEN_DEFAULTS)
+    if lora_rank is not None and lora_targets is None:
+        from .qwenimage import QWEN_LORA
+
+        lora_targets = QWEN_LORA.targets
+    led = Ledger(lora_rank, lora_targets if isinstance(lora_targets, str) else tuple(lora_targets or ()))
+    D, N, T, L = cfg["num_attention_heads"] * cfg["attention_head_dim"], image_tokens, text_tokens, cfg["num_layers"]
+    img = led.linear("img_in", N, cfg["in_channels"], D, x_grad=False)  # packed latents [N, 4C] -> [N, D]
+    t = led.linear("time_text_embed.timestep_embedder.linear_1", 1, TIME_FEATURES, D, x_grad=False)
+    temb = led.linear("time_text_embed.timestep_embedder.linear_2", 1, D, D, t)  # [1, D]
+    # the text [T, 3584] through txt_norm (an RMSNorm whose weight full fine-tuning trains) -> [T, D]
+    txt = led.linear("txt_in", T, cfg["joint_attention_dim"], D, x_grad=led.rank is None)
+    start = led.fwd
+    for i in range(L):
+        pre = f"transformer_blocks.{i}."
+        x = led.linear(pre + "img_mod.1", 1, D, 6 * D, temb) or img  # adaLN-zero of each stream
+        y = led.linear(pre + "txt_mod.1", 1, D, 6 * D, temb) or txt
+        qkv = [led.linear(pre + f"attn.to_{n}", N, D, D, x) for n in "qkv"]
+        qkv += [led.linear(pre + f"attn.add_{n}_proj", T, D, D, y) for n in "qkv"]
+        led.attention(T + N, D, any(qkv))  # joint attention over [T + N, D]
+        img = led.linear(pre + "attn.to_out.0", N, D, D, any(qkv)) or x
+        img = led.linear(pre + "img_mlp.net.2", N, 4 * D, D, led.linear(pre + "img_mlp.net.0.proj", N, D, 4 * D, img))
+        img = img or x
+        if i == L - 1:  # the last block's text stream feeds nothing: forward only
+            for name, k, n in (
+                ("attn.to_add_out", D, D),
+                ("txt_mlp.net.0.proj", D, 4 * D),
+                ("txt_mlp.net.2", 4 * D, D),
+            ):
+                led.dead(pre + name, T, k, n)
+            continue
+        txt = led.linear(pre + "attn.to_add_out", T, D, D, any(qkv)) or y
+        txt = led.linear(pre + "txt_mlp.net.2", T, 4 * D, D, led.linear(pre + "txt_mlp.net.0.proj", T, D, 4 * D, txt))
+        txt = txt or y
+    blocks = led.fwd - start
+    led.linear("norm_out.linear", 1, D, 2 * D, temb)  # AdaLayerNormContinuous: [1, D] -> scale, shift
+    led.linear("proj_out", N, D, cfg["patch_size"] ** 2 * cfg["out_channels"], img)
+    return led.fwd, led.bwd + (blocks if recompute else 0)
+
+
+def flux2_flops(
+    config: Mapping[str, Any] | Any,
+    image_tokens: int,
+    text_tokens: int,
+    lora_rank: int | None = None,
+    lora_targets: Sequence[str] | str | None = None,
+    recompute: bool = False,
+) -> tuple[int, int]:
+    """(forward, backward) FLOPs of one network row of Flux2Transformer2DModel(**config) (FLUX.2 [dev], [klein]):
+    image_tokens patchified latent tokens, text_tokens encoder tokens. lora_rank None: full fine-tuning; else
+    LoRA on lora_targets (None: models/flux2.py's FLUX2_LORA expression). recompute: gradient checkpointing."""
+    cfg = _config(config, FLUX2_DEFAULTS)
+    if lora_rank is not None and lora_targets is None:
+        from .flux2 import FLUX2_LORA
+
+        lora_targets = FLUX2_LORA.targets
+    led = Ledger(lora_rank, lora_targets if isinstance(lora_targets, str) else tuple(lora_targets or ()))
+    D, N, T = cfg["num_attention_heads"] * cfg["attention_head_dim"], image_tokens, text_tokens
+    M, F = int(D * cfg["mlp_ratio"]), cfg["timestep_guidance_channels"]  # SwiGLU width; time features
+    img = led.linear("x_embedder", N, cfg["in_channels"], D, x_grad=False)
+    txt = led.linear("context_embedder", T, cfg["joint_attention_dim"], D, x_grad=False)
+    pre = "time_guidance_embed."
+    temb = led.linear(
+        pre + "timestep_embedder.linear_2", 1, D, D, led.linear(pre + "timestep_embedder.linear_1", 1, F, D, False)
+    )
+    if cfg["guidance_embeds"]:
+        g = led.linear(pre + "guidance_embedder.linear_1", 1, F, D, x_grad=False)
+        temb = led.linear(pre + "guidance_embedder.linear_2", 1, D, D, g) or temb
+    # the modulations are computed once and shared by every block of a kind
+    mod_img = led.linear("double_stream_modulation_img.linear", 1, D, 6 * D, temb)
+    mod_txt = led.linear("double_stream_modulation_txt.linear", 1, D, 6 * D, temb)
+    mod_single = led.linear("single_stream_modulation.linear", 1, D, 3 * D, temb)
+    start = led.fwd
+    for i in range(cfg["num_layers"]):
+        pre = f"transformer_blocks.{i}."
+        x, y = img or mod_img, txt or mod_txt
+        qkv = [led.linear(pre + f"attn.to_{n}", N, D, D, x) for n in "qkv"]
+        qkv += [led.linear(pre + f"attn.add_{n}_proj", T, D, D, y) for n in "qkv"]
+        led.attention(T + N, D, any(qkv))
+        img = led.linear(pre + "attn.to_out.0", N, D, D, any(qkv)) or x
+        txt = led.linear(pre + "attn.to_add_out", T, D, D, any(qkv)) or y
+        img = led.linear(pre + "ff.linear_out", N, M, D, led.linear(pre + "ff.linear_in", N, D, 2 * M, img)) or img
+        ctx = led.linear(pre + "ff_context.linear_in", T, D, 2 * M, txt)
+        txt = led.linear(pre + "ff_context.linear_out", T, M, D, ctx) or txt
+    h = img or txt
+    for i in range(cfg["num_single_layers"]):  # over cat(text, image) [T + N, D]
+        pre = f"single_transformer_blocks.{i}.attn."
+        x = h or mod_single
+        fused = led.linear(pre + "to_qkv_mlp_proj", T + N, D, 3 * D + 2 * M, x)  # q, k, v and the SwiGLU input
+        led.attention(T + N, D, fused)
+        h = led.linear(pre + "to_out", T + N, D + M, D, fused) or x
+    blocks = led.fwd - start
+    led.linear("norm_out.linear", 1, D, 2 * D, temb)
+    out = cfg["out_channels"] or cfg["in_channels"]
+    led.linear("proj_out", N, D, cfg["patch_size"] ** 2 * out, h)
+    return led.fwd, led.bwd + (blocks if recompute else 0)
