@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from model_specs import MODELS, build, embed_shapes  # noqa: E402  (bench/ is not a package)
+from model_specs import MODELS, TRANSFORMERS, build, embed_shapes  # noqa: E402  (bench/ is not a package)
 
 from treegrpo_cli.config import load_config
 from treegrpo_cli.engine.credit import assign_credit
@@ -69,7 +69,7 @@ def peak_flops(args: argparse.Namespace, device: torch.device) -> float | None:
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="flux-dev", choices=sorted(MODELS), help="the denoiser (bench/model_specs.py)")
+    ap.add_argument("--model", default="flux-dev", choices=TRANSFORMERS, help="the denoiser (bench/model_specs.py)")
     ap.add_argument("--presets", default=",".join(PRESETS))
     ap.add_argument("--modes", default="lora,full", help="lora, full or both")
     ap.add_argument("--resolution", type=int, default=None, help="pixels (default: the model's; --tiny 32)")

@@ -73,15 +73,20 @@ def memory(c: dict[str, float]) -> dict[str, float]:
     }
 
 
+def _gb(x: float) -> str:
+    return f"{x:.0f}" if x >= 1 else f"{x:.1f}"
+
+
 def table(rows: list[dict]) -> str:
     head = (
-        "| `--model` | hub id | denoiser | LoRA (r) | text encoders, bf16 | LoRA | full | full, FSDP x 8 |\n"
-        "|---|---|---|---|---|---|---|---|\n"
+        "| `--model` | hub id | denoiser | guidance | LoRA (rank) | text encoders, bf16 | LoRA | full | "
+        "full, FSDP x 8 |\n|---|---|---|---|---|---|---|---|---|\n"
     )
     lines = [
-        f"| `{r['model']}` | {r['hub_id']} | {r['params_b']:.1f}B | {1e3 * r['lora_params_b']:.0f}M ({r['lora_rank']}) "
-        f"| {r['text_encoders_gb']:.0f} GB | {r['lora_gb']:.0f} GB | {r['full_gb']:.0f}-{r['full_ema_ref_gb']:.0f} GB "
-        f"| {r['fsdp8_gb']:.0f}-{r['fsdp8_ref_gb']:.0f} GB |"
+        f"| `{r['model']}` | {r['hub_id']} | {r['params_b']:.1f}B | {r['guidance']} "
+        f"| {1e3 * r['lora_params_b']:.0f}M ({r['lora_rank']}) | {_gb(r['text_encoders_gb'])} GB "
+        f"| {_gb(r['lora_gb'])} GB "
+        f"| {r['full_gb']:.0f}-{r['full_ema_ref_gb']:.0f} GB | {r['fsdp8_gb']:.0f}-{r['fsdp8_ref_gb']:.0f} GB |"
         for r in rows
     ]
     return head + "\n".join(lines) + "\n"

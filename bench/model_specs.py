@@ -129,6 +129,17 @@ TINY_FLUX2 = dict(
     timestep_guidance_channels=16,
     axes_dims_rope=(4, 4, 4, 4),
 )
+SD15_UNET = dict(
+    sample_size=64,
+    in_channels=4,
+    out_channels=4,
+    layers_per_block=2,
+    block_out_channels=(320, 640, 1280, 1280),
+    down_block_types=("CrossAttnDownBlock2D",) * 3 + ("DownBlock2D",),
+    up_block_types=("UpBlock2D",) + ("CrossAttnUpBlock2D",) * 3,
+    cross_attention_dim=768,
+    attention_head_dim=8,
+)
 T5, CLIP_L, CLIP_G = 4.76, 0.12, 0.69  # T5-XXL encoder, CLIP ViT-L/14 and OpenCLIP bigG/14 text towers
 
 MODELS: dict[str, Spec] = {
@@ -141,6 +152,17 @@ MODELS: dict[str, Spec] = {
         {"prompt_embeds": (512, 4096), "pooled": (768,)},
         720,
         "embedded 3.5",
+        {"T5-XXL": T5, "CLIP-L": CLIP_L},
+    ),
+    "flux-schnell": Spec(
+        "black-forest-labs/FLUX.1-schnell",
+        "flux",
+        "FluxTransformer2DModel",
+        dict(FLUX1_DEV, guidance_embeds=False),
+        dict(TINY_FLUX1, guidance_embeds=False),
+        {"prompt_embeds": (256, 4096), "pooled": (768,)},
+        720,
+        "none (4-step distilled)",
         {"T5-XXL": T5, "CLIP-L": CLIP_L},
     ),
     "sd3.5-medium": Spec(
@@ -200,6 +222,30 @@ MODELS: dict[str, Spec] = {
         {"Qwen3-4B": 4.02},
         {"config": {"is_distilled": True}},
     ),
+    "flux2-klein-9b": Spec(
+        "black-forest-labs/FLUX.2-klein-9B",
+        "flux2",
+        "Flux2Transformer2DModel",
+        FLUX2_KLEIN_9B,
+        dict(TINY_FLUX2, guidance_embeds=False),
+        {"prompt_embeds": (512, 12288)},
+        1024,
+        "none (4-step distilled)",
+        {"Qwen3-8B": 8.19},
+        {"config": {"is_distilled": True}},
+    ),
+    "flux2-klein-base-4b": Spec(
+        "black-forest-labs/FLUX.2-klein-base-4B",
+        "flux2",
+        "Flux2Transformer2DModel",
+        FLUX2_KLEIN_4B,
+        dict(TINY_FLUX2, guidance_embeds=False),
+        {"prompt_embeds": (512, 7680)},
+        1024,
+        "true CFG 4.0",
+        {"Qwen3-4B": 4.02},
+        {"config": {"is_distilled": False}},
+    ),
     "flux2-klein-base-9b": Spec(
         "black-forest-labs/FLUX.2-klein-base-9B",
         "flux2",
@@ -212,7 +258,19 @@ MODELS: dict[str, Spec] = {
         {"Qwen3-8B": 8.19},
         {"config": {"is_distilled": False}},
     ),
+    "sd1.5": Spec(  # a UNet: in the memory table, not in flux_iteration.py (a transformer benchmark)
+        "stable-diffusion-v1-5/stable-diffusion-v1-5",
+        "sd",
+        "UNet2DConditionModel",
+        SD15_UNET,
+        {},
+        {"prompt_embeds": (77, 768)},
+        512,
+        "true CFG 5.0",
+        {"CLIP-L": CLIP_L},
+    ),
 }
+TRANSFORMERS = [k for k, v in MODELS.items() if v.tiny]  # what flux_iteration.py runs
 
 
 def build(spec: Spec, tiny: bool, device: Any, dtype: Any, seed: int = 0) -> Any:

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from ..compat import ensure_torchvision
 from ..errors import ConfigError, TreegrpoError
 from .base import Conditions, PolicyConfig
+from .flops import Formula
 from .hub import TEXT_PARTS
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -223,9 +224,23 @@ class DiffusersPolicy(ABC):
         """The prediction (velocity or epsilon) of the denoiser `net` (self.denoiser or a frozen copy of it)
         for sampler latents x [B, ...] at sigma [B]."""
 
+    def flop_formula(self) -> Formula | None:
+        """The denoiser's FLOP formula (models/flops.py `formula`), or None: flops_per_row() measures instead."""
+        return None
+
+    def flop_tokens(self) -> tuple[int, int]:
+        """(image tokens, text tokens) of one row, as the formula takes them."""
+        raise NotImplementedError
+
     def flops_per_row(self) -> tuple[int, int] | None:
-        """(forward, backward) denoiser FLOPs of one network row, MEASURED once with FlopCounterMode on a
-        probe latent and a cached prompt (models/flops.py), not derived from the shapes; cached."""
+        """(forward, backward) denoiser FLOPs of one network row: the adapter's formula on its config, shapes and
+        LoRA or full fine-tuning as configured; without one, MEASURED once with FlopCounterMode on a probe latent
+        and a cached prompt (models/flops.py) and cached."""
+        count = self.flop_formula()
+        if count is not None:
+            lora = self._lora_config() if self.opts.finetune == "lora" else None
+            rank, targets = (lora.r, _lora_targets(lora)) if lora else (None, None)
+            return count(self.denoiser.config, *self.flop_tokens(), rank, targets, self.opts.gradient_checkpointing)
         if self._flops_row is None:
             from .flops import measure_policy_flops
 

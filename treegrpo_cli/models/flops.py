@@ -87,6 +87,37 @@ class Ledger:
         self.bwd += 10 * s * s * d if grad else 0
 
 
+Targets = Sequence[str] | str | None  # LoRA target names, or one regular expression of full names
+Formula = Callable[..., tuple[int, int]]
+
+
+def formula(defaults: dict[str, Any], default_targets: Callable[[], Targets], body: Callable[..., int]) -> Formula:
+    """A FLOP formula of a diffusers denoiser: `count(config, image_tokens, text_tokens, rank=None, targets=None,
+    recompute=False)` -> (forward, backward) of one network row. config: the model's config (a mapping or an
+    object), read over `defaults`, its constructor's; rank None: full fine-tuning, else LoRA of that rank on
+    `targets` (None: the adapter's `default_targets()`); recompute: gradient checkpointing, whose backward runs
+    every block's forward again. body(led, cfg, N, T) counts the network into the ledger and returns the
+    forward FLOPs of the checkpointed blocks."""
+
+    def count(
+        config: Any,
+        image_tokens: int,
+        text_tokens: int,
+        rank: int | None = None,
+        targets: Targets = None,
+        recompute: bool = False,
+    ) -> tuple[int, int]:
+        get = config.get if isinstance(config, Mapping) else lambda k, v: getattr(config, k, v)
+        cfg = {k: get(k, v) for k, v in defaults.items()}
+        if rank is not None and targets is None:
+            targets = default_targets()
+        led = Ledger(rank, targets if isinstance(targets, str) else tuple(targets or ()))
+        blocks = body(led, cfg, image_tokens, text_tokens)
+        return led.fwd, led.bwd + (blocks if recompute else 0)
+
+    return count
+
+
 # -- the tiny DiT (models/dit.py) --------------------------------------------------------------
 def dit_flops(cfg: DiTConfig, text_tokens: int) -> tuple[int, int]:
     """(forward, backward) FLOPs of one row of TinyDiT(cfg), every weight trained; text_tokens: the
@@ -131,29 +162,10 @@ def _dit_text_block(led: Ledger, W: int, D: int, hidden: int) -> None:
 
 
 # -- FLUX (diffusers' FluxTransformer2DModel) --------------------------------------------------
-def flux_flops(
-    config: Mapping[str, Any] | Any,
-    image_tokens: int,
-    text_tokens: int,
-    lora_rank: int | None = None,
-    lora_targets: Sequence[str] | None = None,
-    recompute: bool = False,
-) -> tuple[int, int]:
-    """(forward, backward) FLOPs of one row of FluxTransformer2DModel(**config): image_tokens packed latent
-    tokens, text_tokens T5 tokens. lora_rank None: full fine-tuning; else LoRA of that rank on lora_targets
-    (None: models/flux.py's FLUX_LORA targets). recompute: gradient checkpointing, whose backward runs every
-    block's forward again."""
-    cfg = {
-        k: (config.get(k, v) if isinstance(config, Mapping) else getattr(config, k, v))
-        for k, v in FLUX_DEFAULTS.items()
-    }
-    if lora_rank is not None and lora_targets is None:
-        from .flux import FLUX_LORA
-
-        lora_targets = FLUX_LORA.targets
-    led = Ledger(lora_rank, tuple(lora_targets or ()))
+def _flux(led: Ledger, cfg: dict[str, Any], N: int, T: int) -> int:
+    """FluxTransformer2DModel: N packed latent tokens, T T5 tokens."""
     D = cfg["num_attention_heads"] * cfg["attention_head_dim"]
-    N, T, M = image_tokens, text_tokens, int(D * 4.0)  # mlp ratio 4
+    M = int(D * 4.0)  # mlp ratio 4
     img = led.linear("x_embedder", N, cfg["in_channels"], D, x_grad=False)  # packed latents [N, 64] -> [N, D]
     temb = _flux_time_text(led, D, cfg["pooled_projection_dim"], cfg["guidance_embeds"])  # [1, D]
     txt = led.linear("context_embedder", T, cfg["joint_attention_dim"], D, x_grad=False)  # T5 [T, 4096] -> [T, D]
@@ -167,7 +179,17 @@ def flux_flops(
     led.linear("norm_out.linear", 1, D, 2 * D, temb)  # AdaLayerNormContinuous: [1, D] -> scale, shift
     out = cfg["out_channels"] or cfg["in_channels"]
     led.linear("proj_out", N, D, cfg["patch_size"] ** 2 * out, h)  # image tokens [N, D] -> [N, 64]
-    return led.fwd, led.bwd + (blocks if recompute else 0)
+    return blocks
+
+
+def _flux_targets() -> Targets:
+    from .flux import FLUX_LORA
+
+    return FLUX_LORA.targets
+
+
+# FLUX.1 (dev, schnell): the LoRA defaults are models/flux.py's FLUX_LORA
+flux_flops = formula(FLUX_DEFAULTS, _flux_targets, _flux)
 
 
 def _flux_time_text(led: Ledger, D: int, pooled: int, guidance: bool) -> bool:
@@ -225,27 +247,10 @@ SD3_DEFAULTS: dict[str, Any] = {  # SD3Transformer2DModel's constructor defaults
 }
 
 
-def sd3_flops(
-    config: Mapping[str, Any] | Any,
-    image_tokens: int,
-    text_tokens: int,
-    lora_rank: int | None = None,
-    lora_targets: Sequence[str] | None = None,
-    recompute: bool = False,
-) -> tuple[int, int]:
-    """(forward, backward) FLOPs of one network row of SD3Transformer2DModel(**config) (SD3, SD3.5 Medium with
-    its dual-attention blocks, SD3.5 Large): image_tokens patches, text_tokens CLIP+T5 tokens. lora_rank None:
-    full fine-tuning; else LoRA on lora_targets (None: models/sd3.py's SD3_LORA targets)."""
-    cfg = {
-        k: (config.get(k, v) if isinstance(config, Mapping) else getattr(config, k, v)) for k, v in SD3_DEFAULTS.items()
-    }
-    if lora_rank is not None and lora_targets is None:
-        from .sd3 import SD3_LORA
-
-        lora_targets = SD3_LORA.targets
-    led = Ledger(lora_rank, tuple(lora_targets or ()))
+def _sd3(led: Ledger, cfg: dict[str, Any], N: int, T: int) -> int:
+    """SD3Transformer2DModel (SD3, SD3.5 Medium with its dual-attention blocks, SD3.5 Large): N patches, T CLIP+T5
+    tokens."""
     D, p, L = cfg["num_attention_heads"] * cfg["attention_head_dim"], cfg["patch_size"], cfg["num_layers"]
-    N, T = image_tokens, text_tokens
     img = led.linear("pos_embed.proj", N, cfg["in_channels"] * p * p, D, x_grad=False)  # patches -> [N, D]
     pre = "time_text_embed."
     t = led.linear(pre + "timestep_embedder.linear_1", 1, TIME_FEATURES, D, x_grad=False)
@@ -254,23 +259,23 @@ def sd3_flops(
     temb = led.linear(pre + "text_embedder.linear_2", 1, D, D, y) or t  # [1, D]
     txt = led.linear("context_embedder", T, cfg["joint_attention_dim"], cfg["caption_projection_dim"], x_grad=False)
     blocks = led.fwd
+    dual = tuple(cfg["dual_attention_layers"])
     for i in range(L):
-        img, txt = _sd3_block(
-            led,
-            f"transformer_blocks.{i}.",
-            N,
-            T,
-            D,
-            img,
-            txt,
-            temb,
-            i == L - 1,
-            i in tuple(cfg["dual_attention_layers"]),
-        )
+        img, txt = _sd3_block(led, f"transformer_blocks.{i}.", N, T, D, img, txt, temb, i == L - 1, i in dual)
     blocks = led.fwd - blocks
     led.linear("norm_out.linear", 1, D, 2 * D, temb)  # AdaLayerNormContinuous: [1, D] -> scale, shift
     led.linear("proj_out", N, D, p * p * cfg["out_channels"], img)
-    return led.fwd, led.bwd + (blocks if recompute else 0)
+    return blocks
+
+
+def _sd3_targets() -> Targets:
+    from .sd3 import SD3_LORA
+
+    return SD3_LORA.targets
+
+
+# SD3 / SD3.5: the LoRA defaults are models/sd3.py's SD3_LORA
+sd3_flops = formula(SD3_DEFAULTS, _sd3_targets, _sd3)
 
 
 def _sd3_block(

@@ -3,10 +3,9 @@ FlopCounterMode's matmul and attention counts, gradients where autograd takes th
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .flops import TIME_FEATURES, Ledger
+from .flops import TIME_FEATURES, Ledger, Targets, formula
 
 QWEN_DEFAULTS: dict[str, Any] = {  # QwenImageTransformer2DModel's constructor defaults (Qwen-Image)
     "patch_size": 2,
@@ -32,29 +31,9 @@ FLUX2_DEFAULTS: dict[str, Any] = {  # Flux2Transformer2DModel's constructor defa
 }
 
 
-def _config(config: Mapping[str, Any] | Any, defaults: dict[str, Any]) -> dict[str, Any]:
-    get = config.get if isinstance(config, Mapping) else lambda k, v: getattr(config, k, v)
-    return {k: get(k, v) for k, v in defaults.items()}
-
-
-def qwen_image_flops(
-    config: Mapping[str, Any] | Any,
-    image_tokens: int,
-    text_tokens: int,
-    lora_rank: int | None = None,
-    lora_targets: Sequence[str] | str | None = None,
-    recompute: bool = False,
-) -> tuple[int, int]:
-    """(forward, backward) FLOPs of one network row of QwenImageTransformer2DModel(**config): image_tokens packed
-    2x2 patches, text_tokens Qwen2.5-VL tokens. lora_rank None: full fine-tuning; else LoRA on lora_targets
-    (None: models/qwenimage.py's QWEN_LORA). recompute: gradient checkpointing (every block's forward again)."""
-    cfg = _config(config, QWEN_DEFAULTS)
-    if lora_rank is not None and lora_targets is None:
-        from .qwenimage import QWEN_LORA
-
-        lora_targets = QWEN_LORA.targets
-    led = Ledger(lora_rank, lora_targets if isinstance(lora_targets, str) else tuple(lora_targets or ()))
-    D, N, T, L = cfg["num_attention_heads"] * cfg["attention_head_dim"], image_tokens, text_tokens, cfg["num_layers"]
+def _qwen(led: Ledger, cfg: dict[str, Any], N: int, T: int) -> int:
+    """QwenImageTransformer2DModel: N packed 2x2 patches, T Qwen2.5-VL tokens."""
+    D, L = cfg["num_attention_heads"] * cfg["attention_head_dim"], cfg["num_layers"]
     img = led.linear("img_in", N, cfg["in_channels"], D, x_grad=False)  # packed latents [N, 4C] -> [N, D]
     t = led.linear("time_text_embed.timestep_embedder.linear_1", 1, TIME_FEATURES, D, x_grad=False)
     temb = led.linear("time_text_embed.timestep_embedder.linear_2", 1, D, D, t)  # [1, D]
@@ -85,27 +64,18 @@ def qwen_image_flops(
     blocks = led.fwd - start
     led.linear("norm_out.linear", 1, D, 2 * D, temb)  # AdaLayerNormContinuous: [1, D] -> scale, shift
     led.linear("proj_out", N, D, cfg["patch_size"] ** 2 * cfg["out_channels"], img)
-    return led.fwd, led.bwd + (blocks if recompute else 0)
+    return blocks
 
 
-def flux2_flops(
-    config: Mapping[str, Any] | Any,
-    image_tokens: int,
-    text_tokens: int,
-    lora_rank: int | None = None,
-    lora_targets: Sequence[str] | str | None = None,
-    recompute: bool = False,
-) -> tuple[int, int]:
-    """(forward, backward) FLOPs of one network row of Flux2Transformer2DModel(**config) (FLUX.2 [dev], [klein]):
-    image_tokens patchified latent tokens, text_tokens encoder tokens. lora_rank None: full fine-tuning; else
-    LoRA on lora_targets (None: models/flux2.py's FLUX2_LORA expression). recompute: gradient checkpointing."""
-    cfg = _config(config, FLUX2_DEFAULTS)
-    if lora_rank is not None and lora_targets is None:
-        from .flux2 import FLUX2_LORA
+def _qwen_targets() -> Targets:
+    from .qwenimage import QWEN_LORA
 
-        lora_targets = FLUX2_LORA.targets
-    led = Ledger(lora_rank, lora_targets if isinstance(lora_targets, str) else tuple(lora_targets or ()))
-    D, N, T = cfg["num_attention_heads"] * cfg["attention_head_dim"], image_tokens, text_tokens
+    return QWEN_LORA.targets
+
+
+def _flux2(led: Ledger, cfg: dict[str, Any], N: int, T: int) -> int:
+    """Flux2Transformer2DModel (FLUX.2 [dev], [klein]): N patchified latent tokens, T text tokens."""
+    D = cfg["num_attention_heads"] * cfg["attention_head_dim"]
     M, F = int(D * cfg["mlp_ratio"]), cfg["timestep_guidance_channels"]  # SwiGLU width; time features
     img = led.linear("x_embedder", N, cfg["in_channels"], D, x_grad=False)
     txt = led.linear("context_embedder", T, cfg["joint_attention_dim"], D, x_grad=False)
@@ -141,6 +111,17 @@ def flux2_flops(
         h = led.linear(pre + "to_out", T + N, D + M, D, fused) or x
     blocks = led.fwd - start
     led.linear("norm_out.linear", 1, D, 2 * D, temb)
-    out = cfg["out_channels"] or cfg["in_channels"]
-    led.linear("proj_out", N, D, cfg["patch_size"] ** 2 * out, h)
-    return led.fwd, led.bwd + (blocks if recompute else 0)
+    led.linear("proj_out", N, D, cfg["patch_size"] ** 2 * (cfg["out_channels"] or cfg["in_channels"]), h)
+    return blocks
+
+
+def _flux2_targets() -> Targets:
+    from .flux2 import FLUX2_LORA
+
+    return FLUX2_LORA.targets
+
+
+# count(config, image_tokens, text_tokens, rank=None, targets=None, recompute=False) -> (forward, backward);
+# the LoRA defaults are the adapters' QWEN_LORA and FLUX2_LORA
+qwen_image_flops = formula(QWEN_DEFAULTS, _qwen_targets, _qwen)
+flux2_flops = formula(FLUX2_DEFAULTS, _flux2_targets, _flux2)

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from .base import Conditions
 from .diffusers_base import DiffusersPolicy, LoraDefaults
+from .flops import Formula
 
 # flow_grpo scripts/train_flux.py: r 64, alpha 128, Gaussian init, attention and feed-forward projections
 FLUX_LORA = LoraDefaults(
@@ -86,15 +87,14 @@ class FluxPolicy(DiffusersPolicy):
     def max_sequence_length(self) -> int:
         return self.opts.max_sequence_length or (512 if self.distilled_guidance else 256)
 
-    def flops_per_row(self) -> tuple[int, int] | None:
-        """(forward, backward) transformer FLOPs of one row, derived from its config (models/flops.py): the
-        packed 2x2 latent tokens and max_sequence_length T5 tokens, LoRA or full fine-tuning as configured."""
+    def flop_formula(self) -> Formula:
         from .flops import flux_flops
 
-        lora = self._lora_config() if self.opts.finetune == "lora" else None
-        tokens, text = self.latent_shape[1] * self.latent_shape[2] // 4, self.max_sequence_length()
-        rank, targets = (lora.r, tuple(lora.target_modules)) if lora else (None, None)
-        return flux_flops(self.denoiser.config, tokens, text, rank, targets, self.opts.gradient_checkpointing)
+        return flux_flops
+
+    def flop_tokens(self) -> tuple[int, int]:
+        """The packed 2x2 latent tokens and max_sequence_length T5 tokens."""
+        return self.image_tokens(), self.max_sequence_length()
 
     def _encode_text(self, prompts: list[str]) -> dict[str, Tensor]:
         embeds, pooled, _ = self.pipe.encode_prompt(

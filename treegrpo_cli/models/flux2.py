@@ -23,7 +23,8 @@ import torch
 from torch import Tensor
 
 from .base import Conditions
-from .diffusers_base import DiffusersPolicy, LoraDefaults, _lora_targets
+from .diffusers_base import DiffusersPolicy, LoraDefaults
+from .flops import Formula
 
 # DiffSynth-Studio's FLUX.2 LoRA recipe (examples/flux2/model_training/lora): rank 32, alpha = rank, every
 # attention projection and feed-forward layer of the double-stream blocks, and the single-stream blocks' fused
@@ -100,15 +101,14 @@ class Flux2Policy(DiffusersPolicy):
     def max_sequence_length(self) -> int:
         return self.opts.max_sequence_length or 512
 
-    def flops_per_row(self) -> tuple[int, int] | None:
-        """(forward, backward) transformer FLOPs of one network row from its config (models/flops_qwen_flux2.py):
-        the latent's tokens and max_sequence_length text tokens (the pipelines pad to it)."""
+    def flop_formula(self) -> Formula:
         from .flops_qwen_flux2 import flux2_flops
 
-        lora = self._lora_config() if self.opts.finetune == "lora" else None
-        rank, targets = (lora.r, _lora_targets(lora)) if lora else (None, None)
-        tokens, text = self.image_tokens(), self.max_sequence_length()
-        return flux2_flops(self.denoiser.config, tokens, text, rank, targets, self.opts.gradient_checkpointing)
+        return flux2_flops
+
+    def flop_tokens(self) -> tuple[int, int]:
+        """The latent's tokens and max_sequence_length text tokens (the pipelines pad to it)."""
+        return self.image_tokens(), self.max_sequence_length()
 
     def _encode_text(self, prompts: list[str]) -> dict[str, Tensor]:
         embeds, _ = self.pipe.encode_prompt(

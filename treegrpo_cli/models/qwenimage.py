@@ -25,7 +25,8 @@ from torch import Tensor
 
 from ..errors import TreegrpoError
 from .base import Conditions
-from .diffusers_base import DiffusersPolicy, LoraDefaults, _lora_targets
+from .diffusers_base import DiffusersPolicy, LoraDefaults
+from .flops import Formula
 from .flux import pack, unpack
 
 # VeRL's Qwen-Image Flow-GRPO recipe (examples/flowgrpo_trainer): r 64, alpha 128, the joint attention's
@@ -76,18 +77,16 @@ class QwenImagePolicy(DiffusersPolicy):
     def max_sequence_length(self) -> int:
         return self.opts.max_sequence_length or 512
 
-    def flops_per_row(self) -> tuple[int, int] | None:
-        """(forward, backward) transformer FLOPs of one network row from its config (models/flops_qwen_flux2.py):
-        the packed 2x2 tokens and the text at the longest cached prompt's length (a batch's padded length at
-        most; prompts keep their own lengths here, so a row's cost follows its prompts)."""
+    def flop_formula(self) -> Formula:
         from .flops_qwen_flux2 import qwen_image_flops
 
-        lora = self._lora_config() if self.opts.finetune == "lora" else None
+        return qwen_image_flops
+
+    def flop_tokens(self) -> tuple[int, int]:
+        """The packed 2x2 tokens and the text at the longest cached prompt's length (a batch's padded length at
+        most; prompts keep their own lengths here, so a row's cost follows its prompts)."""
         text = max((e["prompt_embeds"].shape[1] for e in self._cache.values()), default=self.max_sequence_length())
-        rank, targets = (lora.r, _lora_targets(lora)) if lora else (None, None)
-        return qwen_image_flops(
-            self.denoiser.config, self.image_tokens(), text, rank, targets, self.opts.gradient_checkpointing
-        )
+        return self.image_tokens(), text
 
     def _encode_text(self, prompts: list[str]) -> dict[str, Tensor]:
         embeds, mask = self.pipe.encode_prompt(

@@ -24,6 +24,7 @@ from torch import Tensor
 
 from .base import Conditions
 from .diffusers_base import DiffusersPolicy, LoraDefaults
+from .flops import Formula
 
 # flow_grpo scripts/train_sd3.py: r 32, alpha 64, Gaussian init, the joint attention projections
 SD3_LORA = LoraDefaults(
@@ -56,18 +57,17 @@ class SD3Policy(DiffusersPolicy):
         side = self._check_resolution(sf * int(self.denoiser.config.patch_size)) // sf
         return (self.denoiser.config.in_channels, side, side)
 
-    def flops_per_row(self) -> tuple[int, int] | None:
-        """(forward, backward) transformer FLOPs of one network row, derived from its config (models/flops.py):
-        the latent's 2x2 patches and 77 CLIP + max_sequence_length T5 tokens, LoRA or full as configured. With
-        true CFG a latent row is two network rows in one batched forward; `cfg_uncond = "detach"` zeroes the
-        unconditional half's gradient but the batched backward's products keep their size, so it costs the same."""
+    def flop_formula(self) -> Formula:
+        """With true CFG a latent row is two network rows in one batched forward; `cfg_uncond = "detach"` zeroes
+        the unconditional half's gradient but the batched backward's products keep their size: the same cost."""
         from .flops import sd3_flops
 
-        lora = self._lora_config() if self.opts.finetune == "lora" else None
+        return sd3_flops
+
+    def flop_tokens(self) -> tuple[int, int]:
+        """The latent's patches and 77 CLIP + max_sequence_length T5 tokens."""
         p = int(self.denoiser.config.patch_size)
-        tokens, text = (self.latent_shape[1] // p) * (self.latent_shape[2] // p), 77 + self.max_sequence_length()
-        rank, targets = (lora.r, tuple(lora.target_modules)) if lora else (None, None)
-        return sd3_flops(self.denoiser.config, tokens, text, rank, targets, self.opts.gradient_checkpointing)
+        return (self.latent_shape[1] // p) * (self.latent_shape[2] // p), 77 + self.max_sequence_length()
 
     def max_sequence_length(self) -> int:
         return self.opts.max_sequence_length or 256
