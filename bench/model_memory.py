@@ -79,11 +79,11 @@ def _gb(x: float) -> str:
 
 def table(rows: list[dict]) -> str:
     head = (
-        "| `--model` | hub id | denoiser | guidance | LoRA (rank) | text encoders, bf16 | LoRA | full | "
-        "full, FSDP x 8 |\n|---|---|---|---|---|---|---|---|---|\n"
+        "| `--model` | hub id | denoiser | guidance | compute dtype | LoRA (rank) | text encoders | LoRA | full "
+        "| full, FSDP x 8 |\n|---|---|---|---|---|---|---|---|---|---|\n"
     )
     lines = [
-        f"| `{r['model']}` | {r['hub_id']} | {r['params_b']:.1f}B | {r['guidance']} "
+        f"| `{r['model']}` | {r['hub_id']} | {r['params_b']:.1f}B | {r['guidance']} | bf16, fp32 sampler "
         f"| {1e3 * r['lora_params_b']:.0f}M ({r['lora_rank']}) | {_gb(r['text_encoders_gb'])} GB "
         f"| {_gb(r['lora_gb'])} GB "
         f"| {r['full_gb']:.0f}-{r['full_ema_ref_gb']:.0f} GB | {r['fsdp8_gb']:.0f}-{r['fsdp8_ref_gb']:.0f} GB |"

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from clitools import one_line_error, run
+from tinypipes import VAE_BLOCKS
 
 # transformers imports torchvision: tests/conftest.py has already run ensure_torchvision() (see compat.py)
 from tokenizers.pre_tokenizers import ByteLevel
@@ -98,15 +99,8 @@ def t5(tok, width: int):
 def vae(scaling: float, shift: float | None):
     from diffusers import AutoencoderKL
 
-    # 2 blocks: vae_scale_factor 2, so 16 px images have 8 x 8 latents
     return AutoencoderKL(
-        down_block_types=("DownEncoderBlock2D",) * 2,
-        up_block_types=("UpDecoderBlock2D",) * 2,
-        block_out_channels=(8, 16),
-        layers_per_block=1,
-        latent_channels=4,
-        norm_num_groups=4,
-        sample_size=16,
+        **VAE_BLOCKS,
         use_quant_conv=False,
         use_post_quant_conv=False,
         scaling_factor=scaling,
@@ -212,16 +206,20 @@ def tiny_sd():
 BUILDERS = {"flux": tiny_flux, "sd3": tiny_sd3, "sd": tiny_sd}
 
 
+def saved(tmp_path_factory, builders) -> dict:
+    """{name: folder} of tiny pipelines, each built after seeding 0 and saved with save_pretrained."""
+    out = {}
+    for name, build in builders.items():
+        torch.manual_seed(0)
+        out[name] = tmp_path_factory.mktemp("models") / name
+        build().save_pretrained(out[name])
+    return out
+
+
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory):
-    """{adapter: folder} of the three tiny pipelines, saved with save_pretrained."""
-    out = {}
-    for name, build in BUILDERS.items():
-        torch.manual_seed(0)
-        folder = tmp_path_factory.mktemp("models") / name
-        build().save_pretrained(folder)
-        out[name] = folder
-    return out
+    """The three tiny pipelines (FLUX, SD3, SD1.5)."""
+    return saved(tmp_path_factory, BUILDERS)
 
 
 def policy_of(folder, **policy):

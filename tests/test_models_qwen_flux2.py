@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 from clitools import one_line_error, run
-from test_models_diffusers import TINY, check_lora_reload, tiny_flux, train_one_iteration
+from test_models_diffusers import TINY, check_lora_reload, saved, tiny_flux, train_one_iteration
 from tinypipes import BUILDERS
 
 from treegrpo_cli.models.base import PolicyConfig
@@ -19,13 +19,7 @@ QWEN_TEXT = 256  # Qwen-Image keeps prompts at their own length up to this: " " 
 
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):
-    out = {}
-    for name, build in {**BUILDERS, "flux": tiny_flux}.items():
-        torch.manual_seed(0)
-        folder = tmp_path_factory.mktemp("models") / name
-        build().save_pretrained(folder)
-        out[name] = folder
-    return out
+    return saved(tmp_path_factory, {**BUILDERS, "flux": tiny_flux})
 
 
 def load(folder, **opts):

@@ -187,3 +187,13 @@ def test_every_backticked_repository_path_in_the_docs_exists():
             if not where.exists():
                 missing.append(f"{md.relative_to(ROOT)}: `{path}`")
     assert not missing, "paths that do not exist:\n" + "\n".join(missing)
+
+
+def test_readme_model_table_is_the_memory_benchmarks():
+    """README's table of real models is bench/model_memory.py's output (bench/results/model_memory.md), and it lists
+    every name `--model` knows besides the built-in ones."""
+    from treegrpo_cli.models.hub import KNOWN
+
+    table = (ROOT / "bench" / "results" / "model_memory.md").read_text()
+    assert table in (ROOT / "README.md").read_text()
+    assert {re.search(r"`([^`]+)`", line).group(1) for line in table.splitlines()[2:]} == set(KNOWN)

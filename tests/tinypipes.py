@@ -7,6 +7,16 @@ import torch
 from tokenizers.pre_tokenizers import ByteLevel
 
 W = 16  # text width of the tiny encoders
+# 2 blocks of an image VAE (vae_scale_factor 2: 16 px images have 8 x 8 latents of 4 channels)
+VAE_BLOCKS = dict(
+    down_block_types=("DownEncoderBlock2D",) * 2,
+    up_block_types=("UpDecoderBlock2D",) * 2,
+    block_out_channels=(8, 16),
+    layers_per_block=1,
+    latent_channels=4,
+    norm_num_groups=4,
+    sample_size=16,
+)
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<s>", "</s>", "<unk>", "<pad>"]
 # enough of a chat template for the pipelines' calls: role and text of each message, then the generation prompt
 CHAT = (
@@ -45,6 +55,12 @@ def plain_tokenizer():
     return tok
 
 
+def lm(tok, layers: int, **kw) -> dict:
+    """The fields of a tiny decoder-only text model: width W, 2 heads of 8, one key-value head."""
+    fields = dict(vocab_size=len(tok), hidden_size=W, intermediate_size=32, num_attention_heads=2)
+    return dict(fields, num_key_value_heads=1, head_dim=8, num_hidden_layers=layers, **kw)
+
+
 def scheduler(**kw):
     from diffusers import FlowMatchEulerDiscreteScheduler
 
@@ -56,20 +72,14 @@ def tiny_qwen_image():
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
     tok = qwen_tokenizer()
-    text = Qwen2_5_VLConfig(
-        text_config=dict(
-            vocab_size=len(tok),
-            hidden_size=W,
-            intermediate_size=32,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-            rope_scaling={"type": "mrope", "mrope_section": [1, 1, 2]},
-        ),
-        vision_config=dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=W),
-    )
+    mrope = {"type": "mrope", "mrope_section": [1, 1, 2]}
+    vision = dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=W)
+    text = Qwen2_5_VLConfig(text_config=lm(tok, 2, rope_scaling=mrope), vision_config=vision)
     z = 4
     g = torch.Generator().manual_seed(7)
+    shape = dict(
+        patch_size=2, in_channels=4 * z, out_channels=z, num_layers=2, attention_head_dim=16, num_attention_heads=2
+    )
     return QwenImagePipeline(
         scheduler=scheduler(base_shift=0.5, max_shift=0.9, max_image_seq_len=8192, shift_terminal=0.02),
         vae=AutoencoderKLQwenImage(
@@ -83,31 +93,14 @@ def tiny_qwen_image():
         ),
         text_encoder=Qwen2_5_VLForConditionalGeneration(text),
         tokenizer=tok,
-        transformer=QwenImageTransformer2DModel(
-            patch_size=2,
-            in_channels=4 * z,
-            out_channels=z,
-            num_layers=2,
-            attention_head_dim=16,
-            num_attention_heads=2,
-            joint_attention_dim=W,
-            axes_dims_rope=(4, 6, 6),
-        ),
+        transformer=QwenImageTransformer2DModel(**shape, joint_attention_dim=W, axes_dims_rope=(4, 6, 6)),
     )
 
 
 def flux2_vae():
     from diffusers import AutoencoderKLFlux2
 
-    vae = AutoencoderKLFlux2(
-        down_block_types=("DownEncoderBlock2D",) * 2,
-        up_block_types=("UpDecoderBlock2D",) * 2,
-        block_out_channels=(8, 16),
-        layers_per_block=1,
-        latent_channels=4,
-        norm_num_groups=4,
-        sample_size=16,
-    )
+    vae = AutoencoderKLFlux2(**VAE_BLOCKS)
     g = torch.Generator().manual_seed(8)  # batch-norm statistics that are not the identity
     vae.bn.running_mean.copy_(torch.randn(16, generator=g) * 0.3)
     vae.bn.running_var.copy_(1 + torch.rand(16, generator=g))
@@ -117,18 +110,9 @@ def flux2_vae():
 def flux2_transformer(text_dim: int, guidance: bool):
     from diffusers import Flux2Transformer2DModel
 
-    return Flux2Transformer2DModel(
-        patch_size=1,
-        in_channels=16,
-        num_layers=1,
-        num_single_layers=2,
-        attention_head_dim=16,
-        num_attention_heads=2,
-        joint_attention_dim=text_dim,
-        timestep_guidance_channels=16,
-        axes_dims_rope=(4, 4, 4, 4),
-        guidance_embeds=guidance,
-    )
+    shape = dict(patch_size=1, in_channels=16, num_layers=1, num_single_layers=2, attention_head_dim=16)
+    width = dict(num_attention_heads=2, joint_attention_dim=text_dim, timestep_guidance_channels=16)
+    return Flux2Transformer2DModel(**shape, **width, axes_dims_rope=(4, 4, 4, 4), guidance_embeds=guidance)
 
 
 def tiny_flux2_klein(distilled: bool = False):
@@ -136,17 +120,7 @@ def tiny_flux2_klein(distilled: bool = False):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     tok = qwen_tokenizer()
-    te = Qwen3ForCausalLM(
-        Qwen3Config(
-            vocab_size=len(tok),
-            hidden_size=W,
-            intermediate_size=32,
-            num_hidden_layers=28,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-            head_dim=8,
-        )
-    )
+    te = Qwen3ForCausalLM(Qwen3Config(**lm(tok, 28)))
     return Flux2KleinPipeline(
         scheduler=scheduler(),
         vae=flux2_vae(),
@@ -162,21 +136,10 @@ def tiny_flux2_dev():
     from transformers import Mistral3Config, Mistral3ForConditionalGeneration
 
     tok = plain_tokenizer()
-    cfg = Mistral3Config(
-        text_config=dict(
-            model_type="mistral",
-            vocab_size=len(tok),
-            hidden_size=W,
-            intermediate_size=32,
-            num_hidden_layers=30,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-            head_dim=8,
-        ),
-        vision_config=dict(
-            model_type="pixtral", hidden_size=16, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2
-        ),
+    vision = dict(
+        model_type="pixtral", hidden_size=16, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2
     )
+    cfg = Mistral3Config(text_config=lm(tok, 30, model_type="mistral"), vision_config=vision)
     return Flux2Pipeline(
         scheduler=scheduler(),
         vae=flux2_vae(),

@@ -69,7 +69,6 @@ def empirical_mu(tokens: int, steps: int) -> float:
 
 class Flux2Policy(DiffusersPolicy):
     adapter = "flux2"
-    denoiser_attr = "transformer"
     text_encoder_attrs = ("text_encoder",)
     lora_defaults = FLUX2_LORA
     default_guidance = 4.0

@@ -61,13 +61,12 @@ def pad_rows(embeds: list[Tensor]) -> tuple[Tensor, Tensor]:
 
 class QwenImagePolicy(DiffusersPolicy):
     adapter = "qwenimage"
-    denoiser_attr = "transformer"
+    uses_negative = True  # true CFG against the model card's negative prompt
+    negative_prompt = " "
+    default_guidance = 4.0
     text_encoder_attrs = ("text_encoder",)
     lora_defaults = QWEN_LORA
-    default_guidance = 4.0
     default_resolution = 1024
-    uses_negative = True
-    negative_prompt = " "
 
     def _latent_shape(self) -> tuple[int, ...]:
         sf = int(self.pipe.vae_scale_factor)
