@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from clitools import one_line_error, run
-from tinypipes import VAE_BLOCKS
+from tinypipes import VAE_BLOCKS, t5_tokenizer
 
 # transformers imports torchvision: tests/conftest.py has already run ensure_torchvision() (see compat.py)
 from tokenizers.pre_tokenizers import ByteLevel
@@ -23,7 +23,6 @@ from transformers import (
     CLIPTokenizer,
     T5Config,
     T5EncoderModel,
-    T5TokenizerFast,
 )
 
 ADAPTERS = ("flux", "sd3", "sd")
@@ -57,13 +56,6 @@ def clip_tokenizer():
         vocab.setdefault(s + "</w>", len(vocab))
     vocab["<|startoftext|>"], vocab["<|endoftext|>"] = len(vocab), len(vocab) + 1
     return CLIPTokenizer(vocab=vocab, merges=[], model_max_length=77)
-
-
-def t5_tokenizer():
-    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("\u2581", -1.0)] + [
-        (c, -2.0) for c in "abcdefghijklmnopqrstuvwxyz"
-    ]
-    return T5TokenizerFast(vocab=pieces, extra_ids=0, model_max_length=512)
 
 
 def clip_config(tok, projection: bool = False):

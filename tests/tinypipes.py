@@ -61,6 +61,15 @@ def lm(tok, layers: int, **kw) -> dict:
     return dict(fields, num_key_value_heads=1, head_dim=8, num_hidden_layers=layers, **kw)
 
 
+def t5_tokenizer():
+    from transformers import T5TokenizerFast
+
+    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("\u2581", -1.0)] + [
+        (c, -2.0) for c in "abcdefghijklmnopqrstuvwxyz"
+    ]
+    return T5TokenizerFast(vocab=pieces, extra_ids=0, model_max_length=512)
+
+
 def scheduler(**kw):
     from diffusers import FlowMatchEulerDiscreteScheduler
 
@@ -149,9 +158,30 @@ def tiny_flux2_dev():
     )
 
 
-BUILDERS = {
+BUILDERS = {  # the image models
     "qwenimage": tiny_qwen_image,
     "flux2-dev": tiny_flux2_dev,
     "flux2-klein": tiny_flux2_klein,
     "flux2-klein-distilled": lambda: tiny_flux2_klein(distilled=True),
 }
+
+
+def tiny_wan():
+    """Wan2.1-shaped: UMT5 text encoder, the causal video VAE (8x spatial, 4x temporal), a one-block
+    WanTransformer3DModel; the pipeline sampled with FlowMatchEuler at shift 3 (the engine's Euler grid)."""
+    from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanPipeline, WanTransformer3DModel
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    tok, z = t5_tokenizer(), 4
+    text = UMT5Config(vocab_size=len(tok), d_model=W, d_kv=8, d_ff=32, num_layers=1, num_heads=2)
+    g = torch.Generator().manual_seed(9)
+    stats = dict(
+        latents_mean=(torch.randn(z, generator=g) * 0.3).tolist(), latents_std=(1 + torch.rand(z, generator=g)).tolist()
+    )
+    vae = AutoencoderKLWan(base_dim=4, z_dim=z, dim_mult=[1, 1, 1, 1], num_res_blocks=1, **stats)
+    attn = dict(num_attention_heads=2, attention_head_dim=8, qk_norm="rms_norm_across_heads", cross_attn_norm=True)
+    net = WanTransformer3DModel(
+        **attn, in_channels=z, out_channels=z, text_dim=W, freq_dim=16, ffn_dim=32, num_layers=1, rope_max_seq_len=32
+    )
+    sched = FlowMatchEulerDiscreteScheduler(shift=3.0)
+    return WanPipeline(tokenizer=tok, text_encoder=UMT5EncoderModel(text), vae=vae, scheduler=sched, transformer=net)

@@ -39,6 +39,7 @@ class PolicyConfig:
     # (the guided policy's exact gradient) | "detach": Flow-GRPO's released code
     resolution: int | None = None  # square image side in pixels; None: FLUX 720, SD3 512, SD 512
     max_sequence_length: int | None = None  # T5 tokens; None: FLUX 512 (schnell 256), SD3 256
+    frames: int | None = None  # video models: frames of a clip; None: the adapter's (Wan 33)
     ddim_eta: float = 1.0  # SD only: eta of the stochastic DDIM steps (DDPO: 1.0)
     prompt_cache: str = ""  # folder of prompt embeddings on disk ("": in memory only)
     free_text_encoders: bool = False  # train: embed every train and eval prompt first, then free the encoders
@@ -50,7 +51,7 @@ class PolicyConfig:
             raise ConfigError(f"policy.cfg_uncond must be one of {', '.join(CFG_UNCOND)}; got {self.cfg_uncond!r}")
         if self.dtype not in DTYPES:
             raise ConfigError(f"policy.dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
-        for name in ("lora_rank", "lora_alpha", "resolution", "max_sequence_length"):
+        for name in ("lora_rank", "lora_alpha", "resolution", "max_sequence_length", "frames"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ConfigError(f"policy.{name} must be > 0, got {value}")

@@ -29,6 +29,8 @@ KNOWN: dict[str, tuple[str, str]] = {
     "flux2-klein-9b": ("black-forest-labs/FLUX.2-klein-9B", "flux2"),
     "flux2-klein-base-4b": ("black-forest-labs/FLUX.2-klein-base-4B", "flux2"),
     "flux2-klein-base-9b": ("black-forest-labs/FLUX.2-klein-base-9B", "flux2"),
+    "wan2.1-t2v-1.3b": ("Wan-AI/Wan2.1-T2V-1.3B-Diffusers", "wan"),
+    "wan2.1-t2v-14b": ("Wan-AI/Wan2.1-T2V-14B-Diffusers", "wan"),
 }
 # settings of one released model beyond its adapter's (by hub id): SD3.5 Large's card samples at guidance 3.5
 # (Medium 4.5, the adapter's default, as Flow-GRPO trains it)
@@ -42,6 +44,7 @@ PIPELINES = {
     "QwenImagePipeline": "qwenimage",
     "Flux2Pipeline": "flux2",
     "Flux2KleinPipeline": "flux2",
+    "WanPipeline": "wan",
 }
 # flow models whose pipelines shift their grid by the image's token count: they sample on it (sampler.grid = "model")
 DYNAMIC_GRID = ("qwenimage", "flux2")
@@ -112,7 +115,7 @@ def model_index(folder: Path) -> dict:
 
 
 def pipeline_kind(folder: Path) -> str:
-    """The adapter ('flux', 'sd3', 'sd', 'qwenimage', 'flux2') from model_index.json's _class_name."""
+    """The adapter ('flux', 'sd3', 'sd', 'qwenimage', 'flux2', 'wan') from model_index.json's _class_name."""
     cls = model_index(folder).get("_class_name", "?")
     if cls not in PIPELINES:
         raise TreegrpoError(f"{folder}: pipeline {cls} is not supported (supported: {', '.join(PIPELINES)})")
@@ -178,6 +181,17 @@ def _kind_and_folder(name: str) -> tuple[str | None, Path | None]:
     return kind, None
 
 
+def _scheduler_config(folder: Path | None) -> dict:
+    """The folder's scheduler/scheduler_config.json, or {} when it is not there or not JSON."""
+    path = folder / "scheduler" / "scheduler_config.json" if folder else None
+    if path is None or not path.is_file():
+        return {}
+    try:
+        return dict(json.loads(path.read_text()))
+    except ValueError:
+        return {}
+
+
 def adapter_defaults(name: str) -> dict[str, object]:
     """Settings a diffusers adapter layers over a method preset (preset < these < --config < --set).
 
@@ -193,13 +207,7 @@ def adapter_defaults(name: str) -> dict[str, object]:
     if kind in DYNAMIC_GRID:
         out["sampler.grid"] = "model"
     if kind == "sd3":
-        sched = {}
-        path = folder / "scheduler" / "scheduler_config.json" if folder else None
-        if path is not None and path.is_file():
-            try:
-                sched = json.loads(path.read_text())
-            except ValueError:
-                sched = {}
+        sched = _scheduler_config(folder)
         out.update(
             {
                 "sampler.grid": "flow-match-euler",
@@ -207,6 +215,10 @@ def adapter_defaults(name: str) -> dict[str, object]:
                 "sampler.num_train_timesteps": int(sched.get("num_train_timesteps", 1000)),
             }
         )
+    if kind == "wan":  # the presets' shifted grid at the model's flow shift (UniPC's flow_shift, or shift)
+        sched = _scheduler_config(folder)
+        shift = float(sched.get("flow_shift", sched.get("shift", 3.0)) or 3.0)
+        out.update({"rollout.max_batch": 4, "policy.gradient_checkpointing": True, "sampler.shift": shift})
     if kind == "sd":
         out.update({"rollout.max_batch": 16})
     out.update(RELEASE_DEFAULTS.get(repo_id(name), {}))

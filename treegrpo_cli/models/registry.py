@@ -102,6 +102,7 @@ ADAPTERS = {
     "sd": ("sd", "SDPolicy"),
     "qwenimage": ("qwenimage", "QwenImagePolicy"),
     "flux2": ("flux2", "Flux2Policy"),
+    "wan": ("wan", "WanPolicy"),
 }
 
 
