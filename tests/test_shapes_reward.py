@@ -138,3 +138,39 @@ def test_soft_kind_option_is_checked_and_reaches_training():
         get_reward("shapes", kind="fuzzy")
     cfg = load_config("branch", sets=['model="tiny-shapes"', 'reward.options=["shapes.kind=soft"]'])
     assert Trainer(cfg, "cpu").rewards["shapes"].soft
+
+
+def test_videos_meet_image_rewards_frame_by_frame():
+    """score_leaves on clips [L, 3, F, H, W]: every frame_stride-th frame scored with its clip's prompt, the mean
+    per clip; a reward marked `video` gets the clips themselves."""
+    import torch
+
+    from treegrpo_cli.rewards.base import score_leaves
+
+    class Brightness:
+        name = "brightness"
+
+        def __init__(self):
+            self.seen = []
+
+        def __call__(self, images, prompts):
+            self.seen.append((tuple(images.shape), list(prompts)))
+            return images.mean(dim=(1, 2, 3))
+
+    clips = torch.zeros(2, 3, 5, 4, 4)
+    for f in range(5):
+        clips[0, :, f], clips[1, :, f] = f / 10, 1 - f / 10  # frame brightness 0.0 .. 0.4 and 1.0 .. 0.6
+    r = Brightness()
+    every = score_leaves({"b": r}, clips, ["p0", "p1"])["b"]
+    torch.testing.assert_close(every, torch.tensor([0.2, 0.8]))
+    assert r.seen[-1] == ((10, 3, 4, 4), ["p0"] * 5 + ["p1"] * 5)
+    strided = score_leaves({"b": r}, clips, ["p0", "p1"], frame_stride=2)["b"]  # frames 0, 2, 4
+    torch.testing.assert_close(strided, torch.tensor([0.2, 0.8]))
+    assert r.seen[-1][0] == (6, 3, 4, 4)
+    first_last = score_leaves({"b": r}, clips[:, :, [0, 4]], ["p0", "p1"])["b"]
+    torch.testing.assert_close(first_last, torch.tensor([0.2, 0.8]))
+    r.video = True
+    score_leaves({"b": r}, clips, ["p0", "p1"])
+    assert r.seen[-1][0] == (2, 3, 5, 4, 4)
+    uint8 = score_leaves({"b": Brightness()}, (clips * 255).round().to(torch.uint8), ["p0", "p1"])["b"]
+    torch.testing.assert_close(uint8, torch.tensor([0.2, 0.8]), atol=2e-3, rtol=0)

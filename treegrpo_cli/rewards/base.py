@@ -162,19 +162,34 @@ def score_leaves(
     prompts: list[str],
     batch: int = 64,
     progress: Callable[[str, int, int], None] | None = None,
+    frame_stride: int = 1,
 ) -> dict[str, Tensor]:
-    """{name: [L] float32} for images [L, 3, H, W] (float in [0, 1] or uint8), scored in batches."""
+    """{name: [L] float32} for images [L, 3, H, W] or videos [L, 3, F, H, W] (float in [0, 1] or uint8), scored in
+    batches. A video meets an image reward frame by frame: every frame_stride-th frame from the first is scored
+    with the clip's prompt and the clip's score is their mean; a reward with `video = True` takes the clips."""
+    if frame_stride < 1:
+        raise ConfigError(f"frame_stride must be >= 1, got {frame_stride}")
     out = {}
     for name, fn in rewards.items():
         vals = []
         for a in range(0, len(prompts), batch):
             x = images[a : a + batch]
             x = x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
-            vals.append(fn(x, prompts[a : a + batch]).float().cpu())
+            vals.append(_score(fn, x, prompts[a : a + batch], frame_stride).float().cpu())
             if progress:
                 progress(f"score {name}", min(a + batch, len(prompts)), len(prompts))
         out[name] = torch.cat(vals) if vals else torch.zeros(0)
     return out
+
+
+def _score(fn: Reward, x: Tensor, prompts: list[str], stride: int) -> Tensor:
+    """fn on images [B, 3, H, W]; on videos [B, 3, F, H, W] the mean over frames 0, stride, 2 stride, ..."""
+    if x.dim() == 4 or getattr(fn, "video", False):
+        return fn(x, prompts)
+    frames = x[:, :, ::stride]  # [B, 3, F', H, W]
+    B, F = frames.shape[0], frames.shape[2]
+    flat = frames.transpose(1, 2).reshape(B * F, *frames.shape[1:2], *frames.shape[3:])  # [B F', 3, H, W]
+    return fn(flat, [p for p in prompts for _ in range(F)]).float().view(B, F).mean(1)
 
 
 def _load_builtins() -> None:
