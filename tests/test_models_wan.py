@@ -120,3 +120,39 @@ def test_bad_frame_count_and_missing_weights_are_one_line(wan_dir, tmp_path, mon
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     repo = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"
     one_line_error(run("train", "--model", "wan2.1-t2v-1.3b", "--run-dir", tmp_path / "r"), repo, f"hf download {repo}")
+
+
+def test_train_rollout_score_on_video_through_the_cli(wan_dir, tmp_path):
+    """`treegrpo train` on the tiny Wan pipeline: an image reward scores the clips frame by frame (every second
+    frame with reward.frame_stride 2), the held-out curve and the sample grids (clip strips) are written, the
+    LoRA exports; `rollout` then `score` give the staged path the same scores."""
+    import json
+
+    sets = [
+        "sampler.steps=4",
+        "tree.split_steps=[0, 1]",
+        "tree.branch=2",
+        "policy.resolution=32",
+        'policy.dtype="fp32"',
+        "policy.max_sequence_length=8",
+        "policy.frames=9",
+        "train.eval_samples=1",
+        "train.sample_every=2",
+        "rollout.num_prompts=2",
+        'train.loss_norm="mean"',
+        "train.lr=0.01",
+        "reward.frame_stride=2",
+    ]
+    args = ["--model", wan_dir, "--preset", "branch", *(x for s in sets for x in ("--set", s))]
+    run_dir = tmp_path / "run"
+    r = run("train", *args, "--reward", "jpeg-compressibility", "--iterations", 2, "--run-dir", run_dir, "--json")
+    assert r.exit_code == 0, r.output
+    summary = json.loads(r.stdout)
+    assert summary["iterations"] == 2 and "heldout_gain" in summary
+    assert (run_dir / "before_after.png").is_file() and (run_dir / "samples" / "step-2.png").is_file()
+    r = run("export", run_dir, "--out", tmp_path / "lora", "--json")
+    assert r.exit_code == 0 and json.loads(r.stdout)["files"] == ["pytorch_lora_weights.safetensors"], r.output
+    r = run("rollout", *args, "-n", 2, "--out", tmp_path / "trees", "--json")
+    assert r.exit_code == 0, r.output
+    r = run("score", tmp_path / "trees", "--reward", "jpeg-compressibility", "--json")
+    assert r.exit_code == 0 and json.loads(r.stdout)["leaves"] == 8, r.output

@@ -132,3 +132,20 @@ def test_band_chart_and_point_chart():
     pixels = {c for _, c in img.getcolors(1 << 20)}
     assert plots.PALETTE[0] in pixels and plots.PALETTE[2] in pixels
     assert plots.point_chart({}, "t", "x", "y").size == (640, 400)
+
+
+def test_a_video_grid_draws_each_clip_as_a_strip_of_frames():
+    import torch
+
+    from treegrpo_cli.plots import clip_strips, image_grid
+
+    clips = torch.zeros(2, 3, 17, 4, 6)
+    for f in range(17):
+        clips[:, :, f] = f / 16
+    strips = clip_strips(clips)  # 8 evenly spaced frames: 0, 2, 5, 7, 9, 11, 14, 16
+    assert strips.shape == (2, 3, 4, 8 * 6)
+    firsts = strips[0, 0, 0, ::6] * 16
+    assert firsts.round().tolist() == [0, 2, 5, 7, 9, 11, 14, 16]
+    grid = image_grid(clips, ["a", "b"], scale=1)
+    one = image_grid(strips[:1], ["a"], scale=1)
+    assert grid.size[0] == one.size[0] and grid.size[1] == 2 * one.size[1]  # one clip a row

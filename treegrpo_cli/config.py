@@ -43,8 +43,11 @@ class RewardConfig:
     weights: tuple[float, ...] = ()  # empty: 1 for each reward
     combine: str = "rewards"  # "rewards": weighted sum of scores; "advantages": of per-reward advantages (MixGRPO)
     options: tuple[str, ...] = ()  # "NAME.KEY=VALUE" reward options, e.g. "shapes.kind=soft"
+    frame_stride: int = 1  # videos: an image reward scores every frame_stride-th frame and takes the mean
 
     def weight_map(self) -> dict[str, float]:
+        if self.frame_stride < 1:
+            raise ConfigError(f"reward.frame_stride must be >= 1, got {self.frame_stride}")
         if not self.names:
             raise ConfigError("reward.names is empty: name at least one reward (e.g. --reward shapes)")
         twice = sorted({n for n in self.names if self.names.count(n) > 1})

@@ -327,6 +327,9 @@ def _wrap(caption: str, width: int) -> list[str]:
     return lines
 
 
+STRIP_FRAMES = 8  # frames of a clip drawn in a sample grid
+
+
 def _to_uint8(images: Tensor) -> Tensor:
     """[B, H, W, 3] uint8 from [B, 3 or 1, H, W] float in [0, 1] or uint8."""
     x = images.detach().cpu()
@@ -337,8 +340,20 @@ def _to_uint8(images: Tensor) -> Tensor:
     return x.expand(-1, 3, -1, -1).permute(0, 2, 3, 1).contiguous()
 
 
+def clip_strips(videos: Tensor, frames: int = STRIP_FRAMES) -> Tensor:
+    """[B, 3, F, H, W] -> [B, 3, H, F' W]: each clip as a strip of up to `frames` evenly spaced frames, first and
+    last included, left to right."""
+    F = videos.shape[2]
+    keep = torch.linspace(0, F - 1, min(frames, F)).round().long()
+    x = videos[:, :, keep]  # [B, 3, F', H, W]
+    return x.permute(0, 1, 3, 2, 4).reshape(x.shape[0], x.shape[1], x.shape[3], -1)
+
+
 def image_grid(images: Tensor, captions: list[str], ncol: int | None = None, scale: int = 4) -> Image.Image:
-    """A captioned grid: every image upscaled by `scale` (nearest), ncol default ceil(sqrt(B))."""
+    """A captioned grid: every image upscaled by `scale` (nearest), ncol default ceil(sqrt(B)); videos
+    [B, 3, F, H, W] as clip strips, one clip a row by default."""
+    if images.dim() == 5:
+        images, ncol = clip_strips(images), ncol or 1
     pix = _to_uint8(images)
     b, h, w = pix.shape[0], pix.shape[1] * scale, pix.shape[2] * scale
     if b == 0 or len(captions) != b:

@@ -186,10 +186,33 @@ def _score(fn: Reward, x: Tensor, prompts: list[str], stride: int) -> Tensor:
     """fn on images [B, 3, H, W]; on videos [B, 3, F, H, W] the mean over frames 0, stride, 2 stride, ..."""
     if x.dim() == 4 or getattr(fn, "video", False):
         return fn(x, prompts)
-    frames = x[:, :, ::stride]  # [B, 3, F', H, W]
+    return frame_mean(fn, x, prompts, stride)
+
+
+def frame_mean(fn: Reward, videos: Tensor, prompts: list[str], stride: int = 1) -> Tensor:
+    """[B] the mean of an image reward over the frames 0, stride, 2 stride, ... of videos [B, 3, F, H, W]."""
+    frames = videos[:, :, ::stride]  # [B, 3, F', H, W]
     B, F = frames.shape[0], frames.shape[2]
     flat = frames.transpose(1, 2).reshape(B * F, *frames.shape[1:2], *frames.shape[3:])  # [B F', 3, H, W]
     return fn(flat, [p for p in prompts for _ in range(F)]).float().view(B, F).mean(1)
+
+
+@dataclass
+class FrameStrided:
+    """An image reward on videos at a frame stride (reward.frame_stride); images pass through."""
+
+    reward: Reward
+    stride: int
+    video = True
+
+    @property
+    def name(self) -> str:
+        return self.reward.name
+
+    def __call__(self, images: Tensor, prompts: list[str]) -> Tensor:
+        if images.dim() == 4 or getattr(self.reward, "video", False):
+            return self.reward(images, prompts)
+        return frame_mean(self.reward, images, prompts, self.stride)
 
 
 def _load_builtins() -> None:
