@@ -5,8 +5,9 @@
         [--no-gradient-checkpointing] [--out bench/results/flux_iteration[-MODEL].json]
     python bench/flux_iteration.py --tiny [...]     # the same code path on the CPU, tiny sizes
 
---model is one of bench/model_specs.py: flux-dev (FLUX.1-dev, 11.9B), sd3.5-medium, sd3.5-large, qwen-image
-(20B), flux2-dev (32B), flux2-klein-4b, flux2-klein-base-9b. The denoiser has the release's architecture
+--model is a transformer of bench/model_specs.json: flux-dev (FLUX.1-dev, 11.9B; the default), flux-schnell,
+sd3.5-medium, sd3.5-large, qwen-image (20B), flux2-dev (32B), flux2-klein-4b, -9b, flux2-klein-base-4b, -9b,
+wan2.1-t2v-1.3b, wan2.1-t2v-14b (videos of policy.frames, 33). The denoiser has the release's architecture
 (its transformer config) and random bf16 weights: built on the meta device, then materialised on the GPU
 and filled from a seeded normal (no download). Prompt embeddings are random tensors of the real shapes
 put into the adapter's prompt cache (and the negative prompt's, for the models with true CFG), so no text
@@ -19,7 +20,7 @@ memory is recorded as such. The last iteration is the steady-state number (the f
 
 Model FLOP utilisation (MFU) of each phase: model FLOPs / (seconds x the GPU's dense bf16 peak,
 --peak-tflops, by default from the device name: H100 and H200 989, A100 312). Model FLOPs are the
-adapter's flops_per_row() (models/flops.py, flops_qwen_flux2.py: derived from the config, equal to torch's
+adapter's flops_per_row() (models/flops.py, flops_models.py: derived from the config, equal to torch's
 FlopCounterMode in the tests): a rollout is its network-row evaluations times one row's forward; training
 is its evaluations times one row's forward and backward, without the recomputation of gradient
 checkpointing (not model FLOPs).
@@ -103,8 +104,8 @@ def make_policy(args: argparse.Namespace, mode: str, device: torch.device, dtype
     net = build(spec, args.tiny, device, dtype)
     pipe = SimpleNamespace(vae=None, vae_scale_factor=VAE_SCALE, **{a: None for a in adapter.text_encoder_attrs})
     setattr(pipe, adapter.denoiser_attr, net)
-    for k, v in spec.pipe.items():
-        setattr(pipe, k, SimpleNamespace(**v) if isinstance(v, dict) else v)
+    for k, v in spec.pipe.items():  # e.g. {"vae": {"config": {...}}}: attributes all the way down
+        setattr(pipe, k, namespace(v))
     opts = PolicyConfig(
         finetune=mode,
         dtype="bf16" if dtype == torch.bfloat16 else "fp32",
@@ -121,6 +122,10 @@ def make_policy(args: argparse.Namespace, mode: str, device: torch.device, dtype
             {k: torch.randn(1, *shape, generator=gen).to(dtype) for k, shape in embed_shapes(spec, args.tiny).items()},
         )
     return policy
+
+
+def namespace(value: Any) -> Any:
+    return SimpleNamespace(**{k: namespace(v) for k, v in value.items()}) if isinstance(value, dict) else value
 
 
 def model_flops(policy) -> tuple[int, int]:

@@ -57,7 +57,7 @@ def embed_shapes(spec: Spec, tiny: bool) -> dict[str, tuple[int, ...]]:
     """The cached embeddings' shapes; tiny: 8 text tokens of the tiny transformer's width."""
     if not tiny:
         return {k: tuple(v) for k, v in spec.embeds.items()}
-    width = spec.tiny.get("joint_attention_dim", 32)
+    width = spec.tiny.get("joint_attention_dim", spec.tiny.get("text_dim", 32))
     pooled = spec.tiny.get("pooled_projection_dim", 32)
     text = 8 + (77 if spec.adapter == "sd3" else 0)  # SD3: 77 CLIP tokens before the T5 ones
     return {k: ((text, width) if k == "prompt_embeds" else (pooled,)) for k in spec.embeds}

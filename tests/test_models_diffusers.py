@@ -479,7 +479,9 @@ def _bench():
     return bench
 
 
-@pytest.mark.parametrize("model", ["sd3.5-large", "qwen-image", "flux2-dev", "flux2-klein-4b", "flux2-klein-base-9b"])
+@pytest.mark.parametrize(
+    "model", ["sd3.5-large", "qwen-image", "flux2-dev", "flux2-klein-4b", "flux2-klein-base-9b", "wan2.1-t2v-1.3b"]
+)
 def test_bench_runs_each_model_tiny(tmp_path, model):
     """flux_iteration.py --model NAME: the release's architecture at tiny sizes through its adapter; true CFG doubles
     the network rows; the model FLOPs are the adapter's formula without checkpointing's recomputation."""
@@ -490,7 +492,7 @@ def test_bench_runs_each_model_tiny(tmp_path, model):
     res = json.loads(out.read_text())
     assert res["model"] == model and res["hub_id"] == bench.MODELS[model].hub_id
     it = res["results"][0]["iterations"][0]
-    cfg = model in ("sd3.5-large", "qwen-image", "flux2-klein-base-9b")  # true classifier-free guidance
+    cfg = model in ("sd3.5-large", "qwen-image", "flux2-klein-base-9b", "wan2.1-t2v-1.3b")  # true CFG
     assert it["rollout_evals"] == 203 * (2 if cfg else 1) and it["leaves"] == 16
     assert it["forward_gflops"] > 0 and it["train_tflops"] > 0
 

@@ -156,3 +156,13 @@ def test_train_rollout_score_on_video_through_the_cli(wan_dir, tmp_path):
     assert r.exit_code == 0, r.output
     r = run("score", tmp_path / "trees", "--reward", "jpeg-compressibility", "--json")
     assert r.exit_code == 0 and json.loads(r.stdout)["leaves"] == 8, r.output
+
+
+@pytest.mark.parametrize("finetune", ["lora", "full"])
+def test_the_adapter_counts_its_flops(wan_dir, finetune):
+    """flops_per_row: the formula (models/flops_models.py) on the adapter's shapes, equal to one measured row."""
+    from treegrpo_cli.models.flops import measure_policy_flops
+
+    policy = load(wan_dir, finetune=finetune, lora_rank=4)
+    policy.cache_prompts(["a red cat"])
+    assert policy.flops_per_row() == measure_policy_flops(policy, "a red cat")

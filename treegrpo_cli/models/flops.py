@@ -11,7 +11,7 @@ Backward of a linear layer y = x W^T: the weight gradient (2*m*k*n) when W is tr
 products forward and their weight and input gradients backward. The count follows which tensors require
 grad through the network, as autograd does: the sampler latent and the text embeddings never do.
 
-`dit_flops`, `flux_flops` and `sd3_flops` (and flops_qwen_flux2.py's `qwen_image_flops`, `flux2_flops`)
+`dit_flops`, `flux_flops` and `sd3_flops` (and flops_models.py's `qwen_image_flops`, `flux2_flops`)
 derive the count from a model's config; `measure` and
 `measure_policy_flops` run FlopCounterMode itself (the fallback of the adapters with no formula: pixel, SD1.5).
 """
@@ -81,10 +81,11 @@ class Ledger:
         self.bwd += (mm if trained else 0) + (mm if x_grad else 0)  # dW; dx
         return trained or x_grad
 
-    def attention(self, s: int, d: int, grad: bool) -> None:
-        """q, k, v [s, d] (all heads) -> [s, d]; grad: the output requires grad."""
-        self.fwd += 4 * s * s * d
-        self.bwd += 10 * s * s * d if grad else 0
+    def attention(self, s: int, d: int, grad: bool, keys: int | None = None) -> None:
+        """q [s, d], k and v [keys, d] (all heads; keys default s) -> [s, d]; grad: the output requires grad."""
+        k = s if keys is None else keys
+        self.fwd += 4 * s * k * d
+        self.bwd += 10 * s * k * d if grad else 0
 
 
 Targets = Sequence[str] | str | None  # LoRA target names, or one regular expression of full names

@@ -101,7 +101,7 @@ class Flux2Policy(DiffusersPolicy):
         return self.opts.max_sequence_length or 512
 
     def flop_formula(self) -> Formula:
-        from .flops_qwen_flux2 import flux2_flops
+        from .flops_models import flux2_flops
 
         return flux2_flops
 

@@ -77,7 +77,7 @@ class QwenImagePolicy(DiffusersPolicy):
         return self.opts.max_sequence_length or 512
 
     def flop_formula(self) -> Formula:
-        from .flops_qwen_flux2 import qwen_image_flops
+        from .flops_models import qwen_image_flops
 
         return qwen_image_flops
 

@@ -24,6 +24,7 @@ from torch import Tensor
 
 from .base import Conditions
 from .diffusers_base import DiffusersPolicy, LoraDefaults
+from .flops import Formula
 
 # DiffSynth-Studio's Wan LoRA recipe (q, k, v, o and the feed-forward of every block): rank 32, alpha = rank,
 # the self- and cross-attention projections and both feed-forward layers
@@ -44,8 +45,8 @@ class WanPolicy(DiffusersPolicy):
         return int(self.opts.frames or self.default_frames)
 
     def _latent_shape(self) -> tuple[int, ...]:
-        cfg = getattr(self.pipe, "config", {})
-        if getattr(self.pipe, "transformer_2", None) is not None or cfg.get("expand_timesteps"):
+        cfg = getattr(self.pipe, "config", None)
+        if getattr(self.pipe, "transformer_2", None) is not None or getattr(cfg, "expand_timesteps", False):
             from ..errors import ConfigError
 
             raise ConfigError(f"{self.name}: Wan2.2's two-expert and TI2V pipelines are not supported yet (Wan2.1 is)")
@@ -88,7 +89,17 @@ class WanPolicy(DiffusersPolicy):
 
     def image_tokens(self) -> int:
         _, f, h, w = self.latent_shape
-        return f * (h // 2) * (w // 2)
+        pt, ph, pw = self.denoiser.config.patch_size
+        return (f // pt) * (h // ph) * (w // pw)
+
+    def flop_formula(self) -> Formula:
+        from .flops_models import wan_flops
+
+        return wan_flops
+
+    def flop_tokens(self) -> tuple[int, int]:
+        """The video latent's patches and max_sequence_length UMT5 tokens (the pipeline pads to it)."""
+        return self.image_tokens(), self.max_sequence_length()
 
     def _vae_in(self, latents: Tensor) -> Tensor:
         c = self.pipe.vae.config

@@ -1,4 +1,4 @@
-"""The Qwen-Image and FLUX.2 FLOP formulas (models/flops_qwen_flux2.py) against torch's FlopCounterMode on the
+"""The Qwen-Image, FLUX.2 and Wan2.1 FLOP formulas (models/flops_models.py) against torch's FlopCounterMode on the
 tiny transformers of tests/tinypipes.py: LoRA with the adapters' default targets and full fine-tuning, with and
 without gradient checkpointing; and the adapters' flops_per_row against a measured row."""
 
@@ -7,7 +7,7 @@ import torch
 from tinypipes import flux2_transformer, tiny_qwen_image
 
 from treegrpo_cli.models.flops import measure
-from treegrpo_cli.models.flops_qwen_flux2 import flux2_flops, qwen_image_flops
+from treegrpo_cli.models.flops_models import flux2_flops, qwen_image_flops, wan_flops
 
 
 def prepared(net, lora, targets, checkpointing):
@@ -51,6 +51,22 @@ def test_flux2_count_matches_flop_counter(guidance, lora, checkpointing):
     g = torch.tensor([4.0]) if guidance else None
     measured = measure(lambda: net(hidden_states=x, guidance=g, return_dict=False, **kw)[0], params)
     assert flux2_flops(net.config, N, T, 4 if lora else None, recompute=checkpointing) == measured
+
+
+@pytest.mark.parametrize("lora", [True, False])
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_wan_count_matches_flop_counter(lora, checkpointing):
+    """Self-attention over the video patches, cross-attention to the text (queries and keys of different lengths)."""
+    from tinypipes import tiny_wan
+
+    from treegrpo_cli.models.wan import WAN_LORA
+
+    torch.manual_seed(0)
+    net, params = prepared(tiny_wan().transformer, lora, list(WAN_LORA.targets), checkpointing)
+    x, emb = torch.randn(1, 4, 3, 4, 4), torch.randn(1, 8, net.config.text_dim)  # 3 x 2 x 2 = 12 patches, 8 words
+    kw = dict(encoder_hidden_states=emb, timestep=torch.tensor([500.0]), return_dict=False)
+    measured = measure(lambda: net(hidden_states=x, **kw)[0], params)
+    assert wan_flops(net.config, 12, 8, 4 if lora else None, recompute=checkpointing) == measured
 
 
 @pytest.mark.parametrize("build", ["qwenimage", "flux2-dev", "flux2-klein"])

@@ -1,4 +1,4 @@
-"""Denoiser FLOPs of one network row of Qwen-Image and FLUX.2 from their configs (models/flops.py's rules:
+"""Denoiser FLOPs of one network row of Qwen-Image, FLUX.2 and Wan2.1 from their configs (models/flops.py's rules:
 FlopCounterMode's matmul and attention counts, gradients where autograd takes them)."""
 
 from __future__ import annotations
@@ -28,6 +28,19 @@ FLUX2_DEFAULTS: dict[str, Any] = {  # Flux2Transformer2DModel's constructor defa
     "timestep_guidance_channels": 256,
     "mlp_ratio": 3.0,
     "guidance_embeds": True,
+}
+
+WAN_DEFAULTS: dict[str, Any] = {  # WanTransformer3DModel's constructor defaults (Wan2.1 14B)
+    "patch_size": (1, 2, 2),
+    "num_attention_heads": 40,
+    "attention_head_dim": 128,
+    "in_channels": 16,
+    "out_channels": 16,
+    "text_dim": 4096,
+    "freq_dim": 256,
+    "ffn_dim": 13824,
+    "num_layers": 40,
+    "cross_attn_norm": True,
 }
 
 
@@ -121,7 +134,51 @@ def _flux2_targets() -> Targets:
     return FLUX2_LORA.targets
 
 
+def _wan(led: Ledger, cfg: dict[str, Any], N: int, T: int) -> int:
+    """WanTransformer3DModel (text-to-video): N patches of the video latent, T UMT5 tokens. Full fine-tuning trains
+    the blocks' modulation tables and the cross-attention norm, so every block's input requires grad there."""
+    D, Ff, full = cfg["num_attention_heads"] * cfg["attention_head_dim"], cfg["ffn_dim"], led.rank is None
+    pt, ph, pw = cfg["patch_size"]
+    x = led.linear("patch_embedding", N, cfg["in_channels"] * pt * ph * pw, D, x_grad=False)  # a conv as patches
+    pre = "condition_embedder."
+    t = led.linear(pre + "time_embedder.linear_1", 1, cfg["freq_dim"], D, x_grad=False)
+    temb = led.linear(pre + "time_embedder.linear_2", 1, D, D, t)
+    mod = led.linear(pre + "time_proj", 1, D, 6 * D, temb) or full  # + each block's scale_shift_table
+    txt = led.linear(
+        pre + "text_embedder.linear_2",
+        T,
+        D,
+        D,
+        led.linear(pre + "text_embedder.linear_1", T, cfg["text_dim"], D, False),
+    )
+    start = led.fwd
+    for i in range(cfg["num_layers"]):
+        b = f"blocks.{i}."
+        h = x or mod  # adaLN-modulated input of the self-attention
+        qkv = [led.linear(b + f"attn1.to_{n}", N, D, D, h) for n in "qkv"]
+        led.attention(N, D, any(qkv))
+        x = led.linear(b + "attn1.to_out.0", N, D, D, any(qkv)) or h
+        h = x or (full and cfg["cross_attn_norm"])  # norm2's affine weights
+        q = led.linear(b + "attn2.to_q", N, D, D, h)
+        kv = [led.linear(b + f"attn2.to_{n}", T, D, D, txt) for n in "kv"]
+        led.attention(N, D, q or any(kv), keys=T)
+        x = led.linear(b + "attn2.to_out.0", N, D, D, q or any(kv)) or x
+        h = x or mod
+        x = led.linear(b + "ffn.net.2", N, Ff, D, led.linear(b + "ffn.net.0.proj", N, D, Ff, h)) or h
+    blocks = led.fwd - start
+    out = cfg["out_channels"] * pt * ph * pw
+    led.linear("proj_out", N, D, out, x or full)  # norm_out modulated by temb and the model's scale_shift_table
+    return blocks
+
+
+def _wan_targets() -> Targets:
+    from .wan import WAN_LORA
+
+    return WAN_LORA.targets
+
+
 # count(config, image_tokens, text_tokens, rank=None, targets=None, recompute=False) -> (forward, backward);
 # the LoRA defaults are the adapters' QWEN_LORA and FLUX2_LORA
 qwen_image_flops = formula(QWEN_DEFAULTS, _qwen_targets, _qwen)
 flux2_flops = formula(FLUX2_DEFAULTS, _flux2_targets, _flux2)
+wan_flops = formula(WAN_DEFAULTS, _wan_targets, _wan)
