@@ -1,7 +1,8 @@
 """Files of `treegrpo eval`: a folder of images to score, and the results it writes.
 
 An image folder is scored with an image -> prompt map, by default DIR/prompts.json, else
-DIR/prompts.csv (or the file given as --prompts):
+DIR/prompts.csv (or the file given as --prompts). An entry may also be a video: an animated GIF, a folder of
+frames or a clip file (.mp4, .webm, .mov; report/media.py), scored frame by frame by the image metrics:
     prompts.json   {"0001.png": "a red circle", "sub/0002.png": "two blue squares", ...}
     prompts.csv    a header row with the columns `image` and `prompt` (others are ignored)
 Paths are relative to the folder and stay inside it (no absolute path, no '..', no link that resolves
@@ -27,16 +28,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
-from PIL import Image, UnidentifiedImageError
 from torch import Tensor
 
 from ..errors import TreegrpoError
 from ..plots import image_grid, save_png
-from ..preflight import check_image
 from ..store.shards import atomic_write
+from .media import check_media, read_media
 
 GRID_IMAGES = 16  # images in the sample grid of each source
 GRID_PIXELS = 128  # grid images are scaled to about this many pixels on their long side
@@ -90,7 +89,7 @@ def prompt_map(folder: Path, given: Path | None = None) -> tuple[Path, list[tupl
     if not pairs:
         raise TreegrpoError(f"{path}: no images listed")
     out = [(_inside(folder, name, path), prompt) for name, prompt in pairs]
-    missing = [p for p, _ in out if not p.is_file()]
+    missing = [p for p, _ in out if not (p.is_file() or p.is_dir())]
     if missing:
         raise TreegrpoError(f"{path}: {len(missing)} listed images do not exist (e.g. {missing[0]})")
     return path, out
@@ -139,17 +138,6 @@ def _csv_pairs(path: Path) -> list[tuple[str, str]]:
     return [(r["image"], r["prompt"]) for r in rows if r.get("image")]
 
 
-def read_image(path: Path) -> Tensor:
-    """[3, H, W] float in [0, 1]; the size is checked from the header first (check_image)."""
-    check_image(path)
-    try:
-        with Image.open(path) as im:
-            arr = np.asarray(im.convert("RGB")).copy()
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
-        raise TreegrpoError(f"{path}: not a readable image ({e})") from None
-    return torch.from_numpy(arr).permute(2, 0, 1).float() / 255
-
-
 def image_folder(folder: Path, prompts_file: Path | None, batch: int) -> Source:
     """The images of a folder with their prompts, in chunks of at most `batch` images of one size."""
     folder = Path(folder)
@@ -157,12 +145,12 @@ def image_folder(folder: Path, prompts_file: Path | None, batch: int) -> Source:
         raise TreegrpoError(f"{folder}: no such image folder")
     map_path, pairs = prompt_map(folder, prompts_file)
     for path, _ in pairs:  # every header before any image is decoded or scored
-        check_image(path)
+        check_media(path)
 
     def chunks() -> Iterator[Chunk]:
         pending: list[tuple[Path, str, Tensor]] = []
         for path, prompt in pairs:
-            x = read_image(path)
+            x = read_media(path)  # [3, H, W], or [3, F, H, W] for a video
             if pending and (len(pending) == batch or pending[0][2].shape != x.shape):
                 yield _chunk(pending, folder)
                 pending = []
@@ -211,13 +199,15 @@ def _csv(scored: dict[str, Scored]) -> str:
 
 
 def _grid_size(x: Tensor) -> Tensor:
-    """Shrink images larger than GRID_PIXELS on their long side (uint8 [k, 3, H, W] in and out)."""
+    """Shrink images larger than GRID_PIXELS on their long side (uint8 [k, 3, H, W] in and out; videos
+    [k, 3, F, H, W] frame by frame)."""
     h, w = x.shape[-2:]
     if max(h, w) <= GRID_PIXELS:
         return x
     size = (max(1, h * GRID_PIXELS // max(h, w)), max(1, w * GRID_PIXELS // max(h, w)))
-    y = F.interpolate(x.float(), size=size, mode="bilinear", antialias=True, align_corners=False)
-    return y.clamp(0, 255).round().to(torch.uint8)
+    flat = x.float().flatten(1, -3)  # [k, 3 (F), H, W]
+    y = F.interpolate(flat, size=size, mode="bilinear", antialias=True, align_corners=False)
+    return y.view(*x.shape[:-2], *size).clamp(0, 255).round().to(torch.uint8)
 
 
 def _scale(x: Tensor) -> int:

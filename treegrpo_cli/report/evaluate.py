@@ -32,7 +32,7 @@ from ..errors import ConfigError, TreegrpoError
 from ..models import hub
 from ..models.base import Policy
 from ..models.registry import MODELS, load_policy
-from ..rewards.base import DTYPES, Reward, get_reward, spec
+from ..rewards.base import DTYPES, Reward, get_reward, score_batch, spec
 from ..store.checkpoint import MANIFEST, check_checkpoint, list_checkpoints, load_checkpoint
 from .evalio import GRID_IMAGES, Chunk, Scored, Source, image_folder
 
@@ -239,13 +239,13 @@ def score_source(source: Source, rewards: dict[str, Reward], progress: Progress,
     first = next(iter(rewards))
     for chunk in source.chunks():
         progress(f"{prefix}generate", len(rows) + len(chunk.prompts), source.total)
-        vals = {n: fn(chunk.images, chunk.prompts).float().cpu() for n, fn in rewards.items()}  # [b] each
+        vals = {n: score_batch(fn, chunk.images, chunk.prompts).float().cpu() for n, fn in rewards.items()}  # [b]
         for k, prompt in enumerate(chunk.prompts):
             rows.append(
                 {"index": len(rows), **chunk.keys[k], "prompt": prompt, **{n: float(v[k]) for n, v in vals.items()}}
             )
             if len(grid) < GRID_IMAGES and (not grid or grid[0].shape == chunk.images[k].shape):
-                grid.append((chunk.images[k].clamp(0, 1) * 255).round().to(torch.uint8))  # [3, H, W]
+                grid.append((chunk.images[k].clamp(0, 1) * 255).round().to(torch.uint8))  # [3, (F,) H, W]
                 captions.append(f"{prompt} ({first} {float(vals[first][k]):.3f})")
         for n, v in vals.items():
             scores[n].append(v)

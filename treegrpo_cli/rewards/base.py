@@ -175,14 +175,14 @@ def score_leaves(
         for a in range(0, len(prompts), batch):
             x = images[a : a + batch]
             x = x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
-            vals.append(_score(fn, x, prompts[a : a + batch], frame_stride).float().cpu())
+            vals.append(score_batch(fn, x, prompts[a : a + batch], frame_stride).float().cpu())
             if progress:
                 progress(f"score {name}", min(a + batch, len(prompts)), len(prompts))
         out[name] = torch.cat(vals) if vals else torch.zeros(0)
     return out
 
 
-def _score(fn: Reward, x: Tensor, prompts: list[str], stride: int) -> Tensor:
+def score_batch(fn: Reward, x: Tensor, prompts: list[str], stride: int = 1) -> Tensor:
     """fn on images [B, 3, H, W]; on videos [B, 3, F, H, W] the mean over frames 0, stride, 2 stride, ..."""
     if x.dim() == 4 or getattr(fn, "video", False):
         return fn(x, prompts)
