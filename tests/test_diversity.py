@@ -193,6 +193,18 @@ def test_pixel_features():
     assert small.shape == (2, 3072) and 0 <= small.min() and small.max() <= 1
 
 
+def test_clips_are_embedded_as_the_mean_of_their_frames():
+    """Videos [N, 3, F, H, W]: one feature per clip, the mean of its frames' (here raw pixels), so a clip and the
+    same frames in another order embed alike, and two different clips do not."""
+    ext = feats.get_extractor("pixels")
+    clips = torch.rand(2, 3, 5, 32, 32)
+    out = ext(clips)
+    assert out.shape == (2, 3 * 32 * 32)
+    torch.testing.assert_close(out[1], clips[1].mean(1).flatten())
+    torch.testing.assert_close(ext(clips[:, :, [4, 2, 0, 1, 3]]), out)
+    assert (out[0] - out[1]).abs().max() > 0.1
+
+
 def test_parse_features_names_the_valid_ones():
     assert feats.parse_features("clip, inception,clip") == ("clip", "inception")
     with pytest.raises(ConfigError, match="did you mean 'inception'"):
@@ -324,6 +336,30 @@ def test_cli_json_and_table(two_folders, tmp_path):
     r = run("diversity", a, b, "--features", "pixels", "--no-mmd", "--kid-subsets", 3, "--out", tmp_path / "o")
     assert r.exit_code == 0, r.output
     assert "pixels" in r.stdout and "KID" in r.stdout and (tmp_path / "o" / "embedding-pixels.png").is_file()
+
+
+def _gif_folder(folder, n: int, lo: int):
+    """n animated GIFs of 3 frames, grey levels from lo (the two sets differ by lo)."""
+    from PIL import Image
+
+    folder.mkdir(parents=True)
+    g = torch.Generator().manual_seed(lo)
+    for k in range(n):
+        frames = [
+            Image.fromarray((torch.randint(lo, lo + 40, (8, 8, 3), generator=g)).byte().numpy()) for _ in range(3)
+        ]
+        frames[0].save(folder / f"{k:03d}.gif", save_all=True, append_images=frames[1:], loop=0)
+    return folder
+
+
+def test_cli_on_two_folders_of_videos(tmp_path):
+    """Folders of GIFs: one embedding per clip (the mean of its frames'); a shifted set is told apart."""
+    a, b = _gif_folder(tmp_path / "a", 12, 20), _gif_folder(tmp_path / "b", 12, 150)
+    r = run("diversity", a, b, "--features", "pixels", "--kid-subsets", 3, "--permutations", 19, "--json")
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.stdout)
+    assert rep["a"]["kind"] == "videos" and rep["a"]["images"] == 12
+    assert rep["features"]["pixels"]["p_value"] <= 0.05
 
 
 def test_cli_generate(tmp_path):

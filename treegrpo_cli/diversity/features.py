@@ -54,7 +54,9 @@ def parse_features(spec: str) -> tuple[str, ...]:
 
 
 class Extractor(ABC):
-    """images [N, 3, H, W] float in [0, 1] (or uint8) -> [N, dim] float32 on the CPU, no grad."""
+    """images [N, 3, H, W] float in [0, 1] (or uint8) -> [N, dim] float32 on the CPU, no grad. Videos
+    [N, 3, F, H, W] (the leaves of a video model's tree folder) -> the mean of their frames' features: one
+    embedding per clip, so KID and MMD compare distributions of clips."""
 
     name, dim = "", 0
 
@@ -67,6 +69,13 @@ class Extractor(ABC):
 
     @torch.no_grad()
     def __call__(self, images: Tensor) -> Tensor:
+        if images.ndim == 5 and images.shape[1] == 3:  # clips: every frame, then the mean per clip
+            n, f = images.shape[0], images.shape[2]
+            return (
+                self(images.transpose(1, 2).reshape(n * f, *images.shape[1:2], *images.shape[3:]))
+                .view(n, f, -1)
+                .mean(1)
+            )
         if images.ndim != 4 or images.shape[1] != 3:
             raise TreegrpoError(f"{self.name} features need RGB images [N, 3, H, W], got {tuple(images.shape)}")
         x = images.to(self.device)

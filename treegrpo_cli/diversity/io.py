@@ -1,4 +1,5 @@
-"""Image sets for `treegrpo diversity`: a folder of image files, or the leaf images of a tree folder.
+"""Image sets for `treegrpo diversity`: a folder of image files, a folder of videos (GIFs, clip files, frame
+folders), or the leaf images (or clips) of a tree folder.
 
 Both stream their images in chunks (`batches`), so features for thousands of images never need
 every image in memory. A tree folder also names the tree of every leaf (`groups`): leaves of one
@@ -91,6 +92,40 @@ class FolderImages(ImageSet):
             yield torch.stack([_to_tensor(_read(f), self.size) for f in files[a : a + size]])
 
 
+class FolderVideos(ImageSet):
+    """The videos of one folder, sorted by name: animated GIFs, clip files (.mp4 ...) and frame folders
+    (report/media.py), one clip a batch (clips may differ in length and size; each is embedded on its own)."""
+
+    kind = "videos"
+
+    def __init__(self, folder: Path, files: list[Path]):
+        from ..report.media import check_media
+
+        self.files = files
+        super().__init__(folder, len(files), torch.arange(len(files)))
+        for f in files:  # every header before anything is decoded
+            check_media(f)
+
+    def batches(self, size: int) -> Iterator[Tensor]:
+        from ..report.media import read_media
+
+        for f, k in zip(self.files, self.keep.tolist(), strict=True):
+            if k:
+                x = read_media(f)  # [3, F, H, W] float in [0, 1]
+                yield (x[:, None] if x.dim() == 3 else x)[None]  # [1, 3, F, H, W]
+
+
+def _videos(folder: Path) -> list[Path]:
+    from ..report.media import CLIP_SUFFIXES, FRAME_SUFFIXES
+
+    def is_video(p: Path) -> bool:
+        if p.is_dir():
+            return any(q.suffix.lower() in FRAME_SUFFIXES for q in p.iterdir())
+        return p.suffix.lower() in (*CLIP_SUFFIXES, ".gif")
+
+    return sorted(p for p in Path(folder).iterdir() if is_video(p))
+
+
 def _read(path: Path) -> Image.Image:
     check_image(path)
     try:
@@ -143,7 +178,12 @@ def open_images(path: Path) -> ImageSet:
     path = Path(path)
     if not path.is_dir():
         raise TreegrpoError(f"{path}: no such folder")
-    return TreeImages(path) if (path / INDEX).is_file() else FolderImages(path)
+    if (path / INDEX).is_file():
+        return TreeImages(path)
+    videos = _videos(path)
+    if videos and not any(p.suffix.lower() in IMAGE_SUFFIXES for p in path.iterdir()):
+        return FolderVideos(path, videos)
+    return FolderImages(path)
 
 
 def check_set_folder(path: Path, overwrite: bool, option: str) -> None:
