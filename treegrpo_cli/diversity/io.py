@@ -1,5 +1,5 @@
-"""Image sets for `treegrpo diversity`: a folder of image files, a folder of videos (GIFs, clip files, frame
-folders), or the leaf images (or clips) of a tree folder.
+"""Image sets for `treegrpo diversity`: a folder of image files, a folder of videos (GIFs, clip files), or the
+leaf images (or clips) of a tree folder.
 
 Both stream their images in chunks (`batches`), so features for thousands of images never need
 every image in memory. A tree folder also names the tree of every leaf (`groups`): leaves of one
@@ -93,8 +93,8 @@ class FolderImages(ImageSet):
 
 
 class FolderVideos(ImageSet):
-    """The videos of one folder, sorted by name: animated GIFs, clip files (.mp4 ...) and frame folders
-    (report/media.py), one clip a batch (clips may differ in length and size; each is embedded on its own)."""
+    """The videos of one folder, sorted by name: animated GIFs and clip files (.mp4 ...; report/media.py), one
+    clip a batch (clips may differ in length and size; each is embedded on its own)."""
 
     kind = "videos"
 
@@ -116,14 +116,10 @@ class FolderVideos(ImageSet):
 
 
 def _videos(folder: Path) -> list[Path]:
-    from ..report.media import CLIP_SUFFIXES, FRAME_SUFFIXES
+    """The GIFs and clip files of a folder (not subfolders: a folder of folders is not read as frame folders)."""
+    from ..report.media import CLIP_SUFFIXES
 
-    def is_video(p: Path) -> bool:
-        if p.is_dir():
-            return any(q.suffix.lower() in FRAME_SUFFIXES for q in p.iterdir())
-        return p.suffix.lower() in (*CLIP_SUFFIXES, ".gif")
-
-    return sorted(p for p in Path(folder).iterdir() if is_video(p))
+    return sorted(p for p in Path(folder).iterdir() if p.is_file() and p.suffix.lower() in (*CLIP_SUFFIXES, ".gif"))
 
 
 def _read(path: Path) -> Image.Image:
