@@ -1,5 +1,5 @@
-"""Qwen-Image, FLUX.2 [dev] and [klein] (base and step-distilled), and FLUX.1 on the model grid, on tiny
-pipelines built from config (tests/tinypipes.py): the engine's ODE rollout ends where the pipeline's own
+"""Qwen-Image, FLUX.2 [dev] and [klein] (base and step-distilled), SD3.5 Large-shaped SD3, and FLUX.1 on the
+model grid, on tiny pipelines built from config (tests/tinypipes.py): the engine's ODE rollout ends where the pipeline's own
 sampling ends; rollout, score, a GRPO and a DiffusionNFT step with LoRA and with full weights, export and
 reload through the CLI."""
 
@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 from clitools import one_line_error, run
-from test_models_diffusers import TINY, check_lora_reload, saved, tiny_flux, train_one_iteration
+from test_models_diffusers import TINY, _sd3_large_shaped, check_lora_reload, saved, tiny_flux, train_one_iteration
 from tinypipes import BUILDERS
 
 from treegrpo_cli.models.base import PolicyConfig
@@ -19,7 +19,7 @@ QWEN_TEXT = 256  # Qwen-Image keeps prompts at their own length up to this: " " 
 
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):
-    return saved(tmp_path_factory, {**BUILDERS, "flux": tiny_flux})
+    return saved(tmp_path_factory, {**BUILDERS, "flux": tiny_flux, "sd3-large": _sd3_large_shaped})
 
 
 def load(folder, **opts):
@@ -113,7 +113,7 @@ def test_flux2_lora_targets_reach_the_single_stream_blocks(dirs):
     assert len(qwen.describe()["lora"]["targets"]) == 12 and qwen.describe()["lora"]["rank"] == 64
 
 
-@pytest.mark.parametrize("name", NEW)
+@pytest.mark.parametrize("name", [*NEW, "sd3-large"])
 def test_rollout_score_train_export_reload(dirs, tmp_path, name):
     folder, trees, run_dir, out = dirs[name], tmp_path / "trees", tmp_path / "run", tmp_path / "lora"
     r = run("rollout", "--model", folder, "--preset", "branch", *TINY, "-n", 2, "--out", trees, "--json")
@@ -129,13 +129,14 @@ def test_rollout_score_train_export_reload(dirs, tmp_path, name):
     assert rows[0]["optimizer_steps"] == 1 and abs(rows[0]["ratio_max"] - 1) < 1e-5
     assert rows[0]["kl_ref"] < 1e-12 < rows[1]["kl_ref"]
     run_json = json.loads((run_dir / "run.json").read_text())
-    assert run_json["config"]["sampler"]["grid"] == "model"  # the adapter's default
+    grid = "flow-match-euler" if name == "sd3-large" else "model"  # the adapter's default
+    assert run_json["config"]["sampler"]["grid"] == grid
     r = run("export", run_dir, "--out", out, "--json")
     assert r.exit_code == 0 and json.loads(r.stdout)["files"] == ["pytorch_lora_weights.safetensors"], r.output
-    check_lora_reload(folder, run_dir, out, name, ema=False)
+    check_lora_reload(folder, run_dir, out, "sd3" if name == "sd3-large" else name, ema=False)
 
 
-@pytest.mark.parametrize("name", ["qwenimage", "flux2-dev", "flux2-klein"])
+@pytest.mark.parametrize("name", ["qwenimage", "flux2-dev", "flux2-klein", "sd3-large"])
 @pytest.mark.parametrize("finetune", ["lora", "full"])
 def test_one_grpo_and_one_nft_step(dirs, tmp_path, name, finetune):
     row = train_one_iteration(dirs[name], tmp_path / "grpo", "tree-grpo", finetune, ["rollout.num_prompts=1"])
