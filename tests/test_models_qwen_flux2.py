@@ -1,7 +1,7 @@
 """Qwen-Image, FLUX.2 [dev] and [klein] (base and step-distilled), SD3.5 Large-shaped SD3, and FLUX.1 on the
-model grid, on tiny pipelines built from config (tests/tinypipes.py): the engine's ODE rollout ends where the pipeline's own
-sampling ends; rollout, score, a GRPO and a DiffusionNFT step with LoRA and with full weights, export and
-reload through the CLI."""
+model grid, on tiny pipelines built from config (tests/tinypipes.py): the engine's ODE rollout ends where the
+pipeline's own sampling ends; rollout, score, a GRPO and a DiffusionNFT step with LoRA and with full weights,
+export and reload through the CLI."""
 
 import json
 
