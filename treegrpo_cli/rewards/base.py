@@ -47,7 +47,7 @@ class RewardSpec:
 
 
 _REGISTRY: dict[str, RewardSpec] = {}
-BUILTINS = ("jpeg", "shapes", "hps", "pick", "imagereward", "clip", "aesthetic")  # modules under rewards/
+BUILTINS = ("jpeg", "shapes", "motion", "hps", "pick", "imagereward", "clip", "aesthetic")  # modules under rewards/
 DTYPES = {
     "float32": torch.float32,
     "fp32": torch.float32,

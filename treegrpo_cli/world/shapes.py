@@ -183,8 +183,11 @@ def _generator(seed: torch.Generator | int | None) -> torch.Generator:
     return g
 
 
-def sample_scene(prompt: Prompt | str, generator: torch.Generator | int | None = None) -> Scene:
-    """A random scene that satisfies the prompt (free sizes and positions drawn from generator)."""
+def sample_scene(
+    prompt: Prompt | str, generator: torch.Generator | int | None = None, travel: tuple[int, int] = (0, 0)
+) -> Scene:
+    """A random scene that satisfies the prompt (free sizes and positions drawn from generator). travel (x, y):
+    every object also fits when moved by it (the moving-shapes world's clips; (0, 0) in the image world)."""
     p = parse_prompt(prompt) if isinstance(prompt, str) else prompt
     if p is None:
         raise ValueError(f"not a shapes-world prompt: {prompt!r}")
@@ -194,19 +197,27 @@ def sample_scene(prompt: Prompt | str, generator: torch.Generator | int | None =
         for _ in range(g.count):
             size = g.size or ("small", "big")[int(torch.randint(2, (1,), generator=gen))]
             specs.append((g.colour, g.kind, size))
-    centres = _place([SIZES[s] for _, _, s in specs], p.relation, gen)
+    centres = _place([SIZES[s] for _, _, s in specs], p.relation, gen, travel=travel)
     return [Obj(k, c, s, x, y) for (c, k, s), (x, y) in zip(specs, centres, strict=True)]
 
 
 def _place(
-    radii: list[int], relation: str | None, gen: torch.Generator, tries: int = 256, rounds: int = 2048
+    radii: list[int],
+    relation: str | None,
+    gen: torch.Generator,
+    tries: int = 256,
+    rounds: int = 2048,
+    travel: tuple[int, int] = (0, 0),
 ) -> list[tuple[int, int]]:
-    """Centres for objects of these radii, boxes GAP apart; objects 0 REL 1 when relation is given."""
-    grids = [torch.arange(r + MARGIN, WORLD - MARGIN - r, GRID) for r in radii]
+    """Centres for objects of these radii, boxes GAP apart; objects 0 REL 1 when relation is given; every box
+    also inside the world when moved by travel (x, y)."""
+    tx, ty = travel
+    gx = [torch.arange(r + MARGIN + max(0, -tx), WORLD - MARGIN - r - max(0, tx), GRID) for r in radii]
+    gy = [torch.arange(r + MARGIN + max(0, -ty), WORLD - MARGIN - r - max(0, ty), GRID) for r in radii]
     for _ in range(rounds):
         # cx, cy [tries, k]: candidate layouts, the first valid one wins
-        cx = torch.stack([g[torch.randint(len(g), (tries,), generator=gen)] for g in grids], 1)
-        cy = torch.stack([g[torch.randint(len(g), (tries,), generator=gen)] for g in grids], 1)
+        cx = torch.stack([g[torch.randint(len(g), (tries,), generator=gen)] for g in gx], 1)
+        cy = torch.stack([g[torch.randint(len(g), (tries,), generator=gen)] for g in gy], 1)
         ok = torch.ones(tries, dtype=torch.bool)
         for i in range(len(radii)):
             for j in range(i + 1, len(radii)):
@@ -286,7 +297,12 @@ def noisy_scene(
     NOISY_COLOURS colour is, with probability `noise`, drawn in one of that colour's neighbours instead
     (the caption misnames it, as web captions misname hues)."""
     gen = _generator(generator)
-    scene = sample_scene(prompt, gen)
+    return misname(sample_scene(prompt, gen), gen, noise)
+
+
+def misname(scene: Scene, gen: torch.Generator, noise: float = CAPTION_NOISE) -> Scene:
+    """The scene with every object of a NOISY_COLOURS colour drawn, with probability `noise`, in one of that
+    colour's neighbours (one draw per such object, in order, from gen)."""
     out = []
     for o in scene:
         if o.colour in NOISY_COLOURS and float(torch.rand((), generator=gen)) < noise:
