@@ -28,7 +28,7 @@ from .shapes import (
     Group,
     Obj,
     Prompt,
-    _generator,
+    as_generator,
     misname,
     parse_prompt,
     render,
@@ -83,7 +83,7 @@ def sample_clip_scene(
         raise ValueError(f"not a moving-shapes prompt: {prompt!r}")
     dx, dy = DIRECTIONS[p.direction]
     travel = SPEED * (FRAMES - 1)
-    scene = sample_scene(p.still, _generator(generator), travel=(dx * travel, dy * travel))
+    scene = sample_scene(p.still, as_generator(generator), travel=(dx * travel, dy * travel))
     return scene, ((dx * SPEED, dy * SPEED) if moving else (0, 0))
 
 
@@ -97,7 +97,7 @@ def render_clip(scene: list[Obj], velocity: tuple[int, int], frames: int = FRAME
 
 def render_clips(prompts: list[str], generator: torch.Generator | int | None = None, size: int = WORLD) -> Tensor:
     """[B, 3, FRAMES, size, size]: one clip per prompt, exactly as asked (no caption noise)."""
-    gen = _generator(generator)
+    gen = as_generator(generator)
     return torch.stack([render_clip(*sample_clip_scene(p, gen), size=size) for p in prompts])
 
 

@@ -175,7 +175,7 @@ def _parsed(text: str) -> Prompt:
     return p
 
 
-def _generator(seed: torch.Generator | int | None) -> torch.Generator:
+def as_generator(seed: torch.Generator | int | None) -> torch.Generator:
     if isinstance(seed, torch.Generator):
         return seed
     g = torch.Generator()
@@ -191,7 +191,7 @@ def sample_scene(
     p = parse_prompt(prompt) if isinstance(prompt, str) else prompt
     if p is None:
         raise ValueError(f"not a shapes-world prompt: {prompt!r}")
-    gen = _generator(generator)
+    gen = as_generator(generator)
     specs = []  # (colour, kind, size) per object, groups in order
     for g in p.groups:
         for _ in range(g.count):
@@ -263,7 +263,7 @@ def _mask(o: Obj, x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 def render_prompts(prompts: list[str], generator: torch.Generator | int | None = None, size: int = WORLD) -> Tensor:
     """[B, 3, size, size]: one random scene per prompt, drawn in order from one generator."""
-    gen = _generator(generator)
+    gen = as_generator(generator)
     return torch.stack([render(sample_scene(p, gen), size) for p in prompts])
 
 
@@ -296,7 +296,7 @@ def noisy_scene(
     """A pretraining example for this caption: a scene that satisfies it, except that every object of a
     NOISY_COLOURS colour is, with probability `noise`, drawn in one of that colour's neighbours instead
     (the caption misnames it, as web captions misname hues)."""
-    gen = _generator(generator)
+    gen = as_generator(generator)
     return misname(sample_scene(prompt, gen), gen, noise)
 
 
