@@ -24,6 +24,7 @@ from torch import Tensor
 from .shapes import COLOURS as _COLOURS
 from .shapes import (
     KINDS,
+    NOISY_COLOURS,
     WORLD,
     Group,
     Obj,
@@ -111,3 +112,28 @@ def noisy_clip(prompt: str, generator: torch.Generator) -> Tensor:
     moving = not (p.direction in NOISY_DIRECTIONS and float(torch.rand((), generator=generator)) < MOTION_NOISE)
     scene, velocity = sample_clip_scene(p, generator, moving)
     return render_clip(misname(scene, generator), velocity)
+
+
+def is_noisy_motion(text: str) -> bool:
+    """Whether the pretraining data gets this caption wrong: a noisy colour or a noisy direction."""
+    p = parse_motion_prompt(text)
+    if p is None:
+        return False
+    return p.direction in NOISY_DIRECTIONS or any(g.colour in NOISY_COLOURS for g in p.still.groups)
+
+
+def split_motion_prompts(test: int = 48, ordinary_share: float = 0.3) -> tuple[list[str], list[str], list[str]]:
+    """(pretrain, rl_train, test): pretraining sees every prompt; test holds `test` noisy prompts (the first in
+    SHA-1 order), never trained on by RL; rl_train the other noisy prompts plus ordinary ones making up
+    ordinary_share. Each list in all_motion_prompts() order."""
+    import hashlib
+
+    pretrain = all_motion_prompts()
+    order = {t: i for i, t in enumerate(pretrain)}
+    key = lambda t: hashlib.sha1(t.encode()).hexdigest()  # noqa: E731
+    noisy = sorted((t for t in pretrain if is_noisy_motion(t)), key=key)
+    held, rl = noisy[:test], noisy[test:]
+    rl += sorted((t for t in pretrain if not is_noisy_motion(t)), key=key)[
+        : round(len(rl) * ordinary_share / (1 - ordinary_share))
+    ]
+    return pretrain, sorted(rl, key=order.__getitem__), sorted(held, key=order.__getitem__)

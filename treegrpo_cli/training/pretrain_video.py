@@ -1,0 +1,94 @@
+"""Pretraining of the moving-shapes video model (models/video_latent.py) on rendered clips with noisy captions.
+
+The image world's autoencoder is taken as it is (frozen, from the tiny-shapes weights): only the video DiT
+trains, by rectified flow on the frame-stacked latents of freshly rendered clips:
+    z0 = encode(clip),  eps ~ N(0, I),  sigma = shift(u),  z_sigma = (1 - sigma) z0 + sigma eps,  v* = eps - z0
+    loss = || v_theta(z_sigma, sigma, caption) - v* ||^2
+Every batch draws captions uniformly from the world's prompts and renders their clips with the world's caption
+noise (world/motion.py noisy_clip). Evaluations sample the test prompts with the ODE sampler and score them with
+the `motion-shapes` reward; the EMA of the weights is what is evaluated and saved.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..engine.rollout import TreeConfig, rollout
+from ..engine.sde import FlowSDE, SamplerConfig
+from ..models.latent import ShapesAE
+from ..models.latent_file import save_weights
+from ..models.video_latent import VideoLatentPolicy, new_video_model
+from ..rewards.motion import motion_scores
+from ..world.motion import FRAMES, noisy_clip, split_motion_prompts
+from .pretrain import PretrainConfig, flow_loss, lr_at
+
+
+def clips_batch(prompts: list[str], n: int, g: torch.Generator) -> tuple[list[str], torch.Tensor]:
+    """n captions drawn uniformly and their noisy clips [n, 3, FRAMES, 32, 32]."""
+    idx = torch.randint(len(prompts), (n,), generator=g).tolist()
+    captions = [prompts[i] for i in idx]
+    return captions, torch.stack([noisy_clip(c, g) for c in captions])
+
+
+def evaluate_clips(policy: VideoLatentPolicy, prompts: list[str], steps: int, seed: int = 1234) -> float:
+    """Mean `motion-shapes` reward of one ODE sample per prompt."""
+    tree, _ = rollout(
+        policy, prompts, list(range(len(prompts))), FlowSDE(SamplerConfig(steps=steps)), TreeConfig(sde_steps=()), seed
+    )
+    with torch.no_grad():
+        return float(motion_scores(policy.decode(tree.image_latent), prompts).mean())
+
+
+def pretrain_video(
+    cfg: PretrainConfig, ae: ShapesAE, out: Path, log: Callable[[dict[str, Any]], None] = lambda row: None
+) -> dict[str, Any]:
+    """The video DiT from scratch on the frozen autoencoder `ae`, with the image pretraining's schedule and model
+    fields of cfg (its autoencoder and caption-noise fields do not apply: the world's noise is fixed); writes the
+    (EMA) weights to `out` at every evaluation; returns the last evaluation row."""
+    g = torch.Generator().manual_seed(cfg.seed)
+    pretrain, _, test = split_motion_prompts()
+    policy = new_video_model(ae, FRAMES, cfg.seed, **cfg.dit_shape)
+    net = policy.net
+    opt = torch.optim.AdamW(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    avg = torch.optim.swa_utils.get_ema_multi_avg_fn(cfg.ema)
+    ema = torch.optim.swa_utils.AveragedModel(net, multi_avg_fn=avg)
+    shown = VideoLatentPolicy(net.cfg, ema.module, ae, "tiny-shapes-video")
+    t0, row, loss_avg = time.perf_counter(), {}, None
+    for step in range(cfg.steps):
+        for group in opt.param_groups:
+            group["lr"] = lr_at(cfg, step)
+        captions, clips = clips_batch(pretrain, cfg.batch, g)
+        loss = flow_loss(net, policy, captions, policy.encode_images(clips), g, cfg.shift)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+        opt.step()
+        ema.update_parameters(net)
+        loss_avg = loss.item() if loss_avg is None else 0.98 * loss_avg + 0.02 * loss.item()
+        minutes = (time.perf_counter() - t0) / 60
+        last = step == cfg.steps - 1 or bool(cfg.minutes and minutes >= cfg.minutes)
+        if (step + 1) % cfg.eval_every == 0 or last:
+            reward = evaluate_clips(shown, test, cfg.eval_steps)
+            row = {
+                "step": step + 1,
+                "loss": loss_avg,
+                "minutes": minutes,
+                "clips": (step + 1) * cfg.batch,
+                "test_reward": reward,
+            }
+            save_weights(
+                out,
+                shown.net,
+                ae,
+                {"pretrain": asdict(cfg), "world": "moving-shapes", "log": row, "frames": FRAMES, "guidance": 1.0},
+            )
+            log(row)
+        if last:
+            break
+    return row
