@@ -335,3 +335,12 @@ def test_help_is_unchanged_by_the_one_line_errors():
     assert "Commands" in r.output and "Usage" in r.output
     r = run("--version")
     assert r.exit_code == 0 and r.output.startswith("treegrpo ")
+
+
+@pytest.mark.parametrize("name", ["a" * 300, "b" * 300 + ".safetensors", "org/" + "c" * 300])
+def test_a_model_name_no_file_can_have_is_one_line(name, tmp_path):
+    """A name longer than a file name may be is a name, not a crash (found by the config fuzzer: `model` set to a
+    long TOML value raised OSError from the folder check): the config loads and --model refuses it."""
+    config.load_config(None, None, [f'model="{name}"'])
+    config.load_config(None, None, ['model="x\\u0000y"'])  # a NUL byte: no path either
+    one_line_error(run("train", "--model", name, "--run-dir", tmp_path / "r"), "model")

@@ -54,9 +54,18 @@ HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 WEIGHTS = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json")
 
 
+def local_dir(name: str) -> Path | None:
+    """`name` as an existing local folder, else None (also for a string no path can be: too long, a NUL byte)."""
+    try:
+        folder = Path(name).expanduser()
+        return folder if folder.is_dir() else None
+    except (OSError, ValueError, RuntimeError):
+        return None
+
+
 def is_diffusers_name(name: str) -> bool:
     """A known name, an existing folder or something shaped like a hub id (not a .safetensors file)."""
-    if name in KNOWN or Path(name).expanduser().is_dir():
+    if name in KNOWN or local_dir(name) is not None:
         return True
     return bool(HUB_ID.match(name)) and not name.endswith(".safetensors")
 
@@ -75,8 +84,8 @@ def repo_id(name: str) -> str:
 
 def resolve(name: str, revision: str | None = None, download: bool = False) -> Path:
     """The local folder of --model: the folder itself, or its snapshot in the hub cache."""
-    folder = Path(name).expanduser()
-    if folder.is_dir():
+    folder = local_dir(name)
+    if folder is not None:
         return folder
     repo = repo_id(name)
     if not HUB_ID.match(repo):
@@ -162,9 +171,8 @@ def check_complete(folder: Path, text_encoders: bool = True) -> None:
 
 def _kind_and_folder(name: str) -> tuple[str | None, Path | None]:
     """Adapter and local folder of --model when they can be found without loading anything."""
-    local = Path(name).expanduser()
-    folder: Path | None = local
-    if not local.is_dir() and HUB_ID.match(repo_id(name)) and not name.endswith(".safetensors"):
+    folder: Path | None = local_dir(name)
+    if folder is None and HUB_ID.match(repo_id(name)) and not name.endswith(".safetensors"):
         try:
             from huggingface_hub import snapshot_download
 

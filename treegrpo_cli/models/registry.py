@@ -91,7 +91,7 @@ def _load_diffusers(name: str, device: str | torch.device, opts: PolicyConfig, t
     module, cls_name = ADAPTERS[kind]
     adapter: type[DiffusersPolicy] = getattr(importlib.import_module(f".{module}", __package__), cls_name)
     pipe = load_pipeline(folder, pipeline_cls, torch_dtype(opts.dtype, device), text_encoders)
-    shown = name if name in hub.KNOWN or not Path(name).expanduser().is_dir() else Path(name).expanduser().name
+    shown = name if name in hub.KNOWN or hub.local_dir(name) is None else Path(name).expanduser().name
     return adapter(pipe, opts, name=shown, source=str(folder), device=device)
 
 
@@ -115,7 +115,11 @@ def _load_dit(name: str, device: str | torch.device) -> Policy:
     from .latent_file import load_weights
 
     path = TINY_SHAPES if name == "tiny-shapes" else Path(name)
-    if not path.is_file():
+    try:
+        found = path.is_file()
+    except (OSError, ValueError):  # no file can have this name (too long, a NUL byte)
+        found = False
+    if not found:
         how = (
             "reinstall treegrpo, or rebuild them with `python scripts/pretrain_shapes.py`"
             if name == "tiny-shapes"
