@@ -113,6 +113,7 @@ class DiffusersPolicy(ABC):
     default_resolution = 512
     uses_negative = False  # true classifier-free guidance: the negative prompt is embedded too
     negative_prompt = ""  # the unconditional half's prompt
+    default_text_tokens = 512  # max_sequence_length when policy.max_sequence_length is not set
     _flops_row: tuple[int, int] | None = None  # flops_per_row()'s measurement
 
     def __init__(self, pipe: Any, opts: PolicyConfig, name: str, source: str = "", device: str | torch.device = "cpu"):
@@ -229,8 +230,13 @@ class DiffusersPolicy(ABC):
         return None
 
     def flop_tokens(self) -> tuple[int, int]:
-        """(image tokens, text tokens) of one row, as the formula takes them."""
-        raise NotImplementedError
+        """(image tokens, text tokens) of one row, as the formula takes them: the latent's tokens and
+        max_sequence_length text tokens (what the pipelines pad to); adapters with other text override it."""
+        return self.image_tokens(), self.max_sequence_length()
+
+    def max_sequence_length(self) -> int:
+        """Text tokens of a prompt: policy.max_sequence_length, else the adapter's default_text_tokens."""
+        return self.opts.max_sequence_length or self.default_text_tokens
 
     def flops_per_row(self) -> tuple[int, int] | None:
         """(forward, backward) denoiser FLOPs of one network row: the adapter's formula on its config, shapes and

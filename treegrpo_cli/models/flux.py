@@ -92,10 +92,6 @@ class FluxPolicy(DiffusersPolicy):
 
         return flux_flops
 
-    def flop_tokens(self) -> tuple[int, int]:
-        """The packed 2x2 latent tokens and max_sequence_length T5 tokens."""
-        return self.image_tokens(), self.max_sequence_length()
-
     def _encode_text(self, prompts: list[str]) -> dict[str, Tensor]:
         embeds, pooled, _ = self.pipe.encode_prompt(
             prompt=prompts, prompt_2=None, device=self.device, max_sequence_length=self.max_sequence_length()

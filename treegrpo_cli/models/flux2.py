@@ -97,17 +97,10 @@ class Flux2Policy(DiffusersPolicy):
     def shift_mu(self, steps: int) -> float:
         return empirical_mu(self.image_tokens(), steps)
 
-    def max_sequence_length(self) -> int:
-        return self.opts.max_sequence_length or 512
-
     def flop_formula(self) -> Formula:
         from .flops_models import flux2_flops
 
         return flux2_flops
-
-    def flop_tokens(self) -> tuple[int, int]:
-        """The latent's tokens and max_sequence_length text tokens (the pipelines pad to it)."""
-        return self.image_tokens(), self.max_sequence_length()
 
     def _encode_text(self, prompts: list[str]) -> dict[str, Tensor]:
         embeds, _ = self.pipe.encode_prompt(

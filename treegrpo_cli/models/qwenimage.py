@@ -73,9 +73,6 @@ class QwenImagePolicy(DiffusersPolicy):
         side = self._check_resolution(sf * 2) // sf
         return (self.denoiser.config.in_channels // 4, side, side)
 
-    def max_sequence_length(self) -> int:
-        return self.opts.max_sequence_length or 512
-
     def flop_formula(self) -> Formula:
         from .flops_models import qwen_image_flops
 

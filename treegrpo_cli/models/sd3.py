@@ -51,6 +51,7 @@ class SD3Policy(DiffusersPolicy):
     default_guidance = 4.5
     default_resolution = 512
     uses_negative = True
+    default_text_tokens = 256
 
     def _latent_shape(self) -> tuple[int, ...]:
         sf = int(self.pipe.vae_scale_factor)
@@ -68,9 +69,6 @@ class SD3Policy(DiffusersPolicy):
         """The latent's patches and 77 CLIP + max_sequence_length T5 tokens."""
         p = int(self.denoiser.config.patch_size)
         return (self.latent_shape[1] // p) * (self.latent_shape[2] // p), 77 + self.max_sequence_length()
-
-    def max_sequence_length(self) -> int:
-        return self.opts.max_sequence_length or 256
 
     def _encode_text(self, prompts: list[str]) -> dict[str, Tensor]:
         embeds, _, pooled, _ = self.pipe.encode_prompt(

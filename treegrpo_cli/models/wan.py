@@ -38,6 +38,7 @@ class WanPolicy(DiffusersPolicy):
     text_encoder_attrs = ("text_encoder",)
     lora_defaults = WAN_LORA
     default_resolution = 480
+    default_text_tokens = 226  # UMT5 tokens, as WanPipeline pads them
     default_frames = 33  # DanceGRPO's and BranchGRPO's Wan2.1 clips
 
     @property
@@ -56,9 +57,6 @@ class WanPolicy(DiffusersPolicy):
             raise_frames(self.frames, st, self.name)
         side = self._check_resolution(ss * int(self.denoiser.config.patch_size[-1])) // ss
         return (int(self.denoiser.config.in_channels), (self.frames - 1) // st + 1, side, side)
-
-    def max_sequence_length(self) -> int:
-        return self.opts.max_sequence_length or 226
 
     def _encode_text(self, prompts: list[str]) -> dict[str, Tensor]:
         embeds, _ = self.pipe.encode_prompt(
@@ -96,10 +94,6 @@ class WanPolicy(DiffusersPolicy):
         from .flops_models import wan_flops
 
         return wan_flops
-
-    def flop_tokens(self) -> tuple[int, int]:
-        """The video latent's patches and max_sequence_length UMT5 tokens (the pipeline pads to it)."""
-        return self.image_tokens(), self.max_sequence_length()
 
     def _vae_in(self, latents: Tensor) -> Tensor:
         c = self.pipe.vae.config
