@@ -185,3 +185,31 @@ def tiny_wan():
     )
     sched = FlowMatchEulerDiscreteScheduler(shift=3.0)
     return WanPipeline(tokenizer=tok, text_encoder=UMT5EncoderModel(text), vae=vae, scheduler=sched, transformer=net)
+
+
+def tiny_wan_i2v():
+    """Wan2.1 I2V-shaped: tiny_wan's text encoder and VAE, a 2-layer CLIP vision tower on 28 px crops (5 image
+    tokens of width 16), a one-block transformer on [latent 4 + mask 4 + condition 4] channels whose
+    cross-attention also reads the image tokens (added K/V projections)."""
+    from diffusers import WanImageToVideoPipeline, WanTransformer3DModel
+    from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModel
+
+    t2v, z = tiny_wan(), 4
+    vision = CLIPVisionConfig(
+        hidden_size=W, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2, image_size=28, patch_size=14
+    )
+    prep = CLIPImageProcessor(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28})
+    attn = dict(num_attention_heads=2, attention_head_dim=8, qk_norm="rms_norm_across_heads", cross_attn_norm=True)
+    net = WanTransformer3DModel(
+        **attn, in_channels=3 * z, out_channels=z, text_dim=W, freq_dim=16, ffn_dim=32, num_layers=1,
+        rope_max_seq_len=32, image_dim=W, added_kv_proj_dim=16,
+    )  # fmt: skip
+    return WanImageToVideoPipeline(
+        tokenizer=t2v.tokenizer,
+        text_encoder=t2v.text_encoder,
+        vae=t2v.vae,
+        scheduler=t2v.scheduler,
+        transformer=net,
+        image_processor=prep,
+        image_encoder=CLIPVisionModel(vision),
+    )

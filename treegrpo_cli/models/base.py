@@ -40,6 +40,7 @@ class PolicyConfig:
     resolution: int | None = None  # square image side in pixels; None: FLUX 720, SD3 512, SD 512
     max_sequence_length: int | None = None  # T5 tokens; None: FLUX 512 (schnell 256), SD3 256
     frames: int | None = None  # video models: frames of a clip; None: the adapter's (Wan 33)
+    images: str = ""  # image-to-video: a .jsonl of {"prompt", "image"} rows, each prompt's first frame
     ddim_eta: float = 1.0  # SD only: eta of the stochastic DDIM steps (DDPO: 1.0)
     prompt_cache: str = ""  # folder of prompt embeddings on disk ("": in memory only)
     free_text_encoders: bool = False  # train: embed every train and eval prompt first, then free the encoders

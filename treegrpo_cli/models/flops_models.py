@@ -41,6 +41,9 @@ WAN_DEFAULTS: dict[str, Any] = {  # WanTransformer3DModel's constructor defaults
     "ffn_dim": 13824,
     "num_layers": 40,
     "cross_attn_norm": True,
+    "image_dim": None,  # Wan2.1 I2V: 1280, CLIP ViT-H's width
+    "added_kv_proj_dim": None,
+    "image_context_tokens": 257,  # not a config field: CLIP's tokens of the first frame (the I2V adapter's)
 }
 
 
@@ -135,8 +138,9 @@ def _flux2_targets() -> Targets:
 
 
 def _wan(led: Ledger, cfg: dict[str, Any], N: int, T: int) -> int:
-    """WanTransformer3DModel (text-to-video): N patches of the video latent, T UMT5 tokens. Full fine-tuning trains
-    the blocks' modulation tables and the cross-attention norm, so every block's input requires grad there."""
+    """WanTransformer3DModel (text- and image-to-video): N patches of the video latent, T UMT5 tokens. Full
+    fine-tuning trains the blocks' modulation tables and the cross-attention norm, so every block's input requires
+    grad there."""
     D, Ff, full = cfg["num_attention_heads"] * cfg["attention_head_dim"], cfg["ffn_dim"], led.rank is None
     pt, ph, pw = cfg["patch_size"]
     x = led.linear("patch_embedding", N, cfg["in_channels"] * pt * ph * pw, D, x_grad=False)  # a conv as patches
@@ -151,6 +155,7 @@ def _wan(led: Ledger, cfg: dict[str, Any], N: int, T: int) -> int:
         D,
         led.linear(pre + "text_embedder.linear_1", T, cfg["text_dim"], D, False),
     )
+    img = _wan_image_tokens(led, cfg, D, full)
     start = led.fwd
     for i in range(cfg["num_layers"]):
         b = f"blocks.{i}."
@@ -162,6 +167,9 @@ def _wan(led: Ledger, cfg: dict[str, Any], N: int, T: int) -> int:
         q = led.linear(b + "attn2.to_q", N, D, D, h)
         kv = [led.linear(b + f"attn2.to_{n}", T, D, D, txt) for n in "kv"]
         led.attention(N, D, q or any(kv), keys=T)
+        if img is not None:  # I2V: the same queries attend to the image tokens too; the two outputs add
+            kv += [led.linear(b + f"attn2.add_{n}_proj", cfg["image_context_tokens"], D, D, img) for n in "kv"]
+            led.attention(N, D, q or any(kv[2:]), keys=cfg["image_context_tokens"])
         x = led.linear(b + "attn2.to_out.0", N, D, D, q or any(kv)) or x
         h = x or mod
         x = led.linear(b + "ffn.net.2", N, Ff, D, led.linear(b + "ffn.net.0.proj", N, D, Ff, h)) or h
@@ -169,6 +177,15 @@ def _wan(led: Ledger, cfg: dict[str, Any], N: int, T: int) -> int:
     out = cfg["out_channels"] * pt * ph * pw
     led.linear("proj_out", N, D, out, x or full)  # norm_out modulated by temb and the model's scale_shift_table
     return blocks
+
+
+def _wan_image_tokens(led: Ledger, cfg: dict[str, Any], D: int, full: bool) -> bool | None:
+    """I2V's image embedder (LayerNorm, a GELU MLP of width image_dim, LayerNorm) on the CLIP tokens: whether its
+    output requires grad (full fine-tuning trains it), or None for text-to-video."""
+    if cfg["image_dim"] is None:
+        return None
+    n, d, pre = cfg["image_context_tokens"], cfg["image_dim"], "condition_embedder.image_embedder.ff.net."
+    return led.linear(pre + "2", n, d, D, led.linear(pre + "0.proj", n, d, d, full)) or full
 
 
 def _wan_targets() -> Targets:

@@ -31,11 +31,14 @@ KNOWN: dict[str, tuple[str, str]] = {
     "flux2-klein-base-9b": ("black-forest-labs/FLUX.2-klein-base-9B", "flux2"),
     "wan2.1-t2v-1.3b": ("Wan-AI/Wan2.1-T2V-1.3B-Diffusers", "wan"),
     "wan2.1-t2v-14b": ("Wan-AI/Wan2.1-T2V-14B-Diffusers", "wan"),
+    "wan2.1-i2v-14b-480p": ("Wan-AI/Wan2.1-I2V-14B-480P-Diffusers", "wan-i2v"),
+    "wan2.1-i2v-14b-720p": ("Wan-AI/Wan2.1-I2V-14B-720P-Diffusers", "wan-i2v"),
 }
 # settings of one released model beyond its adapter's (by hub id): SD3.5 Large's card samples at guidance 3.5
 # (Medium 4.5, the adapter's default, as Flow-GRPO trains it)
 RELEASE_DEFAULTS: dict[str, dict[str, object]] = {
     "stabilityai/stable-diffusion-3.5-large": {"policy.guidance": 3.5},
+    "Wan-AI/Wan2.1-I2V-14B-720P-Diffusers": {"policy.resolution": 720},
 }
 PIPELINES = {
     "FluxPipeline": "flux",
@@ -45,6 +48,7 @@ PIPELINES = {
     "Flux2Pipeline": "flux2",
     "Flux2KleinPipeline": "flux2",
     "WanPipeline": "wan",
+    "WanImageToVideoPipeline": "wan-i2v",
 }
 # flow models whose pipelines shift their grid by the image's token count: they sample on it (sampler.grid = "model")
 DYNAMIC_GRID = ("qwenimage", "flux2")
@@ -139,6 +143,8 @@ def _part_missing(folder: Path, part: str, lib_cls: list) -> list[str]:
         return [] if sub.is_dir() and any(p.is_file() for p in sub.iterdir()) else [f"{part}/tokenizer files"]
     if "Scheduler" in cls:
         return [] if (sub / "scheduler_config.json").is_file() else [f"{part}/scheduler_config.json"]
+    if "Processor" in cls or "FeatureExtractor" in cls:
+        return [] if (sub / "preprocessor_config.json").is_file() else [f"{part}/preprocessor_config.json"]
     missing = [] if (sub / "config.json").is_file() else [f"{part}/config.json"]
     if not any(p.is_file() for pattern in WEIGHTS for p in sub.glob(pattern)):
         missing.append(f"{part}/*.safetensors")
@@ -223,7 +229,7 @@ def adapter_defaults(name: str) -> dict[str, object]:
                 "sampler.num_train_timesteps": int(sched.get("num_train_timesteps", 1000)),
             }
         )
-    if kind == "wan":  # the presets' shifted grid at the model's flow shift (UniPC's flow_shift, or shift)
+    if kind in ("wan", "wan-i2v"):  # the presets' shifted grid at the model's flow shift (UniPC's flow_shift, or shift)
         sched = _scheduler_config(folder)
         shift = float(sched.get("flow_shift", sched.get("shift", 3.0)) or 3.0)
         out.update({"rollout.max_batch": 4, "policy.gradient_checkpointing": True, "sampler.shift": shift})

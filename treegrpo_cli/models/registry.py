@@ -103,6 +103,7 @@ ADAPTERS = {
     "qwenimage": ("qwenimage", "QwenImagePolicy"),
     "flux2": ("flux2", "Flux2Policy"),
     "wan": ("wan", "WanPolicy"),
+    "wan-i2v": ("wan", "WanI2VPolicy"),
 }
 
 

@@ -13,15 +13,23 @@
   not a one-step kernel, so the grid is the flow-matching Euler one DanceGRPO and BranchGRPO train Wan with.
 * Decode: z * latents_std + latents_mean (the VAE config's per-channel statistics), the causal video VAE:
   videos [B, 3, frames, H, W] in [0, 1].
+* Image-to-video (WanImageToVideoPipeline, Wan2.1 I2V): each prompt's first frame (policy.images: a .jsonl of
+  {"prompt", "image"} rows) gives the CLIP image tokens the cross-attention also reads [257, 1280] and the
+  condition latent [4 + 16, F, h, w] (a mask of the given frames, then the VAE latent of the image followed by
+  black frames) concatenated to the sampler latent on channels; both encoded once per prompt, shared by every
+  node of its tree and by both CFG halves (only the text is negated, as the pipeline does).
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from ..errors import ConfigError, TreegrpoError
 from .base import Conditions
 from .diffusers_base import DiffusersPolicy, LoraDefaults
 from .flops import Formula
@@ -35,7 +43,7 @@ class WanPolicy(DiffusersPolicy):
     adapter = "wan"
     uses_negative = True
     default_guidance = 5.0
-    text_encoder_attrs = ("text_encoder",)
+    text_encoder_attrs: tuple[str, ...] = ("text_encoder",)
     lora_defaults = WAN_LORA
     default_resolution = 480
     default_text_tokens = 226  # UMT5 tokens, as WanPipeline pads them
@@ -48,15 +56,13 @@ class WanPolicy(DiffusersPolicy):
     def _latent_shape(self) -> tuple[int, ...]:
         cfg = getattr(self.pipe, "config", None)
         if getattr(self.pipe, "transformer_2", None) is not None or getattr(cfg, "expand_timesteps", False):
-            from ..errors import ConfigError
-
             raise ConfigError(f"{self.name}: Wan2.2's two-expert and TI2V pipelines are not supported yet (Wan2.1 is)")
         vae = self.pipe.vae.config
         st, ss = int(vae.scale_factor_temporal), int(vae.scale_factor_spatial)
         if (self.frames - 1) % st:
             raise_frames(self.frames, st, self.name)
         side = self._check_resolution(ss * int(self.denoiser.config.patch_size[-1])) // ss
-        return (int(self.denoiser.config.in_channels), (self.frames - 1) // st + 1, side, side)
+        return (int(vae.z_dim), (self.frames - 1) // st + 1, side, side)
 
     def _encode_text(self, prompts: list[str]) -> dict[str, Tensor]:
         embeds, _ = self.pipe.encode_prompt(
@@ -70,20 +76,27 @@ class WanPolicy(DiffusersPolicy):
     def model_output(self, net: Any, x: Tensor, sigma: Tensor, cond: Conditions) -> Tensor:
         """x [B, C, F, h, w] fp32, sigma [B] -> guided velocity [B, C, F, h, w] fp32."""
         B, emb = x.shape[0], cond["prompt_embeds"]
+        x, extra = self._conditioned(x, cond)
         cfg = self.guidance != 1.0
-        if cfg:
+        if cfg:  # one batched forward: the negative prompt's half shares everything but the text
             emb, x, sigma = (
                 torch.cat([emb, self.negative(B)["prompt_embeds"]]),
                 torch.cat([x, x]),
                 torch.cat([sigma] * 2),
             )
+            extra = {k: torch.cat([v, v]) for k, v in extra.items()}
         out = net(
             hidden_states=x.to(self.dtype),
             timestep=sigma.float() * 1000,
             encoder_hidden_states=emb.to(self.dtype),
             return_dict=False,
+            **{k: v.to(self.dtype) for k, v in extra.items()},
         )[0].float()
         return self.guide(*out.chunk(2)) if cfg else out
+
+    def _conditioned(self, x: Tensor, cond: Conditions) -> tuple[Tensor, dict[str, Tensor]]:
+        """The transformer's input latent and its other conditioning (text-to-video: x itself, nothing)."""
+        return x, {}
 
     def image_tokens(self) -> int:
         _, f, h, w = self.latent_shape
@@ -107,6 +120,109 @@ class WanPolicy(DiffusersPolicy):
 
 
 def raise_frames(frames: int, stride: int, name: str) -> None:
-    from ..errors import ConfigError
-
     raise ConfigError(f"policy.frames {frames} must be 1 more than a multiple of {stride} for {name} (e.g. 33, 81)")
+
+
+class WanI2VPolicy(WanPolicy):
+    """Wan2.1 image-to-video: WanImageToVideoPipeline's conditioning on each prompt's first frame."""
+
+    adapter = "wan-i2v"
+    text_encoder_attrs = ("text_encoder", "image_encoder")
+    default_text_tokens = 512  # the I2V transformer tells image from text tokens by counting 512 text ones
+
+    def __init__(self, pipe: Any, opts: Any, name: str, source: str = "", device: str | torch.device = "cpu"):
+        if opts.max_sequence_length not in (None, 512):
+            raise ConfigError(f"policy.max_sequence_length must be 512 for {name} (its transformer expects 512)")
+        self._images: dict[str, Path] | None = None  # read at the first prompt (export needs no frames)
+        self._frames_cache: dict[str, dict[str, Tensor]] = {}  # prompt -> {image_embeds, condition} [1, ...]
+        super().__init__(pipe, opts, name, source, device)
+
+    @property
+    def images(self) -> dict[str, Path]:
+        if self._images is None:
+            self._images = first_frames(self.opts.images, self.name)
+        return self._images
+
+    def encode(self, prompts: list[str]) -> Conditions:
+        """The text embeddings and, per prompt, its image's CLIP tokens and condition latent."""
+        out = super().encode(prompts)
+        for p in dict.fromkeys(prompts):
+            self._encode_frame(p)
+        for key in ("image_embeds", "condition"):
+            out[key] = torch.cat([self._frames_cache[p][key] for p in prompts]).to(self.device)
+        return out
+
+    def cache_prompts(self, prompts: list[str]) -> None:
+        for p in dict.fromkeys(prompts):
+            self._encode_frame(p)
+        super().cache_prompts(prompts)
+
+    def _encode_frame(self, prompt: str) -> None:
+        if prompt in self._frames_cache:
+            return
+        if prompt not in self.images:
+            raise TreegrpoError(f"prompt {prompt!r} has no first frame in policy.images ({self.opts.images})")
+        if self.pipe.image_encoder is None:
+            raise TreegrpoError(f"prompt {prompt!r} has no cached first frame and the image encoder was freed")
+        from PIL import Image
+
+        try:
+            with Image.open(self.images[prompt]) as f:
+                image = f.convert("RGB")
+        except OSError as e:
+            raise TreegrpoError(f"{self.images[prompt]}: not an image ({e.__class__.__name__})") from None
+        pipe, side = self.pipe, self.resolution
+        with torch.no_grad():
+            tokens = pipe.encode_image(image, self.device)  # [1, 257, 1280] CLIP's penultimate layer
+            pixels = pipe.video_processor.preprocess(image, height=side, width=side).to(self.device, torch.float32)
+            zeros = torch.zeros(1, *self.latent_shape, device=self.device)
+            _, condition = pipe.prepare_latents(
+                pixels, 1, self.latent_shape[0], side, side, self.frames, torch.float32, self.device, None, zeros
+            )  # [1, 4 + C, F, h, w]: which frames are given, then the latent of the image and black frames
+        self._frames_cache[prompt] = {"image_embeds": tokens.float().cpu(), "condition": condition.float().cpu()}
+
+    def _conditioned(self, x: Tensor, cond: Conditions) -> tuple[Tensor, dict[str, Tensor]]:
+        x = torch.cat([x, cond["condition"].to(x)], dim=1)  # [B, C + 4 + C, F, h, w]
+        return x, {"encoder_hidden_states_image": cond["image_embeds"]}
+
+    def flop_formula(self) -> Formula:
+        from .flops_models import wan_flops
+
+        vision = self.pipe.image_encoder.config if self.pipe.image_encoder is not None else None
+        tokens = (vision.image_size // vision.patch_size) ** 2 + 1 if vision else 257  # CLIP's patches + class
+
+        def count(config: Any, *args: Any, **kwargs: Any) -> tuple[int, int]:
+            return wan_flops({**dict(config), "image_context_tokens": tokens}, *args, **kwargs)
+
+        return count
+
+    def describe(self) -> dict:
+        return {**super().describe(), "images": self.opts.images}
+
+
+def first_frames(path: str, name: str) -> dict[str, Path]:
+    """prompt -> image file, from a .jsonl of {"prompt", "image"} rows (image paths relative to the file)."""
+    if not path:
+        raise ConfigError(
+            f"{name} is image-to-video: give each prompt its first frame with --set policy.images=FILE.jsonl "
+            '(rows {"prompt": ..., "image": PATH}; a --prompts file of such rows works)'
+        )
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise TreegrpoError(f"policy.images: no file at {file}")
+    out: dict[str, Path] = {}
+    for n, line in enumerate(file.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            prompt, image = row["prompt"].strip(), Path(row["image"]).expanduser()
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise TreegrpoError(f'{file}:{n}: expected an object with "prompt" and "image" strings') from None
+        image = image if image.is_absolute() else file.parent / image
+        if out.get(prompt, image) != image:
+            raise TreegrpoError(f"{file}:{n}: prompt {prompt!r} has two images; an I2V prompt must be unique")
+        if not image.is_file():
+            raise TreegrpoError(f"{file}:{n}: no image at {image}")
+        out[prompt] = image
+    return out
