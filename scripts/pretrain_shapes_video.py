@@ -33,6 +33,8 @@ def main() -> None:
     ap.add_argument("--ae-from", type=Path, default=TINY_SHAPES, help="the image autoencoder (default: tiny-shapes)")
     ap.add_argument("--log", type=Path, default=None)
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--bank", type=int, default=8192, help="encoded clips kept (0: one batch, fresh every step)")
+    ap.add_argument("--refresh", type=int, default=8, help="fresh clips encoded per step (0: a whole batch)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -47,7 +49,7 @@ def main() -> None:
                 f.write(json.dumps(row) + "\n")
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    pretrain_video(cfg, ae, args.out, log)
+    pretrain_video(cfg, ae, args.out, log, args.bank, args.refresh)
 
 
 if __name__ == "__main__":

@@ -51,3 +51,23 @@ def test_a_few_pretraining_steps_write_loadable_weights(tmp_path):
     net, ae, meta = load_weights(tmp_path / "w.safetensors")
     assert meta["frames"] == FRAMES and net.cfg.channels == FRAMES * 4 and "moving" in net.cfg.vocab
     assert len(split_motion_prompts()[2]) == 48
+
+
+def test_the_clip_bank_renews_its_oldest_clips():
+    """ClipBank: a refresh of n encodes n new clips over the oldest n (a ring); batches come from the whole bank;
+    a bank of one batch gives exactly its clips."""
+    from treegrpo_cli.training.pretrain_video import ClipBank
+
+    policy = new_video_model(shipped_ae(), FRAMES, depth=1, dim=32)
+    g = torch.Generator().manual_seed(0)
+    bank = ClipBank(policy, split_motion_prompts()[0], 6, g)
+    first = bank.latents.clone()
+    bank.refresh(4)
+    assert torch.equal(bank.latents[4:], first[4:]) and not torch.equal(bank.latents[:4], first[:4])
+    bank.refresh(4)  # wraps round: 4, 5, then 0, 1
+    assert bank.next == 2 and not torch.equal(bank.latents[4:], first[4:])
+    caps, z = bank.sample(6)
+    assert caps == bank.captions and torch.equal(z, bank.latents)
+    caps, z = bank.sample(3)
+    rows = [next(i for i in range(6) if torch.equal(bank.latents[i], r)) for r in z]
+    assert caps == [bank.captions[i] for i in rows]

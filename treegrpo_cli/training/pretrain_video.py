@@ -5,7 +5,10 @@ trains, by rectified flow on the frame-stacked latents of freshly rendered clips
     z0 = encode(clip),  eps ~ N(0, I),  sigma = shift(u),  z_sigma = (1 - sigma) z0 + sigma eps,  v* = eps - z0
     loss = || v_theta(z_sigma, sigma, caption) - v* ||^2
 Every batch draws captions uniformly from the world's prompts and renders their clips with the world's caption
-noise (world/motion.py noisy_clip). Evaluations sample the test prompts with the ODE sampler and score them with
+noise (world/motion.py noisy_clip). Encoding a clip (8 frames through the autoencoder) costs about three times a
+DiT step, so clips go through a rolling bank of encoded latents (ClipBank): each step encodes `refresh` fresh
+clips in place of the oldest and trains on a batch drawn from the whole bank (a bank of one batch refreshed
+whole: every clip trains once). Evaluations sample the test prompts with the ODE sampler and score them with
 the `motion-shapes` reward; the EMA of the weights is what is evaluated and saved.
 """
 
@@ -36,6 +39,35 @@ def clips_batch(prompts: list[str], n: int, g: torch.Generator) -> tuple[list[st
     return captions, torch.stack([noisy_clip(c, g) for c in captions])
 
 
+class ClipBank:
+    """`size` encoded clips (captions, latents [size, C, h, w]); `refresh(n)` encodes n new ones over the oldest."""
+
+    def __init__(self, policy: VideoLatentPolicy, prompts: list[str], size: int, g: torch.Generator):
+        self.policy, self.prompts, self.g, self.next = policy, prompts, g, 0
+        self.captions: list[str] = []
+        chunks = [self._encode(min(256, size - a)) for a in range(0, size, 256)]
+        self.captions = [c for caps, _ in chunks for c in caps]
+        self.latents = torch.cat([z for _, z in chunks])
+
+    def _encode(self, n: int) -> tuple[list[str], torch.Tensor]:
+        captions, clips = clips_batch(self.prompts, n, self.g)
+        with torch.no_grad():
+            return captions, self.policy.encode_images(clips)  # [n, C F, h, w]
+
+    def refresh(self, n: int) -> None:
+        captions, z = self._encode(n)
+        for c, row in zip(captions, z, strict=True):
+            self.captions[self.next], self.latents[self.next] = c, row
+            self.next = (self.next + 1) % len(self.captions)
+
+    def sample(self, n: int) -> tuple[list[str], torch.Tensor]:
+        """n clips drawn with replacement; the whole bank, in order, when it holds n."""
+        if n == len(self.captions):
+            return list(self.captions), self.latents.clone()
+        idx = torch.randint(len(self.captions), (n,), generator=self.g)
+        return [self.captions[i] for i in idx.tolist()], self.latents[idx]
+
+
 def evaluate_clips(policy: VideoLatentPolicy, prompts: list[str], steps: int, seed: int = 1234) -> float:
     """Mean `motion-shapes` reward of one ODE sample per prompt."""
     tree, _ = rollout(
@@ -46,11 +78,17 @@ def evaluate_clips(policy: VideoLatentPolicy, prompts: list[str], steps: int, se
 
 
 def pretrain_video(
-    cfg: PretrainConfig, ae: ShapesAE, out: Path, log: Callable[[dict[str, Any]], None] = lambda row: None
+    cfg: PretrainConfig,
+    ae: ShapesAE,
+    out: Path,
+    log: Callable[[dict[str, Any]], None] = lambda row: None,
+    bank: int = 0,
+    refresh: int = 0,
 ) -> dict[str, Any]:
     """The video DiT from scratch on the frozen autoencoder `ae`, with the image pretraining's schedule and model
-    fields of cfg (its autoencoder and caption-noise fields do not apply: the world's noise is fixed); writes the
-    (EMA) weights to `out` at every evaluation; returns the last evaluation row."""
+    fields of cfg (its autoencoder and caption-noise fields do not apply: the world's noise is fixed); batches from a
+    ClipBank of `bank` clips (0: cfg.batch, refreshed whole every step) renewed by `refresh` clips a step (0: all of
+    a batch); writes the (EMA) weights to `out` at every evaluation; returns the last evaluation row."""
     g = torch.Generator().manual_seed(cfg.seed)
     pretrain, _, test = split_motion_prompts()
     policy = new_video_model(ae, FRAMES, cfg.seed, **cfg.dit_shape)
@@ -59,12 +97,16 @@ def pretrain_video(
     avg = torch.optim.swa_utils.get_ema_multi_avg_fn(cfg.ema)
     ema = torch.optim.swa_utils.AveragedModel(net, multi_avg_fn=avg)
     shown = VideoLatentPolicy(net.cfg, ema.module, ae, "tiny-shapes-video")
+    refresh = refresh or cfg.batch
+    clips = ClipBank(policy, pretrain, bank or cfg.batch, g)
     t0, row, loss_avg = time.perf_counter(), {}, None
     for step in range(cfg.steps):
         for group in opt.param_groups:
             group["lr"] = lr_at(cfg, step)
-        captions, clips = clips_batch(pretrain, cfg.batch, g)
-        loss = flow_loss(net, policy, captions, policy.encode_images(clips), g, cfg.shift)
+        if step:
+            clips.refresh(refresh)
+        captions, latents = clips.sample(cfg.batch)
+        loss = flow_loss(net, policy, captions, latents, g, cfg.shift)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
@@ -80,13 +122,20 @@ def pretrain_video(
                 "loss": loss_avg,
                 "minutes": minutes,
                 "clips": (step + 1) * cfg.batch,
+                "clips_encoded": len(clips.captions) + step * refresh,
                 "test_reward": reward,
             }
             save_weights(
                 out,
                 shown.net,
                 ae,
-                {"pretrain": asdict(cfg), "world": "moving-shapes", "log": row, "frames": FRAMES, "guidance": 1.0},
+                {
+                    "pretrain": {**asdict(cfg), "bank": len(clips.captions), "refresh": refresh},
+                    "world": "moving-shapes",
+                    "log": row,
+                    "frames": FRAMES,
+                    "guidance": 1.0,
+                },
             )
             log(row)
         if last:
