@@ -206,11 +206,9 @@ def test_shipped_weights_with_a_flipped_byte_are_refused(tmp_path, monkeypatch):
     data[len(data) // 2] ^= 0x01
     copy = tmp_path / "tiny-shapes.safetensors"
     copy.write_bytes(bytes(data))
-    monkeypatch.setattr(registry, "TINY_SHAPES", copy)
+    monkeypatch.setitem(registry.EMBEDDED, "tiny-shapes", (copy, registry.TINY_SHAPES_SHA256))
     one_line_error(run("eval", "--model", "tiny-shapes", "--metric", "shapes"), "damaged", "sha256", "reinstall")
-    monkeypatch.setattr(
-        registry, "TINY_SHAPES", Path(registry.__file__).parents[1] / "data" / "tiny-shapes.safetensors"
-    )
+    monkeypatch.setitem(registry.EMBEDDED, "tiny-shapes", (registry.TINY_SHAPES, registry.TINY_SHAPES_SHA256))
     assert registry.load_policy("tiny-shapes").name == "tiny-shapes"  # the intact file passes the same check
 
 

@@ -71,3 +71,56 @@ def test_the_clip_bank_renews_its_oldest_clips():
     caps, z = bank.sample(3)
     rows = [next(i for i in range(6) if torch.equal(bank.latents[i], r)) for r in z]
     assert caps == [bank.captions[i] for i in rows]
+
+
+def test_prompt_lists_are_the_worlds_split():
+    from treegrpo_cli.prompts import load_prompts
+
+    pretrain, rl, test = split_motion_prompts()
+    assert load_prompts("motion-pretrain") == pretrain and load_prompts("motion-train") == rl
+    assert load_prompts("motion-test") == test and not set(rl) & set(test)
+
+
+def test_a_video_weights_file_trains_through_the_cli(tmp_path):
+    """--model FILE of scripts/pretrain_shapes_video.py is a video model (frames in its metadata): train with the
+    motion-shapes reward on the world's prompts writes the held-out curve and a before/after clip strip."""
+    import json
+
+    from clitools import run
+
+    from treegrpo_cli.models.registry import load_policy
+
+    cfg = PretrainConfig(steps=2, batch=4, eval_every=2, eval_steps=2, depth=1, dim=32, warmup=1)
+    pretrain_video(cfg, shipped_ae(), tmp_path / "v.safetensors")
+    policy = load_policy(str(tmp_path / "v.safetensors"))
+    assert isinstance(policy, VideoLatentPolicy) and policy.frames == FRAMES
+    sets = ["rollout.num_prompts=2", "train.eval_samples=1", "sampler.steps=4", "tree.split_steps=[0, 2]"]
+    r = run(
+        "train",
+        "--model",
+        tmp_path / "v.safetensors",
+        "--preset",
+        "tree-grpo",
+        "--reward",
+        "motion-shapes",
+        "--prompts",
+        "motion-train",
+        "--iterations",
+        2,
+        "--run-dir",
+        tmp_path / "run",
+        "--json",
+        *(x for s in [*sets, 'rollout.eval_prompts="motion-test"'] for x in ("--set", s)),
+    )
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["iterations"] == 2 and (tmp_path / "run" / "before_after.png").is_file()
+
+
+def test_missing_embedded_video_weights_is_one_line(tmp_path, monkeypatch):
+    from clitools import one_line_error, run
+
+    from treegrpo_cli.models import registry
+
+    monkeypatch.setitem(registry.EMBEDDED, "tiny-shapes-video", (tmp_path / "none.safetensors", ""))
+    r = run("train", "--model", "tiny-shapes-video", "--run-dir", tmp_path / "r")
+    one_line_error(r, "model weights not found", "pretrain_shapes_video.py")

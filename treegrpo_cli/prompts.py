@@ -14,6 +14,9 @@ BUILTIN = {
     "shapes-train": DATA / "shapes_train.txt",
     "shapes-test": DATA / "shapes_test.txt",
     "shapes-pretrain": DATA / "shapes_pretrain.txt",
+    "motion-train": DATA / "motion_train.txt",  # the moving-shapes world (world/motion.py split_motion_prompts)
+    "motion-test": DATA / "motion_test.txt",
+    "motion-pretrain": DATA / "motion_pretrain.txt",
 }
 
 

@@ -20,10 +20,18 @@ if TYPE_CHECKING:
 
 TINY_SHAPES = Path(__file__).resolve().parents[1] / "data" / "tiny-shapes.safetensors"
 TINY_SHAPES_SHA256 = "78fd3c79300d4463254af762d29a62717fad97c63b70c2016d2217f502972b90"  # verified at every load
+TINY_SHAPES_VIDEO = TINY_SHAPES.with_name("tiny-shapes-video.safetensors")
+TINY_SHAPES_VIDEO_SHA256 = ""  # set when the weights ship (scripts/pretrain_shapes_video.py)
+EMBEDDED = {
+    "tiny-shapes": (TINY_SHAPES, TINY_SHAPES_SHA256),
+    "tiny-shapes-video": (TINY_SHAPES_VIDEO, TINY_SHAPES_VIDEO_SHA256),
+}
 
 MODELS = {
     "tiny-shapes": "the embedded shapes world's model: a 1.7M-parameter DiT on the 8x8x4 latents of a small "
     "autoencoder (weights built by scripts/pretrain_shapes.py); the default",
+    "tiny-shapes-video": "the moving-shapes world's video model: the same DiT with 8 frames in its channels, on "
+    "tiny-shapes' autoencoder (weights built by scripts/pretrain_shapes_video.py)",
     "pixel": "a small pixel-space flow network with seeded random weights (engine tests and benchmarks)",
     "pixel-tiny": "the same network at 8x8 pixels and 8 channels (smoke tests)",
 }
@@ -49,6 +57,17 @@ MODEL_DEFAULTS: dict[str, dict[str, object]] = {
         "train.iterations": 200,
         "train.eval_samples": 4,
     },
+    # the moving-shapes world: the image world's settings on its clips, prompts and motion reward
+    "tiny-shapes-video": {
+        "reward.names": ["motion-shapes"],
+        "rollout.prompts": "motion-train",
+        "rollout.eval_prompts": "motion-test",
+        "train.lr": 1e-4,
+        "train.clip_range": 1e-2,
+        "rollout.num_prompts": 16,
+        "train.iterations": 200,
+        "train.eval_samples": 4,
+    },
 }
 
 
@@ -67,7 +86,7 @@ def load_policy(
         policy = PixelPolicy(_PIXEL[name], name=name)
         policy.net.to(device)
         return policy
-    if name == "tiny-shapes" or name.endswith(".safetensors"):
+    if name in EMBEDDED or name.endswith(".safetensors"):
         return _load_dit(name, device)
     if hub.is_diffusers_name(name):
         return _load_diffusers(name, device, opts or PolicyConfig(), text_encoders)
@@ -112,27 +131,32 @@ def _class_name(folder: Path) -> str:
 
 
 def _load_dit(name: str, device: str | torch.device) -> Policy:
+    """The embedded worlds' models (tiny-shapes, tiny-shapes-video) or a weights file of either kind; a file with
+    a frame count in its metadata is a video model."""
     from .latent import LatentDiTPolicy
     from .latent_file import load_weights
+    from .video_latent import VideoLatentPolicy
 
-    path = TINY_SHAPES if name == "tiny-shapes" else Path(name)
+    path, sha256 = EMBEDDED.get(name, (Path(name), ""))
     try:
         found = path.is_file()
     except (OSError, ValueError):  # no file can have this name (too long, a NUL byte)
         found = False
     if not found:
+        script = "pretrain_shapes_video.py" if name == "tiny-shapes-video" else "pretrain_shapes.py"
         how = (
-            "reinstall treegrpo, or rebuild them with `python scripts/pretrain_shapes.py`"
-            if name == "tiny-shapes"
-            else "pass --model with a file written by scripts/pretrain_shapes.py"
+            f"reinstall treegrpo, or rebuild them with `python scripts/{script}`"
+            if name in EMBEDDED
+            else "pass --model with a file written by scripts/pretrain_shapes.py or pretrain_shapes_video.py"
         )
         raise TreegrpoError(f"model weights not found: {path}; {how}")
-    net, ae, meta = load_weights(path, TINY_SHAPES_SHA256 if name == "tiny-shapes" else None)
-    return LatentDiTPolicy(
+    net, ae, meta = load_weights(path, sha256 or None)
+    cls = VideoLatentPolicy if meta.get("frames") else LatentDiTPolicy
+    return cls(
         net.cfg,
         net.to(device),
         ae.to(device),
-        name="tiny-shapes" if name == "tiny-shapes" else path.stem,
+        name=name if name in EMBEDDED else path.stem,
         source=str(path),
         guidance=meta.get("guidance", 1.0),
     )
