@@ -7,6 +7,7 @@ Registered rewards (see docs/rewards.md for weights, environment variables and s
 
     shapes, jpeg-compressibility, jpeg-incompressibility   no weights, no options
     hps, pick, imagereward, clip, aesthetic                 reward models from local weights files
+    motion-shapes, videoalign                               video rewards (`video = True`: whole clips)
 
 A model reward's factory takes `device`, `dtype` and its own options (e.g. `checkpoint`); the
 registry imports the modules of every reward at once, but those modules import open_clip or
@@ -47,7 +48,7 @@ class RewardSpec:
 
 
 _REGISTRY: dict[str, RewardSpec] = {}
-BUILTINS = ("jpeg", "shapes", "motion", "hps", "pick", "imagereward", "clip", "aesthetic")  # modules under rewards/
+BUILTINS = ("jpeg", "shapes", "motion", "hps", "pick", "imagereward", "clip", "aesthetic", "videoalign")  # rewards/
 DTYPES = {
     "float32": torch.float32,
     "fp32": torch.float32,
