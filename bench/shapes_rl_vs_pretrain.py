@@ -2,8 +2,10 @@
 
     python bench/shapes_rl_vs_pretrain.py [--preset branch] [--out bench/results/shapes_rl_vs_pretrain.json]
     python bench/shapes_rl_vs_pretrain.py --rl-run runs/default --rl-minutes 14.2   # reuse a timed run
+    python bench/shapes_rl_vs_pretrain.py --model tiny-shapes-video --preset tree-grpo-mean \
+        --out bench/results/video_rl_vs_pretrain.json                                # the moving-shapes world
 
-1. base:    the shipped tiny-shapes weights, mean `shapes` reward on the held-out test prompts
+1. base:    the shipped weights (--model), mean reward (`shapes`, or `motion-shapes`) on the held-out test prompts
             (deterministic ODE sampler with the RL run's step count, --samples seeds per prompt);
 2. RL:      `treegrpo train` with the preset on the embedded default (its own run folder), then the
             same evaluation of the final weights; its wall-clock minutes are recorded;
@@ -26,32 +28,37 @@ import torch
 
 from treegrpo_cli.engine.sde import FlowSDE, SamplerConfig
 from treegrpo_cli.models.latent_file import load_weights
-from treegrpo_cli.models.registry import TINY_SHAPES, load_policy
+from treegrpo_cli.models.registry import EMBEDDED, load_policy
+from treegrpo_cli.prompts import load_prompts
 from treegrpo_cli.rewards.base import get_reward
 from treegrpo_cli.store.checkpoint import list_checkpoints, load_checkpoint
 from treegrpo_cli.training.heldout import heldout_reward
 from treegrpo_cli.training.pretrain import PretrainConfig, pretrain
-from treegrpo_cli.world.shapes import load_split
+from treegrpo_cli.training.pretrain_video import pretrain_video
+
+WORLDS = {"tiny-shapes": ("shapes", "shapes-test"), "tiny-shapes-video": ("motion-shapes", "motion-test")}
 
 
-def test_reward(policy, samples: int, steps: int, seed: int = 777) -> dict:
-    """Mean and standard error of the shapes reward over test prompts x samples ODE draws (the same
+def test_reward(policy, model: str, samples: int, steps: int, seed: int = 777) -> dict:
+    """Mean and standard error of the world's reward over its test prompts x samples ODE draws (the same
     root noises for every policy evaluated: paired comparisons)."""
+    reward, prompts = WORLDS[model]
     r = heldout_reward(
         policy,
         FlowSDE(SamplerConfig(steps=steps)),
-        load_split("test"),
-        {"shapes": get_reward("shapes")},
-        {"shapes": 1.0},
+        load_prompts(prompts),
+        {reward: get_reward(reward)},
+        {reward: 1.0},
         samples,
         seed,
     )
     return {"mean": r["reward_mean"], "sem": r["reward_sem"], "n": r["prompts"] * samples}
 
 
-def run_rl(preset: str, run_dir: Path, extra: list[str]) -> float:
+def run_rl(preset: str, model: str, run_dir: Path, extra: list[str]) -> float:
     t0 = time.perf_counter()
-    cmd = [sys.executable, "-m", "treegrpo_cli", "train", "--preset", preset, "--run-dir", str(run_dir), *extra]
+    cmd = [sys.executable, "-m", "treegrpo_cli", "train", "--preset", preset, "--model", model]
+    cmd += ["--run-dir", str(run_dir), *extra]
     subprocess.run(cmd, check=True)
     return (time.perf_counter() - t0) / 60
 
@@ -59,6 +66,7 @@ def run_rl(preset: str, run_dir: Path, extra: list[str]) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="branch")
+    ap.add_argument("--model", choices=sorted(WORLDS), default="tiny-shapes", help="the embedded world")
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--control-lr", type=float, default=1e-4)
     ap.add_argument("--work", type=Path, default=Path("runs/bench-shapes"))
@@ -85,15 +93,15 @@ def main() -> None:
         run, minutes = args.rl_run, args.rl_minutes
     else:
         run = args.work / f"rl-{time.strftime('%Y%m%d-%H%M%S')}"
-        minutes = run_rl(args.preset, run, [x for s in args.set for x in ("--set", s)])
+        minutes = run_rl(args.preset, args.model, run, [x for s in args.set for x in ("--set", s)])
     run_info = json.loads((run / "run.json").read_text()) if (run / "run.json").exists() else {}
     steps = run_info.get("config", {}).get("sampler", {}).get("steps", 10)
-    policy = load_policy("tiny-shapes")
-    base = test_reward(policy, args.samples, steps)
+    policy = load_policy(args.model)
+    base = test_reward(policy, args.model, args.samples, steps)
     print("base", base, flush=True)
     ck = load_checkpoint(list_checkpoints(run / "checkpoints")[-1])
     policy.load_trainable_state(ck.ema if ck.ema is not None else ck.model)  # as `treegrpo eval --checkpoint`
-    rl = test_reward(policy, args.samples, steps)
+    rl = test_reward(policy, args.model, args.samples, steps)
     print("rl", rl, "minutes", minutes, flush=True)
 
     ctl_path = args.work / "control.safetensors"
@@ -101,11 +109,14 @@ def main() -> None:
         steps=10**7, minutes=minutes, lr=args.control_lr, warmup=1, decay_from=1.0, eval_every=10**9, ae_steps=0, seed=1
     )
     t0 = time.perf_counter()
-    pretrain(ctl_cfg, ctl_path, init=TINY_SHAPES)
+    if args.model == "tiny-shapes-video":  # a bank of 1024 encoded clips, 8 fresh a step (its filling is not timed)
+        pretrain_video(ctl_cfg, None, ctl_path, init=EMBEDDED[args.model][0], bank=1024, refresh=8)
+    else:
+        pretrain(ctl_cfg, ctl_path, init=EMBEDDED[args.model][0])
     ctl_minutes = (time.perf_counter() - t0) / 60
     meta = load_weights(ctl_path)[2]
     policy = load_policy(str(ctl_path))
-    control = test_reward(policy, args.samples, steps)
+    control = test_reward(policy, args.model, args.samples, steps)
     print("control", control, flush=True)
 
     result = {
@@ -113,6 +124,7 @@ def main() -> None:
         "torch": torch.__version__,
         "cpu": platform.processor() or platform.machine(),
         "threads": torch.get_num_threads(),
+        "model": args.model,
         "preset": None if args.rl_run else args.preset,
         "sets": args.set,
         "run_dir": str(run),
@@ -127,7 +139,7 @@ def main() -> None:
         "control": control,
         "control_minutes": ctl_minutes,
         "control_lr": args.control_lr,
-        "control_images": meta.get("log", {}).get("images"),
+        "control_images": meta.get("log", {}).get("images", meta.get("log", {}).get("clips")),
         "control_gain": control["mean"] - base["mean"],
     }
     result["control_gain_over_rl_gain"] = result["control_gain"] / result["rl_gain"] if result["rl_gain"] else None

@@ -4,6 +4,7 @@
     python bench/world_rl.py --seeds 0 --preset dance-grpo    # a baseline on the same world and budget
     python bench/world_rl.py --seeds 0 --train-arg=--set --train-arg=train.lr=3e-4
     python bench/world_rl.py --run runs/tree-grpo-2026... --minutes 8.5 --name default-seed0   # evaluate a finished run
+    python bench/world_rl.py --model tiny-shapes-video --seeds 0 --name video   # the moving-shapes world (48 x 8 clips)
 
 For every seed: `treegrpo train [--preset P] --seed S --run-dir RUN [train args]`, timed by the wall
 clock, then `treegrpo eval --checkpoint RUN --baseline tiny-shapes --prompts shapes-test --metric
@@ -48,17 +49,21 @@ def train(seed: int, preset: str | None, run: Path, extra: list[str]) -> dict:
     }
 
 
-def evaluate(run: Path, seed: int, num_images: int) -> dict:
+WORLDS = {"tiny-shapes": ("shapes", "shapes-test"), "tiny-shapes-video": ("motion-shapes", "motion-test")}
+
+
+def evaluate(run: Path, seed: int, num_images: int, model: str = "tiny-shapes") -> dict:
+    metric, prompts = WORLDS[model]
     cmd = [
         "eval",
         "--checkpoint",
         str(run),
         "--baseline",
-        "tiny-shapes",
+        model,
         "--prompts",
-        "shapes-test",
+        prompts,
         "--metric",
-        "shapes",
+        metric,
         "--num-images",
         str(num_images),
         "--seed",
@@ -66,7 +71,7 @@ def evaluate(run: Path, seed: int, num_images: int) -> dict:
         "--json",
     ]
     out = json.loads(subprocess.run(TREEGRPO + cmd, check=True, capture_output=True, text=True).stdout)
-    m = out["metrics"]["shapes"]
+    m = out["metrics"][metric]
     return {
         "command": "treegrpo " + " ".join(cmd[:-1]),
         "seed": seed,
@@ -80,6 +85,7 @@ def evaluate(run: Path, seed: int, num_images: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default=None, help="method preset (default: train's own default)")
+    ap.add_argument("--model", choices=sorted(WORLDS), default="tiny-shapes", help="the embedded world")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--eval-seeds", type=int, nargs="+", default=[5, 6])
     ap.add_argument("--num-images", type=int, default=8)
@@ -101,8 +107,8 @@ def main() -> None:
             seed = info["config"]["seed"]
         else:
             run = args.work / f"{name}-seed{seed}-{time.strftime('%Y%m%d-%H%M%S')}"
-            row = train(seed, args.preset, run, args.train_arg)
-        row["evals"] = [evaluate(run, e, args.num_images) for e in args.eval_seeds]
+            row = train(seed, args.preset, run, ["--model", args.model, *args.train_arg])
+        row["evals"] = [evaluate(run, e, args.num_images, args.model) for e in args.eval_seeds]
         row["seed"], row["run_dir"] = seed, str(run)
         runs.append(row)
         print(
@@ -115,6 +121,7 @@ def main() -> None:
             "machine": platform.machine(),
             "cpus": torch.get_num_threads(),
             "commit": _commit(),
+            "model": args.model,
             "preset": args.preset,
             "train_args": args.train_arg,
             "runs": runs,

@@ -124,3 +124,17 @@ def test_missing_embedded_video_weights_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setitem(registry.EMBEDDED, "tiny-shapes-video", (tmp_path / "none.safetensors", ""))
     r = run("train", "--model", "tiny-shapes-video", "--run-dir", tmp_path / "r")
     one_line_error(r, "model weights not found", "pretrain_shapes_video.py")
+
+
+def test_pretraining_goes_on_from_a_weights_file(tmp_path):
+    """init=W (the equal-compute control's start): the DiT starts from W's weights and its autoencoder is W's."""
+    cfg = PretrainConfig(steps=1, batch=4, eval_every=1, eval_steps=2, depth=1, dim=32, warmup=1)
+    pretrain_video(cfg, shipped_ae(), tmp_path / "a.safetensors")
+    a_net, a_ae, _ = load_weights(tmp_path / "a.safetensors")
+    tiny_lr = PretrainConfig(steps=1, batch=4, eval_every=1, eval_steps=2, warmup=1, lr=1e-9, ema=0.0)
+    pretrain_video(tiny_lr, None, tmp_path / "b.safetensors", init=tmp_path / "a.safetensors")
+    b_net, b_ae, _ = load_weights(tmp_path / "b.safetensors")
+    assert b_net.cfg == a_net.cfg  # not PretrainConfig's default depth and width: the file's
+    for (k, v), w in zip(a_net.state_dict().items(), b_net.state_dict().values(), strict=True):
+        torch.testing.assert_close(w, v, rtol=0, atol=1e-6, msg=k)
+    assert all(torch.equal(v, b_ae.state_dict()[k]) for k, v in a_ae.state_dict().items())

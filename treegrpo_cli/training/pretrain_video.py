@@ -25,7 +25,7 @@ import torch
 from ..engine.rollout import TreeConfig, rollout
 from ..engine.sde import FlowSDE, SamplerConfig
 from ..models.latent import ShapesAE
-from ..models.latent_file import save_weights
+from ..models.latent_file import load_weights, save_weights
 from ..models.video_latent import VideoLatentPolicy, new_video_model
 from ..rewards.motion import motion_scores
 from ..world.motion import FRAMES, noisy_clip, split_motion_prompts
@@ -84,14 +84,20 @@ def pretrain_video(
     log: Callable[[dict[str, Any]], None] = lambda row: None,
     bank: int = 0,
     refresh: int = 0,
+    init: Path | None = None,
 ) -> dict[str, Any]:
     """The video DiT from scratch on the frozen autoencoder `ae`, with the image pretraining's schedule and model
     fields of cfg (its autoencoder and caption-noise fields do not apply: the world's noise is fixed); batches from a
     ClipBank of `bank` clips (0: cfg.batch, refreshed whole every step) renewed by `refresh` clips a step (0: all of
-    a batch); writes the (EMA) weights to `out` at every evaluation; returns the last evaluation row."""
+    a batch); writes the (EMA) weights to `out` at every evaluation; returns the last evaluation row. With `init`
+    (a video weights file), training goes on from its DiT (its autoencoder is the one used; `ae` is ignored)."""
     g = torch.Generator().manual_seed(cfg.seed)
     pretrain, _, test = split_motion_prompts()
-    policy = new_video_model(ae, FRAMES, cfg.seed, **cfg.dit_shape)
+    if init is None:
+        policy = new_video_model(ae, FRAMES, cfg.seed, **cfg.dit_shape)
+    else:
+        dit, ae, _ = load_weights(init)
+        policy = VideoLatentPolicy(dit.cfg, dit, ae, "tiny-shapes-video")
     net = policy.net
     opt = torch.optim.AdamW(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     avg = torch.optim.swa_utils.get_ema_multi_avg_fn(cfg.ema)
