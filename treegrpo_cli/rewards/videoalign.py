@@ -343,20 +343,6 @@ class VideoAlign(ModelReward):
             r = (r - torch.tensor(rel.mean, device=r.device)) / torch.tensor(rel.std, device=r.device)
         return r.sum(1) if self.head_name == "overall" else r[:, HEADS.index(self.head_name) - 1]  # [b]
 
-    @torch.no_grad()
-    def __call__(self, images: Tensor, prompts: list[str]) -> Tensor:
-        """clips [B, 3, F, H, W] float in [0, 1] (uint8 accepted), prompts [B] -> scores [B] float32 (CPU)."""
-        if images.ndim != 5 or images.shape[1] != 3:
-            raise TreegrpoError(f"videoalign scores RGB clips [B, 3, F, H, W], got {tuple(images.shape)}")
-        if len(images) != len(prompts):
-            raise TreegrpoError(f"videoalign: {len(images)} clips but {len(prompts)} prompts")
-        out = []
-        for a in range(0, len(prompts), self.batch_size):
-            x = images[a : a + self.batch_size].to(self.device)
-            x = x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
-            out.append(self.score(x, list(prompts[a : a + self.batch_size])).float().cpu())
-        return torch.cat(out) if out else torch.zeros(0)
-
 
 register(
     "videoalign",

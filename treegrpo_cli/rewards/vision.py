@@ -90,6 +90,7 @@ class ModelReward(ABC):
     dtype, without gradients, and returns float32 scores on the CPU."""
 
     name = ""
+    video = False  # True: scores clips [B, 3, F, H, W] whole (score_leaves does not split them into frames)
 
     def __init__(self, device: torch.device, dtype: torch.dtype, batch_size: int = 16):
         self.device, self.dtype, self.batch_size = torch.device(device), dtype, batch_size
@@ -100,11 +101,13 @@ class ModelReward(ABC):
 
     @torch.no_grad()
     def __call__(self, images: Tensor, prompts: list[str]) -> Tensor:
-        """images [B, 3, H, W] float in [0, 1] (uint8 accepted), prompts [B] -> scores [B] float32 (CPU)."""
-        if images.ndim != 4 or images.shape[1] != 3:
-            raise TreegrpoError(f"{self.name} needs RGB images [B, 3, H, W], got {tuple(images.shape)}")
+        """images [B, 3, H, W] (a video reward: clips [B, 3, F, H, W]) float in [0, 1] (uint8 accepted), prompts
+        [B] -> scores [B] float32 (CPU)."""
+        kind = "clips [B, 3, F, H, W]" if self.video else "images [B, 3, H, W]"
+        if images.ndim != (5 if self.video else 4) or images.shape[1] != 3:
+            raise TreegrpoError(f"{self.name} needs RGB {kind}, got {tuple(images.shape)}")
         if len(images) != len(prompts):
-            raise TreegrpoError(f"{self.name}: {len(images)} images but {len(prompts)} prompts")
+            raise TreegrpoError(f"{self.name}: {len(images)} {kind.split()[0]} but {len(prompts)} prompts")
         out = []
         for a in range(0, len(prompts), self.batch_size):
             x = images[a : a + self.batch_size].to(self.device)
