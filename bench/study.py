@@ -4,6 +4,7 @@
     python bench/study.py --plan ablation --seeds 0 1 2    # one factor at a time from branch and branch-mix
                                                            # (the runs both plans share are run once)
     python bench/study.py --plan nft --seeds 0 1 2         # DiffusionNFT and tree-NFT against flow-grpo, dance-grpo
+    python bench/study.py --plan nft --seeds 0 1 2 --report-only --baseline flow-grpo   # timed to flow-grpo's gain
     python bench/study.py --plan lr --seeds 100            # the learning-rate sweep, on a seed no table uses
     python bench/study.py --report-only                    # the tables again, from the runs on disk
     python bench/study.py --rerun dance-grpo --seeds 0     # one run again in a fresh folder: its metrics rows
@@ -160,7 +161,8 @@ def report(rows: list[dict], work: Path, args: argparse.Namespace) -> dict:
     from treegrpo_cli.report.compare import compare_runs, to_dict
     from treegrpo_cli.report.compare_page import write_report
 
-    plots = RESULTS / f"study-{args.plan}"
+    name = f"study-{args.plan}" + ("" if args.baseline == "dance-grpo" else f"-vs-{args.baseline}")
+    plots = RESULTS / name
     plots.mkdir(parents=True, exist_ok=True)
     folders, labels = [Path(r["run_dir"]) for r in rows], [r["label"] for r in rows]
     result = {
@@ -168,6 +170,7 @@ def report(rows: list[dict], work: Path, args: argparse.Namespace) -> dict:
         "commit": commit(),
         "machine": machine(),
         "tflops_per_run": args.tflops,
+        "baseline": args.baseline,
         "seeds": args.seeds,
         "plan": {k: {"preset": p, "sets": list(s)} for k, (p, s) in PLANS[args.plan].items()},
         "command": " ".join(["python bench/study.py", *(a for a in sys.argv[1:] if a != "--report-only")]),
@@ -176,14 +179,14 @@ def report(rows: list[dict], work: Path, args: argparse.Namespace) -> dict:
     for axis in ("flops", "time"):
         for raw in (False, True):  # the weights eval/export use (dance-grpo's EMA), and the trained ones
             key = axis + ("-raw" if raw else "")
-            cmp = compare_runs(folders, labels, baseline="dance-grpo", gain=True, axis=axis, raw=raw)
-            write_report(cmp, work / f"compare-{args.plan}-{key}")
+            cmp = compare_runs(folders, labels, baseline=args.baseline, gain=True, axis=axis, raw=raw)
+            write_report(cmp, work / f"compare-{name}-{key}")
             (plots / f"reward_vs_{key}.png").write_bytes(
-                (work / f"compare-{args.plan}-{key}" / f"reward_vs_{axis}.png").read_bytes()
+                (work / f"compare-{name}-{key}" / f"reward_vs_{axis}.png").read_bytes()
             )
             result[key] = to_dict(cmp)
-    (RESULTS / f"study-{args.plan}.json").write_text(json.dumps(result, indent=1) + "\n")
-    (RESULTS / f"study-{args.plan}.md").write_text(table(result))
+    (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    (RESULTS / f"{name}.md").write_text(table(result))
     return result
 
 
@@ -201,7 +204,8 @@ def _speedup(g: dict) -> str:
 
 def table(result: dict) -> str:
     """The study's table in markdown: per variant, the held-out gain at the budget and the speed-up to
-    dance-grpo's target on both axes, with the default (EMA) and the trained (raw) weights."""
+    baseline's target (dance-grpo's unless --baseline) on both axes, with the default (EMA) and the trained (raw)
+    weights."""
     head = (
         "| variant | runs | gain (eval weights) | gain (trained weights) | speed-up, FLOPs | speed-up, FLOPs, raw "
         "| speed-up, wall-clock | speed-up, wall-clock, raw | optimizer steps / iteration | s / iteration |\n"
@@ -226,7 +230,8 @@ def table(result: dict) -> str:
     targets = ", ".join(
         f"{k}: {result[k]['target']:+.3f}" for k in ("flops", "flops-raw") if result[k]["target"] is not None
     )
-    return head + "\n".join(lines) + f"\n\nTargets (dance-grpo's mean final gain): {targets}.\n"
+    base = result.get("baseline", "dance-grpo")
+    return head + "\n".join(lines) + f"\n\nTargets ({base}'s mean final gain): {targets}.\n"
 
 
 def rerun(label: str, seed: int, args: argparse.Namespace, log) -> None:
@@ -265,6 +270,7 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=None, help="default: runs/study-core, for every plan")
     ap.add_argument("--report-only", action="store_true")
     ap.add_argument("--rerun", default=None, help="a variant to run again at the first --seed")
+    ap.add_argument("--baseline", default="dance-grpo", help="the variant whose final gain is the target")
     args = ap.parse_args()
     args.work = args.work or Path("runs/study-core")
     args.work.mkdir(parents=True, exist_ok=True)
@@ -283,7 +289,7 @@ def main() -> None:
         with ThreadPoolExecutor(args.parallel) as pool:
             rows = list(pool.map(lambda j: run_one(*j, args.work, args.tflops, log), jobs))
     report(rows, args.work, args)
-    log(f"wrote bench/results/study-{args.plan}.json ({len(rows)} runs)")
+    log(f"wrote bench/results/study-{args.plan}*.json ({len(rows)} runs)")
 
 
 if __name__ == "__main__":
