@@ -19,6 +19,9 @@ from .dit import VOCAB, DiTConfig, TinyDiT
 from .latent import AEConfig, LatentDiTPolicy, ShapesAE, latent_dit_config
 
 MOTION_WORDS = ("moving", "up", "down")  # "left" and "right" are in the image world's vocabulary
+# frames per autoencoder call, in channels-last layout: about 3x faster on a CPU than all of a rollout's frames in
+# one call (decoding 8 frames a clip is most of an RL iteration's cost on this world)
+AE_CHUNK = 64
 VIDEO_VOCAB = VOCAB + MOTION_WORDS
 
 
@@ -38,17 +41,21 @@ class VideoLatentPolicy(LatentDiTPolicy):
             raise ValueError(f"a DiT of {self.cfg.channels} channels does not hold whole frames of {c}")
         self.frames = self.cfg.channels // c
         self.latent_shape = (self.cfg.channels, h, w)
+        self.ae.to(memory_format=torch.channels_last)  # the same values; its convolutions run faster so
 
     def decode(self, latents: Tensor) -> Tensor:
         """[B, F C, h, w] -> videos [B, 3, F, H, W] in [0, 1]."""
         B, (F, c) = latents.shape[0], (self.frames, self.ae.latent_shape[0])
-        frames = super().decode(latents.reshape(B * F, c, *latents.shape[2:]))  # [B F, 3, H, W]
-        return frames.view(B, F, *frames.shape[1:]).transpose(1, 2)
+        flat = latents.reshape(B * F, c, *latents.shape[2:]).contiguous(memory_format=torch.channels_last)
+        frames = torch.cat([super(VideoLatentPolicy, self).decode(z) for z in flat.split(AE_CHUNK)])  # [B F, 3, H, W]
+        return frames.reshape(B, F, *frames.shape[1:]).transpose(1, 2)
 
     def encode_images(self, images: Tensor) -> Tensor:
         """videos [B, 3, F, H, W] in [0, 1] -> the latents the DiT denoises [B, F C, h, w]."""
         B, F = images.shape[0], images.shape[2]
-        z = super().encode_images(images.transpose(1, 2).reshape(B * F, *images.shape[1:2], *images.shape[3:]))
+        flat = images.transpose(1, 2).reshape(B * F, *images.shape[1:2], *images.shape[3:])  # [B F, 3, H, W]
+        flat = flat.contiguous(memory_format=torch.channels_last)
+        z = torch.cat([super(VideoLatentPolicy, self).encode_images(x) for x in flat.split(AE_CHUNK)])
         return z.reshape(B, F * z.shape[1], *z.shape[2:])
 
     def reference(self) -> VideoLatentPolicy:
