@@ -1,6 +1,7 @@
 """Pretrain the moving-shapes video model (models/video_latent.py) on the CPU, on the shipped image autoencoder.
 
-    python scripts/pretrain_shapes_video.py --threads 2 --out runs/video/w.safetensors --log runs/video/log.jsonl
+    python scripts/pretrain_shapes_video.py --threads 1 --out runs/video/w.safetensors --log runs/video/log.jsonl
+        # the shipped tiny-shapes-video weights: these defaults, 55 minutes of one core beside other work
     python scripts/pretrain_shapes_video.py --steps 300 --eval-every 100 --out /tmp/v.safetensors   # a quick look
 
 Writes the weights (safetensors: the video DiT, the autoencoder, the configs and the frame count in the
@@ -24,7 +25,7 @@ from treegrpo_cli.training.pretrain_video import pretrain_video
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    video = {"steps": 6000, "batch": 64, "eval_every": 500}  # the image pretraining's defaults otherwise
+    video = {"steps": 8000, "batch": 64, "eval_every": 500}  # the image pretraining's defaults otherwise
     for f in fields(PretrainConfig):
         if not f.name.startswith("ae_") and f.name != "caption_noise":
             default = video.get(f.name, f.default)
