@@ -62,7 +62,8 @@ class WanPolicy(DiffusersPolicy):
         if (self.frames - 1) % st:
             raise_frames(self.frames, st, self.name)
         side = self._check_resolution(ss * int(self.denoiser.config.patch_size[-1])) // ss
-        return (int(vae.z_dim), (self.frames - 1) // st + 1, side, side)
+        c = self.denoiser.config  # out_channels: I2V's in_channels add the condition's
+        return (int(c.out_channels or c.in_channels), (self.frames - 1) // st + 1, side, side)
 
     def _encode_text(self, prompts: list[str]) -> dict[str, Tensor]:
         embeds, _ = self.pipe.encode_prompt(
