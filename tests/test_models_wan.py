@@ -16,6 +16,17 @@ def wan_dir(tmp_path_factory):
     return saved(tmp_path_factory, {"wan": tiny_wan})["wan"]
 
 
+# a 4-step tree of 9-frame 32 px clips on the tiny pipelines, for the CLI tests
+TINY_CLIP_SETS = (
+    "sampler.steps=4",
+    "tree.split_steps=[0, 1]",
+    "tree.branch=2",
+    "policy.resolution=32",
+    'policy.dtype="fp32"',
+    "policy.frames=9",
+)
+
+
 def load(folder, **opts):
     from treegrpo_cli.models.registry import load_policy
 
@@ -129,13 +140,8 @@ def test_train_rollout_score_on_video_through_the_cli(wan_dir, tmp_path):
     import json
 
     sets = [
-        "sampler.steps=4",
-        "tree.split_steps=[0, 1]",
-        "tree.branch=2",
-        "policy.resolution=32",
-        'policy.dtype="fp32"',
+        *TINY_CLIP_SETS,
         "policy.max_sequence_length=8",
-        "policy.frames=9",
         "train.eval_samples=1",
         "train.sample_every=2",
         "rollout.num_prompts=2",

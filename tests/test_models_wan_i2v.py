@@ -9,7 +9,7 @@ import pytest
 import torch
 from clitools import one_line_error, run
 from test_models_diffusers import saved
-from test_models_wan import euler
+from test_models_wan import TINY_CLIP_SETS, euler
 from tinypipes import tiny_wan_i2v
 
 from treegrpo_cli.models.base import PolicyConfig
@@ -122,12 +122,7 @@ def test_the_adapter_counts_its_flops(i2v_dir, frames, finetune):
 def test_train_rollout_score_through_the_cli(i2v_dir, frames, tmp_path):
     """`--prompts clips.jsonl --set policy.images=clips.jsonl`: train 2 iterations, export, then the staged path."""
     sets = [
-        "sampler.steps=4",
-        "tree.split_steps=[0, 1]",
-        "tree.branch=2",
-        "policy.resolution=32",
-        'policy.dtype="fp32"',
-        "policy.frames=9",
+        *TINY_CLIP_SETS,
         f'policy.images="{frames}"',
         f'rollout.eval_prompts="{frames}"',
         "train.eval_samples=1",
