@@ -41,7 +41,7 @@ class VideoLatentPolicy(LatentDiTPolicy):
             raise ValueError(f"a DiT of {self.cfg.channels} channels does not hold whole frames of {c}")
         self.frames = self.cfg.channels // c
         self.latent_shape = (self.cfg.channels, h, w)
-        self.ae.to(memory_format=torch.channels_last)  # the same values; its convolutions run faster so
+        self.ae.to(memory_format=torch.channels_last)  # the same weights, laid out for faster CPU convolutions
 
     def decode(self, latents: Tensor) -> Tensor:
         """[B, F C, h, w] -> videos [B, 3, F, H, W] in [0, 1]."""

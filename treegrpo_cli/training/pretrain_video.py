@@ -44,7 +44,6 @@ class ClipBank:
 
     def __init__(self, policy: VideoLatentPolicy, prompts: list[str], size: int, g: torch.Generator):
         self.policy, self.prompts, self.g, self.next = policy, prompts, g, 0
-        self.captions: list[str] = []
         chunks = [self._encode(min(256, size - a)) for a in range(0, size, 256)]
         self.captions = [c for caps, _ in chunks for c in caps]
         self.latents = torch.cat([z for _, z in chunks])
