@@ -36,6 +36,7 @@ import gc
 import json
 import sys
 import time
+import traceback
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -238,10 +239,13 @@ def run_case(preset: str, mode: str, args: argparse.Namespace, device: torch.dev
     except torch.OutOfMemoryError as e:
         case["error"] = f"out of memory: {str(e).splitlines()[0]}"
         case["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
+    except Exception as e:  # noqa: BLE001  (one broken case is recorded; the others still run)
+        case["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        traceback.print_exc()
     finally:
         del policy
         gc.collect()
-        if device.type == "cuda":
+        if device.type == "cuda" and "error" not in case:
             torch.cuda.empty_cache()
     return case
 
@@ -271,6 +275,12 @@ def print_table(results: list[dict]) -> None:
         )
 
 
+def write_atomic(path: Path, obj: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj, indent=1) + "\n")
+    tmp.replace(path)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     if not args.tiny and not torch.cuda.is_available():
@@ -283,8 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     quiet_diffusers()
     device = torch.device("cpu" if args.tiny else "cuda")
     dtype = torch.float32 if args.tiny else torch.bfloat16
-    results = [run_case(p, m, args, device, dtype) for p in args.presets.split(",") for m in args.modes.split(",")]
-    out = {
+    out: dict[str, Any] = {
+        "command": " ".join(["python bench/flux_iteration.py", *(argv if argv is not None else sys.argv[1:])]),
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "torch": torch.__version__,
         "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
@@ -297,10 +307,15 @@ def main(argv: list[str] | None = None) -> int:
         "max_batch": args.max_batch,
         "dtype": str(dtype).removeprefix("torch."),
         "gradient_checkpointing": not args.no_gradient_checkpointing,
-        "results": results,
+        "results": [],
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=1) + "\n")
+    for p in args.presets.split(","):
+        for m in args.modes.split(","):
+            out["results"].append(run_case(p, m, args, device, dtype))
+            write_atomic(args.out, out)  # after every case: a run cut off at its time limit keeps what finished
+            print_table(out["results"][-1:])
+    results = out["results"]
     print_table(results)
     print(f"wrote {args.out}")
     return 0

@@ -5,6 +5,7 @@
                                                            # (the runs both plans share are run once)
     python bench/study.py --plan nft --seeds 0 1 2         # DiffusionNFT and tree-NFT against flow-grpo, dance-grpo
     python bench/study.py --plan nft --seeds 0 1 2 --report-only --baseline flow-grpo   # timed to flow-grpo's gain
+    python bench/study.py --plan video --work runs/study-video --tflops 24   # the video world (issue 37)
     python bench/study.py --plan lr --seeds 100            # the learning-rate sweep, on a seed no table uses
     python bench/study.py --report-only                    # the tables again, from the runs on disk
     python bench/study.py --rerun dance-grpo --seeds 0     # one run again in a fresh folder: its metrics rows
@@ -91,6 +92,10 @@ PLANS: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
         # the Mix window: SDE on steps 0-3 and the splits (branch-mix) against 0-9, and against branch (all SDE)
         "branch-mix/window-0-9": ("branch-mix", ("tree.sde_steps=[0,1,2,3,4,5,6,7,8,9]",)),
     },
+    # the moving-shapes video world (issue 37), each method with the video model's own defaults (10 steps,
+    # motion-train prompts, the motion-shapes reward): python bench/study.py --plan video --work runs/study-video
+    # --tflops 24
+    "video": {label: (label, ('model="tiny-shapes-video"',)) for label in ("dance-grpo", "branch-mix", "tree-grpo")},
 }
 
 

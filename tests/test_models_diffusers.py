@@ -758,3 +758,28 @@ def test_sd3_ode_rollout_equals_the_pipeline_sampling(tmp_path, layout):
     ).images
     torch.testing.assert_close(tree.image_latent, out.float(), rtol=0, atol=1e-4)
     assert (tree.image_latent - tree.latent[tree.depth == 0]).abs().max() > 0.1  # it moved
+
+
+def test_cuda_settings_leave_cudnn_attention_off_unless_asked():
+    """cuDNN's attention backward failed on an H100 (torch 2.11+cu130, FLUX.1-dev 720 px): a CUDA policy turns
+    that SDPA backend off unless policy.cudnn_attention; the flags are process-wide, so they are put back."""
+    from treegrpo_cli.config import load_config
+    from treegrpo_cli.models.base import PolicyConfig
+    from treegrpo_cli.models.diffusers_base import cuda_backends
+
+    flags = (
+        torch.backends.cuda.cudnn_sdp_enabled(),
+        torch.backends.cuda.matmul.allow_tf32,
+        torch.backends.cudnn.allow_tf32,
+    )
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        cuda_backends(PolicyConfig())
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+        asked = load_config("branch-mix", sets=["policy.cudnn_attention=true"]).policy
+        cuda_backends(asked)
+        assert asked.cudnn_attention and torch.backends.cuda.cudnn_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(flags[0])
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = flags[1], flags[2]

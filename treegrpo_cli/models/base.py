@@ -44,6 +44,9 @@ class PolicyConfig:
     ddim_eta: float = 1.0  # SD only: eta of the stochastic DDIM steps (DDPO: 1.0)
     prompt_cache: str = ""  # folder of prompt embeddings on disk ("": in memory only)
     free_text_encoders: bool = False  # train: embed every train and eval prompt first, then free the encoders
+    # CUDA: let SDPA pick cuDNN's attention kernels. Off by default: with torch 2.11+cu130 on an H100, cuDNN's
+    # attention backward failed on FLUX.1-dev at 720 px (docs/models.md); flash attention ran the same step
+    cudnn_attention: bool = False
 
     def validate(self) -> None:
         if self.finetune not in FINETUNES:

@@ -101,6 +101,14 @@ def adapters_disabled(net: _WithAdapters) -> Iterator[None]:
         net.enable_adapters()
 
 
+def cuda_backends(opts: PolicyConfig) -> None:
+    """Process-wide CUDA settings of a diffusers policy: fp32 matmuls that remain (sampler math) on TF32, and
+    SDPA without cuDNN's attention unless policy.cudnn_attention (its backward failed on an H100, docs/models.md)."""
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    torch.backends.cuda.enable_cudnn_sdp(opts.cudnn_attention)
+
+
 class DiffusersPolicy(ABC):
     """A Policy over a diffusers pipeline. Subclasses set the class attributes and implement
     _encode_text, model_output, _latent_shape and _vae_in."""
@@ -137,8 +145,7 @@ class DiffusersPolicy(ABC):
         """Every module in the compute dtype, except a fully fine-tuned denoiser: its weights are the fp32
         master copy (an lr-1e-5 update to a bf16 weight rounds away) and its forward runs under autocast."""
         if self.device.type == "cuda":
-            torch.backends.cuda.matmul.allow_tf32 = True  # fp32 matmuls that remain (sampler math) on TF32
-            torch.backends.cudnn.allow_tf32 = True
+            cuda_backends(self.opts)
         for attr in ("vae", *self.text_encoder_attrs, self.denoiser_attr):
             module = getattr(self.pipe, attr, None)
             if isinstance(module, nn.Module):

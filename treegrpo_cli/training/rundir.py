@@ -141,6 +141,7 @@ RESUMABLE = {
     "policy.gradient_checkpointing",
     "policy.prompt_cache",
     "policy.free_text_encoders",
+    "policy.cudnn_attention",
 }
 
 
