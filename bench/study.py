@@ -6,6 +6,7 @@
     python bench/study.py --plan nft --seeds 0 1 2         # DiffusionNFT and tree-NFT against flow-grpo, dance-grpo
     python bench/study.py --plan nft --seeds 0 1 2 --report-only --baseline flow-grpo   # timed to flow-grpo's gain
     python bench/study.py --plan video --work runs/study-video --tflops 24   # the video world (issue 37)
+    python bench/study.py --plan video --work runs/study-video --report-only --target 0.1   # time to a fixed gain
     python bench/study.py --plan lr --seeds 100            # the learning-rate sweep, on a seed no table uses
     python bench/study.py --report-only                    # the tables again, from the runs on disk
     python bench/study.py --rerun dance-grpo --seeds 0     # one run again in a fresh folder: its metrics rows
@@ -95,7 +96,10 @@ PLANS: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
     # the moving-shapes video world (issue 37), each method with the video model's own defaults (10 steps,
     # motion-train prompts, the motion-shapes reward): python bench/study.py --plan video --work runs/study-video
     # --tflops 24
-    "video": {label: (label, ('model="tiny-shapes-video"',)) for label in ("dance-grpo", "branch-mix", "tree-grpo")},
+    "video": {  # tree-grpo-mean: the video model's default preset
+        label: (label, ('model="tiny-shapes-video"',))
+        for label in ("dance-grpo", "branch-mix", "tree-grpo", "tree-grpo-mean")
+    },
 }
 
 
@@ -167,6 +171,7 @@ def report(rows: list[dict], work: Path, args: argparse.Namespace) -> dict:
     from treegrpo_cli.report.compare_page import write_report
 
     name = f"study-{args.plan}" + ("" if args.baseline == "dance-grpo" else f"-vs-{args.baseline}")
+    name += "" if args.target is None else f"-target{args.target:g}"
     plots = RESULTS / name
     plots.mkdir(parents=True, exist_ok=True)
     folders, labels = [Path(r["run_dir"]) for r in rows], [r["label"] for r in rows]
@@ -176,6 +181,7 @@ def report(rows: list[dict], work: Path, args: argparse.Namespace) -> dict:
         "machine": machine(),
         "tflops_per_run": args.tflops,
         "baseline": args.baseline,
+        "target_gain": args.target,
         "seeds": args.seeds,
         "plan": {k: {"preset": p, "sets": list(s)} for k, (p, s) in PLANS[args.plan].items()},
         "command": " ".join(["python bench/study.py", *(a for a in sys.argv[1:] if a != "--report-only")]),
@@ -184,7 +190,9 @@ def report(rows: list[dict], work: Path, args: argparse.Namespace) -> dict:
     for axis in ("flops", "time"):
         for raw in (False, True):  # the weights eval/export use (dance-grpo's EMA), and the trained ones
             key = axis + ("-raw" if raw else "")
-            cmp = compare_runs(folders, labels, baseline=args.baseline, gain=True, axis=axis, raw=raw)
+            cmp = compare_runs(
+                folders, labels, target=args.target, baseline=args.baseline, gain=True, axis=axis, raw=raw
+            )
             write_report(cmp, work / f"compare-{name}-{key}")
             (plots / f"reward_vs_{key}.png").write_bytes(
                 (work / f"compare-{name}-{key}" / f"reward_vs_{axis}.png").read_bytes()
@@ -213,8 +221,9 @@ def table(result: dict) -> str:
     weights."""
     head = (
         "| variant | runs | gain (eval weights) | gain (trained weights) | speed-up, FLOPs | speed-up, FLOPs, raw "
-        "| speed-up, wall-clock | speed-up, wall-clock, raw | optimizer steps / iteration | s / iteration |\n"
-        "|---|---|---|---|---|---|---|---|---|---|\n"
+        "| speed-up, wall-clock | speed-up, wall-clock, raw | optimizer steps / iteration | s / iteration "
+        "| TFLOPs to target | seeds at target |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     steps: dict[str, list[float]] = {}
     for r in result["runs"]:
@@ -230,13 +239,20 @@ def table(result: dict) -> str:
         lines.append(
             f"| {g['label']} | {len(g['runs'])} | {_pm(g['gain'])} | {_pm(by['flops-raw']['gain'])} | {_speedup(g)} "
             f"| {_speedup(by['flops-raw'])} | {_speedup(by['time'])} | {_speedup(by['time-raw'])} "
-            f"| {sum(st) / len(st):.1f} | {_pm(g['seconds_per_iteration'], '.1f')} |"
+            f"| {sum(st) / len(st):.1f} | {_pm(g['seconds_per_iteration'], '.1f')} "
+            f"| {_tflops(g['curve_to_target'])} | {g['reached_target']} of {len(g['runs'])} |"
         )
     targets = ", ".join(
         f"{k}: {result[k]['target']:+.3f}" for k in ("flops", "flops-raw") if result[k]["target"] is not None
     )
     base = result.get("baseline", "dance-grpo")
-    return head + "\n".join(lines) + f"\n\nTargets ({base}'s mean final gain): {targets}.\n"
+    whose = f"{base}'s mean final gain" if result.get("target_gain") is None else "given with --target"
+    return head + "\n".join(lines) + f"\n\nTargets ({whose}): {targets}.\n"
+
+
+def _tflops(value: float | None) -> str:
+    """The mean curve's denoiser TFLOPs to the target (eval weights), or never."""
+    return "never" if value is None else f"{value:.1f}"
 
 
 def rerun(label: str, seed: int, args: argparse.Namespace, log) -> None:
@@ -276,6 +292,7 @@ def main() -> None:
     ap.add_argument("--report-only", action="store_true")
     ap.add_argument("--rerun", default=None, help="a variant to run again at the first --seed")
     ap.add_argument("--baseline", default="dance-grpo", help="the variant whose final gain is the target")
+    ap.add_argument("--target", type=float, default=None, help="a held-out gain to time every variant to instead")
     args = ap.parse_args()
     args.work = args.work or Path("runs/study-core")
     args.work.mkdir(parents=True, exist_ok=True)
