@@ -310,6 +310,11 @@ def main() -> None:
     else:
         with ThreadPoolExecutor(args.parallel) as pool:
             rows = list(pool.map(lambda j: run_one(*j, args.work, args.tflops, log), jobs))
+    if args.baseline not in {r["label"] for r in rows}:  # --labels left it out: its kept runs, if any
+        base = [kept(args.work, args.baseline, seed) / "summary.json" for seed in args.seeds]
+        rows += [json.loads(p.read_text()) for p in base if p.exists()]
+    if args.baseline not in {r["label"] for r in rows}:
+        return log(f"no {args.baseline} runs to time against: no report (run them, or give --baseline)")
     report(rows, args.work, args)
     log(f"wrote bench/results/study-{args.plan}*.json ({len(rows)} runs)")
 
