@@ -10,7 +10,9 @@
     python bench/study.py --plan lr --seeds 100            # the learning-rate sweep, on a seed no table uses
     python bench/study.py --report-only                    # the tables again, from the runs on disk
     python bench/study.py --rerun dance-grpo --seeds 0     # one run again in a fresh folder: its metrics rows
-                                                           # must equal the first one's (timings aside)
+                                                           # must equal the first one's (timings aside) on
+                                                           # the same CPU (another instruction set moves the
+                                                           # last bits); writes bench/results/WORK-rerun.json
 
 Each run is `treegrpo train --preset P --seed S` with the world's defaults (16 prompts of shapes-train an
 iteration, lr 1e-4), the variant's `--set`s, one CPU thread, and `train.max_tflops` as the budget: it stops
@@ -278,7 +280,7 @@ def rerun(label: str, seed: int, args: argparse.Namespace, log) -> None:
         "first": str(first),
         "rerun": row["run_dir"],
     }
-    (RESULTS / f"study-{args.plan}-rerun.json").write_text(json.dumps(out, indent=1) + "\n")
+    (RESULTS / f"{args.work.name}-rerun.json").write_text(json.dumps(out, indent=1) + "\n")
 
 
 def main() -> None:
