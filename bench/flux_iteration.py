@@ -54,6 +54,7 @@ from treegrpo_cli.engine.schedules import tree_for_iteration
 from treegrpo_cli.engine.sde import make_kernel
 from treegrpo_cli.models.base import PolicyConfig
 from treegrpo_cli.models.diffusers_base import quiet_diffusers
+from treegrpo_cli.store.shards import atomic_write
 
 PRESETS = ("dance-grpo", "branch", "branch-mix", "tree-grpo")
 VAE_SCALE = 8  # every model here: 8x VAE (FLUX.1 720 px -> 90 x 90 latents -> 45 x 45 = 2025 packed tokens)
@@ -245,7 +246,9 @@ def run_case(preset: str, mode: str, args: argparse.Namespace, device: torch.dev
     finally:
         del policy
         gc.collect()
-        if device.type == "cuda" and "error" not in case:
+        # out of memory leaves CUDA usable (freeing the cache lets the next case run); after another error, such
+        # as an illegal address, every call into CUDA raises again
+        if device.type == "cuda" and case.get("error", "out of memory").startswith("out of memory"):
             torch.cuda.empty_cache()
     return case
 
@@ -273,12 +276,6 @@ def print_table(results: list[dict]) -> None:
             f"{gib(r['rollout_peak_gib']):>12} {gib(r['train_peak_gib']):>10} "
             f"{pct(r['rollout_mfu']):>12} {pct(r['train_mfu']):>10}"
         )
-
-
-def write_atomic(path: Path, obj: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(obj, indent=1) + "\n")
-    tmp.replace(path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -313,7 +310,8 @@ def main(argv: list[str] | None = None) -> int:
     for p in args.presets.split(","):
         for m in args.modes.split(","):
             out["results"].append(run_case(p, m, args, device, dtype))
-            write_atomic(args.out, out)  # after every case: a run cut off at its time limit keeps what finished
+            # after every case: a run cut off at its time limit keeps what finished
+            atomic_write(args.out, (json.dumps(out, indent=1) + "\n").encode())
             print_table(out["results"][-1:])
     results = out["results"]
     print_table(results)
