@@ -310,6 +310,12 @@ def main(argv: list[str] | None = None) -> int:
     for p in args.presets.split(","):
         for m in args.modes.split(","):
             out["results"].append(run_case(p, m, args, device, dtype))
+            if device.type == "cuda":  # the attention backends the adapter left on (cuDNN's is off by default)
+                out["sdp_backends"] = {
+                    "cudnn": torch.backends.cuda.cudnn_sdp_enabled(),
+                    "flash": torch.backends.cuda.flash_sdp_enabled(),
+                    "mem_efficient": torch.backends.cuda.mem_efficient_sdp_enabled(),
+                }
             # after every case: a run cut off at its time limit keeps what finished
             atomic_write(args.out, (json.dumps(out, indent=1) + "\n").encode())
             print_table(out["results"][-1:])
