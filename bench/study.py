@@ -7,7 +7,8 @@
     python bench/study.py --plan nft --seeds 0 1 2 --report-only --baseline flow-grpo   # timed to flow-grpo's gain
     python bench/study.py --plan video --work runs/study-video --tflops 24   # the video world (issue 37)
     python bench/study.py --plan video --work runs/study-video --report-only --target 0.1   # time to a fixed gain
-    python bench/study.py --plan lr --seeds 100            # the learning-rate sweep, on a seed no table uses
+    python bench/study.py --plan lr --seeds 100            # the learning-rate sweep, on a seed no table uses;
+                                                           # its table names each variant's best rate
     python bench/study.py --report-only                    # the tables again, from the runs on disk
     python bench/study.py --rerun dance-grpo --seeds 0     # one run again in a fresh folder: its metrics rows
                                                            # must equal the first one's (timings aside) on
@@ -201,8 +202,37 @@ def report(rows: list[dict], work: Path, args: argparse.Namespace) -> dict:
             )
             result[key] = to_dict(cmp)
     (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
-    (RESULTS / f"{name}.md").write_text(table(result))
+    (RESULTS / f"{name}.md").write_text(table(result) + (sweep_table(rows) if args.plan == "lr" else ""))
     return result
+
+
+def sweep_table(rows: list[dict]) -> str:
+    """The learning-rate sweep per variant: each rate's final held-out gain (eval weights; the trained weights'
+    in brackets where they differ) and the rate with the best eval-weights gain, which the tables should use."""
+    gains: dict[str, dict[str, tuple[float, float | None]]] = {}
+    for r in rows:
+        base, _, lr = r["label"].partition("@lr")
+        first, last = r["heldout"][0], r["heldout"][-1]
+        raw = last.get("raw/reward_mean")
+        raw_gain = None if raw is None else raw - (first.get("raw/reward_mean") or first["reward_mean"])
+        gains.setdefault(base, {})[lr or "1e-4"] = (last["reward_mean"] - first["reward_mean"], raw_gain)
+    lrs = sorted({lr for g in gains.values() for lr in g}, key=float)
+    head = "| variant | " + " | ".join(f"lr {lr}" for lr in lrs) + " | best |\n|---|" + "---|" * (len(lrs) + 1) + "\n"
+
+    def cell(g: tuple[float, float | None] | None) -> str:
+        if g is None:
+            return "-"
+        return f"{g[0]:+.3f}" + ("" if g[1] is None or abs(g[1] - g[0]) < 5e-4 else f" ({g[1]:+.3f})")
+
+    lines = [
+        f"| {base} | " + " | ".join(cell(g.get(lr)) for lr in lrs) + f" | {max(g, key=lambda k: g[k][0])} |"
+        for base, g in gains.items()
+    ]
+    seeds = sorted({r["seed"] for r in rows})
+    return (
+        f"\nLearning-rate sweep (seed {', '.join(map(str, seeds))}): final held-out gain with the weights eval uses "
+        "(the trained weights' in brackets where they differ).\n\n" + head + "\n".join(lines) + "\n"
+    )
 
 
 def _pm(stat: dict, fmt: str = "+.3f") -> str:

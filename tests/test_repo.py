@@ -197,3 +197,28 @@ def test_readme_model_table_is_the_memory_benchmarks():
     table = (ROOT / "bench" / "results" / "model_memory.md").read_text()
     assert table in (ROOT / "README.md").read_text()
     assert {re.search(r"`([^`]+)`", line).group(1) for line in table.splitlines()[2:]} == set(KNOWN)
+
+
+def test_the_learning_rate_sweep_names_each_variants_best_rate():
+    """bench/study.py --plan lr: a row per variant, a column per rate, the best final eval-weights gain chosen
+    (not the trained weights'); a rate not run is '-'."""
+    study = _bench("study")
+
+    def row(label, before, after, raw=None):
+        first = {"reward_mean": before, "raw/reward_mean": None if raw is None else before}
+        return {"label": label, "seed": 100, "heldout": [first, {"reward_mean": after, "raw/reward_mean": raw}]}
+
+    text = study.sweep_table(
+        [
+            row("dance-grpo@lr3e-5", 0.5, 0.6, raw=0.9),  # the trained weights gain most here, the EMA does not
+            row("dance-grpo", 0.5, 0.7, raw=0.8),
+            row("dance-grpo@lr3e-4", 0.5, 0.55, raw=0.6),
+            row("tree-grpo@lr3e-5", 0.4, 0.8),
+            row("tree-grpo", 0.4, 0.5),
+        ]
+    )
+    lines = {line.split(" | ")[0].strip("| "): line for line in text.splitlines() if line.startswith("| ")}
+    assert lines["variant"] == "| variant | lr 3e-5 | lr 1e-4 | lr 3e-4 | best |"
+    assert lines["dance-grpo"] == "| dance-grpo | +0.100 (+0.400) | +0.200 (+0.300) | +0.050 (+0.100) | 1e-4 |"
+    assert lines["tree-grpo"] == "| tree-grpo | +0.400 | +0.100 | - | 3e-5 |"
+    assert "seed 100" in text
