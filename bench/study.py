@@ -70,11 +70,12 @@ PLANS: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
         "tree-nft": ("tree-nft", ()),
     },
     # the learning rate of each method and schedule: 3 values around the world's 1e-4, on a seed the tables do not
-    # use (python bench/study.py --plan lr --seeds 100); the best per variant is the one the tables should use
+    # use (python bench/study.py --plan lr --seeds 100); the best per variant is the one the tables should use. 1e-5
+    # (BranchGRPO's and DanceGRPO's released rate) extends the sweep where the best sits at 3e-5: run it with --labels
     "lr": {
         (label if lr == "1e-4" else f"{label}@lr{lr}"): (preset, (*sets, f"train.lr={lr}"))
         for label, (preset, sets) in {**CORE, "nft": ("nft", ())}.items()
-        for lr in ("3e-5", "1e-4", "3e-4")
+        for lr in ("1e-5", "3e-5", "1e-4", "3e-4")
     },
     "ablation": {  # run with --work runs/study-core to reuse the core plan's runs of the same variants
         "dance-grpo": ("dance-grpo", ()),
