@@ -50,6 +50,7 @@ RESULTS = Path("bench/results")
 # what `compare` reads of a run, kept under bench/results/study-runs/ (committed: run folders under runs/
 # are scratch, and a lost one would cost its minutes again); checkpoints and sample grids are not kept
 KEPT = ("run.json", "metrics.jsonl", "eval.jsonl", "summary.json")
+WORLD_LR = "1e-4"  # the world's default rate: in the lr plan a variant at it keeps its bare label, others get @lrX
 PAPER_SCHEDULE = ('train.loss_norm="mean"', "pruning.train_last=false", "train.minibatches=1")
 
 # label -> (preset, --set values). The presets carry the released codes' update schedules (presets/*.toml).
@@ -73,9 +74,9 @@ PLANS: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
     # use (python bench/study.py --plan lr --seeds 100); the best per variant is the one the tables should use. 1e-5
     # (BranchGRPO's and DanceGRPO's released rate) extends the sweep where the best sits at 3e-5: run it with --labels
     "lr": {
-        (label if lr == "1e-4" else f"{label}@lr{lr}"): (preset, (*sets, f"train.lr={lr}"))
+        (label if lr == WORLD_LR else f"{label}@lr{lr}"): (preset, (*sets, f"train.lr={lr}"))
         for label, (preset, sets) in {**CORE, "nft": ("nft", ())}.items()
-        for lr in ("1e-5", "3e-5", "1e-4", "3e-4")
+        for lr in ("1e-5", "3e-5", WORLD_LR, "3e-4")
     },
     "ablation": {  # run with --work runs/study-core to reuse the core plan's runs of the same variants
         "dance-grpo": ("dance-grpo", ()),
@@ -216,7 +217,7 @@ def sweep_table(rows: list[dict]) -> str:
         first, last = r["heldout"][0], r["heldout"][-1]
         raw = last.get("raw/reward_mean")
         raw_gain = None if raw is None else raw - (first.get("raw/reward_mean") or first["reward_mean"])
-        gains.setdefault(base, {})[lr or "1e-4"] = (last["reward_mean"] - first["reward_mean"], raw_gain)
+        gains.setdefault(base, {})[lr or WORLD_LR] = (last["reward_mean"] - first["reward_mean"], raw_gain)
     lrs = sorted({lr for g in gains.values() for lr in g}, key=float)
     head = "| variant | " + " | ".join(f"lr {lr}" for lr in lrs) + " | best |\n|---|" + "---|" * (len(lrs) + 1) + "\n"
 
