@@ -1,6 +1,7 @@
 """The BranchGRPO study (issue 31): methods and ablations on the embedded world for the same denoiser-FLOP budget.
 
     python bench/study.py                                  # the core plan: 6 variants x seeds 0 1 2, 40 TFLOPs each
+    python bench/study.py --plan best-lr --seeds 0 1 2 3 4 # the core variants, each at its best rate (BEST_LR)
     python bench/study.py --plan ablation --seeds 0 1 2    # one factor at a time from branch and branch-mix
                                                            # (the runs both plans share are run once)
     python bench/study.py --plan nft --seeds 0 1 2         # DiffusionNFT and tree-NFT against flow-grpo, dance-grpo
@@ -62,6 +63,27 @@ CORE: dict[str, tuple[str, tuple[str, ...]]] = {
     "tree-grpo": ("tree-grpo", ()),
     "tree-grpo/one-step-mean": ("tree-grpo", PAPER_SCHEDULE),
 }
+# each variant's rate in the best-lr and ablation plans: the best final held-out gain (eval weights) of the sweep
+# at seed 100 (--plan lr, bench/results/study-lr.md); tests/test_repo.py holds this to the sweep's kept runs
+BEST_LR = {
+    "dance-grpo": WORLD_LR,
+    "branch": "3e-5",
+    "branch-mix": WORLD_LR,
+    "branch-mix/one-step-mean": WORLD_LR,
+    "tree-grpo": "3e-5",
+    "tree-grpo/one-step-mean": "3e-5",
+}
+
+
+def at_best(label: str) -> str:
+    """The variant's label at its best rate: bare at the world's rate, else with @lrX as in the lr plan."""
+    return label if BEST_LR[label] == WORLD_LR else f"{label}@lr{BEST_LR[label]}"
+
+
+def lr_set(label: str) -> tuple[str, ...]:
+    return () if BEST_LR[label] == WORLD_LR else (f"train.lr={BEST_LR[label]}",)
+
+
 PLANS: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
     "core": CORE,
     "nft": {  # DiffusionNFT (issue 34) against the flat GRPO baselines, and on the leaves of a tree
@@ -78,12 +100,14 @@ PLANS: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
         for label, (preset, sets) in {**CORE, "nft": ("nft", ())}.items()
         for lr in ("1e-5", "3e-5", WORLD_LR, "3e-4")
     },
-    "ablation": {  # run with --work runs/study-core to reuse the core plan's runs of the same variants
+    # the core variants each at the best rate of the sweep (BEST_LR): the table the README leads with
+    "best-lr": {at_best(label): (preset, (*sets, *lr_set(label))) for label, (preset, sets) in CORE.items()},
+    "ablation": {  # from branch and branch-mix at their best rates, one factor at a time
         "dance-grpo": ("dance-grpo", ()),
-        "branch": ("branch", ()),
-        "branch-mix": ("branch-mix", ()),
+        at_best("branch"): ("branch", lr_set("branch")),
+        at_best("branch-mix"): ("branch-mix", lr_set("branch-mix")),
         **{
-            f"{base}/{name}": (base, sets)
+            f"{at_best(base)}/{name}": (base, (*sets, *lr_set(base)))
             for base in ("branch", "branch-mix")
             for name, sets in {
                 "one-step-mean": PAPER_SCHEDULE,
@@ -96,7 +120,10 @@ PLANS: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
             }.items()
         },
         # the Mix window: SDE on steps 0-3 and the splits (branch-mix) against 0-9, and against branch (all SDE)
-        "branch-mix/window-0-9": ("branch-mix", ("tree.sde_steps=[0,1,2,3,4,5,6,7,8,9]",)),
+        f"{at_best('branch-mix')}/window-0-9": (
+            "branch-mix",
+            ("tree.sde_steps=[0,1,2,3,4,5,6,7,8,9]", *lr_set("branch-mix")),
+        ),
     },
     # the moving-shapes video world (issue 37), each method with the video model's own defaults (10 steps,
     # motion-train prompts, the motion-shapes reward): python bench/study.py --plan video --work runs/study-video
@@ -208,9 +235,8 @@ def report(rows: list[dict], work: Path, args: argparse.Namespace) -> dict:
     return result
 
 
-def sweep_table(rows: list[dict]) -> str:
-    """The learning-rate sweep per variant: each rate's final held-out gain (eval weights; the trained weights'
-    in brackets where they differ) and the rate with the best eval-weights gain, which the tables should use."""
+def sweep_gains(rows: list[dict]) -> dict[str, dict[str, tuple[float, float | None]]]:
+    """variant -> rate -> final held-out gain (eval weights, trained weights or None) of the lr plan's runs."""
     gains: dict[str, dict[str, tuple[float, float | None]]] = {}
     for r in rows:
         base, _, lr = r["label"].partition("@lr")
@@ -218,6 +244,18 @@ def sweep_table(rows: list[dict]) -> str:
         raw = last.get("raw/reward_mean")
         raw_gain = None if raw is None else raw - (first.get("raw/reward_mean") or first["reward_mean"])
         gains.setdefault(base, {})[lr or WORLD_LR] = (last["reward_mean"] - first["reward_mean"], raw_gain)
+    return gains
+
+
+def best_rates(rows: list[dict]) -> dict[str, str]:
+    """variant -> the rate whose run ends with the best eval-weights gain."""
+    return {base: max(g, key=lambda k: g[k][0]) for base, g in sweep_gains(rows).items()}
+
+
+def sweep_table(rows: list[dict]) -> str:
+    """The learning-rate sweep per variant: each rate's final held-out gain (eval weights; the trained weights'
+    in brackets where they differ) and the rate with the best eval-weights gain, which the tables should use."""
+    gains, best = sweep_gains(rows), best_rates(rows)
     lrs = sorted({lr for g in gains.values() for lr in g}, key=float)
     head = "| variant | " + " | ".join(f"lr {lr}" for lr in lrs) + " | best |\n|---|" + "---|" * (len(lrs) + 1) + "\n"
 
@@ -227,7 +265,7 @@ def sweep_table(rows: list[dict]) -> str:
         return f"{g[0]:+.3f}" + ("" if g[1] is None or abs(g[1] - g[0]) < 5e-4 else f" ({g[1]:+.3f})")
 
     lines = [
-        f"| {base} | " + " | ".join(cell(g.get(lr)) for lr in lrs) + f" | {max(g, key=lambda k: g[k][0])} |"
+        f"| {base} | " + " | ".join(cell(g.get(lr)) for lr in lrs) + f" | {best[base]} |"
         for base, g in gains.items()
     ]
     seeds = sorted({r["seed"] for r in rows})

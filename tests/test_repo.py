@@ -222,3 +222,25 @@ def test_the_learning_rate_sweep_names_each_variants_best_rate():
     assert lines["dance-grpo"] == "| dance-grpo | +0.100 (+0.400) | +0.200 (+0.300) | +0.050 (+0.100) | 1e-4 |"
     assert lines["tree-grpo"] == "| tree-grpo | +0.400 | +0.100 | - | 3e-5 |"
     assert "seed 100" in text
+
+
+def test_the_best_lr_plan_runs_each_variant_at_its_sweeps_best_rate():
+    """bench/study.py's BEST_LR is what the kept sweep (bench/results/study-lr.json) chose, and the best-lr and
+    ablation plans train at those rates: a sweep rerun that moves a best rate fails here until the plans follow."""
+    import json
+
+    study = _bench("study")
+    runs = json.loads((ROOT / "bench" / "results" / "study-lr.json").read_text())["runs"]
+    assert study.best_rates(runs) == study.BEST_LR
+
+    def rate(sets):
+        return next((s.split("=")[1] for s in sets if s.startswith("train.lr=")), study.WORLD_LR)
+
+    best = study.PLANS["best-lr"]
+    assert len(best) == len(study.CORE)
+    for label in study.CORE:
+        bare = study.BEST_LR[label] == study.WORLD_LR
+        assert (label if bare else f"{label}@lr{study.BEST_LR[label]}") in best
+    assert all(rate(sets) == study.BEST_LR[label.split("@lr")[0]] for label, (_, sets) in best.items())
+    # the ablation varies one factor of branch or branch-mix, every variant at its base's best rate
+    assert all(rate(sets) == study.BEST_LR[preset] for preset, sets in study.PLANS["ablation"].values())
