@@ -244,3 +244,31 @@ def test_the_best_lr_plan_runs_each_variant_at_its_sweeps_best_rate():
     assert all(rate(sets) == study.BEST_LR[label.split("@lr")[0]] for label, (_, sets) in best.items())
     # the ablation varies one factor of branch or branch-mix, every variant at its base's best rate
     assert all(rate(sets) == study.BEST_LR[preset] for preset, sets in study.PLANS["ablation"].values())
+
+
+def test_the_study_splits_a_flop_speedup_into_cost_per_iteration_and_iterations(tmp_path):
+    """bench/study.py's cost table: TFLOPs an iteration from each run's metrics (the runs of a label meaned),
+    the baseline's over the variant's as the cost ratio, and the iteration and FLOP axes' times to target."""
+    import json
+
+    study = _bench("study")
+    runs = []
+    for label, seed, per_iter, n in (("dance-grpo", 0, 0.4e12, 10), ("dance-grpo", 1, 0.2e12, 10), ("tree", 0, 0.1e12, 4)):
+        run = tmp_path / f"{label}-{seed}"
+        run.mkdir()
+        rows = [{"iteration": i, "flops_total": per_iter * (i + 1)} for i in range(n)]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        runs.append({"label": label, "run_dir": str(run)})
+
+    def group(label, to, speedup):
+        return {"label": label, "curve_to_target": to, "speedup": speedup, "speedup_low": None, "speedup_high": None}
+
+    result = {
+        "runs": runs,
+        "baseline": "dance-grpo",
+        "flops": {"groups": [group("dance-grpo", 3.0, 1.0), group("tree", 0.5, 6.0)]},
+        "iterations": {"groups": [group("dance-grpo", 10, 1.0), group("tree", None, None)]},
+    }
+    lines = {line.split(" | ")[0].strip("| "): line for line in study.cost_table(result).splitlines() if "|" in line}
+    assert lines["dance-grpo"] == "| dance-grpo | 0.300 | 1.00x | 10 | 1.00x | 3.0 | 1.00x |"
+    assert lines["tree"] == "| tree | 0.100 | 3.00x | never | never | 0.5 | 6.00x |"
