@@ -231,7 +231,8 @@ def report(rows: list[dict], work: Path, args: argparse.Namespace) -> dict:
             )
             result[key] = to_dict(cmp)
     (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
-    md = table(result) + cost_table(result) + (sweep_table(rows) if args.plan == "lr" else "")
+    md = table(result) + cost_table(result) + cost_table(result, raw=True)
+    md += sweep_table(rows) if args.plan == "lr" else ""
     (RESULTS / f"{name}.md").write_text(md)
     return result
 
@@ -323,22 +324,25 @@ def table(result: dict) -> str:
     return head + "\n".join(lines) + f"\n\nTargets ({whose}): {targets}.\n"
 
 
-def cost_table(result: dict) -> str:
-    """Where the FLOP speed-up comes from (eval weights): TFLOPs an iteration x iterations to the target. The
-    papers' 4.7x and 2.4x are ratios of seconds per iteration; a time-to-target ratio is that cost ratio times
-    the ratio of iterations each method needs, which is the part a cost measurement does not see."""
+def cost_table(result: dict, raw: bool = False) -> str:
+    """Where the FLOP speed-up comes from: TFLOPs an iteration x iterations to the target (raw: of the trained
+    weights). The papers' 4.7x and 2.4x are ratios of seconds per iteration; a time-to-target ratio is that cost
+    ratio times the ratio of iterations each method needs, which is the part a cost measurement does not see."""
     per_iter: dict[str, list[float]] = {}
     for r in result["runs"]:
         rows = [json.loads(x) for x in (Path(r["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
         per_iter.setdefault(r["label"], []).append(rows[-1]["flops_total"] / len(rows) / 1e12)
     cost = {k: sum(v) / len(v) for k, v in per_iter.items()}
     base = result.get("baseline", "dance-grpo")
-    its = {g["label"]: g for g in result["iterations"]["groups"]}
+    suffix = "-raw" if raw else ""
+    its = {g["label"]: g for g in result["iterations" + suffix]["groups"]}
+    target = result["flops" + suffix]["target"]
     lines = [
-        "\n| variant | TFLOPs / iteration | cost ratio to " + base + " | iterations to target | speed-up, "
-        "iterations | TFLOPs to target | speed-up, FLOPs |\n|---|---|---|---|---|---|---|"
+        f"\nCost and iterations to the target ({'trained' if raw else 'eval'} weights, gain {target:+.3f}):\n",
+        f"| variant | TFLOPs / iteration | cost ratio to {base} | iterations to target | speed-up, iterations "
+        "| TFLOPs to target | speed-up, FLOPs |\n|---|---|---|---|---|---|---|",
     ]
-    for g in result["flops"]["groups"]:
+    for g in result["flops" + suffix]["groups"]:
         it, c = its[g["label"]], cost[g["label"]]
         n = "never" if it["curve_to_target"] is None else f"{it['curve_to_target']:.0f}"
         lines.append(

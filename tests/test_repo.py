@@ -266,9 +266,20 @@ def test_the_study_splits_a_flop_speedup_into_cost_per_iteration_and_iterations(
     result = {
         "runs": runs,
         "baseline": "dance-grpo",
-        "flops": {"groups": [group("dance-grpo", 3.0, 1.0), group("tree", 0.5, 6.0)]},
+        "flops": {"target": 0.2, "groups": [group("dance-grpo", 3.0, 1.0), group("tree", 0.5, 6.0)]},
         "iterations": {"groups": [group("dance-grpo", 10, 1.0), group("tree", None, None)]},
+        "flops-raw": {"target": 0.4, "groups": [group("dance-grpo", 6.0, 1.0), group("tree", None, None)]},
+        "iterations-raw": {"groups": [group("dance-grpo", 20, 1.0), group("tree", 30, 0.67)]},
     }
-    lines = {line.split(" | ")[0].strip("| "): line for line in study.cost_table(result).splitlines() if "|" in line}
-    assert lines["dance-grpo"] == "| dance-grpo | 0.300 | 1.00x | 10 | 1.00x | 3.0 | 1.00x |"
-    assert lines["tree"] == "| tree | 0.100 | 3.00x | never | never | 0.5 | 6.00x |"
+
+    def lines(raw):
+        text = study.cost_table(result, raw=raw)
+        return text, {line.split(" | ")[0].strip("| "): line for line in text.splitlines() if "|" in line}
+
+    text, rows = lines(False)
+    assert "eval weights, gain +0.200" in text
+    assert rows["dance-grpo"] == "| dance-grpo | 0.300 | 1.00x | 10 | 1.00x | 3.0 | 1.00x |"
+    assert rows["tree"] == "| tree | 0.100 | 3.00x | never | never | 0.5 | 6.00x |"
+    text, rows = lines(True)  # the trained weights' target and times
+    assert "trained weights, gain +0.400" in text
+    assert rows["tree"] == "| tree | 0.100 | 3.00x | 30 | 0.67x | never | never |"
