@@ -267,8 +267,7 @@ def sweep_table(rows: list[dict]) -> str:
         return f"{g[0]:+.3f}" + ("" if g[1] is None or abs(g[1] - g[0]) < 5e-4 else f" ({g[1]:+.3f})")
 
     lines = [
-        f"| {base} | " + " | ".join(cell(g.get(lr)) for lr in lrs) + f" | {best[base]} |"
-        for base, g in gains.items()
+        f"| {base} | " + " | ".join(cell(g.get(lr)) for lr in lrs) + f" | {best[base]} |" for base, g in gains.items()
     ]
     seeds = sorted({r["seed"] for r in rows})
     return (

@@ -253,7 +253,11 @@ def test_the_study_splits_a_flop_speedup_into_cost_per_iteration_and_iterations(
 
     study = _bench("study")
     runs = []
-    for label, seed, per_iter, n in (("dance-grpo", 0, 0.4e12, 10), ("dance-grpo", 1, 0.2e12, 10), ("tree", 0, 0.1e12, 4)):
+    for label, seed, per_iter, n in (
+        ("dance-grpo", 0, 0.4e12, 10),
+        ("dance-grpo", 1, 0.2e12, 10),
+        ("tree", 0, 0.1e12, 4),
+    ):
         run = tmp_path / f"{label}-{seed}"
         run.mkdir()
         rows = [{"iteration": i, "flops_total": per_iter * (i + 1)} for i in range(n)]
