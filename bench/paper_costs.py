@@ -25,8 +25,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from methods import commit  # noqa: E402  (bench/ is not a package)
+from model_specs import MODELS, embed_shapes  # noqa: E402
 
-from treegrpo_cli.models.flops import FLUX_DEFAULTS, flux_flops
+from treegrpo_cli.models.flops import flux_flops
 
 RESULTS = Path("bench/results")
 # BranchGRPO's README table (FLUX.1-dev, HPDv2.1, 20 sampling steps; methods.md 6.6): NFE pi_old, NFE pi_theta
@@ -40,13 +41,14 @@ BRANCHGRPO_TABLE = [
     ("BranchGRPO-DepPru", 13.68, 8.625, 314),
     ("BranchGRPO-Mix", 13.68, 4.25, 148),
 ]
-TEXT_TOKENS = 512  # FLUX.1-dev's T5 length
+FLUX = MODELS["flux-dev"]  # its release's config, T5 length and the references' resolution (model_specs.json)
 
 
 def row_flops(resolution: int) -> tuple[int, int]:
     """(forward, backward with recompute) FLOPs of one FLUX.1-dev row at resolution px, every weight trained."""
     tokens = (resolution // 16) ** 2  # VAE /8, then 2x2 packing
-    return flux_flops(dict(FLUX_DEFAULTS, guidance_embeds=True), tokens, TEXT_TOKENS, recompute=True)
+    text = embed_shapes(FLUX, tiny=False)["prompt_embeds"][0]
+    return flux_flops(FLUX.config, tokens, text, recompute=True)
 
 
 def paper_rows(resolution: int) -> list[dict]:
@@ -120,7 +122,7 @@ def markdown(result: dict) -> str:
 
 
 def main() -> None:
-    resolutions = (720,)
+    resolutions = (FLUX.resolution,)
     result = {
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "commit": commit(),

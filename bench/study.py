@@ -288,6 +288,15 @@ def _speedup(g: dict) -> str:
     return speedup_text(g["speedup"], g["speedup_low"], g["speedup_high"], none="never")
 
 
+def per_label(result: dict, fn) -> dict[str, list[float]]:
+    """label -> fn(a run's metrics rows) for each of its runs."""
+    out: dict[str, list[float]] = {}
+    for r in result["runs"]:
+        rows = [json.loads(x) for x in (Path(r["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
+        out.setdefault(r["label"], []).append(fn(rows))
+    return out
+
+
 def table(result: dict) -> str:
     """The study's table in markdown: per variant, the held-out gain at the budget and the speed-up to
     baseline's target (dance-grpo's unless --baseline) on both axes, with the default (EMA) and the trained (raw)
@@ -298,10 +307,7 @@ def table(result: dict) -> str:
         "| TFLOPs to target | seeds at target |\n"
         "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
-    steps: dict[str, list[float]] = {}
-    for r in result["runs"]:
-        rows = [json.loads(x) for x in (Path(r["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
-        steps.setdefault(r["label"], []).append(sum(x.get("optimizer_steps", 0) for x in rows) / len(rows))
+    steps = per_label(result, lambda rows: sum(x.get("optimizer_steps", 0) for x in rows) / len(rows))
     lines = []
     for g in result["flops"]["groups"]:
         by = {
@@ -327,10 +333,7 @@ def cost_table(result: dict, raw: bool = False) -> str:
     """Where the FLOP speed-up comes from: TFLOPs an iteration x iterations to the target (raw: of the trained
     weights). The papers' 4.7x and 2.4x are ratios of seconds per iteration; a time-to-target ratio is that cost
     ratio times the ratio of iterations each method needs, which is the part a cost measurement does not see."""
-    per_iter: dict[str, list[float]] = {}
-    for r in result["runs"]:
-        rows = [json.loads(x) for x in (Path(r["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
-        per_iter.setdefault(r["label"], []).append(rows[-1]["flops_total"] / len(rows) / 1e12)
+    per_iter = per_label(result, lambda rows: rows[-1]["flops_total"] / len(rows) / 1e12)
     cost = {k: sum(v) / len(v) for k, v in per_iter.items()}
     base = result.get("baseline", "dance-grpo")
     suffix = "-raw" if raw else ""
