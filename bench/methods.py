@@ -7,7 +7,8 @@
         --against bench/results/methods.json              # a second run, checked against the first one's spread
 
 Each run is `treegrpo train --preset M --seed S` with the world's defaults (16 prompts of shapes-train an
-iteration, lr 1e-4, the same for every method; presets keep the papers' tree shapes), one CPU thread,
+iteration, lr 1e-4 or the rate a preset's [for_model.tiny-shapes] table names: 3e-5 for `branch` and `tree-grpo`
+since 2026-11-26, the best of bench/study.py's sweep; presets keep the papers' tree shapes), one CPU thread,
 `train.max_minutes` as the budget and a held-out evaluation (56 test prompts x 4 ODE samples, the same
 noises every time) every eighth of it; the training clock excludes those evaluations. Runs go in a
 round-robin order (seed by seed, the method order rotated each seed) on `--parallel` workers, so

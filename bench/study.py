@@ -137,7 +137,9 @@ PLANS: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
 
 def train_args(preset: str, sets: tuple[str, ...], seed: int, run: Path, tflops: float) -> list[str]:
     budget = [f"train.max_tflops={tflops}", f"train.eval_every_tflops={tflops / 8}"]
-    return train_command(preset, seed, run, budget + list(sets))
+    # a label without @lr trains at the world's rate, whatever rate a preset's [for_model.tiny-shapes] names
+    lr = [] if any(s.startswith("train.lr=") for s in sets) else [f"train.lr={WORLD_LR}"]
+    return train_command(preset, seed, run, budget + lr + list(sets))
 
 
 def folder(label: str, seed: int) -> str:
@@ -233,6 +235,7 @@ def report(rows: list[dict], work: Path, args: argparse.Namespace) -> dict:
     (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
     md = table(result) + cost_table(result) + cost_table(result, raw=True)
     md += sweep_table(rows) if args.plan == "lr" else ""
+    md += factor_table(rows) if args.plan == "ablation" else ""
     (RESULTS / f"{name}.md").write_text(md)
     return result
 
@@ -274,6 +277,32 @@ def sweep_table(rows: list[dict]) -> str:
         f"\nLearning-rate sweep (seed {', '.join(map(str, seeds))}): final held-out gain with the weights eval uses "
         "(the trained weights' in brackets where they differ).\n\n" + head + "\n".join(lines) + "\n"
     )
+
+
+def factor_table(rows: list[dict]) -> str:
+    """The ablation's effects: each one-factor variant (label BASE/FACTOR) against its base, paired by seed (the
+    same prompts an iteration and the same noises where the factor leaves them): the final held-out gain of each
+    (eval weights), the mean and range of the per-seed differences, and on how many seeds the factor helps."""
+    gain = {(r["label"], r["seed"]): r["heldout"][-1]["reward_mean"] - r["heldout"][0]["reward_mean"] for r in rows}
+    lines = []
+    for label in dict.fromkeys(r["label"] for r in rows):
+        base, sep, factor = label.partition("/")
+        seeds = sorted(s for lab, s in gain if lab == label and (base, s) in gain)
+        if not sep or not seeds:
+            continue
+        d = [gain[label, s] - gain[base, s] for s in seeds]
+        mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+        lines.append(
+            f"| {base} | {factor} | {len(seeds)} | {mean([gain[base, s] for s in seeds]):+.3f} "
+            f"| {mean([gain[label, s] for s in seeds]):+.3f} | {mean(d):+.3f} | {min(d):+.3f} to {max(d):+.3f} "
+            f"| {sum(x > 0 for x in d)} of {len(d)} |"
+        )
+    head = (
+        "\nOne factor at a time: final held-out gain (eval weights) against the base's, paired by seed.\n\n"
+        "| base | factor | seeds | base gain | variant gain | difference | per-seed differences | seeds better |\n"
+        "|---|---|---|---|---|---|---|---|\n"
+    )
+    return head + "\n".join(lines) + "\n"
 
 
 def _pm(stat: dict, fmt: str = "+.3f") -> str:

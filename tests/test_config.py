@@ -60,6 +60,34 @@ def test_bad_overrides_are_one_line_errors(sets, match):
         load_config("branch", sets=sets)
 
 
+def test_a_presets_for_model_table_sits_between_the_model_defaults_and_the_users_settings(tmp_path):
+    # tree-grpo: lr 1e-5 (the paper's, FLUX), the world's model default 1e-4, its [for_model.tiny-shapes] 3e-5
+    assert load_config("tree-grpo").train.lr == 3e-5  # the world is the default model
+    assert load_config("tree-grpo", sets=['model="tiny-shapes-video"']).train.lr == 1e-4  # another model's default
+    assert load_config("dance-grpo").train.lr == 1e-4  # no table: the world's default as before
+    f = tmp_path / "c.toml"
+    f.write_text("[train]\nlr = 2e-5\n")
+    assert load_config("tree-grpo", f).train.lr == 2e-5  # a config file beats the preset's table
+    assert load_config("tree-grpo", sets=["train.lr=7e-5"]).train.lr == 7e-5  # and so does --set
+    f.write_text("[for_model.tiny-shapes]\ntrain.lr = 5e-5\n[for_model.tiny-shapes-video]\ntrain.lr = 9e-5\n")
+    assert load_config("tree-grpo", f).train.lr == 5e-5  # a file's table beats the preset's
+
+
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("[for_model]\nlr = 1\n", "one table per model"),
+        ("[for_model.flux-dev]\ntrain.lrr = 1e-5\n", "did you mean 'train.lr'"),  # another model's typo fails too
+        ('[for_model.tiny-shapes]\nmodel = "pixel"\n', "cannot set the model"),
+    ],
+)
+def test_bad_for_model_tables_are_one_line_errors(tmp_path, text, match):
+    f = tmp_path / "c.toml"
+    f.write_text(text)
+    with pytest.raises(ConfigError, match=match):
+        load_config("tree-grpo", f)
+
+
 def test_unknown_preset_suggests():
     with pytest.raises(ConfigError, match="did you mean 'branch'"):
         load_config("brnch")

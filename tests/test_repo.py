@@ -246,6 +246,53 @@ def test_the_best_lr_plan_runs_each_variant_at_its_sweeps_best_rate():
     assert all(rate(sets) == study.BEST_LR[preset] for preset, sets in study.PLANS["ablation"].values())
 
 
+def test_the_presets_train_the_world_at_the_sweeps_best_rates_and_the_study_pins_its_own():
+    """The swept presets' [for_model.tiny-shapes] rate is the sweep's choice, but for the default, tree-grpo-mean
+    (tree-grpo with one step of the mean), whose header says why it keeps the world's rate; the study's labels name
+    their rate, so a bare label trains at the world's 1e-4 whatever a preset's table says."""
+    from pathlib import Path
+
+    from treegrpo_cli.config import load_config
+
+    study = _bench("study")
+    variant = {
+        "dance-grpo": "dance-grpo",
+        "branch": "branch",
+        "branch-mix": "branch-mix",
+        "tree-grpo": "tree-grpo",
+    }
+    for preset, label in variant.items():
+        assert load_config(preset).train.lr == float(study.BEST_LR[label]), preset
+    assert study.BEST_LR["tree-grpo/one-step-mean"] != study.WORLD_LR  # the exception the header explains
+    assert load_config("tree-grpo-mean").train.lr == float(study.WORLD_LR)
+    assert "keeps the world's rate" in (ROOT / "presets" / "tree-grpo-mean.toml").read_text()
+    args = study.train_args("tree-grpo", (), 0, Path("nowhere"), 40.0)
+    assert f"train.lr={study.WORLD_LR}" in args
+    args = study.train_args("tree-grpo", ("train.lr=3e-4",), 0, Path("nowhere"), 40.0)
+    assert [a for a in args if a.startswith("train.lr=")] == ["train.lr=3e-4"]
+
+
+def test_the_ablation_pairs_each_factor_with_its_base_seed_by_seed():
+    """bench/study.py's factor table: a BASE/FACTOR variant's final gain against BASE's on the same seeds only
+    (a seed the base lacks is left out), the mean and range of the differences, and the seeds it helps."""
+    study = _bench("study")
+
+    def row(label, seed, before, after):
+        return {"label": label, "seed": seed, "heldout": [{"reward_mean": before}, {"reward_mean": after}]}
+
+    rows = [
+        row("branch", 0, 0.5, 0.8),  # gain 0.3
+        row("branch", 1, 0.5, 0.7),  # 0.2
+        row("branch/late", 0, 0.5, 0.9),  # 0.4: +0.1
+        row("branch/late", 1, 0.6, 0.7),  # 0.1: -0.1
+        row("branch/late", 2, 0.5, 1.0),  # no base run at seed 2: left out
+        row("dance-grpo", 0, 0.5, 0.6),
+        row("mix/window", 0, 0.5, 0.6),  # no base at all: no row
+    ]
+    lines = [line for line in study.factor_table(rows).splitlines() if line.startswith("| branch")]
+    assert lines == ["| branch | late | 2 | +0.250 | +0.250 | +0.000 | -0.100 to +0.100 | 1 of 2 |"]
+
+
 def test_the_study_splits_a_flop_speedup_into_cost_per_iteration_and_iterations(tmp_path):
     """bench/study.py's cost table: TFLOPs an iteration from each run's metrics (the runs of a label meaned),
     the baseline's over the variant's as the cost ratio, and the iteration and FLOP axes' times to target."""

@@ -427,18 +427,42 @@ def build(flat: dict[str, Any]) -> Config:
 def load_config(
     preset: str | None = None, config_file: Path | None = None, sets: list[str] | tuple[str, ...] = ()
 ) -> Config:
+    """Layered as: preset < the model's defaults < [for_model.MODEL] tables (the preset's, then the file's)
+    < --config file < --set."""
     from .models.registry import model_defaults
 
     flat: dict[str, Any] = {}
+    per_model: list[tuple[str, Any]] = []
     if preset:
-        flat.update(flatten(read_toml(preset_path(preset))))
+        table = read_toml(preset_path(preset))
+        per_model.append((f"preset {preset!r}", table.pop("for_model", {})))
+        flat.update(flatten(table))
         flat.setdefault("name", preset)
-    later = flatten(read_toml(config_file)) if config_file else {}
+    later: dict[str, Any] = {}
+    if config_file:
+        table = read_toml(config_file)
+        per_model.append((str(config_file), table.pop("for_model", {})))
+        later = flatten(table)
     later.update(parse_set(item) for item in sets)
-    model = later.get("model", flat.get("model", Config.model))
-    flat.update(model_defaults(str(model)))
+    model = str(later.get("model", flat.get("model", Config.model)))
+    flat.update(model_defaults(model))
+    for source, tables in per_model:
+        flat.update(for_model(tables, model, source))
     flat.update(later)
     return build(flat)
+
+
+def for_model(tables: Any, model: str, source: str) -> dict[str, Any]:
+    """The settings a preset or config file gives one model, e.g. `[for_model.tiny-shapes]` / `train.lr = 3e-5`:
+    the presets hold the papers' values, sized for FLUX, and may say what a sweep found best on another model.
+    Every model's table is checked, so that a typo fails whichever model runs."""
+    if not isinstance(tables, dict) or not all(isinstance(v, dict) for v in tables.values()):
+        raise ConfigError(f"{source}: [for_model] must hold one table per model, e.g. [for_model.tiny-shapes]")
+    flat = {name: flatten(v) for name, v in tables.items()}
+    for name, vals in flat.items():
+        if "model" in vals:
+            raise ConfigError(f"{source}: [for_model.{name}] cannot set the model")
+    return flat.get(model, {})
 
 
 def config_from_dict(

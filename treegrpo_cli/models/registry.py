@@ -39,7 +39,8 @@ _PIXEL = {"pixel": PixelConfig(), "pixel-tiny": PixelConfig(image_size=8, width=
 
 
 # Settings a model needs on top of a method preset (the presets hold the papers' values, sized for
-# 12B-parameter FLUX). Layered as: preset < model defaults < --config file < --set.
+# 12B-parameter FLUX). Layered as: preset < model defaults < the preset's
+# [for_model.NAME] table < --config file < --set (config.load_config).
 MODEL_DEFAULTS: dict[str, dict[str, object]] = {
     # a 56k-parameter network from random weights: a larger step size and small batches so that a
     # CPU run shows learning in minutes
