@@ -84,6 +84,19 @@ def lr_set(label: str) -> tuple[str, ...]:
     return () if BEST_LR[label] == WORLD_LR else (f"train.lr={BEST_LR[label]}",)
 
 
+# the ablation's factors: each one --set list changed from the base preset (methods.md gives each one's source)
+FACTORS: dict[str, tuple[str, ...]] = {
+    "one-step-mean": PAPER_SCHEDULE,
+    "flow-noise": ('sampler.noise="flow"', "sampler.eta=0.7"),
+    "independent-splits": ("tree.branch_s=inf",),
+    "scaled-splits": ('tree.branch_noise="scaled"',),
+    "path-weighted": ("advantage.beta=1.0",),
+    "late-splits": ("tree.split_steps=[9,12,15,18]",),
+    "leaf-zscore": ('advantage.estimator="flat"',),  # each leaf's group z-score, meaned onto its path
+}
+WINDOW_0_9 = ("tree.sde_steps=[0,1,2,3,4,5,6,7,8,9]",)
+
+
 PLANS: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
     "core": CORE,
     "nft": {  # DiffusionNFT (issue 34) against the flat GRPO baselines, and on the leaves of a tree
@@ -109,21 +122,18 @@ PLANS: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
         **{
             f"{at_best(base)}/{name}": (base, (*sets, *lr_set(base)))
             for base in ("branch", "branch-mix")
-            for name, sets in {
-                "one-step-mean": PAPER_SCHEDULE,
-                "flow-noise": ('sampler.noise="flow"', "sampler.eta=0.7"),
-                "independent-splits": ("tree.branch_s=inf",),
-                "scaled-splits": ('tree.branch_noise="scaled"',),
-                "path-weighted": ("advantage.beta=1.0",),
-                "late-splits": ("tree.split_steps=[9,12,15,18]",),
-                "leaf-zscore": ('advantage.estimator="flat"',),  # each leaf's group z-score, meaned onto its path
-            }.items()
+            for name, sets in FACTORS.items()
         },
         # the Mix window: SDE on steps 0-3 and the splits (branch-mix) against 0-9, and against branch (all SDE)
-        f"{at_best('branch-mix')}/window-0-9": (
-            "branch-mix",
-            ("tree.sde_steps=[0,1,2,3,4,5,6,7,8,9]", *lr_set("branch-mix")),
-        ),
+        f"{at_best('branch-mix')}/window-0-9": ("branch-mix", (*WINDOW_0_9, *lr_set("branch-mix"))),
+        # then the best combination: the factors that helped the Mix, together (FACTOR+FACTOR)
+        **{
+            f"{at_best('branch-mix')}/{'+'.join(names)}": (
+                "branch-mix",
+                (*(s for name in names for s in {**FACTORS, "window-0-9": WINDOW_0_9}[name]), *lr_set("branch-mix")),
+            )
+            for names in (("flow-noise", "window-0-9"), ("flow-noise", "scaled-splits", "window-0-9"))
+        },
     },
     # the moving-shapes video world (issue 37), each method with the video model's own defaults (10 steps,
     # motion-train prompts, the motion-shapes reward): python bench/study.py --plan video --work runs/study-video

@@ -293,6 +293,21 @@ def test_the_ablation_pairs_each_factor_with_its_base_seed_by_seed():
     assert lines == ["| branch | late | 2 | +0.250 | +0.250 | +0.000 | -0.100 to +0.100 | 1 of 2 |"]
 
 
+def test_the_ablations_combinations_are_their_factors_together():
+    """A BASE/F1+F2 variant changes exactly what BASE/F1 and BASE/F2 change, and nothing else."""
+    study = _bench("study")
+    plan = study.PLANS["ablation"]
+    combos = [label for label in plan if "+" in label]
+    assert combos
+    for label in combos:
+        base, _, factors = label.partition("/")
+        preset, sets = plan[label]
+        parts = [plan[f"{base}/{name}"] for name in factors.split("+")]
+        assert {p for p, _ in parts} == {preset}
+        assert set(sets) == {s for _, part in parts for s in part}
+        assert len(sets) == len(set(sets))
+
+
 def test_the_study_splits_a_flop_speedup_into_cost_per_iteration_and_iterations(tmp_path):
     """bench/study.py's cost table: TFLOPs an iteration from each run's metrics (the runs of a label meaned),
     the baseline's over the variant's as the cost ratio, and the iteration and FLOP axes' times to target."""
