@@ -308,6 +308,31 @@ def test_the_ablations_combinations_are_their_factors_together():
         assert len(sets) == len(set(sets))
 
 
+def test_the_ablation_reports_what_an_early_iteration_learns_from(tmp_path):
+    """signal_table: tied groups, within-group std and trained edges averaged over the first quarter of each
+    run's iterations (later, saturated rows left out), then over the variant's seeds."""
+    import json
+
+    study = _bench("study")
+
+    def run(name, early, late):
+        d = tmp_path / name
+        d.mkdir()
+        rows = [dict(zip(("zero_std_ratio", "reward_group_std", "trained_edges"), v)) for v in early + late]
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return str(d)
+
+    late = [(1.0, 0.0, 0)] * 6
+    result = {
+        "runs": [
+            {"label": "mix", "run_dir": run("a", [(0.5, 0.1, 200), (0.3, 0.3, 400)], late)},
+            {"label": "mix", "run_dir": run("b", [(0.2, 0.2, 100), (0.2, 0.2, 100)], late)},
+        ]
+    }
+    lines = [line for line in study.signal_table(result).splitlines() if line.startswith("| mix")]
+    assert lines == ["| mix | 0.30 | 0.200 | 200 |"]
+
+
 def test_the_study_splits_a_flop_speedup_into_cost_per_iteration_and_iterations(tmp_path):
     """bench/study.py's cost table: TFLOPs an iteration from each run's metrics (the runs of a label meaned),
     the baseline's over the variant's as the cost ratio, and the iteration and FLOP axes' times to target."""
