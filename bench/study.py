@@ -117,6 +117,8 @@ PLANS: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
     "best-lr": {at_best(label): (preset, (*sets, *lr_set(label))) for label, (preset, sets) in CORE.items()},
     "ablation": {  # from branch and branch-mix at their best rates, one factor at a time
         "dance-grpo": ("dance-grpo", ()),
+        # the control: does the flat baseline gain from Flow-GRPO's wider noise what the trees gain?
+        "dance-grpo/flow-noise": ("dance-grpo", FACTORS["flow-noise"]),
         at_best("branch"): ("branch", lr_set("branch")),
         at_best("branch-mix"): ("branch-mix", lr_set("branch-mix")),
         **{
