@@ -10,6 +10,7 @@ ALL = [
     "branch-deppru",
     "branch-late",
     "branch-mix",
+    "branch-mix-flow",
     "branch-widpru",
     "dance-grpo",
     "flow-grpo",

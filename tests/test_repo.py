@@ -272,6 +272,18 @@ def test_the_presets_train_the_world_at_the_sweeps_best_rates_and_the_study_pins
     assert [a for a in args if a.startswith("train.lr=")] == ["train.lr=3e-4"]
 
 
+def test_the_best_branchgrpo_preset_is_the_studys_variant():
+    """branch-mix-flow is what the study ran as branch-mix/flow-noise, name and description aside: its figures
+    (header, docs) are that variant's."""
+    from treegrpo_cli.config import load_config
+
+    study = _bench("study")
+    preset, sets = study.PLANS["ablation"]["branch-mix/flow-noise"]
+    ran = load_config(preset, sets=list(sets)).to_dict()
+    ours = load_config("branch-mix-flow").to_dict()
+    assert {k for k in ours if ours[k] != ran[k]} == {"name", "description"}
+
+
 def test_the_ablation_pairs_each_factor_with_its_base_seed_by_seed():
     """bench/study.py's factor table: a BASE/FACTOR variant's final gain against BASE's on the same seeds only
     (a seed the base lacks is left out), the mean and range of the differences, and the seeds it helps."""

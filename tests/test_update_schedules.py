@@ -18,7 +18,7 @@ from treegrpo_cli.training.loop import Trainer
 from treegrpo_cli.training.runlog import read_metrics
 
 runner = CliRunner()
-BRANCH_FAMILY = ["branch", "branch-late", "branch-widpru", "branch-deppru", "branch-mix", "treepo"]
+BRANCH_FAMILY = ["branch", "branch-late", "branch-widpru", "branch-deppru", "branch-mix", "branch-mix-flow", "treepo"]
 
 
 def rows(tmp_path, preset, iterations, *sets):
