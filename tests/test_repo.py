@@ -273,12 +273,12 @@ def test_the_presets_train_the_world_at_the_sweeps_best_rates_and_the_study_pins
 
 
 def test_the_best_branchgrpo_preset_is_the_studys_variant():
-    """branch-mix-flow is what the study ran as branch-mix/flow-noise, name and description aside: its figures
-    (header, docs) are that variant's."""
+    """branch-mix-flow is what the study ran as branch-mix/flow-noise+window-0-9, name and description aside: its
+    figures (header, docs) are that variant's."""
     from treegrpo_cli.config import load_config
 
     study = _bench("study")
-    preset, sets = study.PLANS["ablation"]["branch-mix/flow-noise"]
+    preset, sets = study.PLANS["ablation"]["branch-mix/flow-noise+window-0-9"]
     ran = load_config(preset, sets=list(sets)).to_dict()
     ours = load_config("branch-mix-flow").to_dict()
     assert {k for k in ours if ours[k] != ran[k]} == {"name", "description"}
