@@ -3,7 +3,8 @@
     python bench/study.py                                  # the core plan: 6 variants x seeds 0 1 2, 40 TFLOPs each
     python bench/study.py --plan best-lr --seeds 0 1 2 3 4 # the core variants, each at its best rate (BEST_LR)
     python bench/study.py --plan ablation --seeds 0 1 2    # one factor at a time from branch and branch-mix
-                                                           # (the runs both plans share are run once)
+                                                           # (the runs both plans share are run once), DanceGRPO
+                                                           # with the noise factor, the Mix's combinations
     python bench/study.py --plan nft --seeds 0 1 2         # DiffusionNFT and tree-NFT against flow-grpo, dance-grpo
     python bench/study.py --plan nft --seeds 0 1 2 --report-only --baseline flow-grpo   # timed to flow-grpo's gain
     python bench/study.py --plan video --work runs/study-video --tflops 24   # the video world (issue 37)

@@ -330,7 +330,9 @@ def test_the_ablation_reports_what_an_early_iteration_learns_from(tmp_path):
     def run(name, early, late):
         d = tmp_path / name
         d.mkdir()
-        rows = [dict(zip(("zero_std_ratio", "reward_group_std", "trained_edges"), v)) for v in early + late]
+        rows = [
+            dict(zip(("zero_std_ratio", "reward_group_std", "trained_edges"), v, strict=True)) for v in early + late
+        ]
         (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         return str(d)
 
