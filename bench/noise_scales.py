@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from methods import commit  # noqa: E402  (bench/ is not a package)
 
 from treegrpo_cli.config import load_config
-from treegrpo_cli.engine.sde import FlowSDE, diffusion_coefficient
+from treegrpo_cli.engine.sde import FlowSDE
 
 FORMS = {
     "dance 0.3 (paper)": ('sampler.noise="dance"', "sampler.eta=0.3"),
@@ -30,21 +30,24 @@ FORMS = {
 }
 
 
-def step_stds(preset: str, sets: tuple[str, ...]) -> list[float]:
-    """[T] the SDE std of each step of the preset's grid under the given noise form."""
-    cfg = load_config(preset, sets=list(sets)).sampler
-    sig = FlowSDE(cfg).sigmas  # [T+1] float64
-    g = diffusion_coefficient(cfg, sig[:-1], float(sig[1]))
-    return (g * torch.sqrt(sig[:-1] - sig[1:])).tolist()
+def step_stds(preset: str, sets: tuple[str, ...]) -> tuple[list[float], list[float]]:
+    """The preset's grid [T+1] and the std [T] of an SDE transition at each of its steps under the given noise
+    form, from the engine's own step (FlowSDE.step on a dummy state: std does not depend on x or v)."""
+    sde = FlowSDE(load_config(preset, sets=list(sets)).sampler)
+    T = len(sde.sigmas) - 1
+    x = torch.zeros(T, 1)  # [T, 1]: one dummy state per step
+    out = sde.step(x, x, torch.arange(T), torch.ones(T, dtype=torch.bool))
+    return sde.sigmas.tolist(), out.std.tolist()
 
 
 def main(preset: str = "branch-mix") -> None:
-    cfg = load_config(preset)
-    splits, window, scale = list(cfg.tree.split_steps), sorted({*cfg.tree.sde_steps, *cfg.tree.split_steps}), 4.0
-    stds = {form: step_stds(preset, sets) for form, sets in FORMS.items()}
+    tree = load_config(preset).tree
+    splits, window = list(tree.split_steps), sorted({*tree.sde_steps, *tree.split_steps})
+    scale = tree.split_noise_scale  # the released code's scaled splits: independent noise x this
+    grid = {form: step_stds(preset, sets) for form, sets in FORMS.items()}
+    sigmas, stds = grid["flow 0.7"][0], {form: s for form, (_, s) in grid.items()}
     rows = ["| step | sigma | " + " | ".join(f"std, {f}" for f in FORMS) + " | split child std, scaled (code) |"]
     rows.append("|---" * (3 + len(FORMS)) + "|")
-    sigmas = FlowSDE(cfg.sampler).sigmas.tolist()
     for i in window:
         scaled = f"{scale * stds['dance 0.3 (paper)'][i]:.3f}" if i in splits else ""
         cells = " | ".join(f"{stds[f][i]:.3f}" for f in FORMS)

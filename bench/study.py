@@ -96,6 +96,7 @@ FACTORS: dict[str, tuple[str, ...]] = {
     "leaf-zscore": ('advantage.estimator="flat"',),  # each leaf's group z-score, meaned onto its path
 }
 WINDOW_0_9 = ("tree.sde_steps=[0,1,2,3,4,5,6,7,8,9]",)
+COMBINABLE = {**FACTORS, "window-0-9": WINDOW_0_9}  # what a FACTOR+FACTOR label may join
 
 
 PLANS: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
@@ -133,7 +134,7 @@ PLANS: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
         **{
             f"{at_best('branch-mix')}/{'+'.join(names)}": (
                 "branch-mix",
-                (*(s for name in names for s in {**FACTORS, "window-0-9": WINDOW_0_9}[name]), *lr_set("branch-mix")),
+                (*(s for name in names for s in COMBINABLE[name]), *lr_set("branch-mix")),
             )
             for names in (("flow-noise", "window-0-9"), ("flow-noise", "scaled-splits", "window-0-9"))
         },
