@@ -1,6 +1,6 @@
 """Every method on the embedded world for the same wall-clock budget: time to reward, side by side.
 
-    python bench/methods.py                               # 11 methods x seeds 0 1 2, 4 minutes each, 2 at a time
+    python bench/methods.py                               # 12 methods x seeds 0 1 2, 4 minutes each, 2 at a time
     python bench/methods.py --minutes 1 --seeds 0 --methods branch-mix dance-grpo    # a quick look
     python bench/methods.py --report-only                 # the table and plots again, from the runs on disk
     python bench/methods.py --seeds 0 --work runs/bench-methods-rerun --name methods-rerun \
@@ -44,6 +44,7 @@ METHODS = [
     "branch-widpru",
     "branch-deppru",
     "branch-mix",
+    "branch-mix-flow",
     "tree-grpo",
     "treepo",
     "nft",

@@ -147,6 +147,10 @@ PLANS: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
         for label in ("dance-grpo", "branch-mix", "tree-grpo", "tree-grpo-mean")
     },
 }
+# the study's best BranchGRPO recipe (presets/branch-mix-flow.toml) in the README's table beside the core variants:
+# the ablation's variant itself, so the two plans share its runs; at branch-mix's rate (not swept on its own)
+BEST_BRANCH = f"{at_best('branch-mix')}/flow-noise+window-0-9"
+PLANS["best-lr"][BEST_BRANCH] = PLANS["ablation"][BEST_BRANCH]
 
 
 def train_args(preset: str, sets: tuple[str, ...], seed: int, run: Path, tflops: float) -> list[str]:

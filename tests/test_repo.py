@@ -236,7 +236,9 @@ def test_the_best_lr_plan_runs_each_variant_at_its_sweeps_best_rate():
     def rate(sets):
         return next((s.split("=")[1] for s in sets if s.startswith("train.lr=")), study.WORLD_LR)
 
-    best = study.PLANS["best-lr"]
+    best = dict(study.PLANS["best-lr"])
+    # beside the core variants, the best BranchGRPO recipe: the ablation's run at its base preset's rate
+    assert best.pop(study.BEST_BRANCH) == study.PLANS["ablation"][study.BEST_BRANCH]
     assert len(best) == len(study.CORE)
     for label in study.CORE:
         bare = study.BEST_LR[label] == study.WORLD_LR
