@@ -16,9 +16,10 @@ machine noise is shared between methods. An interrupted benchmark picks up where
 runs are kept, unfinished ones resumed.
 
 Then `treegrpo compare` over all runs, with dance-grpo as the baseline (target: its mean final held-out
-gain over each run's first held-out evaluation): bench/results/methods.json (machine, torch, commit,
-every run's summary, compare's numbers), bench/results/methods/{reward_vs_time,pareto}.png, and the
-full page with sample grids under the work folder (runs/bench-methods/compare/index.html).
+gain over each run's first held-out evaluation), with the weights `eval` uses (the EMA where a preset keeps
+one) and with the trained ones: bench/results/methods.json (machine, torch, commit, every run's summary,
+compare's numbers as `compare` and `compare_raw`), bench/results/methods/{reward_vs_time,pareto}[-raw].png, and
+the full pages with sample grids under the work folder (runs/bench-methods/compare[-raw]/index.html).
 `python bench/readme_table.py` puts the table in README.
 """
 
@@ -131,17 +132,21 @@ def commit() -> str:
 
 def report(rows: list[dict], work: Path, args: argparse.Namespace) -> dict:
     """treegrpo compare over the runs (gain over each run's own base: the methods' samplers start the base
-    model at slightly different rewards) -> the results file and plots."""
+    model at slightly different rewards) -> the results file and plots; once with the weights `eval` uses (the
+    EMA where a preset keeps one) and once with the trained ones (`compare_raw`, plots `*-raw.png`)."""
     from treegrpo_cli.report.compare import compare_runs, to_dict
     from treegrpo_cli.report.compare_page import write_report
 
-    out = work / "compare"
-    cmp = compare_runs([Path(r["run_dir"]) for r in rows], baseline="dance-grpo", gain=True)
-    write_report(cmp, out)
     plots = RESULTS / args.name
     plots.mkdir(parents=True, exist_ok=True)
-    for name in ("reward_vs_time.png", "pareto.png"):
-        (plots / name).write_bytes((out / name).read_bytes())
+    compared = {}
+    for raw in (False, True):
+        out = work / ("compare-raw" if raw else "compare")
+        cmp = compare_runs([Path(r["run_dir"]) for r in rows], baseline="dance-grpo", gain=True, raw=raw)
+        write_report(cmp, out)
+        for name in ("reward_vs_time.png", "pareto.png"):
+            (plots / name.replace(".png", "-raw.png" if raw else ".png")).write_bytes((out / name).read_bytes())
+        compared["compare_raw" if raw else "compare"] = to_dict(cmp)
     result = {
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "commit": commit(),
@@ -151,10 +156,11 @@ def report(rows: list[dict], work: Path, args: argparse.Namespace) -> dict:
         "methods": args.methods,
         "command": " ".join(["python bench/methods.py", *(a for a in sys.argv[1:] if a != "--report-only")]),
         "runs": rows,
-        "compare": to_dict(cmp),
+        **compared,
     }
     if args.against:
-        result["against"] = against(to_dict(cmp), json.loads(args.against.read_text())["compare"], str(args.against))
+        ref = json.loads(args.against.read_text())["compare"]
+        result["against"] = against(compared["compare"], ref, str(args.against))
     (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
     return result
 

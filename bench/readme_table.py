@@ -52,30 +52,37 @@ def _minutes(g: dict) -> str:
 
 
 def render(result: dict) -> str:
+    """One row a method; where the results file holds `compare_raw` (since 2026-11-27), the trained weights' gain
+    and speed-up beside the EMA's (the weights `eval` uses)."""
     cmp = result["compare"]
+    raw = {g["label"]: g for g in result.get("compare_raw", {}).get("groups", [])}
+    raw_head = "| held-out gain, trained weights | speed-up, trained weights " if raw else ""
     head = (
         "| method | forward NFE / sample (paper) | backward NFE / sample (paper) | s / iteration (paper, GPU) "
         "| iterations | held-out gain | minutes to target, mean curve (seeds reaching it) "
-        "| speed-up vs dance-grpo (95% interval) "
-        "| peak MiB |\n|---|---|---|---|---|---|---|---|---|\n"
+        "| speed-up vs dance-grpo (95% interval) " + raw_head + "| peak MiB |\n"
+        "|---|---|---|---|---|---|---|---|" + ("---|---|" if raw else "") + "---|\n"
     )
     rows = []
     for g in cmp["groups"]:
         old, new, sec, _ = PAPERS.get(g["label"], ("-", "-", "-", ""))
+        r = raw.get(g["label"])
+        raw_cells = f"| {_pm(r['gain'], '+.3f')} | {_speedup(r)} " if r else ""
         rows.append(
             f"| `{g['label']}` | {_pm(g['forward_nfe_per_sample'], '.2f')} ({old}) "
             f"| {_pm(g['backward_nfe_per_sample'], '.2f')} ({new}) "
             f"| {_pm(g['seconds_per_iteration'], '.2f')} ({sec}) "
             f"| {_pm(g['iterations'], '.0f')} | {_pm(g['gain'], '+.3f')} "
-            f"| {_minutes(g)} | {_speedup(g)} "
-            f"| {_pm(g['peak_mib'], '.0f')} |"
+            f"| {_minutes(g)} | {_speedup(g)} " + raw_cells + f"| {_pm(g['peak_mib'], '.0f')} |"
         )
     m = result["machine"]
     foot = (
         f"\n{len(result['runs'])} runs: {result['minutes_per_run']:g} minutes of training each, seeds "
         f"{', '.join(map(str, result['seeds']))}, one thread per run on {m['cpu'] or m['machine']} "
         f"({m['cores']} cores), torch {m['torch']}, reported at commit {result['commit']}; "
-        f"target: dance-grpo's mean held-out gain {cmp['target']:+.3f}; "
+        f"target: dance-grpo's mean held-out gain {cmp['target']:+.3f}"
+        + (f" (trained weights: {result['compare_raw']['target']:+.3f})" if raw else "")
+        + "; "
         f"time to target: from when the mean held-out curve over seeds stays at or above it; "
         f"speed-up: dance-grpo's time over the method's (in brackets: 95% interval with both methods' seeds drawn "
         f"again with replacement, the target with them; never: draws that do not reach it). "
