@@ -29,8 +29,11 @@ PAPERS = {
     "branch-widpru": ("13.68", "8.625", "314", "BranchGRPO, FLUX"),
     "branch-deppru": ("13.68", "8.625", "314", "BranchGRPO, FLUX"),
     "branch-mix": ("13.68", "4.25", "148", "BranchGRPO, FLUX"),
+    "branch-mix-flow": ("-", "-", "-", "this study's variant of BranchGRPO-Mix: no paper figures"),
     "tree-grpo": ("7.5", "0.48", "72.0", "TreeGRPO, SD3.5-M, k=3 w=3 (NFE by our arithmetic)"),
     "treepo": ("-", "-", "-", "an LLM method: no image figures"),
+    "nft": ("10", "9", "-", "DiffusionNFT config, SD3.5-M, 10 steps, 9 trained timesteps"),
+    "tree-nft": ("-", "-", "-", "NFT on a tree's leaves, ours: no paper figures"),
 }
 
 
