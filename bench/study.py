@@ -1,7 +1,7 @@
 """The BranchGRPO study (issue 31): methods and ablations on the embedded world for the same denoiser-FLOP budget.
 
     python bench/study.py                                  # the core plan: 6 variants x seeds 0 1 2, 40 TFLOPs each
-    python bench/study.py --plan best-lr --seeds 0 1 2 3 4 # the core variants, each at its best rate (BEST_LR)
+    python bench/study.py --plan best-lr --seeds 0 1 2 3 4 # the core variants at their best rates, and branch-mix-flow
     python bench/study.py --plan ablation --seeds 0 1 2    # one factor at a time from branch and branch-mix
                                                            # (the runs both plans share are run once), DanceGRPO
                                                            # with the noise factor, the Mix's combinations
