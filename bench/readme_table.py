@@ -79,13 +79,12 @@ def render(result: dict) -> str:
             f"| {_minutes(g)} | {_speedup(g)} " + raw_cells + f"| {_pm(g['peak_mib'], '.0f')} |"
         )
     m = result["machine"]
+    target = f"{cmp['target']:+.3f}" + (f" (trained weights: {result['compare_raw']['target']:+.3f})" if raw else "")
     foot = (
         f"\n{len(result['runs'])} runs: {result['minutes_per_run']:g} minutes of training each, seeds "
         f"{', '.join(map(str, result['seeds']))}, one thread per run on {m['cpu'] or m['machine']} "
         f"({m['cores']} cores), torch {m['torch']}, reported at commit {result['commit']}; "
-        f"target: dance-grpo's mean held-out gain {cmp['target']:+.3f}"
-        + (f" (trained weights: {result['compare_raw']['target']:+.3f})" if raw else "")
-        + "; "
+        f"target: dance-grpo's mean held-out gain {target}; "
         f"time to target: from when the mean held-out curve over seeds stays at or above it; "
         f"speed-up: dance-grpo's time over the method's (in brackets: 95% interval with both methods' seeds drawn "
         f"again with replacement, the target with them; never: draws that do not reach it). "
