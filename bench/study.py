@@ -99,6 +99,14 @@ WINDOW_0_9 = ("tree.sde_steps=[0,1,2,3,4,5,6,7,8,9]",)
 COMBINABLE = {**FACTORS, "window-0-9": WINDOW_0_9}  # what a FACTOR+FACTOR label may join
 
 
+# swept for their rate, not in the core table: DiffusionNFT, and branch with one step of the mean (the ablation's
+# schedule factor from branch, whose code takes ~16 optimizer steps an iteration: one step at branch's rate is also
+# a 16x smaller update, so the schedule gets its own rate, as branch-mix/one-step-mean has in CORE)
+SWEPT_ONLY: dict[str, tuple[str, tuple[str, ...]]] = {
+    "nft": ("nft", ()),
+    "branch/one-step-mean": ("branch", PAPER_SCHEDULE),
+}
+
 PLANS: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
     "core": CORE,
     "nft": {  # DiffusionNFT (issue 34) against the flat GRPO baselines, and on the leaves of a tree
@@ -112,7 +120,7 @@ PLANS: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
     # (BranchGRPO's and DanceGRPO's released rate) extends the sweep where the best sits at 3e-5: run it with --labels
     "lr": {
         (label if lr == WORLD_LR else f"{label}@lr{lr}"): (preset, (*sets, f"train.lr={lr}"))
-        for label, (preset, sets) in {**CORE, "nft": ("nft", ())}.items()
+        for label, (preset, sets) in {**CORE, **SWEPT_ONLY}.items()
         for lr in ("1e-5", "3e-5", WORLD_LR, "3e-4")
     },
     # the core variants each at the best rate of the sweep (BEST_LR): the table the README leads with
