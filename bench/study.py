@@ -73,6 +73,7 @@ BEST_LR = {
     "branch-mix/one-step-mean": WORLD_LR,
     "tree-grpo": "3e-5",
     "tree-grpo/one-step-mean": "3e-5",
+    "branch/one-step-mean": WORLD_LR,  # swept on its own (SWEPT_ONLY): one step where branch's code takes ~16
 }
 
 
@@ -135,6 +136,12 @@ PLANS: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
             f"{at_best(base)}/{name}": (base, (*sets, *lr_set(base)))
             for base in ("branch", "branch-mix")
             for name, sets in FACTORS.items()
+        },
+        # the schedule factor again at its own swept rate where that differs from its base's (branch: one step of
+        # the mean at branch's 3e-5 is also a 16x smaller update than the code's ~16 steps at that rate)
+        **{
+            at_best(f"{base}/one-step-mean"): (base, (*PAPER_SCHEDULE, *lr_set(f"{base}/one-step-mean")))
+            for base in ("branch", "branch-mix")
         },
         # the Mix window: SDE on steps 0-3 and the splits (branch-mix) against 0-9, and against branch (all SDE)
         f"{at_best('branch-mix')}/window-0-9": ("branch-mix", (*WINDOW_0_9, *lr_set("branch-mix"))),
