@@ -12,6 +12,7 @@
     python bench/study.py --plan lr --seeds 100            # the learning-rate sweep, on a seed no table uses;
                                                            # its table names each variant's best rate
     python bench/study.py --report-only                    # the tables again, from the runs on disk
+    python bench/study.py --plan ablation --labels X       # trains X only; the table is still the whole plan's
     python bench/study.py --rerun dance-grpo --seeds 0     # one run again in a fresh folder: its metrics rows
                                                            # must equal the first one's (timings aside) on
                                                            # the same CPU (another instruction set moves the
@@ -491,12 +492,13 @@ def main() -> None:
         return rerun(args.rerun, args.seeds[0], args, log)
     plan = {k: v for k, v in PLANS[args.plan].items() if args.labels is None or k in args.labels}
     jobs = [(label, *plan[label], seed) for seed in args.seeds for label in plan]  # seed by seed
-    if args.report_only:
-        paths = [kept(args.work, label, seed) / "summary.json" for label, _, _, seed in jobs]
-        rows = [json.loads(p.read_text()) for p in paths if p.exists()]
-    else:
+    if not args.report_only:
         with ThreadPoolExecutor(args.parallel) as pool:
-            rows = list(pool.map(lambda j: run_one(*j, args.work, args.tflops, log), jobs))
+            list(pool.map(lambda j: run_one(*j, args.work, args.tflops, log), jobs))
+        # running a few --labels adds to the plan's table: report every kept run of the plan, not those alone
+        jobs = [(label, *PLANS[args.plan][label], seed) for seed in args.seeds for label in PLANS[args.plan]]
+    paths = [kept(args.work, label, seed) / "summary.json" for label, _, _, seed in jobs]
+    rows = [json.loads(p.read_text()) for p in paths if p.exists()]
     if args.baseline not in {r["label"] for r in rows}:  # --labels left it out: its kept runs, if any
         base = [kept(args.work, args.baseline, seed) / "summary.json" for seed in args.seeds]
         rows += [json.loads(p.read_text()) for p in base if p.exists()]

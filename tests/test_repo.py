@@ -395,3 +395,34 @@ def test_the_study_splits_a_flop_speedup_into_cost_per_iteration_and_iterations(
     text, rows = lines(True)  # the trained weights' target and times
     assert "trained weights, gain +0.400" in text
     assert rows["tree"] == "| tree | 0.100 | 3.00x | 30 | 0.67x | never | never |"
+
+
+def test_a_study_run_of_a_few_labels_reports_the_whole_plans_kept_runs(tmp_path, monkeypatch):
+    """`bench/study.py --plan P --labels X` trains X, then writes P's table from every kept run of P at those seeds
+    (a subset run used to overwrite the plan's results file with X and the baseline alone)."""
+    import json
+    import sys
+
+    study = _bench("study")
+    monkeypatch.setattr(study, "RESULTS", tmp_path)
+    plan = study.PLANS["ablation"]
+    already = ["dance-grpo", "branch-mix", "branch-mix/flow-noise"]
+    for label in already:
+        (tmp_path / "study-runs" / "w" / study.folder(label, 0)).mkdir(parents=True)
+        (study.kept(Path("w"), label, 0) / "summary.json").write_text(json.dumps({"label": label, "seed": 0}))
+    trained = []
+
+    def run_one(label, preset, sets, seed, work, tflops, log):
+        assert (preset, tuple(sets)) == plan[label]
+        trained.append(label)
+        study.kept(work, label, seed).mkdir(parents=True)
+        (study.kept(work, label, seed) / "summary.json").write_text(json.dumps({"label": label, "seed": seed}))
+
+    reported = []
+    monkeypatch.setattr(study, "run_one", run_one)
+    monkeypatch.setattr(study, "report", lambda rows, work, args: reported.extend(r["label"] for r in rows))
+    argv = ["study.py", "--plan", "ablation", "--labels", "branch/one-step-mean", "--seeds", "0"]
+    monkeypatch.setattr(sys, "argv", argv + ["--work", str(tmp_path / "w")])
+    study.main()
+    assert trained == ["branch/one-step-mean"]
+    assert sorted(reported) == sorted([*already, "branch/one-step-mean"])
