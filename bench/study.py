@@ -143,6 +143,7 @@ PLANS: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
         **{
             at_best(f"{base}/one-step-mean"): (base, (*PAPER_SCHEDULE, *lr_set(f"{base}/one-step-mean")))
             for base in ("branch", "branch-mix")
+            if BEST_LR[f"{base}/one-step-mean"] != BEST_LR[base]
         },
         # the Mix window: SDE on steps 0-3 and the splits (branch-mix) against 0-9, and against branch (all SDE)
         f"{at_best('branch-mix')}/window-0-9": ("branch-mix", (*WINDOW_0_9, *lr_set("branch-mix"))),
