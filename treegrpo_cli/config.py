@@ -23,6 +23,7 @@ from .engine.schedules import ScheduleConfig
 from .engine.sde import MAX_STEPS, SamplerConfig
 from .errors import ConfigError
 from .models.base import PolicyConfig
+from .safeio import TooDeep, loads_toml, shown
 
 PRESET_DIRS = (Path(__file__).parent / "presets", Path(__file__).resolve().parents[1] / "presets")
 COMBINES = ("rewards", "advantages")
@@ -297,7 +298,7 @@ def read_toml(path: Path) -> dict[str, Any]:
     if not path.is_file():  # a folder, a FIFO (reading it would block), a device such as /dev/zero
         raise ConfigError(f"config file {path} is not a regular file")
     try:
-        return tomllib.loads(path.read_bytes().decode("utf-8-sig"))  # a byte-order mark (Windows editors) reads too
+        return loads_toml(path.read_bytes().decode("utf-8-sig"))  # a byte-order mark (Windows editors) reads too
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: not valid TOML ({e})") from None
 
@@ -339,10 +340,12 @@ def flatten(d: dict[str, Any]) -> dict[str, Any]:
 def parse_set(item: str) -> tuple[str, Any]:
     """'tree.branch=3' -> ('tree.branch', 3); values are TOML literals, bare words are strings."""
     if "=" not in item:
-        raise ConfigError(f"--set expects key=value, got {item!r}")
+        raise ConfigError(f"--set expects key=value, got {shown(item)}")
     key, raw = (s.strip() for s in item.split("=", 1))
     try:
-        value = tomllib.loads(f"v = {raw}")["v"]
+        value = loads_toml(f"v = {raw}")["v"]
+    except TooDeep as e:
+        raise ConfigError(f"--set {shown(key)}: {e}") from None
     except tomllib.TOMLDecodeError:
         value = raw
     if key not in set(_valid_keys()):
@@ -401,11 +404,11 @@ def _check_value(key: str, typ: str, value: Any) -> None:
         return
     base = typ.removesuffix(" | None")
     if not _type_ok(base, value):
-        raise ConfigError(f"{key} must be {_describe(typ)}, got {value!r}")
+        raise ConfigError(f"{key} must be {_describe(typ)}, got {shown(value)}")
     nums = value if isinstance(value, tuple) else (value,)
     for v in nums:
         if isinstance(v, float) and (math.isnan(v) or (math.isinf(v) and key not in ALLOW_INF)):
-            raise ConfigError(f"{key} must be a finite number, got {value!r}")
+            raise ConfigError(f"{key} must be a finite number, got {shown(value)}")
 
 
 def build(flat: dict[str, Any]) -> Config:
@@ -420,7 +423,7 @@ def build(flat: dict[str, Any]) -> Config:
         sections[sec] = cls(**coerced)
     for k, typ in TOP_LEVEL.items():
         if k in top and not _type_ok(typ.__name__, top[k]):
-            raise ConfigError(f"{k} must be {_TYPE_WORDS[typ.__name__]}, got {top[k]!r}")
+            raise ConfigError(f"{k} must be {_TYPE_WORDS[typ.__name__]}, got {shown(top[k])}")
     return Config(**top, **sections).validate()
 
 

@@ -29,10 +29,12 @@ from rich.progress import (
 )
 
 from .. import __version__
-from ..errors import TreegrpoError
+from ..errors import TreegrpoError, disk_full, no_space
 
-err = Console(stderr=True)
-out = Console()
+# Plain text by default: paths, labels and names from files are printed as they are, never read as rich
+# markup ("r[/x]" is a folder name, not a closing tag); the few styled words are rich Text objects.
+err = Console(stderr=True, markup=False)
+out = Console(markup=False)
 
 
 def one_line(text: str) -> str:
@@ -117,6 +119,8 @@ def guarded() -> Iterator[None]:
     except PASS_THROUGH:
         raise
     except Exception as e:
+        if no_space(e):  # a write the library did not name: the disk it went to, in one line
+            fail(str(disk_full(getattr(e, "filename", None) or Path.cwd())), 1)
         fail(internal_error(e), 1)
     finally:
         set_error_dir(None)  # the next command (in this process, as in the tests) starts without one
@@ -144,7 +148,7 @@ def progress_bar(
         yield line
         return
     columns = (
-        TextColumn("{task.description}"),
+        TextColumn("{task.description}", markup=False),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),

@@ -34,6 +34,7 @@ from torch import Tensor
 
 from ..errors import TreegrpoError
 from ..plots import image_grid, save_png
+from ..safeio import loads_json
 from ..store.shards import atomic_write
 from .media import check_media, read_media
 
@@ -120,7 +121,7 @@ def is_eval_output(folder: Path) -> bool:
 
 def _json_pairs(path: Path) -> list[tuple[str, str]]:
     try:
-        d = json.loads(path.read_text())
+        d = loads_json(path.read_text())
     except (ValueError, UnicodeDecodeError):
         raise TreegrpoError(f"{path}: not valid JSON") from None
     if not isinstance(d, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in d.items()):

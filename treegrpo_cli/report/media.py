@@ -22,6 +22,7 @@ from torch import Tensor
 
 from ..errors import TreegrpoError
 from ..preflight import MAX_IMAGE_PIXELS, check_image
+from ..safeio import contained
 
 CLIP_SUFFIXES = (".mp4", ".webm", ".mov", ".mkv", ".avi")
 FRAME_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
@@ -65,6 +66,8 @@ def read_media(path: Path) -> Tensor:
 def frame_files(folder: Path) -> list[Path]:
     """A frame folder's images in name order; one line when it holds none or too many."""
     frames = sorted(p for p in folder.iterdir() if p.suffix.lower() in FRAME_SUFFIXES and p.is_file())
+    for f in frames:  # a frame that is a link to a file elsewhere is not read
+        contained(folder, f, f"frame folder {folder}")
     if not frames:
         raise TreegrpoError(f"{folder}: a frame folder with no frames ({', '.join(FRAME_SUFFIXES)})")
     if len(frames) > MAX_FRAMES:

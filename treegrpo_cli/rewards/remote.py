@@ -38,6 +38,7 @@ import torch
 from torch import Tensor
 
 from ..errors import ConfigError, TreegrpoError
+from ..safeio import loads_json
 
 VERSION = 1
 MAX_BODY = 1 << 30  # bytes of one request
@@ -145,7 +146,7 @@ def _number(x: Any) -> bool:
 
 def _json_object(raw: bytes, base: str) -> dict[str, Any]:
     try:
-        obj = json.loads(raw)
+        obj = loads_json(raw)
     except ValueError:
         obj = None
     if not isinstance(obj, dict):
@@ -157,7 +158,7 @@ def _json_object(raw: bytes, base: str) -> dict[str, Any]:
 
 def _error_text(raw: bytes) -> str:
     try:
-        return str(json.loads(raw).get("error", "")).splitlines()[0][:200]
+        return str(loads_json(raw).get("error", "")).splitlines()[0][:200]
     except (ValueError, AttributeError, IndexError):
         return raw[:200].decode(errors="replace").strip()
 
@@ -169,7 +170,7 @@ def decode_request(raw: bytes, served: dict[str, Any]) -> tuple[str, Tensor, lis
     """(reward name, images [B, 3, H, W] uint8, prompts) of a /score body, every field checked; a ValueError
     with the reason otherwise."""
     try:
-        body = json.loads(raw)
+        body = loads_json(raw)
     except ValueError:
         raise ValueError("the body is not JSON") from None
     if not isinstance(body, dict) or body.get("version") != VERSION:

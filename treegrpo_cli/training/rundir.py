@@ -31,6 +31,7 @@ from ..engine.rollout import TreeConfig, mix_seed, rollout
 from ..errors import ConfigError, TreegrpoError
 from ..plots import image_grid, line_chart, save_png, side_by_side, titled
 from ..rewards.base import score_leaves, weighted_sum
+from ..safeio import loads_json
 from ..store.shards import atomic_write
 from .runlock import LOCK
 from .runlog import (
@@ -203,7 +204,7 @@ def read_info(run: Path) -> dict[str, Any]:
             raise TreegrpoError(f"{path}: not a regular file")
         raise TreegrpoError(f"{run}: no {RUN_JSON}; not a treegrpo run folder")
     try:
-        info = json.loads(path.read_bytes())
+        info = loads_json(path.read_bytes())
     except (ValueError, UnicodeDecodeError):
         raise TreegrpoError(f"{path}: not valid JSON") from None
     except OSError as e:
@@ -286,11 +287,11 @@ def _checkpoint_config(path: Path) -> dict[str, Any] | None:
     """The config a checkpoint recorded, when its trainer_state.json is intact (its sha256 matches the
     manifest); None otherwise (loading it will report the damage)."""
     try:
-        manifest = json.loads((path / "manifest.json").read_bytes())
+        manifest = loads_json((path / "manifest.json").read_bytes())
         data = (path / "trainer_state.json").read_bytes()
         if not isinstance(manifest, dict) or manifest.get("trainer_state.json") != hashlib.sha256(data).hexdigest():
             return None
-        state = json.loads(data)
+        state = loads_json(data)
     except (OSError, ValueError):
         return None
     config = state.get("config") if isinstance(state, dict) else None
@@ -304,7 +305,7 @@ def check_resumable(run: Path, cfg: Config) -> None:
     check_layout(run)
     read_metrics(run)
     read_evals(run)
-    now = _flat(json.loads(json.dumps(cfg.to_dict())))
+    now = _flat(loads_json(json.dumps(cfg.to_dict())))
     good, _ = scan_checkpoints(run)
     for path in reversed(good):
         then = _checkpoint_config(path)

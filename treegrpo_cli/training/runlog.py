@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import TreegrpoError
+from ..safeio import loads_json
 from ..store.shards import atomic_write
 
 METRICS = "metrics.jsonl"
@@ -121,7 +122,7 @@ def _read_jsonl(path: Path, check) -> list[dict[str, Any]]:
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            row = loads_json(line)
         except ValueError:
             row = None
         if not isinstance(row, dict) or "iteration" not in row:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from ..errors import TreegrpoError
+from ..safeio import loads_json
 from ..store.shards import atomic_write
 from . import runlog
 
@@ -226,7 +227,7 @@ def _read_state(path: Path) -> dict[str, Any]:
     if not path.exists():
         return {}
     try:
-        state = json.loads(path.read_bytes())
+        state = loads_json(path.read_bytes())
     except (ValueError, OSError):
         raise TreegrpoError(
             f"{path}: not valid JSON; delete it to log the run's history to its trackers again"
