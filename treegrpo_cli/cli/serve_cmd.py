@@ -4,7 +4,7 @@ from typing import Annotated
 
 import typer
 
-from .common import err, guarded
+from .common import err, guarded, one_line
 
 
 def serve_reward(
@@ -17,6 +17,14 @@ def serve_reward(
     port: Annotated[int, typer.Option(min=0, max=65535, help="Port (0: any free one, printed).")] = 8000,
     device: Annotated[str, typer.Option(help="Torch device for the reward models.")] = "cpu",
     dtype: Annotated[str | None, typer.Option(help="Reward model dtype: fp32, bf16 or fp16.")] = None,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            envvar="TREEGRPO_REWARD_TOKEN",
+            help="A shared token every request must carry (clients send $TREEGRPO_REWARD_TOKEN).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Serve rewards over HTTP, for runs that name the server as their reward (rewards/remote.py).
 
@@ -26,7 +34,7 @@ def serve_reward(
     from ..errors import TreegrpoError
     from ..preflight import check_device
     from ..rewards.base import get_reward, parse_reward_options, parse_rewards
-    from ..rewards.remote import is_url, make_server
+    from ..rewards.remote import is_loopback, is_url, make_server
 
     with guarded():
         check_device(device)
@@ -36,11 +44,20 @@ def serve_reward(
         opts = parse_reward_options(reward_opt or [])
         rewards = {n: get_reward(n, device=device, dtype=dtype, **opts.get(n, {})) for n in names}
         try:
-            server = make_server(rewards, host, port, log=lambda m: err.print(m, highlight=False))
+            server = make_server(
+                rewards, host, port, log=lambda m: err.print(one_line(m), highlight=False), token=token or ""
+            )
         except OSError as e:
             raise TreegrpoError(f"cannot listen on {host}:{port} ({e.strerror})") from None
     bound = server.server_address[1]
     err.print(f"serving {', '.join(names)} on http://{host}:{bound} (Ctrl-C stops)", highlight=False)
+    if not is_loopback(host):
+        where = "every network interface" if host in ("", "0", "0.0.0.0", "::") else f"{host}"
+        guard = "requests must carry the token" if token else "no token: anyone who can reach it can use it"
+        err.print(
+            f"warning: listening on {one_line(where)} port {bound}, not only this machine; {guard}",
+            highlight=False,
+        )
     try:
         server.serve_forever()
     except KeyboardInterrupt:
