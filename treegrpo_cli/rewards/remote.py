@@ -149,12 +149,11 @@ class RemoteReward:
         the deadline (a server that trickles its answer a byte at a time is cut off too)."""
         kind = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
         conn = kind(self.host, self.port, timeout=self.timeout)
-        expired = threading.Event()
+        expired, held = threading.Event(), []  # held: the socket, once connected (the answer keeps reading it)
 
         def expire() -> None:
             expired.set()
-            sock = conn.sock
-            if sock is not None:
+            for sock in held:
                 try:
                     sock.shutdown(socket.SHUT_RDWR)
                 except OSError:
@@ -167,14 +166,22 @@ class RemoteReward:
             {"Authorization": f"Bearer {self.token}"} if self.token else {}
         )
         try:
+            conn.connect()
+            held.append(conn.sock)
+            if expired.is_set():
+                raise TimeoutError
             conn.request(method, path, body=data, headers=headers)
             r = conn.getresponse()
             n = r.getheader("Content-Length")
             if n is not None and n.isdigit() and int(n) > MAX_ANSWER:
                 raise http.client.HTTPException(f"an answer of {int(n):,} bytes, more than {MAX_ANSWER:,}")
             raw = r.read(MAX_ANSWER + 1)
+            if expired.is_set():
+                raise TimeoutError
             if len(raw) > MAX_ANSWER:
                 raise http.client.HTTPException(f"an answer of more than {MAX_ANSWER:,} bytes")
+            if n is not None and n.isdigit() and len(raw) < int(n):
+                raise http.client.HTTPException(f"the connection closed after {len(raw)} of {n} bytes of the answer")
             return r.status, raw
         except (OSError, http.client.HTTPException):
             if expired.is_set():
