@@ -222,9 +222,9 @@ def first_frames(path: str, name: str) -> dict[str, Path]:
         except (ValueError, KeyError, TypeError, AttributeError):
             raise TreegrpoError(f'{file}:{n}: expected an object with "prompt" and "image" strings') from None
         if not image.is_absolute():  # a relative path (or a link on it) stays in the file's folder
-            image = (
-                contained(file.parent, file.parent / image, f"{file}:{n}") if image.exists() else file.parent / image
-            )
+            image = file.parent / image
+            if image.exists():
+                contained(file.parent, image, f"{file}:{n}")
         if out.get(prompt, image) != image:
             raise TreegrpoError(f"{file}:{n}: prompt {prompt!r} has two images; an I2V prompt must be unique")
         if not image.is_file():
