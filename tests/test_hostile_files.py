@@ -289,11 +289,3 @@ def test_a_frame_folder_of_many_large_frames_is_refused_from_the_headers(tmp_pat
         bomb_png(tmp_path / "clip" / f"{i:04d}.png", 4096, 4096)
     with pytest.raises(TreegrpoError, match="GiB"):
         check_media(tmp_path / "clip")
-
-
-def test_eval_of_a_gif_bomb_is_one_line(tmp_path):
-    folder = tmp_path / "imgs"
-    folder.mkdir()
-    _gif(folder / "bomb.gif", 40, 4096)
-    (folder / "prompts.json").write_text(json.dumps({"bomb.gif": "a red circle"}))
-    one_line_error(run("eval", "--images", folder, "--metric", "jpeg-compressibility"), "bomb.gif", "GiB")

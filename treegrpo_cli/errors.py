@@ -34,13 +34,17 @@ def no_space(e: BaseException) -> bool:
 def disk_full(folder: object, need: int | None = None) -> DiskFullError:
     """The one line of a write to `folder` that found its disk full; `need`: the bytes being written."""
     import shutil
+    from pathlib import Path
 
+    known = [f"{need / 1e6:,.1f} MB needed"] if need is not None else []
+    place = Path(str(folder)).absolute()
+    while not place.exists() and place != place.parent:  # the disk of the nearest folder that exists
+        place = place.parent
     try:
-        free = f", {shutil.disk_usage(str(folder)).free / 1e6:,.1f} MB free"
+        known.append(f"{shutil.disk_usage(place).free / 1e6:,.1f} MB free")
     except OSError:
-        free = ""
-    what = f"{need / 1e6:,.1f} MB needed{free}" if need is not None else free.lstrip(", ")
+        pass
     return DiskFullError(
-        f"{folder}: no space left on its disk ({what or 'no space'}); free some space and run the command "
-        "again (a run goes on with --resume from its last checkpoint, which is intact)"
+        f"{folder}: no space left on its disk{' (' + ', '.join(known) + ')' if known else ''}; free some space "
+        "and run the command again (a run goes on with --resume from its last checkpoint, which is intact)"
     )

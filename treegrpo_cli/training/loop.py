@@ -401,11 +401,13 @@ def _outputs(trainer: Trainer, req: TrainRequest, stopped: bool, last: bool, hoo
 
 
 def _missing_pictures(trainer: Trainer, req: TrainRequest, hooks: Hooks) -> None:
-    """The last sample grid and before_after.png of a finished run, when its last try stopped before
-    writing them (a full disk, a kill)."""
+    """The last sample grid, reward.png and before_after.png of a finished run, when its last try stopped
+    before writing them (a full disk, a kill)."""
     grid = req.run_dir / "samples" / f"step-{trainer.step}.png"
     if _main_says(lambda: not grid.is_file(), trainer, req.dist):
         _grid(trainer, req, trainer.step, hooks)
+    if req.dist.main and not (req.run_dir / "reward.png").is_file():
+        rundir.reward_plot(req.run_dir)
     if req.dist.main and not (req.run_dir / "before_after.png").is_file():
         path = rundir.before_after(req.run_dir, trainer.step)
         if path is not None:

@@ -101,8 +101,14 @@ def check_new(run: Path) -> None:
         )
     if run.exists() and not run.is_dir():
         raise TreegrpoError(f"{run} exists and is not a folder")
-    if run.is_dir() and any(p.name != LOCK for p in run.iterdir()):
+    if run.is_dir() and any(not _leftover(p.name) for p in run.iterdir()):
         raise TreegrpoError(f"{run} is not empty and holds no treegrpo run; choose a new or empty --run-dir")
+
+
+def _leftover(name: str) -> bool:
+    """What a run that failed before its first file leaves: its lock and an internal error's traceback file
+    (the same command may use the folder again)."""
+    return name == LOCK or (name.startswith("error-") and name.endswith(".txt"))
 
 
 def create(run: Path, cfg: Config, command: str, prompts: dict[str, list[str]] | None = None) -> None:
