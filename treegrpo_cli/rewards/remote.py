@@ -149,7 +149,7 @@ class RemoteReward:
         the deadline (a server that trickles its answer a byte at a time is cut off too)."""
         kind = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
         conn = kind(self.host, self.port, timeout=self.timeout)
-        expired, held = threading.Event(), []  # held: the socket, once connected (the answer keeps reading it)
+        expired, held = threading.Event(), list[socket.socket]()  # held: the socket once connected (read by the answer)
 
         def expire() -> None:
             expired.set()

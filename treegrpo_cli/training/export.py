@@ -66,7 +66,7 @@ def export_checkpoint(req: ExportRequest) -> dict[str, Any]:
         files = policy.export(req.out, weights)
     except Exception as e:  # a full disk, however the library that wrote said it
         if no_space(e):
-            raise disk_full(req.out, sum(t.numel() * t.element_size() for t in weights.values())) from None
+            raise disk_full(req.out, sum(int(t.numel() * t.element_size()) for t in (weights or {}).values())) from None
         raise
     info = {
         "run_dir": str(req.run_dir),
