@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from clitools import one_line_error, run
 
-from treegrpo_cli.errors import DiskFullError
+from treegrpo_cli.errors import TreegrpoError
 from treegrpo_cli.store import checkpoint
 from treegrpo_cli.store.shards import atomic_write
 from treegrpo_cli.training import runlock
@@ -91,7 +91,7 @@ def test_a_rollout_into_a_folder_holding_only_a_stale_lock_file_works(tmp_path):
 def test_atomic_write_on_a_full_disk_is_one_line_and_keeps_the_old_file(tmp_path, full_disk):
     (tmp_path / "a.json").write_text("old")
     full_disk("a.json")
-    with pytest.raises(DiskFullError, match=r"no space left on its disk \(0\.0 MB needed"):
+    with pytest.raises(TreegrpoError, match=r"no space left on its disk \(0\.0 MB needed"):
         atomic_write(tmp_path / "a.json", b"new")
     assert (tmp_path / "a.json").read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["a.json"]
 

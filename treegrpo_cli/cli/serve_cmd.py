@@ -4,7 +4,7 @@ from typing import Annotated
 
 import typer
 
-from .common import err, guarded, one_line
+from .common import err, guarded
 
 
 def serve_reward(
@@ -34,7 +34,7 @@ def serve_reward(
     from ..errors import TreegrpoError
     from ..preflight import check_device
     from ..rewards.base import get_reward, parse_reward_options, parse_rewards
-    from ..rewards.remote import is_loopback, is_url, make_server
+    from ..rewards.remote import is_url, make_server
 
     with guarded():
         check_device(device)
@@ -44,23 +44,34 @@ def serve_reward(
         opts = parse_reward_options(reward_opt or [])
         rewards = {n: get_reward(n, device=device, dtype=dtype, **opts.get(n, {})) for n in names}
         try:
-            server = make_server(
-                rewards, host, port, log=lambda m: err.print(one_line(m), highlight=False), token=token or ""
-            )
+            server = make_server(rewards, host, port, log=_say, token=token or "")
         except OSError as e:
             raise TreegrpoError(f"cannot listen on {host}:{port} ({e.strerror})") from None
     bound = server.server_address[1]
     err.print(f"serving {', '.join(names)} on http://{host}:{bound} (Ctrl-C stops)", highlight=False)
-    if not is_loopback(host):
-        where = "every network interface" if host in ("", "0", "0.0.0.0", "::") else f"{host}"
-        guard = "requests must carry the token" if token else "no token: anyone who can reach it can use it"
-        err.print(
-            f"warning: listening on {one_line(where)} port {bound}, not only this machine; {guard}",
-            highlight=False,
-        )
+    _exposure_warning(host, bound, bool(token))
     try:
         server.serve_forever()
     except KeyboardInterrupt:
         pass
     finally:
         server.server_close()
+
+
+def _say(message: str) -> None:
+    """The server's log: one line each, control characters shown."""
+    from .common import one_line
+
+    err.print(one_line(message), highlight=False)
+
+
+def _exposure_warning(host: str, port: int, token: bool) -> None:
+    """A warning naming the exposure when the server listens beyond this machine."""
+    from ..rewards.remote import is_loopback
+    from .common import one_line
+
+    if is_loopback(host):
+        return
+    where = "every network interface" if host in ("", "0", "0.0.0.0", "::") else host
+    guard = "requests must carry the token" if token else "no token: anyone who can reach it can use it"
+    err.print(f"warning: listening on {one_line(where)} port {port}, not only this machine; {guard}", highlight=False)

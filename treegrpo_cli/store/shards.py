@@ -28,7 +28,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from ..errors import CorruptFileError, TreegrpoError, disk_full, no_space
-from ..safeio import loads_json
+from ..safeio import contained, loads_json
 
 FORMAT = "treegrpo"
 VERSION = 1
@@ -184,6 +184,7 @@ class ShardStore:
             raise TreegrpoError(f"{root}: no such folder")
         if not path.is_file():
             raise TreegrpoError(f"{root}: no {INDEX}; not a folder written by treegrpo")
+        contained(root, path, f"tree folder {root}")
         try:
             index = loads_json(path.read_text())
         except (ValueError, UnicodeDecodeError) as e:

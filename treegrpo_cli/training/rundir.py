@@ -31,7 +31,7 @@ from ..engine.rollout import TreeConfig, mix_seed, rollout
 from ..errors import ConfigError, TreegrpoError
 from ..plots import image_grid, line_chart, save_png, side_by_side, titled
 from ..rewards.base import score_leaves, weighted_sum
-from ..safeio import loads_json
+from ..safeio import contained, loads_json
 from ..store.shards import atomic_write
 from .runlock import LOCK
 from .runlog import (
@@ -209,6 +209,7 @@ def read_info(run: Path) -> dict[str, Any]:
         if os.path.lexists(path):
             raise TreegrpoError(f"{path}: not a regular file")
         raise TreegrpoError(f"{run}: no {RUN_JSON}; not a treegrpo run folder")
+    contained(run, path, f"run {run}")
     try:
         info = loads_json(path.read_bytes())
     except (ValueError, UnicodeDecodeError):

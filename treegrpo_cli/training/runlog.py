@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import TreegrpoError
-from ..safeio import loads_json
+from ..safeio import contained, loads_json
 from ..store.shards import atomic_write
 
 METRICS = "metrics.jsonl"
@@ -114,6 +114,7 @@ def _read_jsonl(path: Path, check) -> list[dict[str, Any]]:
         return []
     if not path.is_file():
         raise TreegrpoError(f"{path}: not a regular file{dangling_note(path)}")
+    contained(path.parent, path, f"run {path.parent}")
     text = path.read_text(errors="replace")
     lines = text.split("\n")
     complete = lines[:-1]  # the part after the last newline is empty or torn
