@@ -26,7 +26,8 @@ from treegrpo_cli.rewards.remote import RemoteReward, decode_request, is_loopbac
 @pytest.fixture
 def server(monkeypatch):
     """A real reward server on 127.0.0.1 (shapes) with short deadlines; yields its port."""
-    monkeypatch.setattr(remote, "REQUEST_SECONDS", 1.0)
+    monkeypatch.setattr(remote, "HEADER_SECONDS", 1.0)
+    monkeypatch.setattr(remote, "BODY_SECONDS", 1.0)
     monkeypatch.setattr(remote, "READ_SECONDS", 1.0)
     lines: list[str] = []
     srv = make_server({"shapes": get_reward("shapes")}, log=lines.append)
@@ -85,7 +86,7 @@ def test_a_header_trickle_is_cut_at_the_request_deadline_not_per_read(server):
     try:
         for c in b"GET /info HTTP/1.1\r\nX-Slow: " + b"a" * 100:
             s.sendall(bytes([c]))
-            time.sleep(0.1)  # each read within READ_SECONDS, the whole past REQUEST_SECONDS
+            time.sleep(0.1)  # each read within READ_SECONDS, the whole past HEADER_SECONDS
             if time.monotonic() - t0 > 3:
                 break
     except OSError:
@@ -146,6 +147,16 @@ def test_malformed_bodies_are_400_with_the_reason_and_no_traceback(server, raw, 
 def test_decode_request_raises_valueerror_only(raw):
     with pytest.raises(ValueError):
         decode_request(raw, {"shapes": None})
+
+
+def test_a_body_that_stalls_is_cut_at_the_body_deadline(server):
+    s = socket.create_connection(("127.0.0.1", server.server_address[1]))
+    s.sendall(b"POST /score HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{")
+    s.settimeout(5)
+    t0 = time.monotonic()
+    answer = s.recv(1000)  # a 400 for the short body, or the connection closed
+    s.close()
+    assert time.monotonic() - t0 < 3 and (answer == b"" or b" 400 " in answer)
 
 
 def test_a_client_that_hangs_up_mid_body_is_dropped_quietly(server):

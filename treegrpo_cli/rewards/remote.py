@@ -50,7 +50,8 @@ MAX_SIDE = 4096  # pixels of an image side
 MAX_BATCH = 4096  # images of one request
 MAX_CONNECTIONS = 64  # connections served at once; more are answered 503 and closed
 MAX_IN_FLIGHT = 4 * MAX_BODY  # bytes of bodies being read and decoded at once (each counts 4x its size)
-REQUEST_SECONDS = 60.0  # a request's line, headers and body arrive within this, all together
+HEADER_SECONDS = 10.0  # a request's line and headers arrive within this, all together
+BODY_SECONDS = 120.0  # then its body within this
 READ_SECONDS = 10.0  # and no read of them waits longer than this
 BACKLOG = 256  # connections the OS queues before the server accepts them (bursts)
 MAX_ANSWER = 16 << 20  # bytes of an answer the client reads
@@ -369,12 +370,19 @@ def make_server(
     lock = threading.Lock()
 
     class Handler(BaseHTTPRequestHandler):
-        timeout = READ_SECONDS  # each read; REQUEST_SECONDS bounds them all (setup)
+        timeout = READ_SECONDS  # each read; HEADER_SECONDS and BODY_SECONDS bound them all (_deadline)
         server: RewardServer
 
         def setup(self) -> None:
             super().setup()
-            self.watchdog = threading.Timer(REQUEST_SECONDS, self._cut)
+            self._deadline(HEADER_SECONDS)
+
+        def _deadline(self, seconds: float) -> None:
+            """Cut the connection `seconds` from now unless the request is in by then (a trickle too)."""
+            old = getattr(self, "watchdog", None)
+            if old is not None:
+                old.cancel()
+            self.watchdog = threading.Timer(seconds, self._cut)
             self.watchdog.daemon = True
             self.watchdog.start()
 
@@ -425,6 +433,7 @@ def make_server(
             cost = 4 * int(n)  # the body, its JSON text, the decoded bytes and their copy
             if not self.server.memory.take(cost):
                 return self._send(503, {"error": "the server is busy decoding other requests; try again"})
+            self._deadline(BODY_SECONDS)
             try:
                 raw = self.rfile.read(int(n))
                 self.watchdog.cancel()  # the whole request is in
