@@ -289,3 +289,49 @@ def test_a_frame_folder_of_many_large_frames_is_refused_from_the_headers(tmp_pat
         bomb_png(tmp_path / "clip" / f"{i:04d}.png", 4096, 4096)
     with pytest.raises(TreegrpoError, match="GiB"):
         check_media(tmp_path / "clip")
+
+
+class _Frame:
+    def __init__(self, side: int):
+        self.width = self.height = side
+
+    def to_ndarray(self, format):  # noqa: A002 (PyAV's name)
+        import numpy as np
+
+        assert self.width <= 64, "a frame past the limit was converted"
+        return np.zeros((self.height, self.width, 3), dtype=np.uint8)
+
+
+class _Box:
+    def __init__(self, sides):
+        self.sides = sides
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+    def decode(self, video=0):
+        return (_Frame(s) for s in self.sides)
+
+
+class _FakeAV:
+    class FFmpegError(Exception):
+        pass
+
+    def __init__(self, sides):
+        self.sides = sides
+
+    def open(self, path):
+        return _Box(self.sides)
+
+
+@pytest.mark.parametrize("big", [8192, 64])
+def test_a_clip_whose_later_frames_are_larger_is_stopped_at_the_first_of_them(tmp_path, monkeypatch, big):
+    """Its header says 16x16 (the first frames); frames past them are checked before they are converted."""
+    from treegrpo_cli.report import media
+
+    monkeypatch.setattr(media, "_av", lambda: _FakeAV([16] * 200 + [big] * 50))
+    with pytest.raises(TreegrpoError, match="frame 200 has 8192x8192" if big > 64 else "one size"):
+        media._read_clip(tmp_path / "x.mp4")
