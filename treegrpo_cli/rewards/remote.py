@@ -49,7 +49,7 @@ MAX_BODY = 1 << 30  # bytes of one request
 MAX_SIDE = 4096  # pixels of an image side
 MAX_BATCH = 4096  # images of one request
 MAX_CONNECTIONS = 64  # connections served at once; more are answered 503 and closed
-MAX_IN_FLIGHT = 4 * MAX_BODY  # bytes of bodies being read and decoded at once (each counts 4x its size)
+MAX_IN_FLIGHT = 6 * MAX_BODY  # bytes that requests being read, decoded and scored may hold (6x each body)
 HEADER_SECONDS = 10.0  # a request's line and headers arrive within this, all together
 BODY_SECONDS = 120.0  # then its body within this
 READ_SECONDS = 10.0  # and no read of them waits longer than this
@@ -430,7 +430,7 @@ def make_server(
                 return self._send(411, {"error": "a Content-Length is needed"})
             if not 0 < int(n) <= MAX_BODY:
                 return self._send(413, {"error": f"a body of 1 to {MAX_BODY} bytes, please"})
-            cost = 4 * int(n)  # the body, its JSON text, the decoded bytes and their copy
+            cost = 6 * int(n)  # the body, its JSON text, the decoded bytes and their floats (3x the body)
             if not self.server.memory.take(cost):
                 return self._send(503, {"error": "the server is busy decoding other requests; try again"})
             self._deadline(BODY_SECONDS)
@@ -452,7 +452,7 @@ def make_server(
             t0 = time.perf_counter()
             try:
                 with lock, torch.no_grad():
-                    scores = rewards[name](u8.float() / 255.0, prompts).float().cpu().tolist()
+                    scores = rewards[name](u8.float().div_(255.0), prompts).float().cpu().tolist()
             except Exception as e:  # the reward's own failure: one line here, a 500 there
                 log(f"{name}: {type(e).__name__}: {str(e)[:200]}")
                 return self._send(500, {"error": f"{name} failed: {type(e).__name__}: {str(e)[:200]}"})
