@@ -18,6 +18,12 @@ same values an in-process one does; PNG would be smaller but costs an encode and
 server is usually on the same machine). The server only parses JSON and base64 into a uint8 array of the
 stated shape: it never evaluates, imports or unpickles anything it receives, caps the body and the image
 sizes, and binds to loopback unless told otherwise.
+
+Bounds (the constants below): the server cuts a request whose headers or body do not arrive in time (a trickle
+too), serves MAX_CONNECTIONS at once, holds at most MAX_IN_FLIGHT bytes of requests, answers every malformed
+one with a 4xx and drops clients that hang up without a word; with a token (TOKEN_ENV) every request must carry
+it. The client gives each try `timeout` seconds in all, reads at most MAX_ANSWER bytes, and backs off at most
+MAX_BACKOFF seconds between tries.
 """
 
 from __future__ import annotations
@@ -316,7 +322,10 @@ class RewardServer(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = BACKLOG
 
-    def __init__(self, address: tuple[str, int], handler: type, log: Callable[[str], None]):
+    def __init__(
+        self, address: tuple[str, int], handler: type, log: Callable[[str], None], rewards: dict[str, Any], token: str
+    ):
+        self.rewards, self.token, self.scoring = rewards, token, threading.Lock()
         self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self.memory = _Budget(MAX_IN_FLIGHT)
         self.log = log
@@ -357,6 +366,111 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+class _Handler(BaseHTTPRequestHandler):
+    """GET /info and POST /score of a RewardServer (its rewards, scoring lock, log and token)."""
+
+    timeout = READ_SECONDS  # each read; HEADER_SECONDS and BODY_SECONDS bound them all (_deadline)
+    server: RewardServer
+
+    def setup(self) -> None:
+        super().setup()
+        self._deadline(HEADER_SECONDS)
+
+    def _deadline(self, seconds: float) -> None:
+        """Cut the connection `seconds` from now unless the request is in by then (a trickle too)."""
+        old = getattr(self, "watchdog", None)
+        if old is not None:
+            old.cancel()
+        self.watchdog = threading.Timer(seconds, self._cut)
+        self.watchdog.daemon = True
+        self.watchdog.start()
+
+    def _cut(self) -> None:
+        try:
+            self.connection.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def finish(self) -> None:
+        self.watchdog.cancel()
+        try:
+            super().finish()
+        except OSError:
+            pass
+
+    def handle(self) -> None:
+        try:
+            super().handle()
+        except (ConnectionError, TimeoutError):
+            self.close_connection = True  # the client hung up or stalled
+
+    def _allowed(self) -> bool:
+        given = self.headers.get("Authorization", "")
+        token = self.server.token
+        if token and not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            self._send(401, {"error": f"this server needs its token (the client sends ${TOKEN_ENV})"})
+            return False
+        return True
+
+    def do_GET(self) -> None:
+        self.watchdog.cancel()
+        if not self._allowed():
+            return
+        if self.path != "/info":
+            return self._send(404, {"error": "GET /info or POST /score"})
+        self._send(200, {"version": VERSION, "rewards": sorted(self.server.rewards)})
+
+    def do_POST(self) -> None:
+        if not self._allowed():
+            return
+        if self.path != "/score":
+            return self._send(404, {"error": "GET /info or POST /score"})
+        n = self.headers.get("Content-Length", "")
+        if not n.isdigit():
+            return self._send(411, {"error": "a Content-Length is needed"})
+        if not 0 < int(n) <= MAX_BODY:
+            return self._send(413, {"error": f"a body of 1 to {MAX_BODY} bytes, please"})
+        cost = 6 * int(n)  # the body, its JSON text, the decoded bytes and their floats (3x the body)
+        if not self.server.memory.take(cost):
+            return self._send(503, {"error": "the server is busy decoding other requests; try again"})
+        self._deadline(BODY_SECONDS)
+        try:
+            raw = self.rfile.read(int(n))
+            self.watchdog.cancel()  # the whole request is in
+            if len(raw) < int(n):
+                return self._send(400, {"error": f"the body ended after {len(raw)} of {n} bytes"})
+            try:
+                name, u8, prompts = decode_request(raw, self.server.rewards)
+            except ValueError as e:
+                return self._send(400, {"error": str(e)})
+            del raw
+            self._score(name, u8, prompts)
+        finally:
+            self.server.memory.give(cost)
+
+    def _score(self, name: str, u8: Tensor, prompts: list[str]) -> None:
+        t0 = time.perf_counter()
+        try:
+            with self.server.scoring, torch.no_grad():
+                scores = self.server.rewards[name](u8.float().div_(255.0), prompts).float().cpu().tolist()
+        except Exception as e:  # the reward's own failure: one line here, a 500 there
+            self.server.log(f"{name}: {type(e).__name__}: {str(e)[:200]}")
+            return self._send(500, {"error": f"{name} failed: {type(e).__name__}: {str(e)[:200]}"})
+        self.server.log(f"{name}: {len(prompts)} images in {time.perf_counter() - t0:.2f} s")
+        self._send(200, {"version": VERSION, "reward": name, "scores": scores})
+
+    def _send(self, code: int, obj: dict[str, Any]) -> None:
+        raw = json.dumps(obj).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base class's name)
+        pass  # one line per scored batch above; none per request
+
+
 def make_server(
     rewards: dict[str, Any],
     host: str = "127.0.0.1",
@@ -367,107 +481,4 @@ def make_server(
     """An HTTP server scoring with `rewards` ({name: Reward}); one scoring at a time (models need not be
     thread-safe). port 0: any free port (server.server_address[1]). A token: every request must carry
     `Authorization: Bearer TOKEN`."""
-    lock = threading.Lock()
-
-    class Handler(BaseHTTPRequestHandler):
-        timeout = READ_SECONDS  # each read; HEADER_SECONDS and BODY_SECONDS bound them all (_deadline)
-        server: RewardServer
-
-        def setup(self) -> None:
-            super().setup()
-            self._deadline(HEADER_SECONDS)
-
-        def _deadline(self, seconds: float) -> None:
-            """Cut the connection `seconds` from now unless the request is in by then (a trickle too)."""
-            old = getattr(self, "watchdog", None)
-            if old is not None:
-                old.cancel()
-            self.watchdog = threading.Timer(seconds, self._cut)
-            self.watchdog.daemon = True
-            self.watchdog.start()
-
-        def _cut(self) -> None:
-            try:
-                self.connection.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-        def finish(self) -> None:
-            self.watchdog.cancel()
-            try:
-                super().finish()
-            except OSError:
-                pass
-
-        def handle(self) -> None:
-            try:
-                super().handle()
-            except (ConnectionError, TimeoutError):
-                self.close_connection = True  # the client hung up or stalled
-
-        def _allowed(self) -> bool:
-            given = self.headers.get("Authorization", "")
-            if token and not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-                self._send(401, {"error": f"this server needs its token (the client sends ${TOKEN_ENV})"})
-                return False
-            return True
-
-        def do_GET(self) -> None:
-            self.watchdog.cancel()
-            if not self._allowed():
-                return
-            if self.path != "/info":
-                return self._send(404, {"error": "GET /info or POST /score"})
-            self._send(200, {"version": VERSION, "rewards": sorted(rewards)})
-
-        def do_POST(self) -> None:
-            if not self._allowed():
-                return
-            if self.path != "/score":
-                return self._send(404, {"error": "GET /info or POST /score"})
-            n = self.headers.get("Content-Length", "")
-            if not n.isdigit():
-                return self._send(411, {"error": "a Content-Length is needed"})
-            if not 0 < int(n) <= MAX_BODY:
-                return self._send(413, {"error": f"a body of 1 to {MAX_BODY} bytes, please"})
-            cost = 6 * int(n)  # the body, its JSON text, the decoded bytes and their floats (3x the body)
-            if not self.server.memory.take(cost):
-                return self._send(503, {"error": "the server is busy decoding other requests; try again"})
-            self._deadline(BODY_SECONDS)
-            try:
-                raw = self.rfile.read(int(n))
-                self.watchdog.cancel()  # the whole request is in
-                if len(raw) < int(n):
-                    return self._send(400, {"error": f"the body ended after {len(raw)} of {n} bytes"})
-                try:
-                    name, u8, prompts = decode_request(raw, rewards)
-                except ValueError as e:
-                    return self._send(400, {"error": str(e)})
-                del raw
-                self._score(name, u8, prompts)
-            finally:
-                self.server.memory.give(cost)
-
-        def _score(self, name: str, u8: Tensor, prompts: list[str]) -> None:
-            t0 = time.perf_counter()
-            try:
-                with lock, torch.no_grad():
-                    scores = rewards[name](u8.float().div_(255.0), prompts).float().cpu().tolist()
-            except Exception as e:  # the reward's own failure: one line here, a 500 there
-                log(f"{name}: {type(e).__name__}: {str(e)[:200]}")
-                return self._send(500, {"error": f"{name} failed: {type(e).__name__}: {str(e)[:200]}"})
-            log(f"{name}: {len(prompts)} images in {time.perf_counter() - t0:.2f} s")
-            self._send(200, {"version": VERSION, "reward": name, "scores": scores})
-
-        def _send(self, code: int, obj: dict[str, Any]) -> None:
-            raw = json.dumps(obj).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(raw)))
-            self.end_headers()
-            self.wfile.write(raw)
-
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base class's name)
-            pass  # one line per scored batch above; none per request
-
-    return RewardServer((host, port), Handler, log)
+    return RewardServer((host, port), _Handler, log, rewards, token)

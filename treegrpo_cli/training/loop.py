@@ -406,12 +406,8 @@ def _missing_pictures(trainer: Trainer, req: TrainRequest, hooks: Hooks) -> None
     grid = req.run_dir / "samples" / f"step-{trainer.step}.png"
     if _main_says(lambda: not grid.is_file(), trainer, req.dist):
         _grid(trainer, req, trainer.step, hooks)
-    if req.dist.main and not (req.run_dir / "reward.png").is_file():
-        rundir.reward_plot(req.run_dir)
-    if req.dist.main and not (req.run_dir / "before_after.png").is_file():
-        path = rundir.before_after(req.run_dir, trainer.step)
-        if path is not None:
-            hooks.on_image("before_after", path, trainer.step)
+    if req.dist.main and (path := rundir.missing_pictures(req.run_dir, trainer.step)) is not None:
+        hooks.on_image("before_after", path, trainer.step)
 
 
 def _grid(trainer: Trainer, req: TrainRequest, step: int, hooks: Hooks) -> None:

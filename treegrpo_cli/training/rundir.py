@@ -371,6 +371,14 @@ def before_after(run: Path, step: int) -> Path | None:
     return out
 
 
+def missing_pictures(run: Path, step: int) -> Path | None:
+    """reward.png and before_after.png when a finished run's last try stopped before writing them; the
+    before_after.png it wrote, if any."""
+    if not (run / "reward.png").is_file():
+        reward_plot(run)
+    return before_after(run, step) if not (run / "before_after.png").is_file() else None
+
+
 def summary(run: Path, started_at: int, stopped: bool) -> dict[str, Any]:
     rows = read_metrics(run)
     first, last = tenth_means(rows)
