@@ -212,6 +212,13 @@ def test_a_huge_list_in_a_config_is_named_not_echoed(tmp_path):
     assert len(r.stderr) < 500
 
 
+def test_a_huge_key_in_a_config_is_named_short(tmp_path):
+    (tmp_path / "c.toml").write_text("k" * 1_000_000 + " = 1\n")
+    r = run("train", "--config", tmp_path / "c.toml", "--run-dir", tmp_path / "r")
+    one_line_error(r, "unknown config key 'kkk")
+    assert len(r.stderr) < 500
+
+
 def test_a_deeply_nested_index_json_is_one_line(world, tmp_path):
     trees = _copy(world, tmp_path, "trees")
     (trees / "index.json").write_text(DEEP)

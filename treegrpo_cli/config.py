@@ -314,9 +314,9 @@ def _valid_keys() -> list[str]:
 
 
 def _unknown(key: str) -> ConfigError:
-    close = difflib.get_close_matches(key, _valid_keys(), n=1, cutoff=0.5)
+    close = difflib.get_close_matches(key, _valid_keys(), n=1, cutoff=0.5) if len(key) < 100 else []
     hint = f"; did you mean {close[0]!r}?" if close else ""
-    return ConfigError(f"unknown config key {key!r}{hint}")
+    return ConfigError(f"unknown config key {shown(key, 100)}{hint}")
 
 
 def flatten(d: dict[str, Any]) -> dict[str, Any]:
