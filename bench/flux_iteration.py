@@ -1,18 +1,18 @@
 """Seconds per GRPO iteration (rollout and training), peak GPU memory and MFU with a released model's denoiser.
 
-    python bench/flux_iteration.py [--model flux-dev] [--presets dance-grpo,branch,branch-mix,tree-grpo]
+    python bench/flux_iteration.py [--model flux-dev] [--presets dance-grpo,branch,...,branch-mix-flow]
         [--modes lora,full] [--resolution PX] [--prompts 1] [--max-batch 8] [--iterations 2]
         [--no-gradient-checkpointing] [--out bench/results/flux_iteration[-MODEL].json]
     python bench/flux_iteration.py --tiny [...]     # the same code path on the CPU, tiny sizes
 
---model is a transformer of bench/model_specs.json: flux-dev (FLUX.1-dev, 11.9B; the default), flux-schnell,
+--model is a release of treegrpo_cli/models/releases.json: flux-dev (FLUX.1-dev, 11.9B; the default), flux-schnell,
 sd3.5-medium, sd3.5-large, qwen-image (20B), flux2-dev (32B), flux2-klein-4b, -9b, flux2-klein-base-4b, -9b,
-wan2.1-t2v-1.3b, wan2.1-t2v-14b (videos of policy.frames, 33). The denoiser has the release's architecture
-(its transformer config) and random bf16 weights: built on the meta device, then materialised on the GPU
-and filled from a seeded normal (no download). Prompt embeddings are random tensors of the real shapes
-put into the adapter's prompt cache (and the negative prompt's, for the models with true CFG), so no text
-encoder is loaded. The VAE and the reward are left out: images are never decoded and random leaf rewards
-drive the advantages, which changes nothing in what the GPU does per node. Each case is one preset x one
+sd1.5, wan2.1-t2v-1.3b, wan2.1-t2v-14b (videos of policy.frames, 33). The policy is what
+`--set policy.weights="random"` builds (models/releases.py): the release's architecture from its configs with
+random bf16 weights, built on the meta device and filled on the GPU from a seeded normal (no download), and
+random prompt embeddings of the text encoders' real shapes, so no text encoder is loaded. Images are never
+decoded here: random leaf rewards drive the advantages, which changes nothing in what the GPU does per node.
+Each case is one preset x one
 fine-tuning mode (LoRA with the adapter's defaults, or full fine-tuning with AdamW on every weight); each
 iteration runs the library's rollout (engine/rollout.py) and GRPO update (engine/grpo.py) through the
 model's adapter and records seconds and torch.cuda.max_memory_allocated per phase. A case that runs out of
@@ -38,13 +38,12 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from model_specs import MODELS, TRANSFORMERS, build, embed_shapes  # noqa: E402  (bench/ is not a package)
+from model_specs import MODELS, TRANSFORMERS  # noqa: E402  (bench/ is not a package)
 
 from treegrpo_cli.config import load_config
 from treegrpo_cli.engine.credit import assign_credit
@@ -54,10 +53,10 @@ from treegrpo_cli.engine.schedules import tree_for_iteration
 from treegrpo_cli.engine.sde import make_kernel
 from treegrpo_cli.models.base import PolicyConfig
 from treegrpo_cli.models.diffusers_base import quiet_diffusers
+from treegrpo_cli.models.registry import load_policy
 from treegrpo_cli.store.shards import atomic_write
 
-PRESETS = ("dance-grpo", "branch", "branch-mix", "tree-grpo")
-VAE_SCALE = 8  # every model here: 8x VAE (FLUX.1 720 px -> 90 x 90 latents -> 45 x 45 = 2025 packed tokens)
+PRESETS = ("dance-grpo", "branch", "branch-mix", "tree-grpo", "tree-grpo-mean", "branch-mix-flow")
 PEAK_TFLOPS = {"H100": 989.4, "H200": 989.4, "A100": 312.0, "L40S": 362.1, "A10G": 70.0}  # dense bf16
 
 
@@ -94,40 +93,17 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def make_policy(args: argparse.Namespace, mode: str, device: torch.device, dtype: torch.dtype):
-    """The model's adapter over a stand-in pipeline: the random-weight denoiser, no VAE or text encoders, random
-    prompt embeddings of the real shapes in the prompt cache."""
-    import importlib
-
-    spec = MODELS[args.model]
-    module = importlib.import_module(f"treegrpo_cli.models.{spec.adapter}")
-    adapter = next(
-        v for k, v in vars(module).items() if k.endswith("Policy") and getattr(v, "adapter", "") == spec.adapter
-    )
-    net = build(spec, args.tiny, device, dtype)
-    pipe = SimpleNamespace(vae=None, vae_scale_factor=VAE_SCALE, **{a: None for a in adapter.text_encoder_attrs})
-    setattr(pipe, adapter.denoiser_attr, net)
-    for k, v in spec.pipe.items():  # e.g. {"vae": {"config": {...}}}: attributes all the way down
-        setattr(pipe, k, namespace(v))
+    """The release with random weights, as `--set policy.weights="random"` builds it (models/releases.py): the
+    denoiser and autoencoder from their configs, random prompt embeddings of the text encoders' shapes."""
     opts = PolicyConfig(
+        weights="random",
+        size="tiny" if args.tiny else "full",
         finetune=mode,
         dtype="bf16" if dtype == torch.bfloat16 else "fp32",
         resolution=args.resolution,
         gradient_checkpointing=not args.no_gradient_checkpointing,
-        max_sequence_length=embed_shapes(spec, args.tiny)["prompt_embeds"][0] - (77 if spec.adapter == "sd3" else 0),
     )
-    policy = adapter(pipe, opts, name=f"{args.model}-random", source="random weights", device=device)
-    gen = torch.Generator().manual_seed(1)
-    names = [f"prompt {k}" for k in range(args.prompts)] + ([policy.negative_prompt] if policy.uses_negative else [])
-    for name in names:  # random embeddings of the real shapes stand in for the text encoders
-        policy.put_cached(
-            name,
-            {k: torch.randn(1, *shape, generator=gen).to(dtype) for k, shape in embed_shapes(spec, args.tiny).items()},
-        )
-    return policy
-
-
-def namespace(value: Any) -> Any:
-    return SimpleNamespace(**{k: namespace(v) for k, v in value.items()}) if isinstance(value, dict) else value
+    return load_policy(args.model, device, opts)
 
 
 def model_flops(policy) -> tuple[int, int]:

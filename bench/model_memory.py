@@ -32,7 +32,9 @@ OUT = Path(__file__).parent / "results"
 
 
 def lora_defaults(spec: Spec):
-    module = importlib.import_module(f"treegrpo_cli.models.{spec.adapter}")
+    from treegrpo_cli.models.registry import ADAPTERS
+
+    module = importlib.import_module(f"treegrpo_cli.models.{ADAPTERS[spec.adapter][0]}")
     return next(v for k, v in vars(module).items() if k.endswith("_LORA"))
 
 

@@ -164,6 +164,10 @@ class Config:
                 "images per prompt"
             )
         self.policy.validate()
+        if self.policy.weights == "random":
+            from .models.releases import check_random
+
+            check_random(self.model, self.policy.size)
         self.rollout.validate()
         self._check_size()
         return self

@@ -16,17 +16,45 @@ import torch
 from .errors import TreegrpoError
 
 
+def resolve_device(device: str) -> str:
+    """--device as a torch device string: 'auto' is cuda:LOCAL_RANK (0 outside torchrun) when torch sees a GPU,
+    else mps where a probe of the ops the engine uses runs, else cpu; 'cuda' under a launcher is the process's
+    own GPU; anything else is checked as given (check_device)."""
+    local = int(os.environ.get("LOCAL_RANK", "0") or 0)
+    if device == "auto":
+        if torch.cuda.is_available():
+            return str(check_device(f"cuda:{local}"))
+        return "mps" if _mps_works() else "cpu"
+    if device == "cuda" and "LOCAL_RANK" in os.environ and torch.cuda.is_available():
+        return f"cuda:{local}"
+    return str(check_device(device))
+
+
+def _mps_works() -> bool:
+    """MPS is there and runs what the sampler runs (seeded normals, fp32 matmuls); else auto takes the CPU."""
+    if not torch.backends.mps.is_available():
+        return False
+    try:
+        gen = torch.Generator(device="mps").manual_seed(0)
+        x = torch.randn(4, 4, device="mps", generator=gen)
+        return bool(torch.isfinite(x @ x.T).all())
+    except (RuntimeError, TypeError):
+        return False
+
+
 def check_device(device: str) -> torch.device:
-    """A torch device that exists on this machine."""
+    """A torch device that exists on this machine ('auto' resolved first)."""
+    if device == "auto":
+        return torch.device(resolve_device(device))
     try:
         dev = torch.device(device)
     except (RuntimeError, ValueError):
-        raise TreegrpoError(f"--device {device!r} is not a torch device (cpu, cuda, cuda:1, mps, ...)") from None
+        raise TreegrpoError(f"--device {device!r} is not a torch device (auto, cpu, cuda, cuda:1, mps, ...)") from None
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             raise TreegrpoError(
                 f"--device {device}: this machine has no CUDA device (torch {torch.__version__}, "
-                f"CUDA build {torch.version.cuda or 'none'}); use --device cpu"
+                f"CUDA build {torch.version.cuda or 'none'}); use --device cpu (or auto)"
             )
         if dev.index is not None and dev.index >= torch.cuda.device_count():
             raise TreegrpoError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) here")

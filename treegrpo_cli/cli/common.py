@@ -31,6 +31,11 @@ from rich.progress import (
 from .. import __version__
 from ..errors import TreegrpoError, disk_full, no_space
 
+DEVICE_HELP = (
+    "Torch device: auto (a GPU when torch sees one, each process of a distributed run on cuda:LOCAL_RANK; else MPS "
+    "where it works; else the CPU), cpu, cuda, cuda:N or mps"
+)
+
 # Plain text by default: paths, labels and names from files are printed as they are, never read as rich
 # markup ("r[/x]" is a folder name, not a closing tag); the few styled words are rich Text objects.
 err = Console(stderr=True, markup=False)
@@ -194,3 +199,20 @@ def on_stop_signals(handler: Any) -> Iterator[None]:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+
+
+def device_notes(device: str, model: str | None = None, weights: str = "pretrained", size: str = "full") -> list[str]:
+    """Lines a run prints before it starts: where it computes, and a warning when a released model of billions
+    of parameters is about to be built on the CPU."""
+    notes = [f"device: {device}" + (" (no GPU seen by torch)" if device == "cpu" else "")]
+    if device == "cpu" and model and size == "full":
+        from ..models.releases import releases
+
+        spec = releases().get(model)
+        if spec is not None and spec.denoiser_b >= 1:
+            notes.append(
+                f"warning: {model} has {spec.denoiser_b:g} billion denoiser parameters and is about to be built on "
+                "the CPU (hours an iteration, fp32 memory); pass --device cuda on a GPU machine"
+                + (', or --set policy.size="tiny" to try the path' if weights == "random" else "")
+            )
+    return notes

@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..errors import ConfigError
-from .common import command_line, err, guarded, print_json, progress_bar
+from .common import DEVICE_HELP, command_line, err, guarded, print_json, progress_bar
 from .common import out as stdout
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ def diversity(
     ] = 4096,
     batch: Annotated[int, typer.Option(min=1, help="Images per feature forward.")] = 64,
     seed: Annotated[int, typer.Option(help="Seed of subsets, permutations and --generate (set B uses seed + 1).")] = 0,
-    device: Annotated[str, typer.Option(help="Torch device for features and kernels.")] = "cpu",
+    device: Annotated[str, typer.Option(help=DEVICE_HELP + " (features and kernels).")] = "auto",
     inception_weights: Annotated[
         Path | None,
         typer.Option(
@@ -116,10 +116,10 @@ def diversity(
     """
     from ..diversity import DiversityConfig, compare, generate_set, open_images, parse_features
     from ..diversity.io import SET_FOLDERS, check_set_folder, is_report_folder
-    from ..preflight import check_device, check_own_dir, check_writable_dir
+    from ..preflight import check_own_dir, check_writable_dir, resolve_device
 
     with guarded():
-        check_device(device)
+        device = resolve_device(device)
         if a is not None and b is not None and a.resolve() == b.resolve():
             raise ConfigError(f"{b} is given twice: A and B are the same folder (compare two different sets)")
         if out is not None:

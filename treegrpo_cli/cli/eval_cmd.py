@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from ..errors import ConfigError
-from .common import err, guarded, print_json, progress_bar
+from .common import DEVICE_HELP, err, guarded, print_json, progress_bar
 from .common import out as stdout
 
 
@@ -78,7 +78,7 @@ def eval_(
     ] = None,
     batch: Annotated[int, typer.Option(min=1, help="Images generated and scored at a time.")] = 16,
     max_batch: Annotated[int, typer.Option("--max-batch", min=1, help="Rows per model forward.")] = 64,
-    device: Annotated[str, typer.Option(help="Torch device for the model and the reward models.")] = "cpu",
+    device: Annotated[str, typer.Option(help=DEVICE_HELP + " (the model and the reward models).")] = "auto",
     out: Annotated[
         Path | None, typer.Option("--out", "-o", help="Write results.json, results.csv and samples.png here.")
     ] = None,
@@ -89,14 +89,14 @@ def eval_(
     Example: treegrpo eval --model tiny-shapes --metric shapes --num-images 4 --out runs/eval
     """
     from ..config import check_eval_size
-    from ..preflight import check_device, check_own_dir, check_writable_dir
+    from ..preflight import check_own_dir, check_writable_dir, resolve_device
     from ..prompts import load_prompts
     from ..report.evalio import OUTPUTS, is_eval_output, write_outputs
     from ..report.evaluate import EvalRequest, run_eval
     from ..rewards.base import parse_reward_options
 
     with guarded():
-        check_device(device)
+        device = resolve_device(device)
         if out is not None:
             check_writable_dir(out, "--out")  # before anything is generated
             check_own_dir(out, "--out", is_eval_output, f"an earlier eval's output (only {', '.join(OUTPUTS)})")

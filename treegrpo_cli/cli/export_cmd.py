@@ -5,7 +5,7 @@ from typing import Annotated
 
 import typer
 
-from .common import err, guarded, print_json
+from .common import DEVICE_HELP, err, guarded, print_json
 
 
 def export(
@@ -16,18 +16,18 @@ def export(
         bool, typer.Option("--ema/--no-ema", help="Export the EMA weights when the checkpoint has them.")
     ] = True,
     overwrite: Annotated[bool, typer.Option(help="Write into a folder that is not empty.")] = False,
-    device: Annotated[str, typer.Option(help="Torch device to load the model on.")] = "cpu",
+    device: Annotated[str, typer.Option(help=DEVICE_HELP + " (the model is loaded there).")] = "auto",
     json_: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Export a checkpoint in diffusers' format: LoRA weights for pipe.load_lora_weights, or a full model folder.
 
     Example: treegrpo export runs/flux-branch --out exports/flux-branch-lora
     """
-    from ..preflight import check_device, check_writable_dir
+    from ..preflight import check_writable_dir, resolve_device
     from ..training.export import ExportRequest, export_checkpoint
 
     with guarded():
-        check_device(device)
+        device = resolve_device(device)
         check_writable_dir(out, "--out")
         summary = export_checkpoint(ExportRequest(run, out, step, ema, overwrite, device))
     if json_:

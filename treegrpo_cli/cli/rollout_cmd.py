@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from .common import command_line, err, guarded, one_line, print_json, progress_bar
+from .common import DEVICE_HELP, command_line, err, guarded, one_line, print_json, progress_bar
 from .train_cmd import MODEL_PANEL, policy_sets
 
 
@@ -44,7 +44,7 @@ def rollout(
     prompts_per_shard: Annotated[int, typer.Option("--prompts-per-shard", min=1, help="Prompts per tree shard.")] = 8,
     save_images: Annotated[bool, typer.Option("--save-images", help="Also write every leaf image as a PNG.")] = False,
     overwrite: Annotated[bool, typer.Option(help="Replace an existing tree folder.")] = False,
-    device: Annotated[str, typer.Option(help="Torch device for the model.")] = "cpu",
+    device: Annotated[str, typer.Option(help=DEVICE_HELP + " (the model).")] = "auto",
     json_: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
     revision: Annotated[
         str | None,
@@ -63,12 +63,12 @@ def rollout(
     Example: treegrpo rollout --preset branch --num-prompts 4 --out runs/trees
     """
     from ..config import load_config
-    from ..preflight import check_device, check_own_dir, check_writable_dir
+    from ..preflight import check_own_dir, check_writable_dir, resolve_device
     from ..prompts import load_prompts
     from ..training.stages import RolloutRequest, run_rollout
 
     with guarded():
-        check_device(device)
+        device = resolve_device(device)
         check_writable_dir(out, "--out")
         check_own_dir(
             out, "--out", lambda p: (p / "index.json").is_file(), "a treegrpo tree folder (it has no index.json)"

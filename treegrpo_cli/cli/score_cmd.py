@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from .common import err, guarded, parse_numbers, print_json, progress_bar
+from .common import DEVICE_HELP, err, guarded, parse_numbers, print_json, progress_bar
 
 
 def score(
@@ -45,7 +45,7 @@ def score(
             min=1, help="Iterations of the run, for pruning.active_until (default: the config's train.iterations)."
         ),
     ] = None,
-    device: Annotated[str, typer.Option(help="Torch device for the reward models.")] = "cpu",
+    device: Annotated[str, typer.Option(help=DEVICE_HELP + " (the reward models).")] = "auto",
     json_: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Score every leaf image; write rewards, advantages and trained-edge masks beside the trees.
@@ -55,12 +55,12 @@ def score(
 
     Example: treegrpo score runs/trees --reward jpeg-compressibility --estimator branch
     """
-    from ..preflight import check_device
+    from ..preflight import resolve_device
     from ..rewards.base import parse_rewards
     from ..training.stages import ScoreRequest, run_score
 
     with guarded():
-        check_device(device)
+        device = resolve_device(device)
         sets = list(set_ or [])
         if reward is not None:
             names = list(parse_rewards(reward, weights))

@@ -4,7 +4,7 @@ from typing import Annotated
 
 import typer
 
-from .common import err, guarded
+from .common import DEVICE_HELP, err, guarded
 
 
 def serve_reward(
@@ -15,7 +15,7 @@ def serve_reward(
     ] = None,
     host: Annotated[str, typer.Option(help="Address to bind; loopback unless you mean otherwise.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=0, max=65535, help="Port (0: any free one, printed).")] = 8000,
-    device: Annotated[str, typer.Option(help="Torch device for the reward models.")] = "cpu",
+    device: Annotated[str, typer.Option(help=DEVICE_HELP + " (the reward models).")] = "auto",
     dtype: Annotated[str | None, typer.Option(help="Reward model dtype: fp32, bf16 or fp16.")] = None,
     token: Annotated[
         str | None,
@@ -32,12 +32,12 @@ def serve_reward(
     then:    treegrpo train --reward http://127.0.0.1:8000
     """
     from ..errors import TreegrpoError
-    from ..preflight import check_device
+    from ..preflight import resolve_device
     from ..rewards.base import get_reward, parse_reward_options, parse_rewards
     from ..rewards.remote import is_url, make_server
 
     with guarded():
-        check_device(device)
+        device = resolve_device(device)
         names = list(parse_rewards(reward))
         if any(is_url(n) for n in names):
             raise TreegrpoError("a server serves the tool's own rewards, not another server's URL")

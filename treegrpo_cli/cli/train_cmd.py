@@ -15,7 +15,9 @@ from rich.table import Table
 
 from ..errors import TreegrpoError
 from .common import (
+    DEVICE_HELP,
     command_line,
+    device_notes,
     err,
     fail,
     guarded,
@@ -141,7 +143,7 @@ def train(
         Path | None, typer.Option(help="One update from scored tree shards (rollout + score), then a checkpoint.")
     ] = None,
     max_batch: Annotated[int | None, typer.Option("--max-batch", min=1, help="Rows per model forward.")] = None,
-    device: Annotated[str, typer.Option(help="Torch device.")] = "cpu",
+    device: Annotated[str, typer.Option(help=DEVICE_HELP + ".")] = "auto",
     json_: Annotated[bool, typer.Option("--json", help="Print the final summary as JSON.")] = False,
     log: Annotated[
         str | None,
@@ -206,14 +208,14 @@ def train(
 
     Example: treegrpo train --preset branch-mix --iterations 50
     """
-    from ..preflight import check_device
+    from ..preflight import resolve_device
 
     if nproc_per_node > 1 and "RANK" not in os.environ:
         _relaunch(nproc_per_node)
     stop: dict = {}
     with guarded():
         _refuse_ignored(trees, resume, iterations, preset, config, prompts)
-        check_device(device)
+        device = resolve_device(device)
         sets = _sets(set_, model, reward, weights, iterations, seed, max_batch, reward_opt)
         sets += policy_sets(revision, finetune, lora_rank, lora_alpha, lora_targets, dtype, gradient_checkpointing)
         sets += _log_sets(log)
@@ -300,6 +302,12 @@ def _online(preset, config, sets, prompts, run_dir, resume, device, stop: dict) 
     if resume is not None:
         rundir.check_prompts(run, "train", train_prompts)
         rundir.check_prompts(run, "eval", eval_prompts)
+    if d.main:
+        from ..models.registry import check_available
+
+        check_available(cfg.model, cfg.policy)  # missing weights: one line before anything is printed
+        for line in [*run_header(cfg, device, resume is None), f"run folder: {run}"]:
+            err.print(one_line(line), highlight=False, markup=False, soft_wrap=True)
     req = TrainRequest(cfg, train_prompts, eval_prompts, run, resume is not None, device, command_line(), d)
     if d.active:
         done = False
@@ -326,19 +334,27 @@ def _online(preset, config, sets, prompts, run_dir, resume, device, stop: dict) 
     return _train_rank(req, train_loop, d, cfg, run, stop)
 
 
+def run_header(cfg, device: str, new: bool) -> list[str]:
+    """The run's first lines: what it trains, on what, where."""
+    p = cfg.policy
+    weights = f" ({p.weights} weights, {p.size} size)" if p.weights == "random" else ""
+    what, n = ("starting" if new else "resuming"), cfg.train.iterations
+    lines = [
+        f"{what} {cfg.name}: model {cfg.model}{weights}; reward {', '.join(cfg.reward.names)}; "
+        f"prompts {cfg.rollout.prompts} (held out: {cfg.rollout.eval_prompts}); {n} iteration{'s' * (n != 1)}"
+    ]
+    return lines + device_notes(device, cfg.model, p.weights, p.size)
+
+
 def _train_rank(req, train_loop, d, cfg, run, stop: dict) -> dict:
     from ..training.loop import Hooks
 
     if not d.main:  # rank 0 speaks for the run; a signal to any rank stops them all after the iteration
         with graceful_stop(stop, quiet=True) as flag:
             return train_loop(req, Hooks(should_stop=lambda: flag["stop"]))
-    shown: list[bool] = []
     with graceful_stop(stop) as flag, progress_bar(quiet=("rollout", "iterations", "eval")) as bar:
 
         def on_row(row: dict) -> None:
-            if not shown:
-                shown.append(True)
-                err.print(f"run folder: {run}")
             bar("iterations", row["iteration"] + 1, cfg.train.iterations)
             if not err.is_terminal:
                 err.print(

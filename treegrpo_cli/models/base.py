@@ -17,6 +17,8 @@ from ..errors import ConfigError
 FINETUNES = ("lora", "full")
 CFG_UNCOND = ("grad", "detach")
 DTYPES = ("auto", "bf16", "fp32")
+WEIGHTS = ("pretrained", "random")
+SIZES = ("full", "tiny")
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,10 @@ class PolicyConfig:
     # CUDA: let SDPA pick cuDNN's attention kernels. Off by default: with torch 2.11+cu130 on an H100, cuDNN's
     # attention backward failed on FLUX.1-dev at 720 px (docs/models.md); flash attention ran the same step
     cudnn_attention: bool = False
+    # "pretrained": the release's files (local folder or hub cache) | "random": a released model built from its
+    # configs with seeded random weights and random prompt embeddings, nothing downloaded (models/releases.py)
+    weights: str = "pretrained"
+    size: str = "full"  # with weights = "random": "full" (the release's size) | "tiny" (its architecture, tiny)
 
     def validate(self) -> None:
         if self.finetune not in FINETUNES:
@@ -55,6 +61,14 @@ class PolicyConfig:
             raise ConfigError(f"policy.cfg_uncond must be one of {', '.join(CFG_UNCOND)}; got {self.cfg_uncond!r}")
         if self.dtype not in DTYPES:
             raise ConfigError(f"policy.dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
+        if self.weights not in WEIGHTS:
+            raise ConfigError(f"policy.weights must be one of {', '.join(WEIGHTS)}; got {self.weights!r}")
+        if self.size not in SIZES:
+            raise ConfigError(f"policy.size must be one of {', '.join(SIZES)}; got {self.size!r}")
+        if self.size == "tiny" and self.weights != "random":
+            raise ConfigError(
+                'policy.size = "tiny" builds a small model from config: it needs policy.weights = "random"'
+            )
         for name in ("lora_rank", "lora_alpha", "resolution", "max_sequence_length", "frames"):
             value = getattr(self, name)
             if value is not None and not value > 0:

@@ -127,6 +127,9 @@ class DiffusersPolicy(ABC):
     negative_prompt = ""  # the unconditional half's prompt
     default_text_tokens = 512  # max_sequence_length when policy.max_sequence_length is not set
     _flops_row: tuple[int, int] | None = None  # flops_per_row()'s measurement
+    weights = "pretrained"  # "random (full size)" / "random (tiny size)": built by models/releases.py
+    # prompts -> {key: [n, ...]} embeddings in place of the text encoders (random weights: releases.RandomText)
+    text_stand_in: Any = None
 
     def __init__(self, pipe: Any, opts: PolicyConfig, name: str, source: str = "", device: str | torch.device = "cpu"):
         opts.validate()
@@ -308,6 +311,7 @@ class DiffusersPolicy(ABC):
             "source": self.source,
             "revision": self.opts.revision,
             "pipeline": type(self.pipe).__name__,
+            "weights": self.weights,
             "finetune": self.opts.finetune,
             "lora": lora,
             "dtype": str(self.dtype).removeprefix("torch."),
@@ -358,7 +362,7 @@ class DiffusersPolicy(ABC):
     def _fill_cache(self, prompts: list[str]) -> None:
         todo = [p for p in dict.fromkeys(prompts) if p not in self._cache]
         todo = [p for p in todo if not self._from_disk(p)]
-        if todo and self._encoders_freed:
+        if todo and self._encoders_freed and self.text_stand_in is None:
             raise TreegrpoError(
                 f"prompt {todo[0]!r} has no cached embedding and the text encoders were freed; "
                 "cache every prompt first (policy.free_text_encoders embeds train and eval prompts)"
@@ -366,7 +370,7 @@ class DiffusersPolicy(ABC):
         for a in range(0, len(todo), ENCODE_BATCH):
             chunk = todo[a : a + ENCODE_BATCH]
             with torch.no_grad():
-                out = self._encode_text(chunk)  # {key: [n, ...]}
+                out = (self.text_stand_in or self._encode_text)(chunk)  # {key: [n, ...]}
             for j, p in enumerate(chunk):
                 self.put_cached(p, {k: v[j : j + 1] for k, v in out.items()})
                 self._to_disk(p)

@@ -84,6 +84,8 @@ def load_policy(
 ) -> Policy:
     """The policy of --model. `opts` (the [policy] section) and `text_encoders` (False: skip loading
     them, e.g. for export) concern the diffusers models only."""
+    if opts is not None and opts.weights == "random":
+        return _load_random(name, device, opts)
     if name in _PIXEL:
         policy = PixelPolicy(_PIXEL[name], name=name)
         policy.net.to(device)
@@ -114,6 +116,39 @@ def _load_diffusers(name: str, device: str | torch.device, opts: PolicyConfig, t
     pipe = load_pipeline(folder, pipeline_cls, torch_dtype(opts.dtype, device), text_encoders)
     shown = name if name in hub.KNOWN or hub.local_dir(name) is None else Path(name).expanduser().name
     return adapter(pipe, opts, name=shown, source=str(folder), device=device)
+
+
+def check_available(name: str, opts: PolicyConfig) -> None:
+    """The files --model needs are there (a diffusers model's snapshot complete): one line naming what is missing and
+    how to supply it, before a run prints or writes anything. Loads nothing."""
+    if opts.weights == "random" or name in _PIXEL or name in EMBEDDED or name.endswith(".safetensors"):
+        return
+    if hub.is_diffusers_name(name):
+        hub.check_complete(hub.resolve(name, opts.revision, opts.download))
+
+
+def _load_random(name: str, device: str | torch.device, opts: PolicyConfig) -> Policy:
+    """A released model from its configs with seeded random weights, random prompt embeddings of the text
+    encoders' shapes, nothing read from disk or the network (models/releases.py)."""
+    from . import releases
+
+    opts.validate()
+    require_extra(("diffusers", "transformers", "peft", "accelerate"), "models", f"{name} with random weights")
+    spec = releases.release(name)
+    releases.check_random(name, opts.size)
+    tiny = opts.size == "tiny"
+    opts = releases.tiny_options(opts, spec) if tiny else opts
+    from .diffusers_base import quiet_diffusers, torch_dtype
+
+    quiet_diffusers()
+    pipe = releases.random_pipeline(spec, tiny, torch.device(device), torch_dtype(opts.dtype, device))
+    module, cls_name = ADAPTERS[spec.adapter]
+    adapter: type[DiffusersPolicy] = getattr(importlib.import_module(f".{module}", __package__), cls_name)
+    source = f"random weights (seed {releases.SEED}, {opts.size} size, no download)"
+    policy = adapter(pipe, opts, name=name, source=source, device=device)
+    policy.text_stand_in = releases.RandomText(releases.text_shapes(spec, tiny, opts.max_sequence_length))
+    policy.weights = f"random ({opts.size} size)"
+    return policy
 
 
 # adapter kind (models/hub.py PIPELINES) -> (module, class) of its Policy

@@ -312,7 +312,9 @@ def _train(req: TrainRequest, hooks: Hooks, held: ExitStack) -> dict[str, Any]:
         _resume(trainer, req, hooks)
     elif d.main:
         held.enter_context(runlock.lock(req.run_dir, create=True))
-        rundir.create(req.run_dir, cfg, req.command, {"train": req.prompts, "eval": req.eval_prompts})
+        model: dict[str, Any] = getattr(trainer.policy, "describe", dict)()
+        prompts = {"train": req.prompts, "eval": req.eval_prompts}
+        rundir.create(req.run_dir, cfg, req.command, prompts, {"device": req.device, "model": model})
     if cfg.train.log and d.main:
         track = tracking.Tracking(req.run_dir, cfg.train.log, cfg.to_dict(), trainer.step if req.resume else None)
         hooks = tracking.tracked(hooks, held.enter_context(closing(track)))

@@ -111,9 +111,16 @@ def _leftover(name: str) -> bool:
     return name == LOCK or (name.startswith("error-") and name.endswith(".txt"))
 
 
-def create(run: Path, cfg: Config, command: str, prompts: dict[str, list[str]] | None = None) -> None:
-    """run.json: the command, the resolved config, the code (version, commit) and, by content hash, the
-    prompt lists the run uses. The caller holds the run's lock (`lock(run, create=True)`)."""
+def create(
+    run: Path,
+    cfg: Config,
+    command: str,
+    prompts: dict[str, list[str]] | None = None,
+    setup: dict[str, Any] | None = None,
+) -> None:
+    """run.json: the command, the resolved config, the code (version, commit), by content hash the prompt lists
+    the run uses, and `setup` (the device and the model as loaded). The caller holds the run's lock
+    (`lock(run, create=True)`)."""
     check_new(run)
     run.mkdir(parents=True, exist_ok=True)
     info = {
@@ -124,6 +131,7 @@ def create(run: Path, cfg: Config, command: str, prompts: dict[str, list[str]] |
         "treegrpo": code_version(),
         "config": cfg.to_dict(),
         "prompts": {k: prompt_record(v) for k, v in (prompts or {}).items()},
+        **(setup or {}),
     }
     atomic_write(run / RUN_JSON, (json.dumps(info, indent=1) + "\n").encode())
 
@@ -353,8 +361,12 @@ def sample_grid(
     weights = cfg.reward.weight_map()
     total = weighted_sum(scores, weights)
     captions = [f"{p} ({float(s):.3f})" for p, s in zip(prompts, total, strict=True)]
+    what = "the base model" if step == 0 else f"after {step} iteration{'s' * (step != 1)} (trained weights)"
+    random = (
+        "; random weights, not a trained release" if str(getattr(policy, "weights", "")).startswith("random") else ""
+    )
     path.parent.mkdir(exist_ok=True)
-    save_png(image_grid(images, captions), path)
+    save_png(titled(image_grid(images, captions), f"{policy.name}: {what}{random}"), path)
     return path
 
 
