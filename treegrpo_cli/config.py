@@ -23,7 +23,7 @@ from .engine.schedules import ScheduleConfig
 from .engine.sde import MAX_STEPS, SamplerConfig
 from .errors import ConfigError
 from .models.base import PolicyConfig
-from .safeio import TooDeep, loads_toml, shown
+from .store.safeio import TooDeep, loads_toml, shown
 
 PRESET_DIRS = (Path(__file__).parent / "presets", Path(__file__).resolve().parents[1] / "presets")
 COMBINES = ("rewards", "advantages")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .errors import TreegrpoError
-from .safeio import loads_json
+from .store.safeio import loads_json
 
 DATA = Path(__file__).parent / "data"
 DEFAULT_PROMPTS = DATA / "prompts.txt"

@@ -26,7 +26,7 @@ from ..engine.rollout import Progress
 from ..errors import TreegrpoError
 from ..preflight import check_image
 from ..prompts import load_prompts
-from ..safeio import contained
+from ..store.safeio import contained
 from ..store.shards import INDEX, ShardStore
 from ..store.trees import open_trees, read_tree_shard
 from ..training.stages import RolloutRequest, run_rollout

@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 
 from ..errors import ConfigError, TreegrpoError
-from ..safeio import loads_json, shown
+from ..store.safeio import loads_json, shown
 
 # name -> (hub id, adapter)
 KNOWN: dict[str, tuple[str, str]] = {
@@ -129,17 +129,17 @@ def model_index(folder: Path) -> dict:
 
 
 def checked_index(index: object, path: Path) -> dict:
-    """model_index.json as the tool reads it: an object, `_class_name` a string, and every component null
-    or [library, class] (two strings, or nulls); one line naming the field otherwise."""
+    """model_index.json as the tool reads it: an object, `_class_name` a string, and every component (a list)
+    [library, class] of two strings or nulls; one line naming the field otherwise. Other values (a pipeline's
+    own settings, such as requires_safety_checker) are the pipeline's to read."""
     if not isinstance(index, dict):
         raise TreegrpoError(f"{path}: must be an object of pipeline components, got {shown(index, 60)}")
     if not isinstance(index.get("_class_name", "?"), str):
         raise TreegrpoError(f"{path}: _class_name must be a string, got {shown(index['_class_name'], 60)}")
     for part, lib_cls in index.items():
-        if part.startswith("_") or lib_cls is None:
+        if part.startswith("_") or not isinstance(lib_cls, list):
             continue
-        pair = isinstance(lib_cls, list) and len(lib_cls) == 2
-        if not pair or not all(x is None or isinstance(x, str) for x in lib_cls):
+        if len(lib_cls) != 2 or not all(x is None or isinstance(x, str) for x in lib_cls):
             raise TreegrpoError(f'{path}: {part} must be ["library", "Class"] or null, got {shown(lib_cls, 60)}')
     return index
 

@@ -15,7 +15,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from ..errors import TreegrpoError
-from ..safeio import loads_json
+from ..store.safeio import loads_json
 from ..store.shards import atomic_write
 from .dit import DiTConfig, TinyDiT
 from .latent import AEConfig, ShapesAE

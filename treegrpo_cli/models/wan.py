@@ -30,7 +30,7 @@ from torch import Tensor
 
 from ..errors import ConfigError, TreegrpoError
 from ..preflight import check_image
-from ..safeio import contained, loads_json
+from ..store.safeio import contained, loads_json
 from .base import Conditions
 from .diffusers_base import DiffusersPolicy, LoraDefaults
 from .flops import Formula

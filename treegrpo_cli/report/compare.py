@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import TreegrpoError
-from ..safeio import contained
+from ..store.safeio import contained
 from ..training import rundir, runlog
 
 PHASES = ("rollout", "score", "update")

@@ -35,7 +35,7 @@ from torch import Tensor
 
 from ..errors import TreegrpoError
 from ..plots import image_grid, save_png
-from ..safeio import contained, loads_json
+from ..store.safeio import contained, loads_json
 from ..store.shards import atomic_write
 from .media import check_media, read_media
 

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from ..errors import TreegrpoError
 from ..preflight import MAX_IMAGE_PIXELS, check_image
-from ..safeio import contained
+from ..store.safeio import contained
 
 CLIP_SUFFIXES = (".mp4", ".webm", ".mov", ".mkv", ".avi")
 FRAME_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..errors import TreegrpoError
-from ..safeio import loads_json
+from ..store.safeio import loads_json
 from .vision import MLPHead
 
 MEAN, STD = 0.16717362830052426, 1.0333394966054072  # the official release's reward normalisation

@@ -29,7 +29,7 @@ from torch import Tensor
 
 from ..compat import ensure_torchvision
 from ..errors import TreegrpoError
-from ..safeio import loads_json
+from ..store.safeio import loads_json
 from .base import register
 from .vision import CLIP_MEAN, CLIP_STD, ImagePrep, ModelReward, as_choice, as_int, quiet
 from .weights import Needed, resolve

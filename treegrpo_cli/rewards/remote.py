@@ -48,7 +48,7 @@ import torch
 from torch import Tensor
 
 from ..errors import ConfigError, TreegrpoError
-from ..safeio import loads_json, shown
+from ..store.safeio import loads_json, shown
 
 VERSION = 1
 MAX_BODY = 1 << 30  # bytes of one request

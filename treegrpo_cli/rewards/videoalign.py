@@ -47,7 +47,7 @@ from torch import Tensor, nn
 
 from ..compat import ensure_torchvision
 from ..errors import ConfigError, TreegrpoError
-from ..safeio import loads_json
+from ..store.safeio import loads_json
 from .base import register
 from .videoalign_prompt import DETAILED_SPECIAL
 from .vision import ModelReward, as_bool, as_choice, as_int, quiet

@@ -35,7 +35,7 @@ from safetensors.torch import load_file, save_file
 from safetensors.torch import save as st_save
 
 from ..errors import CorruptFileError, TreegrpoError, disk_full, no_space
-from ..safeio import loads_json
+from .safeio import loads_json
 from .shards import SHA256_HEX, atomic_write, check_file_name, file_sha256, kind_of, shown
 
 MANIFEST = "manifest.json"

@@ -28,7 +28,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from ..errors import CorruptFileError, TreegrpoError, disk_full, no_space
-from ..safeio import contained, loads_json
+from .safeio import contained, loads_json
 
 FORMAT = "treegrpo"
 VERSION = 1

@@ -33,7 +33,7 @@ from ..models.dit import DiTConfig, TinyDiT
 from ..models.latent import AEConfig, LatentDiTPolicy, ShapesAE, latent_dit_config
 from ..models.latent_file import dit_config_from, load_weights, save_weights
 from ..rewards.shapes import shapes_scores
-from ..safeio import loads_json
+from ..store.safeio import loads_json
 from ..store.shards import atomic_write
 from ..world.shapes import CAPTION_NOISE, load_split, render_pretrain_batch, sample_pretrain_prompts
 

@@ -31,7 +31,7 @@ from ..engine.rollout import TreeConfig, mix_seed, rollout
 from ..errors import ConfigError, TreegrpoError
 from ..plots import image_grid, line_chart, save_png, side_by_side, titled
 from ..rewards.base import score_leaves, weighted_sum
-from ..safeio import contained, loads_json
+from ..store.safeio import contained, loads_json
 from ..store.shards import atomic_write
 from .runlock import LOCK
 from .runlog import (

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import TreegrpoError
-from ..safeio import contained, loads_json
+from ..store.safeio import contained, loads_json
 from ..store.shards import atomic_write
 
 METRICS = "metrics.jsonl"

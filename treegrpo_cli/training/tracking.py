@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from ..errors import TreegrpoError
-from ..safeio import loads_json
+from ..store.safeio import loads_json
 from ..store.shards import atomic_write
 from . import runlog
 

@@ -9,7 +9,7 @@ limit, and one containment check for every path found inside a folder the tool r
     shown(value)               a value for an error line: its repr, cut short (a 2-million-entry list is
                                named by its size, not echoed)
 
-The module imports nothing of the tool's but its errors: every layer may use it.
+The module imports nothing of the tool's but its errors (nor torch): every layer above the engine may use it.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from .errors import TreegrpoError
+from ..errors import TreegrpoError
 
 MAX_DEPTH = 64  # levels of nested arrays and objects in any JSON or TOML document the tool reads
 
