@@ -304,7 +304,9 @@ def _online(preset, config, sets, prompts, run_dir, resume, device, stop: dict) 
         rundir.check_prompts(run, "eval", eval_prompts)
     if d.main:
         from ..models.registry import check_available
+        from ..rewards.base import check_rewards, parse_reward_options
 
+        check_rewards(cfg.reward.names, parse_reward_options(cfg.reward.options))  # every name, before loading
         check_available(cfg.model, cfg.policy)  # missing weights: one line before anything is printed
         for line in [*run_header(cfg, device, resume is None), f"run folder: {run}"]:
             err.print(one_line(line), highlight=False, markup=False, soft_wrap=True)
