@@ -66,6 +66,7 @@ class EvalRequest:
 def source_config(req: EvalRequest) -> Config:
     """The config a request samples with, read without loading weights: a checkpoint's own (its run's sampler,
     held-out prompts and rewards), else --model's under the preset, config file and --set items given."""
+    check_sources(req)
     if req.checkpoint is not None:
         if req.preset or req.config or req.sets:
             raise ConfigError(
@@ -140,6 +141,10 @@ def _check(req: EvalRequest) -> None:
         raise ConfigError(f"--reward-dtype {req.reward_dtype!r} is not a dtype; use one of {', '.join(DTYPES)}")
     if req.images is None and not req.prompts:
         raise ConfigError("no prompts to generate from")
+    check_sources(req)
+
+
+def check_sources(req: EvalRequest) -> None:
     if req.images is not None and (req.model or req.checkpoint):
         raise ConfigError("--images scores a folder; leave out --model and --checkpoint")
     if req.model and req.checkpoint:
