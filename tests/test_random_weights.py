@@ -77,7 +77,7 @@ def test_random_weights_and_embeddings_repeat_and_tell_prompts_apart():
         if p.dim() >= 2:
             assert not torch.equal(p, o), k
             # N(0, 1/fan_in): a unit input keeps about unit scale through the layer
-            assert 0.5 < float(p.float().std() * p[0].numel() ** 0.5) < 1.5, k
+            assert 0.5 < float(p.detach().float().std() * p[0].numel() ** 0.5) < 1.5, k
     text = releases.RandomText(releases.text_shapes(spec, tiny=False, tokens=None))
     one, again, other = text(["a cat"]), text(["a cat"]), text(["a dog"])
     assert one["prompt_embeds"].shape == (1, 512, 4096) and one["pooled"].shape == (1, 768)  # T5-XXL, CLIP-L

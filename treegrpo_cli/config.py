@@ -317,9 +317,56 @@ def _valid_keys() -> list[str]:
     return keys
 
 
+# names other trainers (diffusers' scripts, flow_grpo, DanceGRPO, TRL) give a setting -> the key here
+SYNONYMS = {
+    "learning_rate": "lr",
+    "lr_rate": "lr",
+    "num_iterations": "iterations",
+    "max_steps": "iterations",
+    "num_train_steps": "iterations",
+    "num_inference_steps": "steps",
+    "num_steps": "steps",
+    "sample_steps": "steps",
+    "guidance_scale": "guidance",
+    "cfg_scale": "guidance",
+    "mixed_precision": "dtype",
+    "precision": "dtype",
+    "rank": "lora_rank",
+    "alpha": "lora_alpha",
+    "batch_size": "num_prompts",
+    "train_batch_size": "num_prompts",
+    "weight_decay": "weight_decay",
+    "beta": "kl_beta",
+    "kl_coef": "kl_beta",
+    "clip_ratio": "clip_range",
+    "cliprange": "clip_range",
+    "resolution": "resolution",
+    "image_size": "resolution",
+    "height": "resolution",
+    "width": "resolution",
+    "seed": "seed",
+}
+
+
+def _synonym(key: str) -> str | None:
+    """The valid key another trainer's name for a setting stands for (train.learning_rate -> train.lr)."""
+    word = key.rsplit(".", 1)[-1].lower()
+    target = SYNONYMS.get(word)
+    if target is None:
+        return None
+    valid = _valid_keys()
+    section = key.split(".", 1)[0] if "." in key else ""
+    matches = [k for k in valid if k == target or k.endswith("." + target)]
+    same = [k for k in matches if k.startswith(section + ".")]
+    found = same or matches
+    return found[0] if found else None
+
+
 def _unknown(key: str) -> ConfigError:
-    close = difflib.get_close_matches(key, _valid_keys(), n=1, cutoff=0.5) if len(key) < 100 else []
-    hint = f"; did you mean {close[0]!r}?" if close else ""
+    close = None
+    if len(key) < 100:  # a huge key is named short, without a fuzzy match over it
+        close = _synonym(key) or next(iter(difflib.get_close_matches(key, _valid_keys(), n=1, cutoff=0.5)), None)
+    hint = f"; did you mean {close!r}?" if close and close != key else ""
     return ConfigError(f"unknown config key {shown(key, 100)}{hint}")
 
 
@@ -344,7 +391,10 @@ def flatten(d: dict[str, Any]) -> dict[str, Any]:
 def parse_set(item: str) -> tuple[str, Any]:
     """'tree.branch=3' -> ('tree.branch', 3); values are TOML literals, bare words are strings."""
     if "=" not in item:
-        raise ConfigError(f"--set expects key=value, got {shown(item)}")
+        hint = ""
+        if item.strip() in set(_valid_keys()):
+            hint = f" (the value goes after '=' in the same argument: --set {item.strip()}=VALUE)"
+        raise ConfigError(f"--set expects key=value, got {shown(item)}{hint}")
     key, raw = (s.strip() for s in item.split("=", 1))
     try:
         value = loads_toml(f"v = {raw}")["v"]
@@ -449,7 +499,10 @@ def load_config(
     if config_file:
         table = read_toml(config_file)
         per_model.append((str(config_file), table.pop("for_model", {})))
-        later = flatten(table)
+        try:
+            later = flatten(table)
+        except ConfigError as e:
+            raise ConfigError(f"{config_file}: {e}") from None
     later.update(parse_set(item) for item in sets)
     model = str(later.get("model", flat.get("model", Config.model)))
     flat.update(model_defaults(model))

@@ -53,7 +53,8 @@ class OneLineErrors(TyperGroup):
                 raise SystemExit(e.exit_code) from None
             ctx = e.ctx
             hint = f" (see {ctx.command_path} {ctx.help_option_names[0]})" if ctx is not None else ""
-            error_line(" ".join(e.format_message().split()) + hint)
+            message = " ".join(e.format_message().split())
+            error_line(message + (_config_hint(list(sys.argv[1:] if args is None else args), message) or hint))
             raise SystemExit(e.exit_code) from None
         except _CLICK_EXCEPTION as e:  # not a usage error: typer's own rendering
             from typer import rich_utils
@@ -64,6 +65,19 @@ class OneLineErrors(TyperGroup):
             error_line("aborted")
             raise SystemExit(1) from None
         sys.exit(code if isinstance(code, int) else 0)
+
+
+def _config_hint(args: list[str], message: str) -> str:
+    """Hydra's and argparse's habits for config keys, which typer reports as extra arguments: `train.lr=1e-4`
+    bare, or `--set train.lr 1e-4` with a space, get the spelling that works."""
+    if "extra argument" not in message:
+        return ""
+    for i, a in enumerate(args):
+        if i and args[i - 1] == "--set" and "=" not in a and i + 1 < len(args):
+            return f" (write --set {a}={args[i + 1]}: key and value in one argument)"
+        if not a.startswith("-") and "=" in a and "." in a.split("=", 1)[0] and (not i or args[i - 1] != "--set"):
+            return f" (config keys go in --set: --set {a.lstrip('+')})"
+    return ""
 
 
 app = typer.Typer(

@@ -28,20 +28,29 @@ def eval_(
     prompts: Annotated[
         str | None,
         typer.Option(
-            help="Prompts: a .txt/.jsonl file or a built-in list (default shapes-test); "
-            "with --images, the image->prompt map (.json/.csv)."
+            help="Prompts: a .txt/.jsonl file or a built-in list (default: the checkpoint's run's held-out "
+            "prompts, or the config's); with --images, the image->prompt map (.json/.csv)."
         ),
     ] = None,
     num_prompts: Annotated[
         int | None, typer.Option("--num-prompts", min=1, help="Use only the first N prompts.")
     ] = None,
     metric: Annotated[
-        str,
+        str | None,
         typer.Option(
-            help="Reward names, comma separated: "
-            "shapes, hps, pick, imagereward, clip, aesthetic, jpeg-compressibility, ..."
+            "--metric",
+            "--reward",
+            help="Reward names, comma separated: shapes, hps, pick, imagereward, clip, aesthetic, "
+            "jpeg-compressibility, ... (default: the checkpoint's run's, or the config's).",
         ),
-    ] = "shapes",
+    ] = None,
+    preset: Annotated[
+        str | None, typer.Option(help="Sample --model with this preset's sampler (see `treegrpo presets`).")
+    ] = None,
+    config: Annotated[Path | None, typer.Option("--config", help="A TOML config file layered over the preset.")] = None,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="Override one config key, e.g. --set sampler.steps=20.")
+    ] = None,
     num_images: Annotated[int, typer.Option("--num-images", min=1, help="Images per prompt.")] = 1,
     seed: Annotated[
         int,
@@ -86,13 +95,19 @@ def eval_(
 ) -> None:
     """Evaluate a model or checkpoint with reward metrics (ODE samples by default), or score a folder of images.
 
-    Example: treegrpo eval --model tiny-shapes --metric shapes --num-images 4 --out runs/eval
+    Examples:
+
+      treegrpo eval --checkpoint runs/my-run --baseline tiny-shapes --num-images 4
+
+      treegrpo eval --model flux-dev --preset branch-mix-flow --reward hps,pick --prompts prompts.txt
+
+      treegrpo eval --images generated/ --metric clip --out runs/eval
     """
     from ..config import check_eval_size
     from ..preflight import check_own_dir, check_writable_dir, resolve_device
     from ..prompts import load_prompts
     from ..report.evalio import OUTPUTS, is_eval_output, write_outputs
-    from ..report.evaluate import EvalRequest, run_eval
+    from ..report.evaluate import EvalRequest, run_eval, source_config
     from ..rewards.base import parse_reward_options
 
     with guarded():
@@ -101,7 +116,7 @@ def eval_(
             check_writable_dir(out, "--out")  # before anything is generated
             check_own_dir(out, "--out", is_eval_output, f"an earlier eval's output (only {', '.join(OUTPUTS)})")
         req = EvalRequest(
-            metrics=tuple(m.strip() for m in metric.split(",") if m.strip()),
+            metrics=(),
             model=model,
             checkpoint=checkpoint,
             ema=ema,
@@ -116,13 +131,20 @@ def eval_(
             device=device,
             reward_dtype=reward_dtype,
             reward_options=parse_reward_options(reward_opt or []),
+            preset=preset,
+            config=config,
+            sets=tuple(set_ or []),
         )
+        cfg = source_config(req) if images is None else None  # the run's or the config's defaults
+        names = metric if metric is not None else ",".join(cfg.reward.names if cfg else ("shapes",))
+        req.metrics = tuple(m.strip() for m in names.split(",") if m.strip())
         if images is not None:
             req.prompts_file = Path(prompts) if prompts else None
             if num_prompts is not None:
                 raise ConfigError("--num-prompts selects generation prompts; it does not apply to --images")
         else:
-            req.prompts = load_prompts(prompts or "shapes-test")[:num_prompts]
+            assert cfg is not None
+            req.prompts = load_prompts(prompts or cfg.rollout.eval_prompts)[:num_prompts]
             check_eval_size(len(req.prompts), num_images, steps)  # bounded work, before any model is loaded
         with progress_bar() as bar:
             summary, scored = run_eval(req, bar)

@@ -304,15 +304,16 @@ def _online(preset, config, sets, prompts, run_dir, resume, device, stop: dict) 
         rundir.check_prompts(run, "eval", eval_prompts)
     if d.main:
         from ..models.registry import check_available
+        from ..rewards.base import check_rewards, parse_reward_options
 
+        check_rewards(cfg.reward.names, parse_reward_options(cfg.reward.options))  # every name, before loading
         check_available(cfg.model, cfg.policy)  # missing weights: one line before anything is printed
-        for line in [*run_header(cfg, device, resume is None), f"run folder: {run}"]:
-            err.print(one_line(line), highlight=False, markup=False, soft_wrap=True)
     req = TrainRequest(cfg, train_prompts, eval_prompts, run, resume is not None, device, command_line(), d)
+    header = [*run_header(cfg, device, resume is None), f"run folder: {run}"]  # said once the run folder is ours
     if d.active:
         done = False
         try:
-            summary = _train_rank(req, train_loop, d, cfg, run, stop)
+            summary = _train_rank(req, train_loop, d, cfg, run, stop, header)
             dist.barrier(d)  # every rank done before the group goes away
             done = True
             return summary
@@ -331,7 +332,7 @@ def _online(preset, config, sets, prompts, run_dir, resume, device, stop: dict) 
             if done and not d.main:  # rank 0 reports; the others leave now: gloo's threads can still be
                 sys.stdout.flush()  # winding down, and the interpreter's teardown then aborts the process
                 os._exit(0)  # ("terminate called without an active exception")
-    return _train_rank(req, train_loop, d, cfg, run, stop)
+    return _train_rank(req, train_loop, d, cfg, run, stop, header)
 
 
 def run_header(cfg, device: str, new: bool) -> list[str]:
@@ -346,7 +347,7 @@ def run_header(cfg, device: str, new: bool) -> list[str]:
     return lines + device_notes(device, cfg.model, p.weights, p.size)
 
 
-def _train_rank(req, train_loop, d, cfg, run, stop: dict) -> dict:
+def _train_rank(req, train_loop, d, cfg, run, stop: dict, header: list[str]) -> dict:
     from ..training.loop import Hooks
 
     if not d.main:  # rank 0 speaks for the run; a signal to any rank stops them all after the iteration
@@ -366,7 +367,12 @@ def _train_rank(req, train_loop, d, cfg, run, stop: dict) -> dict:
         def note(message: str) -> None:
             err.print(one_line(message), highlight=False, markup=False, soft_wrap=True)
 
-        return train_loop(req, Hooks(progress=bar, on_row=on_row, should_stop=lambda: flag["stop"], note=note))
+        def started() -> None:
+            for line in header:
+                note(line)
+
+        hooks = Hooks(progress=bar, on_row=on_row, should_stop=lambda: flag["stop"], note=note, started=started)
+        return train_loop(req, hooks)
 
 
 def _staged(trees: Path, run_dir, sets, device) -> dict:

@@ -124,6 +124,7 @@ def check_available(name: str, opts: PolicyConfig) -> None:
     if opts.weights == "random" or name in _PIXEL or name in EMBEDDED or name.endswith(".safetensors"):
         return
     if hub.is_diffusers_name(name):
+        require_extra(("diffusers", "transformers", "peft"), "models", name)
         hub.check_complete(hub.resolve(name, opts.revision, opts.download))
 
 

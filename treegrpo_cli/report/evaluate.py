@@ -58,6 +58,26 @@ class EvalRequest:
     device: str = "cpu"
     reward_dtype: str | None = None  # float32 (default), bfloat16 or float16 for the reward models
     reward_options: dict[str, dict[str, str]] = field(default_factory=dict)
+    preset: str | None = None  # --model's config: this preset (default: the base config) ...
+    config: Path | None = None  # ... with this config file ...
+    sets: tuple[str, ...] = ()  # ... and these --set items over it
+
+
+def source_config(req: EvalRequest) -> Config:
+    """The config a request samples with, read without loading weights: a checkpoint's own (its run's sampler,
+    held-out prompts and rewards), else --model's under the preset, config file and --set items given."""
+    check_sources(req)
+    if req.checkpoint is not None:
+        if req.preset or req.config or req.sets:
+            raise ConfigError(
+                "a checkpoint samples with its run's config; --preset, --config and --set apply to --model"
+            )
+        state = check_checkpoint(find_checkpoint(req.checkpoint))
+        if "config" not in state:
+            raise TreegrpoError(f"{req.checkpoint}: the checkpoint does not record its config")
+        return config_from_dict(state["config"])
+    sets = [*req.sets, *([f"model={json.dumps(req.model)}"] if req.model else [])]
+    return load_config(req.preset, req.config, sets)
 
 
 def build_rewards(req: EvalRequest) -> dict[str, Reward]:
@@ -121,6 +141,10 @@ def _check(req: EvalRequest) -> None:
         raise ConfigError(f"--reward-dtype {req.reward_dtype!r} is not a dtype; use one of {', '.join(DTYPES)}")
     if req.images is None and not req.prompts:
         raise ConfigError("no prompts to generate from")
+    check_sources(req)
+
+
+def check_sources(req: EvalRequest) -> None:
     if req.images is not None and (req.model or req.checkpoint):
         raise ConfigError("--images scores a folder; leave out --model and --checkpoint")
     if req.model and req.checkpoint:
@@ -167,11 +191,12 @@ def find_checkpoint(path: Path) -> Path:
 
 
 def load_source_policy(
-    model: str | None, checkpoint: Path | None, ema: bool, device: str
+    model: str | None, checkpoint: Path | None, ema: bool, device: str, base: Config | None = None
 ) -> tuple[Policy, Config, dict[str, Any]]:
-    """The policy of a model name/file or of a training checkpoint (EMA weights when asked and present)."""
+    """The policy of a model name/file (under `base`, the config it samples with, when given) or of a training
+    checkpoint (EMA weights when asked and present)."""
     if checkpoint is None:
-        cfg = load_config(sets=[f"model={json.dumps(model or Config().model)}"])  # with the model's defaults
+        cfg = base or load_config(sets=[f"model={json.dumps(model or Config().model)}"])  # the model's defaults
         return load_policy(cfg.model, device, cfg.policy), cfg, {"model": cfg.model}
     step = find_checkpoint(checkpoint)
     ck = load_checkpoint(step)
@@ -193,7 +218,8 @@ def policy_source(
     req: EvalRequest, model: str | None, checkpoint: Path | None, sampler: SamplerConfig | None
 ) -> tuple[Source, SamplerConfig]:
     """Generated images; the sampler is the source's config (or the one given, for a baseline)."""
-    policy, cfg, info = load_source_policy(model, checkpoint, req.ema, req.device)
+    base = source_config(req) if sampler is None and checkpoint is None else None  # the main source's config
+    policy, cfg, info = load_source_policy(model, checkpoint, req.ema, req.device, base)
     if sampler is None:
         sampler = dataclasses.replace(cfg.sampler, steps=req.steps) if req.steps else cfg.sampler
         sampler.validate()

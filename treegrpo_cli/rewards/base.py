@@ -89,6 +89,21 @@ def spec(name: str) -> RewardSpec:
     return _REGISTRY[name]
 
 
+def check_rewards(names: list[str] | tuple[str, ...], options: dict[str, dict[str, str]]) -> None:
+    """Every name and option of a reward list, checked before any reward model loads (a typo in the second name
+    is reported before the first one's missing weights)."""
+    for name in names:
+        s = spec(name)
+        bad = sorted(set(options.get(name, {})) - set(s.options))
+        if bad:
+            raise ConfigError(
+                f"reward {name!r} has no option {bad[0]!r} (its options: {', '.join(s.options) or 'none'})"
+            )
+    stray = sorted(set(options) - set(names))
+    if stray:
+        raise ConfigError(f"reward options for {stray[0]!r}, which the reward list does not name")
+
+
 def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
     if dtype is None or isinstance(dtype, torch.dtype):
         return dtype

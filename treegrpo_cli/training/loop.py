@@ -72,6 +72,7 @@ class Hooks:
     should_stop: Callable[[], bool] = lambda: False
     on_eval: Callable[[dict[str, Any]], None] = lambda row: None  # a held-out evaluation's row, once written
     on_image: Callable[[str, Path, int], None] = lambda tag, path, step: None  # a sample grid, once written
+    started: Callable[[], None] = lambda: None  # the run folder is this process's (locked, checked): loading begins
 
 
 class Trainer:
@@ -299,6 +300,7 @@ def train(req: TrainRequest, hooks: Hooks = Hooks()) -> dict[str, Any]:
             held.enter_context(runlock.lock(req.run_dir))
         if req.resume:
             rundir.check_resumable(req.run_dir, req.config)  # damaged files: refused before anything is written
+        hooks.started()
         return _train(req, hooks, held)
 
 

@@ -16,7 +16,7 @@ from ..engine.rollout import TreeConfig, mix_seed
 from ..engine.schedules import tree_for_iteration
 from ..engine.tree import Tree
 from ..models.base import Policy
-from ..rewards.base import FrameStrided, get_reward, parse_reward_options, weighted_sum
+from ..rewards.base import FrameStrided, check_rewards, get_reward, parse_reward_options, weighted_sum
 from ..store.trees import to_uint8
 
 
@@ -40,6 +40,7 @@ def plan_iteration(cfg: Config, num_available: int, it: int, num_prompts: int | 
 def build_rewards(cfg: Config, device: str) -> dict[str, Any]:
     """The config's reward models with their reward.options, on `device`."""
     opts = parse_reward_options(cfg.reward.options)
+    check_rewards(cfg.reward.names, opts)  # every name before any model loads
     rewards = {n: get_reward(n, device=device, **opts.get(n, {})) for n in cfg.reward.names}
     if cfg.reward.frame_stride != 1:  # videos: every frame_stride-th frame
         return {n: FrameStrided(r, cfg.reward.frame_stride) for n, r in rewards.items()}

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The GPU check that every session with a GPU runs first: bench/gpu_check.py (its docstring says what it runs).
+#
+#   here, once:  bash bench/gpu_check.sh --wheels   # the wheels the device lacks (diffusers) into .whl/ (ignored)
+#   device run:  bash bench/gpu_check.sh            # carry [".whl"], timeout_s 560; the JSON comes back in $OUT
+#   on a CPU:    bash bench/gpu_check.sh --tiny     # the same steps at policy.size="tiny"
+set -euo pipefail
+cd "$(dirname "$0")/.."
+WHEELS=(diffusers==0.42.1 importlib_metadata==8.7.0)
+if [ "${1:-}" = "--wheels" ]; then
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl "${WHEELS[@]}"
+    ls .whl
+    exit 0
+fi
+if ! python3 -c "import diffusers" 2>/dev/null; then
+    [ -d .whl ] || { echo "diffusers is not installed and no .whl/ was carried: run 'bash bench/gpu_check.sh --wheels' here first" >&2; exit 2; }
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+python3 bench/gpu_check.py "$@"

@@ -1,0 +1,81 @@
+"""What a user of other trainers types: eval samples what the run trained (its reward, held-out prompts, sampler),
+config keys under other trainers' names, Hydra's and argparse's habits, and a list of rewards checked whole."""
+
+import json
+
+import pytest
+from clitools import one_line_error, run
+
+TINY = ["--model", "pixel-tiny", "--set", "train.eval_samples=0", "--set", "train.sample_every=0"]
+
+
+@pytest.fixture(scope="module")
+def jpeg_run(tmp_path_factory):
+    """A pixel-tiny run trained on JPEG compressibility with three held-out prompts of its own."""
+    root = tmp_path_factory.mktemp("jpeg")
+    held_out = root / "held-out.txt"
+    held_out.write_text("a harbour at noon\na field of poppies\na red bicycle\n")
+    args = ["train", *TINY, "--reward", "jpeg-compressibility", "--iterations", 1, "--run-dir", root / "run"]
+    r = run(*args, "--set", f"rollout.eval_prompts={json.dumps(str(held_out))}")
+    assert r.exit_code == 0, r.output
+    return root / "run"
+
+
+def test_eval_of_a_checkpoint_samples_the_runs_own_reward_and_prompts(jpeg_run):
+    r = run("eval", "--checkpoint", jpeg_run, "--json")
+    assert r.exit_code == 0, r.output
+    summary = json.loads(r.stdout)
+    assert list(summary["metrics"]) == ["jpeg-compressibility"]  # not the world's shapes reward
+    assert summary["metrics"]["jpeg-compressibility"]["n"] == 3  # the run's three held-out prompts
+
+
+def test_eval_takes_reward_as_the_other_commands_do(jpeg_run):
+    r = run("eval", "--checkpoint", jpeg_run, "--reward", "jpeg-incompressibility", "--num-prompts", 1, "--json")
+    assert r.exit_code == 0, r.output
+    assert list(json.loads(r.stdout)["metrics"]) == ["jpeg-incompressibility"]
+
+
+def test_eval_of_a_model_samples_with_the_preset_and_sets_given():
+    args = ["eval", "--model", "pixel-tiny", "--preset", "flow-grpo", "--set", "sampler.steps=3", "--json"]
+    r = run(*args, "--num-prompts", 1, "--reward", "jpeg-compressibility")
+    assert r.exit_code == 0, r.output
+    summary = json.loads(r.stdout)
+    assert summary["sampler"]["steps"] == 3
+    r = run("eval", "--model", "pixel-tiny", "--preset", "nope", "--num-prompts", 1)
+    one_line_error(r, "nope")
+
+
+def test_a_checkpoint_refuses_a_preset(jpeg_run):
+    one_line_error(run("eval", "--checkpoint", jpeg_run, "--preset", "branch"), "its run's config")
+
+
+@pytest.mark.parametrize(
+    "key, meant",
+    [
+        ("train.learning_rate=1e-4", "train.lr"),
+        ("policy.mixed_precision=bf16", "policy.dtype"),
+        ("sampler.num_inference_steps=20", "sampler.steps"),
+        ("train.kl_coef=0.01", "train.kl_beta"),
+    ],
+)
+def test_other_trainers_names_for_a_key_suggest_ours(key, meant, tmp_path):
+    one_line_error(run("train", "--set", key, "--run-dir", tmp_path / "r"), f"did you mean {meant!r}")
+
+
+def test_hydra_and_argparse_habits_get_the_spelling_that_works(tmp_path):
+    one_line_error(run("train", "train.lr=1e-4"), "config keys go in --set: --set train.lr=1e-4")
+    one_line_error(run("train", "--set", "train.lr", "1e-4"), "write --set train.lr=1e-4")
+    one_line_error(run("train", "--set", "train.lr"), "--set train.lr=VALUE")
+
+
+def test_a_bad_key_in_a_config_file_names_the_file(tmp_path):
+    cfg = tmp_path / "mine.toml"
+    cfg.write_text("[train]\nlearning_rate = 1e-4\n")
+    one_line_error(run("train", "--config", cfg, "--run-dir", tmp_path / "r"), str(cfg), "did you mean 'train.lr'")
+
+
+def test_every_reward_name_is_checked_before_any_weights_load(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "no-cache"))  # imagereward's weights are absent
+    r = run("train", *TINY, "--reward", "imagereward,pickscore", "--run-dir", tmp_path / "r")
+    one_line_error(r, "unknown reward 'pickscore'", "did you mean 'pick'")
+    assert not (tmp_path / "r").exists()
