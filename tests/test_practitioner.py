@@ -79,3 +79,27 @@ def test_every_reward_name_is_checked_before_any_weights_load(tmp_path, monkeypa
     r = run("train", *TINY, "--reward", "imagereward,pickscore", "--run-dir", tmp_path / "r")
     one_line_error(r, "unknown reward 'pickscore'", "did you mean 'pick'")
     assert not (tmp_path / "r").exists()
+
+
+def test_one_vocabulary_across_commands(tmp_path):
+    """--out names train's folder as every other command's; torch's dtype names work; --num-prompts on train."""
+    r = run("train", *TINY, "--iterations", 1, "--out", tmp_path / "r", "--num-prompts", 2, "--dtype", "bfloat16")
+    assert r.exit_code == 0, r.output
+    cfg = json.loads((tmp_path / "r" / "run.json").read_text())["config"]
+    assert cfg["rollout"]["num_prompts"] == 2 and cfg["policy"]["dtype"] == "bf16"
+    from treegrpo_cli.config import load_config
+
+    assert load_config(sets=['policy.dtype="float32"']).policy.dtype == "fp32"
+
+
+def test_rollout_and_train_share_their_default_preset():
+    from treegrpo_cli.cli.train_cmd import DEFAULT_PRESET
+
+    flat = " ".join(run("rollout", "--help").output.replace("│", " ").split())
+    assert f"[default: {DEFAULT_PRESET}]" in flat
+
+
+@pytest.mark.parametrize("command", ["train", "rollout", "score", "eval", "export", "inspect", "serve-reward"])
+def test_every_command_help_ends_with_examples(command):
+    text = run(command, "--help").output
+    assert "Example" in text and f"treegrpo {command}" in text

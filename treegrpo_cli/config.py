@@ -22,7 +22,7 @@ from .engine.rollout import TreeConfig
 from .engine.schedules import ScheduleConfig
 from .engine.sde import MAX_STEPS, SamplerConfig
 from .errors import ConfigError
-from .models.base import PolicyConfig
+from .models.base import DTYPE_NAMES, PolicyConfig
 
 PRESET_DIRS = (Path(__file__).parent / "presets", Path(__file__).resolve().parents[1] / "presets")
 COMBINES = ("rewards", "advantages")
@@ -461,6 +461,8 @@ def _check_value(key: str, typ: str, value: Any) -> None:
 
 
 def build(flat: dict[str, Any]) -> Config:
+    if isinstance(flat.get("policy.dtype"), str):  # torch's spellings too: bfloat16, float32
+        flat = {**flat, "policy.dtype": DTYPE_NAMES.get(flat["policy.dtype"], flat["policy.dtype"])}
     top = {k: v for k, v in flat.items() if "." not in k}
     sections = {}
     for sec, cls in SECTIONS.items():

@@ -81,7 +81,7 @@ def _log_sets(log: str | None) -> list[str]:
     return ["train.log=[" + ", ".join(json.dumps(n) for n in names) + "]"]
 
 
-MODEL_PANEL = "Model (diffusers: FLUX, SD3, SD1.5)"
+MODEL_PANEL = "Model (diffusers: FLUX.1, FLUX.2, SD3.5, SD1.5, Qwen-Image, Wan2.1)"
 
 
 def policy_sets(
@@ -132,9 +132,12 @@ def train(
         ),
     ] = None,
     iterations: Annotated[int | None, typer.Option(min=1, help="Online iterations.")] = None,
+    num_prompts: Annotated[
+        int | None, typer.Option("--num-prompts", min=1, help="Prompts an iteration (rollout.num_prompts).")
+    ] = None,
     seed: Annotated[int | None, typer.Option(help="Run seed.")] = None,
     run_dir: Annotated[
-        Path | None, typer.Option("--run-dir", help="Run folder (default runs/<preset>-<time>).")
+        Path | None, typer.Option("--run-dir", "--out", help="Run folder (default runs/<preset>-<time>).")
     ] = None,
     resume: Annotated[
         Path | None, typer.Option(help="Continue the run in this folder from its last complete checkpoint.")
@@ -183,7 +186,10 @@ def train(
     ] = None,
     dtype: Annotated[
         str | None,
-        typer.Option(help="Weights: auto (bf16 on CUDA, fp32 elsewhere), bf16 or fp32.", rich_help_panel=MODEL_PANEL),
+        typer.Option(
+            help="Weights: auto (bf16 on CUDA, fp32 elsewhere), bf16 (bfloat16) or fp32 (float32).",
+            rich_help_panel=MODEL_PANEL,
+        ),
     ] = None,
     gradient_checkpointing: Annotated[
         bool | None,
@@ -206,7 +212,13 @@ def train(
 ) -> None:
     """Train online: roll out trees, score, compute advantages, prune, update; checkpoints and exact resume.
 
-    Example: treegrpo train --preset branch-mix --iterations 50
+    Examples:
+
+      treegrpo train                                   # the embedded world's main job
+
+      treegrpo train --preset branch-mix-flow --model flux-dev --reward hps --prompts prompts.txt
+
+      treegrpo train --resume runs/my-run --iterations 400
     """
     from ..preflight import resolve_device
 
@@ -217,6 +229,7 @@ def train(
         _refuse_ignored(trees, resume, iterations, preset, config, prompts)
         device = resolve_device(device)
         sets = _sets(set_, model, reward, weights, iterations, seed, max_batch, reward_opt)
+        sets += [f"rollout.num_prompts={num_prompts}"] if num_prompts else []
         sets += policy_sets(revision, finetune, lora_rank, lora_alpha, lora_targets, dtype, gradient_checkpointing)
         sets += _log_sets(log)
         if trees is not None:
