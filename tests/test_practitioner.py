@@ -103,3 +103,51 @@ def test_rollout_and_train_share_their_default_preset():
 def test_every_command_help_ends_with_examples(command):
     text = run(command, "--help").output
     assert "Example" in text and f"treegrpo {command}" in text
+
+
+def _on_a_terminal(args: list[str]) -> tuple[int, str]:
+    """Run `python -m treegrpo_cli ARGS` with its output on a pseudo-terminal, as a user at a shell sees it."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    master, slave = pty.openpty()
+    env = dict(os.environ, COLUMNS="120", TERM="xterm-256color")
+    p = subprocess.Popen([sys.executable, "-m", "treegrpo_cli", *args], stdout=slave, stderr=slave, env=env)
+    os.close(slave)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(master, 1 << 16)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(master)
+    return p.wait(), out.decode(errors="replace")
+
+
+def test_progress_on_a_terminal_tells_the_truth(tmp_path):
+    code, text = _on_a_terminal(["train", *TINY, "--iterations", "3", "--out", str(tmp_path / "r")])
+    assert code == 0, text
+    assert "device: cpu" in text and "loading pixel-tiny" in text and "pixel-tiny ready on cpu" in text
+    for k in range(3):
+        assert f"iteration {k}: reward" in text  # on a terminal too, not only in a log
+    import re
+
+    plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)
+    # the iteration bar's clock runs from the start and it gives a time left from the first iteration on
+    assert re.search(r"iterations .*1/3 +\d+:\d\d:\d\d eta \d+:\d\d:\d\d", plain), plain
+    # each pass of the rollout gets a fresh bar: its count starts again from 0
+    assert re.search(r"rollout .* 0/\d+ +0:00:00", plain), plain
+
+
+def test_progress_in_a_log_says_the_run_folder_first(tmp_path):
+    r = run("train", *TINY, "--iterations", 2, "--out", tmp_path / "r", "--set", "train.eval_samples=1")
+    assert r.exit_code == 0, r.output
+    lines = r.stderr.splitlines()
+    assert lines[2] == f"run folder: {tmp_path / 'r'}"
+    assert lines.index(f"run folder: {tmp_path / 'r'}") < min(i for i, x in enumerate(lines) if "iteration 0" in x)
+    assert any(x.startswith("held-out reward at iteration 2:") for x in lines)

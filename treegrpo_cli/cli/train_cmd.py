@@ -370,12 +370,21 @@ def _train_rank(req, train_loop, d, cfg, run, stop: dict, header: list[str]) -> 
 
         def on_row(row: dict) -> None:
             bar("iterations", row["iteration"] + 1, cfg.train.iterations)
-            if not err.is_terminal:
-                err.print(
-                    f"iteration {row['iteration']}: reward {row['reward_mean']:.4f} ± {row['reward_std']:.4f}, "
-                    f"{row['seconds']['total']:.1f}s",
-                    highlight=False,
-                )
+            err.print(
+                f"iteration {row['iteration']}: reward {row['reward_mean']:.4f} ± {row['reward_std']:.4f}, "
+                f"{row['seconds']['total']:.1f}s",
+                highlight=False,
+                soft_wrap=True,
+            )
+
+        def on_eval(row: dict) -> None:
+            n = f"{row['prompts']} prompts x {row['samples']}"
+            err.print(
+                f"held-out reward at iteration {row['iteration']}: {row['reward_mean']:.4f} "
+                f"± {row['reward_sem']:.4f} (sem; {n}, {row['weights']} weights)",
+                highlight=False,
+                soft_wrap=True,
+            )
 
         def note(message: str) -> None:
             err.print(one_line(message), highlight=False, markup=False, soft_wrap=True)
@@ -383,8 +392,12 @@ def _train_rank(req, train_loop, d, cfg, run, stop: dict, header: list[str]) -> 
         def started() -> None:
             for line in header:
                 note(line)
+            note(f"loading {cfg.model} ...")
+            bar("iterations", 0, cfg.train.iterations)  # the bar's clock from the start, not from iteration 1
 
-        hooks = Hooks(progress=bar, on_row=on_row, should_stop=lambda: flag["stop"], note=note, started=started)
+        hooks = Hooks(
+            progress=bar, on_row=on_row, on_eval=on_eval, should_stop=lambda: flag["stop"], note=note, started=started
+        )
         return train_loop(req, hooks)
 
 
