@@ -151,3 +151,11 @@ def test_progress_in_a_log_says_the_run_folder_first(tmp_path):
     assert lines[2] == f"run folder: {tmp_path / 'r'}"
     assert lines.index(f"run folder: {tmp_path / 'r'}") < min(i for i, x in enumerate(lines) if "iteration 0" in x)
     assert any(x.startswith("held-out reward at iteration 2:") for x in lines)
+
+
+def test_exit_codes_follow_the_documented_rule(tmp_path):
+    """2 for a usage or config error, 1 for a runtime one (README)."""
+    assert run("train", "--set", "train.learning_rate=1e-4").exit_code == 2  # a config key
+    assert run("train", "--iterations", 0).exit_code == 2  # an option's value
+    assert run("train", "--bogus").exit_code == 2  # an option
+    assert run("train", *TINY, "--prompts", tmp_path / "none.txt", "--out", tmp_path / "r").exit_code == 1  # a file
