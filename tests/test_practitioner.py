@@ -159,3 +159,57 @@ def test_exit_codes_follow_the_documented_rule(tmp_path):
     assert run("train", "--iterations", 0).exit_code == 2  # an option's value
     assert run("train", "--bogus").exit_code == 2  # an option
     assert run("train", *TINY, "--prompts", tmp_path / "none.txt", "--out", tmp_path / "r").exit_code == 1  # a file
+
+
+@pytest.mark.parametrize(
+    "preset, model, reward",
+    [
+        ("branch", "flux-dev", ("hps",)),
+        ("flow-grpo", "sd3.5-medium", ("pick",)),
+        ("mix-grpo", "flux-dev", ("hps", "pick", "imagereward")),
+        ("tree-grpo", "wan2.1-t2v-1.3b", ("videoalign",)),
+    ],
+)
+def test_a_released_model_trains_on_its_papers_reward_and_general_prompts(preset, model, reward):
+    from treegrpo_cli.config import load_config
+
+    cfg = load_config(preset, sets=[f'model="{model}"'])
+    assert cfg.reward.names == reward
+    assert (cfg.rollout.prompts, cfg.rollout.eval_prompts) == ("general-train", "general-test")
+    world = load_config(preset)  # the embedded world keeps its own reward and prompts
+    assert world.reward.names == ("shapes",) and world.rollout.prompts == "shapes-train"
+    assert load_config(preset, sets=[f'model="{model}"', 'reward.names=["clip"]']).reward.names == ("clip",)
+
+
+def test_the_general_prompts_are_shipped_and_held_out_apart():
+    from treegrpo_cli.prompts import load_prompts
+
+    train, test = load_prompts("general-train"), load_prompts("general-test")
+    assert len(train) == 64 and len(test) == 16 and not set(train) & set(test)
+    assert not any(word in p for p in train + test for word in ("circle", "square", "triangle"))
+
+
+def test_a_released_model_without_weights_is_one_line_before_anything(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "empty"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.delenv("TREEGRPO_HPS_CHECKPOINT", raising=False)
+    r = run("train", "--model", "flux-dev", "--preset", "branch", "--out", tmp_path / "r")
+    assert r.exit_code == 1 and r.stderr.count("\n") == 1, r.stderr  # nothing before the error line
+    assert "model weights for 'flux-dev'" in r.stderr and "hf download black-forest-labs/FLUX.1-dev" in r.stderr
+    random = ["--set", 'policy.weights="random"']
+    r = run("train", "--model", "flux-dev", "--preset", "branch", *random, "--out", tmp_path / "r")
+    assert r.exit_code == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert "hps weights not found" in r.stderr and "TREEGRPO_HPS_CHECKPOINT" in r.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_the_first_lines_say_model_reward_prompts_and_device_and_whence(tmp_path):
+    args = ["--model", "flux-dev", "--set", 'policy.weights="random"', "--set", 'policy.size="tiny"']
+    small = ["--set", "train.eval_samples=0", "--set", "sampler.steps=4", "--num-prompts", 1, "--iterations", 1]
+    r = run("train", *args, "--reward", "jpeg-compressibility", *small, "--out", tmp_path / "r")
+    assert r.exit_code == 0, r.output
+    first, device = r.stderr.splitlines()[:2]
+    assert "model flux-dev (random weights, tiny size)" in first
+    assert "reward jpeg-compressibility (given)" in first
+    assert "prompts general-train (held out: general-test; the shipped general prompts)" in first
+    assert device == "device: cpu (no GPU seen by torch)"

@@ -503,10 +503,28 @@ def load_config(
     later.update(parse_set(item) for item in sets)
     model = str(later.get("model", flat.get("model", Config.model)))
     flat.update(model_defaults(model))
+    flat.update(release_task(model, preset))
     for source, tables in per_model:
         flat.update(for_model(tables, model, source))
     flat.update(later)
     return build(flat)
+
+
+# the reward each method's paper trains a released model on (methods.md); the others HPS-v2.1, as BranchGRPO,
+# TreeGRPO and DanceGRPO do; video releases VideoAlign, as DanceGRPO's video runs
+PAPER_REWARDS: dict[str, list[str]] = {"flow-grpo": ["pick"], "mix-grpo": ["hps", "pick", "imagereward"]}
+
+
+def release_task(model: str, preset: str | None) -> dict[str, Any]:
+    """What a released model (--model flux-dev, ...) trains on unless told: its preset's paper reward and the
+    shipped general prompts, never the embedded world's."""
+    from .models import hub
+
+    if model not in hub.KNOWN:
+        return {}
+    video = hub.KNOWN[model][1].startswith("wan")
+    reward = ["videoalign"] if video else PAPER_REWARDS.get(preset or "", ["hps"])
+    return {"reward.names": reward, "rollout.prompts": "general-train", "rollout.eval_prompts": "general-test"}
 
 
 def for_model(tables: Any, model: str, source: str) -> dict[str, Any]:

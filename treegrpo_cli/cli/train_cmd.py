@@ -317,12 +317,15 @@ def _online(preset, config, sets, prompts, run_dir, resume, device, stop: dict) 
         rundir.check_prompts(run, "eval", eval_prompts)
     if d.main:
         from ..models.registry import check_available
-        from ..rewards.base import check_rewards, parse_reward_options
+        from ..rewards.base import check_rewards, check_weights, parse_reward_options
 
-        check_rewards(cfg.reward.names, parse_reward_options(cfg.reward.options))  # every name, before loading
+        reward_opts = parse_reward_options(cfg.reward.options)
+        check_rewards(cfg.reward.names, reward_opts)  # every name, before loading
         check_available(cfg.model, cfg.policy)  # missing weights: one line before anything is printed
+        check_weights(cfg.reward.names, reward_opts)
     req = TrainRequest(cfg, train_prompts, eval_prompts, run, resume is not None, device, command_line(), d)
-    header = [*run_header(cfg, device, resume is None), f"run folder: {run}"]  # said once the run folder is ours
+    given = {item.split("=", 1)[0].strip() for item in sets}
+    header = [*run_header(cfg, device, resume is None, given), f"run folder: {run}"]  # said once the run is ours
     if d.active:
         done = False
         try:
@@ -348,14 +351,26 @@ def _online(preset, config, sets, prompts, run_dir, resume, device, stop: dict) 
     return _train_rank(req, train_loop, d, cfg, run, stop, header)
 
 
-def run_header(cfg, device: str, new: bool) -> list[str]:
-    """The run's first lines: what it trains, on what, where."""
-    p = cfg.policy
+def run_header(cfg, device: str, new: bool, given: set[str] | frozenset[str] = frozenset()) -> list[str]:
+    """The run's first lines: what it trains, on what, where, and where each choice came from (`given`: the keys
+    the command line set)."""
+    from ..models.hub import KNOWN
+
+    p, n = cfg.policy, cfg.train.iterations
+
+    def source(key: str, release: str) -> str:
+        if not new:
+            return "the run's"
+        if key in given:
+            return "given"
+        return release if cfg.model in KNOWN else "the model's default"
+
     weights = f" ({p.weights} weights, {p.size} size)" if p.weights == "random" else ""
-    what, n = ("starting" if new else "resuming"), cfg.train.iterations
     lines = [
-        f"{what} {cfg.name}: model {cfg.model}{weights}; reward {', '.join(cfg.reward.names)}; "
-        f"prompts {cfg.rollout.prompts} (held out: {cfg.rollout.eval_prompts}); {n} iteration{'s' * (n != 1)}"
+        f"{'starting' if new else 'resuming'} {cfg.name}: model {cfg.model}{weights}; "
+        f"reward {', '.join(cfg.reward.names)} ({source('reward.names', 'the paper reward of the preset')}); "
+        f"prompts {cfg.rollout.prompts} (held out: {cfg.rollout.eval_prompts}; "
+        f"{source('rollout.prompts', 'the shipped general prompts')}); {n} iteration{'s' * (n != 1)}"
     ]
     return lines + device_notes(device, cfg.model, p.weights, p.size)
 
