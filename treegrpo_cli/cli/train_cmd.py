@@ -383,26 +383,22 @@ def _train_rank(req, train_loop, d, cfg, run, stop: dict, header: list[str]) -> 
             return train_loop(req, Hooks(should_stop=lambda: flag["stop"]))
     with graceful_stop(stop) as flag, progress_bar(quiet=("rollout", "iterations", "eval")) as bar:
 
+        def note(message: str) -> None:
+            err.print(one_line(message), highlight=False, markup=False, soft_wrap=True)
+
         def on_row(row: dict) -> None:
             bar("iterations", row["iteration"] + 1, cfg.train.iterations)
-            err.print(
+            note(
                 f"iteration {row['iteration']}: reward {row['reward_mean']:.4f} ± {row['reward_std']:.4f}, "
-                f"{row['seconds']['total']:.1f}s",
-                highlight=False,
-                soft_wrap=True,
+                f"{row['seconds']['total']:.1f}s"
             )
 
         def on_eval(row: dict) -> None:
             n = f"{row['prompts']} prompts x {row['samples']}"
-            err.print(
+            note(
                 f"held-out reward at iteration {row['iteration']}: {row['reward_mean']:.4f} "
-                f"± {row['reward_sem']:.4f} (sem; {n}, {row['weights']} weights)",
-                highlight=False,
-                soft_wrap=True,
+                f"± {row['reward_sem']:.4f} (sem; {n}, {row['weights']} weights)"
             )
-
-        def note(message: str) -> None:
-            err.print(one_line(message), highlight=False, markup=False, soft_wrap=True)
 
         def started() -> None:
             for line in header:
