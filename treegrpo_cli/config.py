@@ -481,33 +481,41 @@ def build(flat: dict[str, Any]) -> Config:
 def load_config(
     preset: str | None = None, config_file: Path | None = None, sets: list[str] | tuple[str, ...] = ()
 ) -> Config:
-    """Layered as: preset < the model's defaults < [for_model.MODEL] tables (the preset's, then the file's)
-    < --config file < --set."""
+    """Layered as: preset < the model's defaults < a released model's task < [for_model.MODEL] tables (the
+    preset's, then the file's) < --config file < --set (config_layers)."""
+    flat: dict[str, Any] = {}
+    for _, values in config_layers(preset, config_file, sets):
+        flat.update(values)
+    return build(flat)
+
+
+def config_layers(
+    preset: str | None = None, config_file: Path | None = None, sets: list[str] | tuple[str, ...] = ()
+) -> list[tuple[str, dict[str, Any]]]:
+    """[(layer, {key: value})] in the order they apply, the later winning: what `config show --explain` names."""
     from .models.registry import model_defaults
 
-    flat: dict[str, Any] = {}
+    first: dict[str, Any] = {}
     per_model: list[tuple[str, Any]] = []
     if preset:
         table = read_toml(preset_path(preset))
-        per_model.append((f"preset {preset!r}", table.pop("for_model", {})))
-        flat.update(flatten(table))
-        flat.setdefault("name", preset)
-    later: dict[str, Any] = {}
+        per_model.append((f"preset {preset}", table.pop("for_model", {})))
+        first.update(flatten(table))
+        first.setdefault("name", preset)
+    file_values: dict[str, Any] = {}
     if config_file:
         table = read_toml(config_file)
         per_model.append((str(config_file), table.pop("for_model", {})))
         try:
-            later = flatten(table)
+            file_values = flatten(table)
         except ConfigError as e:
             raise ConfigError(f"{config_file}: {e}") from None
-    later.update(parse_set(item) for item in sets)
-    model = str(later.get("model", flat.get("model", Config.model)))
-    flat.update(model_defaults(model))
-    flat.update(release_task(model, preset))
-    for source, tables in per_model:
-        flat.update(for_model(tables, model, source))
-    flat.update(later)
-    return build(flat)
+    set_values = dict(parse_set(item) for item in sets)
+    model = str(set_values.get("model", file_values.get("model", first.get("model", Config.model))))
+    layers = [(f"preset {preset}", first), (f"model defaults of {model}", model_defaults(model))]
+    layers.append((f"released model {model} (paper reward, general prompts)", release_task(model, preset)))
+    layers += [(f"[for_model.{model}] of {src}", for_model(tables, model, src)) for src, tables in per_model]
+    return layers + [(f"--config {config_file}", file_values), ("--set", set_values)]
 
 
 # the reward each method's paper trains a released model on (methods.md); the others HPS-v2.1, as BranchGRPO,
