@@ -36,3 +36,24 @@ def test_explain_names_the_layer_that_won():
 
 def test_a_bad_key_is_one_line():
     one_line_error(run("config", "show", "--set", "train.learning_rate=1"), "did you mean 'train.lr'")
+
+
+def test_a_schedule_that_overrides_the_users_tree_is_warned_about(tmp_path):
+    args = [
+        "train",
+        "--preset",
+        "mix-grpo",
+        "--model",
+        "pixel-tiny",
+        "--iterations",
+        1,
+        "--set",
+        "train.eval_samples=0",
+    ]
+    r = run(*args, "--set", "tree.sde_steps=[1, 2]", "--out", tmp_path / "a")
+    assert r.exit_code == 0, r.output
+    assert (
+        "warning: tree.sde_steps from --set is overridden every iteration by schedule.kind = 'progressive'" in r.stderr
+    )
+    r = run(*args, "--out", tmp_path / "b")  # the preset's own window: no warning
+    assert r.exit_code == 0 and "overridden" not in r.stderr, r.stderr

@@ -518,6 +518,22 @@ def config_layers(
     return layers + [(f"--config {config_file}", file_values), ("--set", set_values)]
 
 
+def schedule_warnings(cfg: Config, layers: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """A non-static [schedule] sets the SDE window (and, with schedule.split, the split steps) every iteration: a
+    tree.sde_steps / tree.split_steps given by the user's own layers would be silently overridden."""
+    if cfg.schedule.kind == "static":
+        return []
+    owned = ["tree.sde_steps"] + (["tree.split_steps"] if cfg.schedule.split != "none" else [])
+    return [
+        f"warning: {key} from {layer} is overridden every iteration by schedule.kind = {cfg.schedule.kind!r} "
+        f'(set schedule.kind = "static" to keep it)'
+        for layer, values in layers
+        if layer.startswith(("--config", "--set"))
+        for key in owned
+        if key in values
+    ]
+
+
 # the reward each method's paper trains a released model on (methods.md); the others HPS-v2.1, as BranchGRPO,
 # TreeGRPO and DanceGRPO do; video releases VideoAlign, as DanceGRPO's video runs
 PAPER_REWARDS: dict[str, list[str]] = {"flow-grpo": ["pick"], "mix-grpo": ["hps", "pick", "imagereward"]}

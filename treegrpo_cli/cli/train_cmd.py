@@ -290,7 +290,7 @@ def _relaunch(nproc: int) -> None:
 
 
 def _online(preset, config, sets, prompts, run_dir, resume, device, stop: dict) -> dict:
-    from ..config import load_config
+    from ..config import config_layers, load_config, schedule_warnings
     from ..preflight import check_writable_dir
     from ..prompts import load_prompts
     from ..training import dist, rundir
@@ -303,8 +303,9 @@ def _online(preset, config, sets, prompts, run_dir, resume, device, stop: dict) 
         cfg, run = rundir.resume_config(resume, sets), resume
     else:
         cfg = load_config(preset, config, sets)
-        for w in cfg.warnings() if d.main else []:
-            err.print(one_line(w), highlight=False, markup=False)
+        layers = config_layers(preset, config, sets)
+        for w in [*cfg.warnings(), *schedule_warnings(cfg, layers)] if d.main else []:
+            err.print(one_line(w), highlight=False, markup=False, soft_wrap=True)
         run = Path(dist.gather(str(run_dir or Path("runs") / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"), d)[0])
         if d.main:
             rundir.check_new(run)
