@@ -79,3 +79,137 @@ def test_every_reward_name_is_checked_before_any_weights_load(tmp_path, monkeypa
     r = run("train", *TINY, "--reward", "imagereward,pickscore", "--run-dir", tmp_path / "r")
     one_line_error(r, "unknown reward 'pickscore'", "did you mean 'pick'")
     assert not (tmp_path / "r").exists()
+
+
+def test_one_vocabulary_across_commands(tmp_path):
+    """--out names train's folder as every other command's; torch's dtype names work; --num-prompts on train."""
+    r = run("train", *TINY, "--iterations", 1, "--out", tmp_path / "r", "--num-prompts", 2, "--dtype", "bfloat16")
+    assert r.exit_code == 0, r.output
+    cfg = json.loads((tmp_path / "r" / "run.json").read_text())["config"]
+    assert cfg["rollout"]["num_prompts"] == 2 and cfg["policy"]["dtype"] == "bf16"
+    from treegrpo_cli.config import load_config
+
+    assert load_config(sets=['policy.dtype="float32"']).policy.dtype == "fp32"
+
+
+def test_rollout_and_train_share_their_default_preset():
+    from treegrpo_cli.cli.train_cmd import DEFAULT_PRESET
+
+    flat = " ".join(run("rollout", "--help").output.replace("│", " ").split())
+    assert f"[default: {DEFAULT_PRESET}]" in flat
+
+
+@pytest.mark.parametrize("command", ["train", "rollout", "score", "eval", "export", "inspect", "serve-reward"])
+def test_every_command_help_ends_with_examples(command):
+    text = run(command, "--help").output
+    assert "Example" in text and f"treegrpo {command}" in text
+
+
+def _on_a_terminal(args: list[str]) -> tuple[int, str]:
+    """Run `python -m treegrpo_cli ARGS` with its output on a pseudo-terminal, as a user at a shell sees it."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    master, slave = pty.openpty()
+    env = dict(os.environ, COLUMNS="120", TERM="xterm-256color")
+    p = subprocess.Popen([sys.executable, "-m", "treegrpo_cli", *args], stdout=slave, stderr=slave, env=env)
+    os.close(slave)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(master, 1 << 16)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(master)
+    return p.wait(), out.decode(errors="replace")
+
+
+def test_progress_on_a_terminal_tells_the_truth(tmp_path):
+    code, text = _on_a_terminal(["train", *TINY, "--iterations", "3", "--out", str(tmp_path / "r")])
+    assert code == 0, text
+    assert "device: cpu" in text and "loading pixel-tiny" in text and "pixel-tiny ready on cpu" in text
+    for k in range(3):
+        assert f"iteration {k}: reward" in text  # on a terminal too, not only in a log
+    import re
+
+    plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)
+    # the iteration bar's clock runs from the start and it gives a time left from the first iteration on
+    assert re.search(r"iterations .*1/3 +\d+:\d\d:\d\d eta \d+:\d\d:\d\d", plain), plain
+    # each pass of the rollout gets a fresh bar: its count starts again from 0
+    assert re.search(r"rollout .* 0/\d+ +0:00:00", plain), plain
+
+
+def test_progress_in_a_log_says_the_run_folder_first(tmp_path):
+    r = run("train", *TINY, "--iterations", 2, "--out", tmp_path / "r", "--set", "train.eval_samples=1")
+    assert r.exit_code == 0, r.output
+    lines = r.stderr.splitlines()
+    assert lines[2] == f"run folder: {tmp_path / 'r'}"
+    assert lines.index(f"run folder: {tmp_path / 'r'}") < min(i for i, x in enumerate(lines) if "iteration 0" in x)
+    assert any(x.startswith("held-out reward at iteration 2:") for x in lines)
+
+
+def test_exit_codes_follow_the_documented_rule(tmp_path):
+    """2 for a usage or config error, 1 for a runtime one (README)."""
+    assert run("train", "--set", "train.learning_rate=1e-4").exit_code == 2  # a config key
+    assert run("train", "--iterations", 0).exit_code == 2  # an option's value
+    assert run("train", "--bogus").exit_code == 2  # an option
+    assert run("train", *TINY, "--prompts", tmp_path / "none.txt", "--out", tmp_path / "r").exit_code == 1  # a file
+
+
+@pytest.mark.parametrize(
+    "preset, model, reward",
+    [
+        ("branch", "flux-dev", ("hps",)),
+        ("flow-grpo", "sd3.5-medium", ("pick",)),
+        ("mix-grpo", "flux-dev", ("hps", "pick", "imagereward")),
+        ("tree-grpo", "wan2.1-t2v-1.3b", ("videoalign",)),
+    ],
+)
+def test_a_released_model_trains_on_its_papers_reward_and_general_prompts(preset, model, reward):
+    from treegrpo_cli.config import load_config
+
+    cfg = load_config(preset, sets=[f'model="{model}"'])
+    assert cfg.reward.names == reward
+    assert (cfg.rollout.prompts, cfg.rollout.eval_prompts) == ("general-train", "general-test")
+    world = load_config(preset)  # the embedded world keeps its own reward and prompts
+    assert world.reward.names == ("shapes",) and world.rollout.prompts == "shapes-train"
+    assert load_config(preset, sets=[f'model="{model}"', 'reward.names=["clip"]']).reward.names == ("clip",)
+
+
+def test_the_general_prompts_are_shipped_and_held_out_apart():
+    from treegrpo_cli.prompts import load_prompts
+
+    train, test = load_prompts("general-train"), load_prompts("general-test")
+    assert len(train) == 64 and len(test) == 16 and not set(train) & set(test)
+    assert not any(word in p for p in train + test for word in ("circle", "square", "triangle"))
+
+
+def test_a_released_model_without_weights_is_one_line_before_anything(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "empty"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.delenv("TREEGRPO_HPS_CHECKPOINT", raising=False)
+    r = run("train", "--model", "flux-dev", "--preset", "branch", "--out", tmp_path / "r")
+    assert r.exit_code == 1 and r.stderr.count("\n") == 1, r.stderr  # nothing before the error line
+    assert "model weights for 'flux-dev'" in r.stderr and "hf download black-forest-labs/FLUX.1-dev" in r.stderr
+    random = ["--set", 'policy.weights="random"']
+    r = run("train", "--model", "flux-dev", "--preset", "branch", *random, "--out", tmp_path / "r")
+    assert r.exit_code == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert "hps weights not found" in r.stderr and "TREEGRPO_HPS_CHECKPOINT" in r.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_the_first_lines_say_model_reward_prompts_and_device_and_whence(tmp_path):
+    args = ["--model", "flux-dev", "--set", 'policy.weights="random"', "--set", 'policy.size="tiny"']
+    small = ["--set", "train.eval_samples=0", "--set", "sampler.steps=4", "--num-prompts", 1, "--iterations", 1]
+    r = run("train", *args, "--reward", "jpeg-compressibility", *small, "--out", tmp_path / "r")
+    assert r.exit_code == 0, r.output
+    first, device = r.stderr.splitlines()[:2]
+    assert "model flux-dev (random weights, tiny size)" in first
+    assert "reward jpeg-compressibility (given)" in first
+    assert "prompts general-train (held out: general-test; the shipped general prompts)" in first
+    assert device == "device: cpu (no GPU seen by torch)"

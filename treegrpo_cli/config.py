@@ -22,7 +22,7 @@ from .engine.rollout import TreeConfig
 from .engine.schedules import ScheduleConfig
 from .engine.sde import MAX_STEPS, SamplerConfig
 from .errors import ConfigError
-from .models.base import PolicyConfig
+from .models.base import DTYPE_NAMES, PolicyConfig
 from .store.safeio import TooDeep, loads_toml, shown
 
 PRESET_DIRS = (Path(__file__).parent / "presets", Path(__file__).resolve().parents[1] / "presets")
@@ -466,6 +466,8 @@ def _check_value(key: str, typ: str, value: Any) -> None:
 
 
 def build(flat: dict[str, Any]) -> Config:
+    if isinstance(flat.get("policy.dtype"), str):  # torch's spellings too: bfloat16, float32
+        flat = {**flat, "policy.dtype": DTYPE_NAMES.get(flat["policy.dtype"], flat["policy.dtype"])}
     top = {k: v for k, v in flat.items() if "." not in k}
     sections = {}
     for sec, cls in SECTIONS.items():
@@ -484,32 +486,74 @@ def build(flat: dict[str, Any]) -> Config:
 def load_config(
     preset: str | None = None, config_file: Path | None = None, sets: list[str] | tuple[str, ...] = ()
 ) -> Config:
-    """Layered as: preset < the model's defaults < [for_model.MODEL] tables (the preset's, then the file's)
-    < --config file < --set."""
+    """Layered as: preset < the model's defaults < a released model's task < [for_model.MODEL] tables (the
+    preset's, then the file's) < --config file < --set (config_layers)."""
+    flat: dict[str, Any] = {}
+    for _, values in config_layers(preset, config_file, sets):
+        flat.update(values)
+    return build(flat)
+
+
+def config_layers(
+    preset: str | None = None, config_file: Path | None = None, sets: list[str] | tuple[str, ...] = ()
+) -> list[tuple[str, dict[str, Any]]]:
+    """[(layer, {key: value})] in the order they apply, the later winning: what `config show --explain` names."""
     from .models.registry import model_defaults
 
-    flat: dict[str, Any] = {}
+    first: dict[str, Any] = {}
     per_model: list[tuple[str, Any]] = []
     if preset:
         table = read_toml(preset_path(preset))
-        per_model.append((f"preset {preset!r}", table.pop("for_model", {})))
-        flat.update(flatten(table))
-        flat.setdefault("name", preset)
-    later: dict[str, Any] = {}
+        per_model.append((f"preset {preset}", table.pop("for_model", {})))
+        first.update(flatten(table))
+        first.setdefault("name", preset)
+    file_values: dict[str, Any] = {}
     if config_file:
         table = read_toml(config_file)
         per_model.append((str(config_file), table.pop("for_model", {})))
         try:
-            later = flatten(table)
+            file_values = flatten(table)
         except ConfigError as e:
             raise ConfigError(f"{config_file}: {e}") from None
-    later.update(parse_set(item) for item in sets)
-    model = str(later.get("model", flat.get("model", Config.model)))
-    flat.update(model_defaults(model))
-    for source, tables in per_model:
-        flat.update(for_model(tables, model, source))
-    flat.update(later)
-    return build(flat)
+    set_values = dict(parse_set(item) for item in sets)
+    model = str(set_values.get("model", file_values.get("model", first.get("model", Config.model))))
+    layers = [(f"preset {preset}", first), (f"model defaults of {model}", model_defaults(model))]
+    layers.append((f"released model {model} (paper reward, general prompts)", release_task(model, preset)))
+    layers += [(f"[for_model.{model}] of {src}", for_model(tables, model, src)) for src, tables in per_model]
+    return layers + [(f"--config {config_file}", file_values), ("--set", set_values)]
+
+
+def schedule_warnings(cfg: Config, layers: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """A non-static [schedule] sets the SDE window (and, with schedule.split, the split steps) every iteration: a
+    tree.sde_steps / tree.split_steps given by the user's own layers would be silently overridden."""
+    if cfg.schedule.kind == "static":
+        return []
+    owned = ["tree.sde_steps"] + (["tree.split_steps"] if cfg.schedule.split != "none" else [])
+    return [
+        f"warning: {key} from {layer} is overridden every iteration by schedule.kind = {cfg.schedule.kind!r} "
+        f'(set schedule.kind = "static" to keep it)'
+        for layer, values in layers
+        if layer.startswith(("--config", "--set"))
+        for key in owned
+        if key in values
+    ]
+
+
+# the reward each method's paper trains a released model on (methods.md); the others HPS-v2.1, as BranchGRPO,
+# TreeGRPO and DanceGRPO do; video releases VideoAlign, as DanceGRPO's video runs
+PAPER_REWARDS: dict[str, list[str]] = {"flow-grpo": ["pick"], "mix-grpo": ["hps", "pick", "imagereward"]}
+
+
+def release_task(model: str, preset: str | None) -> dict[str, Any]:
+    """What a released model (--model flux-dev, ...) trains on unless told: its preset's paper reward and the
+    shipped general prompts, never the embedded world's."""
+    from .models import hub
+
+    if model not in hub.KNOWN:
+        return {}
+    video = hub.KNOWN[model][1].startswith("wan")
+    reward = ["videoalign"] if video else PAPER_REWARDS.get(preset or "", ["hps"])
+    return {"reward.names": reward, "rollout.prompts": "general-train", "rollout.eval_prompts": "general-test"}
 
 
 def for_model(tables: Any, model: str, source: str) -> dict[str, Any]:

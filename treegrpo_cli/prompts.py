@@ -17,6 +17,9 @@ BUILTIN = {
     "motion-train": DATA / "motion_train.txt",  # the moving-shapes world (world/motion.py split_motion_prompts)
     "motion-test": DATA / "motion_test.txt",
     "motion-pretrain": DATA / "motion_pretrain.txt",
+    # general scenes for the released models (written for treegrpo, CC0): 64 to train on, 16 held out
+    "general-train": DATA / "general_train.txt",
+    "general-test": DATA / "general_test.txt",
 }
 
 

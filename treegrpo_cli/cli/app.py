@@ -12,6 +12,7 @@ from typer.core import TyperGroup
 from .. import __version__
 from . import (
     compare_cmd,
+    config_cmd,
     diversity_cmd,
     eval_cmd,
     export_cmd,
@@ -106,6 +107,7 @@ def root(
     """Roll out trees, score them, train, evaluate and check sample diversity."""
 
 
+app.add_typer(config_cmd.config_app, name="config")
 app.command("rollout")(rollout_cmd.rollout)
 app.command("score")(score_cmd.score)
 app.command("train")(train_cmd.train)

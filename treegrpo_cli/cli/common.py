@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
 import os
@@ -22,11 +23,13 @@ from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    ProgressColumn,
+    Task,
     TaskID,
     TextColumn,
     TimeElapsedColumn,
-    TimeRemainingColumn,
 )
+from rich.text import Text
 
 from .. import __version__
 from ..errors import TreegrpoError, disk_full, no_space
@@ -157,7 +160,7 @@ def progress_bar(
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
-        TimeRemainingColumn(),
+        Eta(),
     )
     tasks: dict[str, TaskID] = {}
     with Progress(*columns, console=err, transient=False) as bar:
@@ -165,9 +168,26 @@ def progress_bar(
         def update(phase: str, done: int, total: int) -> None:
             if phase not in tasks:
                 tasks[phase] = bar.add_task(phase, total=total)
+            else:
+                task = bar.tasks[tasks[phase]]
+                if task.finished and done < task.completed + (total != task.total):  # a new pass of the phase
+                    bar.reset(tasks[phase], total=total)
             bar.update(tasks[phase], completed=done, total=total)
 
         yield update
+
+
+class Eta(ProgressColumn):
+    """Time left at the mean pace so far (rich's own estimate needs several samples inside a window, so a bar of
+    slow steps, such as training iterations, reads -:--:-- for its first ones)."""
+
+    def render(self, task: Task) -> Text:
+        if task.finished:
+            return Text("done", style="progress.remaining")
+        if not task.completed or not task.elapsed or task.total is None:
+            return Text("eta -:--:--", style="progress.remaining")
+        left = task.elapsed / task.completed * (task.total - task.completed)
+        return Text(f"eta {datetime.timedelta(seconds=round(left))}", style="progress.remaining")
 
 
 def print_json(data: Any) -> None:

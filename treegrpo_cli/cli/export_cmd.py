@@ -21,7 +21,11 @@ def export(
 ) -> None:
     """Export a checkpoint in diffusers' format: LoRA weights for pipe.load_lora_weights, or a full model folder.
 
-    Example: treegrpo export runs/flux-branch --out exports/flux-branch-lora
+    Examples:
+
+      treegrpo export runs/flux-branch --out exports/flux-branch-lora
+
+      treegrpo export runs/flux-branch --step 200 --no-ema --out exports/step-200
     """
     from ..preflight import check_writable_dir, resolve_device
     from ..training.export import ExportRequest, export_checkpoint

@@ -15,7 +15,11 @@ def inspect(
 ) -> None:
     """Summarise a tree folder: shape, model evaluations, rewards, advantages, trained edges.
 
-    Example: treegrpo inspect runs/trees --json
+    Examples:
+
+      treegrpo inspect runs/trees
+
+      treegrpo inspect runs/trees --json
     """
     from ..report.tree_report import inspect_trees
 

@@ -7,12 +7,14 @@ from typing import Annotated
 import typer
 
 from .common import DEVICE_HELP, command_line, err, guarded, one_line, print_json, progress_bar
-from .train_cmd import MODEL_PANEL, policy_sets
+from .train_cmd import DEFAULT_PRESET, MODEL_PANEL, policy_sets
 
 
 def rollout(
     out: Annotated[Path, typer.Option("--out", "-o", help="Folder to write the tree shards to.")],
-    preset: Annotated[str, typer.Option(help="Method preset (see `treegrpo presets`).")] = "tree-grpo",
+    preset: Annotated[
+        str, typer.Option(help="Method preset (see `treegrpo presets`); the same default as `train`'s.")
+    ] = DEFAULT_PRESET,
     config: Annotated[Path | None, typer.Option("--config", help="A TOML config file layered over the preset.")] = None,
     set_: Annotated[
         list[str] | None, typer.Option("--set", help="Override one key, e.g. --set tree.branch=3 (repeatable).")
@@ -60,7 +62,11 @@ def rollout(
     The trees are those `treegrpo train` samples at --iteration (default 0), so rollout, score and
     train --trees make the same update as one online iteration.
 
-    Example: treegrpo rollout --preset branch --num-prompts 4 --out runs/trees
+    Examples:
+
+      treegrpo rollout --preset branch --num-prompts 4 --out runs/trees
+
+      treegrpo rollout --model flux-dev --preset branch-mix-flow --prompts prompts.txt --out runs/flux-trees
     """
     from ..config import load_config
     from ..preflight import check_own_dir, check_writable_dir, resolve_device

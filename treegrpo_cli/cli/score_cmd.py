@@ -53,7 +53,11 @@ def score(
     Rewards, their options and the estimator default to the rollout's config, so the result is what
     `treegrpo train` computes for the same trees.
 
-    Example: treegrpo score runs/trees --reward jpeg-compressibility --estimator branch
+    Examples:
+
+      treegrpo score runs/trees --reward jpeg-compressibility --estimator branch
+
+      treegrpo score runs/flux-trees --reward hps,pick --weights 0.7,0.3
     """
     from ..preflight import resolve_device
     from ..rewards.base import parse_rewards

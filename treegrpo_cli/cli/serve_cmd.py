@@ -28,7 +28,11 @@ def serve_reward(
 ) -> None:
     """Serve rewards over HTTP, for runs that name the server as their reward (rewards/remote.py).
 
-    Example: treegrpo serve-reward --reward shapes --port 8000
+    Examples:
+
+      treegrpo serve-reward --reward shapes --port 8000
+
+      treegrpo serve-reward --reward hps,pick --port 8000   # runs then name --reward http://127.0.0.1:8000
     then:    treegrpo train --reward http://127.0.0.1:8000
     """
     from ..errors import TreegrpoError

@@ -81,7 +81,7 @@ def _log_sets(log: str | None) -> list[str]:
     return ["train.log=[" + ", ".join(json.dumps(n) for n in names) + "]"]
 
 
-MODEL_PANEL = "Model (diffusers: FLUX, SD3, SD1.5)"
+MODEL_PANEL = "Model (diffusers: FLUX.1, FLUX.2, SD3.5, SD1.5, Qwen-Image, Wan2.1)"
 
 
 def policy_sets(
@@ -132,9 +132,12 @@ def train(
         ),
     ] = None,
     iterations: Annotated[int | None, typer.Option(min=1, help="Online iterations.")] = None,
+    num_prompts: Annotated[
+        int | None, typer.Option("--num-prompts", min=1, help="Prompts an iteration (rollout.num_prompts).")
+    ] = None,
     seed: Annotated[int | None, typer.Option(help="Run seed.")] = None,
     run_dir: Annotated[
-        Path | None, typer.Option("--run-dir", help="Run folder (default runs/<preset>-<time>).")
+        Path | None, typer.Option("--run-dir", "--out", help="Run folder (default runs/<preset>-<time>).")
     ] = None,
     resume: Annotated[
         Path | None, typer.Option(help="Continue the run in this folder from its last complete checkpoint.")
@@ -183,7 +186,10 @@ def train(
     ] = None,
     dtype: Annotated[
         str | None,
-        typer.Option(help="Weights: auto (bf16 on CUDA, fp32 elsewhere), bf16 or fp32.", rich_help_panel=MODEL_PANEL),
+        typer.Option(
+            help="Weights: auto (bf16 on CUDA, fp32 elsewhere), bf16 (bfloat16) or fp32 (float32).",
+            rich_help_panel=MODEL_PANEL,
+        ),
     ] = None,
     gradient_checkpointing: Annotated[
         bool | None,
@@ -206,7 +212,13 @@ def train(
 ) -> None:
     """Train online: roll out trees, score, compute advantages, prune, update; checkpoints and exact resume.
 
-    Example: treegrpo train --preset branch-mix --iterations 50
+    Examples:
+
+      treegrpo train                                   # the embedded world's main job
+
+      treegrpo train --preset branch-mix-flow --model flux-dev --reward hps --prompts prompts.txt
+
+      treegrpo train --resume runs/my-run --iterations 400
     """
     from ..preflight import resolve_device
 
@@ -217,6 +229,7 @@ def train(
         _refuse_ignored(trees, resume, iterations, preset, config, prompts)
         device = resolve_device(device)
         sets = _sets(set_, model, reward, weights, iterations, seed, max_batch, reward_opt)
+        sets += [f"rollout.num_prompts={num_prompts}"] if num_prompts else []
         sets += policy_sets(revision, finetune, lora_rank, lora_alpha, lora_targets, dtype, gradient_checkpointing)
         sets += _log_sets(log)
         if trees is not None:
@@ -277,7 +290,7 @@ def _relaunch(nproc: int) -> None:
 
 
 def _online(preset, config, sets, prompts, run_dir, resume, device, stop: dict) -> dict:
-    from ..config import load_config
+    from ..config import config_layers, load_config, schedule_warnings
     from ..preflight import check_writable_dir
     from ..prompts import load_prompts
     from ..training import dist, rundir
@@ -290,8 +303,9 @@ def _online(preset, config, sets, prompts, run_dir, resume, device, stop: dict) 
         cfg, run = rundir.resume_config(resume, sets), resume
     else:
         cfg = load_config(preset, config, sets)
-        for w in cfg.warnings() if d.main else []:
-            err.print(one_line(w), highlight=False, markup=False)
+        layers = config_layers(preset, config, sets)
+        for w in [*cfg.warnings(), *schedule_warnings(cfg, layers)] if d.main else []:
+            err.print(one_line(w), highlight=False, markup=False, soft_wrap=True)
         run = Path(dist.gather(str(run_dir or Path("runs") / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"), d)[0])
         if d.main:
             rundir.check_new(run)
@@ -304,12 +318,15 @@ def _online(preset, config, sets, prompts, run_dir, resume, device, stop: dict) 
         rundir.check_prompts(run, "eval", eval_prompts)
     if d.main:
         from ..models.registry import check_available
-        from ..rewards.base import check_rewards, parse_reward_options
+        from ..rewards.base import check_rewards, check_weights, parse_reward_options
 
-        check_rewards(cfg.reward.names, parse_reward_options(cfg.reward.options))  # every name, before loading
+        reward_opts = parse_reward_options(cfg.reward.options)
+        check_rewards(cfg.reward.names, reward_opts)  # every name, before loading
         check_available(cfg.model, cfg.policy)  # missing weights: one line before anything is printed
+        check_weights(cfg.reward.names, reward_opts)
     req = TrainRequest(cfg, train_prompts, eval_prompts, run, resume is not None, device, command_line(), d)
-    header = [*run_header(cfg, device, resume is None), f"run folder: {run}"]  # said once the run folder is ours
+    given = {item.split("=", 1)[0].strip() for item in sets}
+    header = [*run_header(cfg, device, resume is None, given), f"run folder: {run}"]  # said once the run is ours
     if d.active:
         done = False
         try:
@@ -335,14 +352,26 @@ def _online(preset, config, sets, prompts, run_dir, resume, device, stop: dict) 
     return _train_rank(req, train_loop, d, cfg, run, stop, header)
 
 
-def run_header(cfg, device: str, new: bool) -> list[str]:
-    """The run's first lines: what it trains, on what, where."""
-    p = cfg.policy
+def run_header(cfg, device: str, new: bool, given: set[str] | frozenset[str] = frozenset()) -> list[str]:
+    """The run's first lines: what it trains, on what, where, and where each choice came from (`given`: the keys
+    the command line set)."""
+    from ..models.hub import KNOWN
+
+    p, n = cfg.policy, cfg.train.iterations
+
+    def source(key: str, release: str) -> str:
+        if not new:
+            return "the run's"
+        if key in given:
+            return "given"
+        return release if cfg.model in KNOWN else "the model's default"
+
     weights = f" ({p.weights} weights, {p.size} size)" if p.weights == "random" else ""
-    what, n = ("starting" if new else "resuming"), cfg.train.iterations
     lines = [
-        f"{what} {cfg.name}: model {cfg.model}{weights}; reward {', '.join(cfg.reward.names)}; "
-        f"prompts {cfg.rollout.prompts} (held out: {cfg.rollout.eval_prompts}); {n} iteration{'s' * (n != 1)}"
+        f"{'starting' if new else 'resuming'} {cfg.name}: model {cfg.model}{weights}; "
+        f"reward {', '.join(cfg.reward.names)} ({source('reward.names', 'the paper reward of the preset')}); "
+        f"prompts {cfg.rollout.prompts} (held out: {cfg.rollout.eval_prompts}; "
+        f"{source('rollout.prompts', 'the shipped general prompts')}); {n} iteration{'s' * (n != 1)}"
     ]
     return lines + device_notes(device, cfg.model, p.weights, p.size)
 
@@ -355,23 +384,32 @@ def _train_rank(req, train_loop, d, cfg, run, stop: dict, header: list[str]) -> 
             return train_loop(req, Hooks(should_stop=lambda: flag["stop"]))
     with graceful_stop(stop) as flag, progress_bar(quiet=("rollout", "iterations", "eval")) as bar:
 
-        def on_row(row: dict) -> None:
-            bar("iterations", row["iteration"] + 1, cfg.train.iterations)
-            if not err.is_terminal:
-                err.print(
-                    f"iteration {row['iteration']}: reward {row['reward_mean']:.4f} ± {row['reward_std']:.4f}, "
-                    f"{row['seconds']['total']:.1f}s",
-                    highlight=False,
-                )
-
         def note(message: str) -> None:
             err.print(one_line(message), highlight=False, markup=False, soft_wrap=True)
+
+        def on_row(row: dict) -> None:
+            bar("iterations", row["iteration"] + 1, cfg.train.iterations)
+            note(
+                f"iteration {row['iteration']}: reward {row['reward_mean']:.4f} ± {row['reward_std']:.4f}, "
+                f"{row['seconds']['total']:.1f}s"
+            )
+
+        def on_eval(row: dict) -> None:
+            n = f"{row['prompts']} prompts x {row['samples']}"
+            note(
+                f"held-out reward at iteration {row['iteration']}: {row['reward_mean']:.4f} "
+                f"± {row['reward_sem']:.4f} (sem; {n}, {row['weights']} weights)"
+            )
 
         def started() -> None:
             for line in header:
                 note(line)
+            note(f"loading {cfg.model} ...")
+            bar("iterations", 0, cfg.train.iterations)  # the bar's clock from the start, not from iteration 1
 
-        hooks = Hooks(progress=bar, on_row=on_row, should_stop=lambda: flag["stop"], note=note, started=started)
+        hooks = Hooks(
+            progress=bar, on_row=on_row, on_eval=on_eval, should_stop=lambda: flag["stop"], note=note, started=started
+        )
         return train_loop(req, hooks)
 
 

@@ -17,6 +17,7 @@ from ..errors import ConfigError
 FINETUNES = ("lora", "full")
 CFG_UNCOND = ("grad", "detach")
 DTYPES = ("auto", "bf16", "fp32")
+DTYPE_NAMES = {"bfloat16": "bf16", "float32": "fp32"}  # torch's spellings, accepted for policy.dtype
 WEIGHTS = ("pretrained", "random")
 SIZES = ("full", "tiny")
 

@@ -45,6 +45,9 @@ class RewardSpec:
     options: tuple[str, ...] = ()  # keyword options the factory takes (besides device and dtype)
     on_device: bool = False  # the factory takes device= and dtype= (a model reward)
     summary: str = ""
+    # options -> the (Needed, given path) items of weights.resolve: the files a model reward needs, found
+    # without loading anything (check_weights); None: nothing to find
+    needs: Callable[..., list[Any]] | None = None
 
 
 _REGISTRY: dict[str, RewardSpec] = {}
@@ -66,8 +69,9 @@ def register(
     options: tuple[str, ...] = (),
     on_device: bool = False,
     summary: str = "",
+    needs: Callable[..., list[Any]] | None = None,
 ) -> None:
-    _REGISTRY[name] = RewardSpec(name, factory, tuple(options), on_device, summary)
+    _REGISTRY[name] = RewardSpec(name, factory, tuple(options), on_device, summary, needs)
 
 
 def available() -> list[str]:
@@ -102,6 +106,17 @@ def check_rewards(names: list[str] | tuple[str, ...], options: dict[str, dict[st
     stray = sorted(set(options) - set(names))
     if stray:
         raise ConfigError(f"reward options for {stray[0]!r}, which the reward list does not name")
+
+
+def check_weights(names: list[str] | tuple[str, ...], options: dict[str, dict[str, str]]) -> None:
+    """Every reward model's weight files are where the loader looks (options, environment, caches): one line
+    naming the missing ones and how to supply them, before any model loads."""
+    from .weights import resolve
+
+    for name in names:
+        s = spec(name)
+        if s.needs is not None:
+            resolve(name, s.needs(**options.get(name, {})))
 
 
 def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:

@@ -67,4 +67,7 @@ register(
     options=("checkpoint", "version", "arch", "batch_size"),
     on_device=True,
     summary="HPS v2.1 human preference (open_clip ViT-H-14), cosine ~0.25-0.40",
+    needs=lambda checkpoint=None, version="v2.1", **_: [
+        (checkpoint_file(as_choice(version, "hps.version", tuple(FILES))), checkpoint)
+    ],
 )

@@ -129,4 +129,5 @@ register(
     options=("checkpoint", "med_config", "tokenizer", "batch_size"),
     on_device=True,
     summary="ImageReward v1.0 (own BLIP code), about -2..2",
+    needs=lambda checkpoint=None, tokenizer=None, **_: [(CHECKPOINT, checkpoint), (TOKENIZER, tokenizer)],
 )

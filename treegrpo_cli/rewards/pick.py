@@ -137,4 +137,5 @@ register(
     options=("model", "processor", "form", "batch_size"),
     on_device=True,
     summary="PickScore_v1 (transformers CLIP-H): cosine ~0.20-0.24 by default, or x logit scale",
+    needs=lambda model=None, processor=None, **_: [(MODEL, model), (PROCESSOR, processor)],
 )

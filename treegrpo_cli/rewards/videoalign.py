@@ -350,4 +350,5 @@ register(
     options=OPTIONS,
     on_device=True,
     summary="VideoAlign's VideoReward on clips (Qwen2-VL-2B + LoRA): VQ + MQ + TA normalised, or head=vq|mq|ta",
+    needs=lambda checkpoint=None, base=None, **_: [(CHECKPOINT, checkpoint), (BASE, base)],
 )

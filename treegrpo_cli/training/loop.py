@@ -306,7 +306,9 @@ def train(req: TrainRequest, hooks: Hooks = Hooks()) -> dict[str, Any]:
 
 def _train(req: TrainRequest, hooks: Hooks, held: ExitStack) -> dict[str, Any]:
     cfg, d = req.config, req.dist
+    t0 = time.perf_counter()
     trainer = Trainer(cfg, req.device, d)
+    hooks.note(f"{trainer.policy.name} ready on {req.device} in {time.perf_counter() - t0:.1f}s")
     works = d.main or trainer.sharded  # this rank runs the grids', evaluations' and checkpoints' forwards
     if cfg.policy.free_text_encoders and hasattr(trainer.policy, "cache_prompts"):
         trainer.policy.cache_prompts(req.prompts + req.eval_prompts)  # embed once, then free the encoders

@@ -1,0 +1,59 @@
+"""`treegrpo config show`: the resolved config, and with --explain the layer each value comes from."""
+
+import json
+
+from clitools import one_line_error, run
+
+from treegrpo_cli.config import load_config, preset_names
+from treegrpo_cli.models.hub import KNOWN
+from treegrpo_cli.models.registry import MODELS
+
+
+def test_every_preset_and_model_resolves_and_explains():
+    for preset in preset_names():
+        for model in [*MODELS, *KNOWN]:
+            r = run("config", "show", "--preset", preset, "--model", model, "--explain", "--json")
+            assert r.exit_code == 0, (preset, model, r.output)
+            shown = json.loads(r.stdout)
+            assert shown["config"] == load_config(preset, sets=[f'model="{model}"']).to_dict()
+            assert set(shown["from"]) >= {"train.lr", "reward.names", "model"}
+
+
+def test_explain_names_the_layer_that_won():
+    r = run(
+        "config", "show", "--preset", "branch-mix-flow", "--model", "flux-dev", "--set", "train.lr=3e-5", "--explain"
+    )
+    assert r.exit_code == 0, r.output
+    where = {line.split(" = ")[0]: line.rsplit("# ", 1)[1] for line in r.stdout.splitlines()}
+    assert where["train.lr"] == "--set"
+    assert where["sampler.eta"] == "preset branch-mix-flow"
+    assert where["reward.names"].startswith("released model flux-dev")
+    assert where["rollout.max_batch"] == "model defaults of flux-dev"
+    assert where["train.seed" if "train.seed" in where else "seed"] == "default"
+    plain = run("config", "show", "--preset", "branch", "--set", "train.lr=3e-5").stdout
+    assert "train.lr = 3e-05" in plain.splitlines() and "#" not in plain
+
+
+def test_a_bad_key_is_one_line():
+    one_line_error(run("config", "show", "--set", "train.learning_rate=1"), "did you mean 'train.lr'")
+
+
+def test_a_schedule_that_overrides_the_users_tree_is_warned_about(tmp_path):
+    args = [
+        "train",
+        "--preset",
+        "mix-grpo",
+        "--model",
+        "pixel-tiny",
+        "--iterations",
+        1,
+        "--set",
+        "train.eval_samples=0",
+    ]
+    r = run(*args, "--set", "tree.sde_steps=[1, 2]", "--out", tmp_path / "a")
+    assert r.exit_code == 0, r.output
+    assert (
+        "warning: tree.sde_steps from --set is overridden every iteration by schedule.kind = 'progressive'" in r.stderr
+    )
+    r = run(*args, "--out", tmp_path / "b")  # the preset's own window: no warning
+    assert r.exit_code == 0 and "overridden" not in r.stderr, r.stderr

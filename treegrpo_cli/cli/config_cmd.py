@@ -1,0 +1,71 @@
+"""`treegrpo config show`: the fully resolved config of a preset, model, file and --set items, and with --explain
+the layer each value comes from."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from .common import guarded, out, print_json
+
+config_app = typer.Typer(help="Show the resolved config and where each value comes from.", no_args_is_help=True)
+
+
+@config_app.command("show")
+def show(
+    preset: Annotated[str | None, typer.Option(help="Method preset (default: train's).")] = None,
+    model: Annotated[str | None, typer.Option(help="Model name or path.")] = None,
+    config: Annotated[Path | None, typer.Option("--config", help="A TOML config file layered over the preset.")] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="Override one key (repeatable).")] = None,
+    explain: Annotated[bool, typer.Option("--explain", help="Name the layer each value comes from.")] = False,
+    json_: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Print the config a run with these options would use, one `section.key = value` a line.
+
+    Examples:
+
+      treegrpo config show --preset branch-mix-flow --model flux-dev --explain
+
+      treegrpo config show --set train.lr=3e-5 --json
+    """
+    from ..config import config_layers, load_config
+    from .train_cmd import DEFAULT_PRESET
+
+    with guarded():
+        sets = [*(set_ or []), *([f"model={json.dumps(model)}"] if model else [])]
+        cfg = load_config(preset or DEFAULT_PRESET, config, sets)
+        origin: dict[str, str] = {}
+        for layer, values in config_layers(preset or DEFAULT_PRESET, config, sets):
+            origin.update(dict.fromkeys(values, layer))
+    values = dotted(cfg.to_dict())
+    if json_:
+        print_json(
+            {"config": cfg.to_dict(), **({"from": {k: origin.get(k, "default") for k in values}} if explain else {})}
+        )
+        return
+    width = min(max(len(f"{k} = {toml(v)}") for k, v in values.items()), 48)  # the comments in one column
+    for k, v in values.items():
+        line = f"{k} = {toml(v)}"
+        text = f"{line:<{width}}  # {origin.get(k, 'default')}" if explain else line
+        out.print(text, markup=False, highlight=False, soft_wrap=True)
+
+
+def dotted(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{'tree': {'branch': 2}} -> {'tree.branch': 2}."""
+    flat: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            flat.update(dotted(v, f"{prefix}{k}."))
+        else:
+            flat[f"{prefix}{k}"] = v
+    return flat
+
+
+def toml(v: Any) -> str:
+    """A value as --set and TOML files write it."""
+    if v is None:
+        return '"none"'
+    return json.dumps(v) if not isinstance(v, bool) else str(v).lower()
