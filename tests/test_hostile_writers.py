@@ -110,7 +110,7 @@ def test_a_run_whose_first_write_finds_a_full_disk_is_started_again_by_the_same_
     folder = tmp_path / "r"
     args = ["train", *FAST, "--iterations", 1, "--run-dir", folder]
     full_disk("run.json")
-    one_line_error(run(*args), str(folder), "no space left")
+    last_line_error(run(*args), str(folder), "no space left")
     (folder / "error-20260101-000000-1.txt").write_text("an earlier bug's traceback")
     full_disk("never-matches")
     r = run(*args)
