@@ -23,6 +23,7 @@ from .engine.schedules import ScheduleConfig
 from .engine.sde import MAX_STEPS, SamplerConfig
 from .errors import ConfigError
 from .models.base import DTYPE_NAMES, PolicyConfig
+from .store.safeio import TooDeep, loads_toml, shown
 
 PRESET_DIRS = (Path(__file__).parent / "presets", Path(__file__).resolve().parents[1] / "presets")
 COMBINES = ("rewards", "advantages")
@@ -301,7 +302,7 @@ def read_toml(path: Path) -> dict[str, Any]:
     if not path.is_file():  # a folder, a FIFO (reading it would block), a device such as /dev/zero
         raise ConfigError(f"config file {path} is not a regular file")
     try:
-        return tomllib.loads(path.read_bytes().decode("utf-8-sig"))  # a byte-order mark (Windows editors) reads too
+        return loads_toml(path.read_bytes().decode("utf-8-sig"))  # a byte-order mark (Windows editors) reads too
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: not valid TOML ({e})") from None
 
@@ -362,9 +363,11 @@ def _synonym(key: str) -> str | None:
 
 
 def _unknown(key: str) -> ConfigError:
-    close = _synonym(key) or next(iter(difflib.get_close_matches(key, _valid_keys(), n=1, cutoff=0.5)), None)
+    close = None
+    if len(key) < 100:  # a huge key is named short, without a fuzzy match over it
+        close = _synonym(key) or next(iter(difflib.get_close_matches(key, _valid_keys(), n=1, cutoff=0.5)), None)
     hint = f"; did you mean {close!r}?" if close and close != key else ""
-    return ConfigError(f"unknown config key {key!r}{hint}")
+    return ConfigError(f"unknown config key {shown(key, 100)}{hint}")
 
 
 def flatten(d: dict[str, Any]) -> dict[str, Any]:
@@ -391,10 +394,12 @@ def parse_set(item: str) -> tuple[str, Any]:
         hint = ""
         if item.strip() in set(_valid_keys()):
             hint = f" (the value goes after '=' in the same argument: --set {item.strip()}=VALUE)"
-        raise ConfigError(f"--set expects key=value, got {item!r}{hint}")
+        raise ConfigError(f"--set expects key=value, got {shown(item)}{hint}")
     key, raw = (s.strip() for s in item.split("=", 1))
     try:
-        value = tomllib.loads(f"v = {raw}")["v"]
+        value = loads_toml(f"v = {raw}")["v"]
+    except TooDeep as e:
+        raise ConfigError(f"--set {shown(key)}: {e}") from None
     except tomllib.TOMLDecodeError:
         value = raw
     if key not in set(_valid_keys()):
@@ -453,11 +458,11 @@ def _check_value(key: str, typ: str, value: Any) -> None:
         return
     base = typ.removesuffix(" | None")
     if not _type_ok(base, value):
-        raise ConfigError(f"{key} must be {_describe(typ)}, got {value!r}")
+        raise ConfigError(f"{key} must be {_describe(typ)}, got {shown(value)}")
     nums = value if isinstance(value, tuple) else (value,)
     for v in nums:
         if isinstance(v, float) and (math.isnan(v) or (math.isinf(v) and key not in ALLOW_INF)):
-            raise ConfigError(f"{key} must be a finite number, got {value!r}")
+            raise ConfigError(f"{key} must be a finite number, got {shown(value)}")
 
 
 def build(flat: dict[str, Any]) -> Config:
@@ -474,7 +479,7 @@ def build(flat: dict[str, Any]) -> Config:
         sections[sec] = cls(**coerced)
     for k, typ in TOP_LEVEL.items():
         if k in top and not _type_ok(typ.__name__, top[k]):
-            raise ConfigError(f"{k} must be {_TYPE_WORDS[typ.__name__]}, got {top[k]!r}")
+            raise ConfigError(f"{k} must be {_TYPE_WORDS[typ.__name__]}, got {shown(top[k])}")
     return Config(**top, **sections).validate()
 
 

@@ -96,7 +96,7 @@ def check_own_dir(path: Path, option: str, own: Callable[[Path], bool], what: st
     empty, or `own(path)` says it is `what` (the command's own outputs, which it may replace)."""
     path = Path(path)
     try:
-        foreign = path.is_dir() and any(path.iterdir()) and not own(path)
+        foreign = path.is_dir() and any(p.name != ".lock" for p in path.iterdir()) and not own(path)  # a writer's lock
     except OSError as e:
         raise TreegrpoError(f"{option} {path}: cannot list it ({e.strerror or e})") from None
     if foreign:

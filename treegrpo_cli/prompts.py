@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from .errors import TreegrpoError
+from .store.safeio import loads_json
 
 DATA = Path(__file__).parent / "data"
 DEFAULT_PROMPTS = DATA / "prompts.txt"
@@ -47,7 +47,7 @@ def load_prompts(path: Path | str | None = None) -> list[str]:
 
 def _jsonl_prompt(line: str, path: Path, n: int) -> str:
     try:
-        row = json.loads(line)
+        row = loads_json(line)
     except ValueError:
         raise TreegrpoError(f"{path}:{n}: not valid JSON") from None
     if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or not row["prompt"].strip():

@@ -32,15 +32,17 @@ from rich.progress import (
 from rich.text import Text
 
 from .. import __version__
-from ..errors import TreegrpoError
+from ..errors import TreegrpoError, disk_full, no_space
 
 DEVICE_HELP = (
     "Torch device: auto (a GPU when torch sees one, each process of a distributed run on cuda:LOCAL_RANK; else MPS "
     "where it works; else the CPU), cpu, cuda, cuda:N or mps"
 )
 
-err = Console(stderr=True)
-out = Console()
+# Plain text by default: paths, labels and names from files are printed as they are, never read as rich
+# markup ("r[/x]" is a folder name, not a closing tag); the few styled words are rich Text objects.
+err = Console(stderr=True, markup=False)
+out = Console(markup=False)
 
 
 def one_line(text: str) -> str:
@@ -125,6 +127,8 @@ def guarded() -> Iterator[None]:
     except PASS_THROUGH:
         raise
     except Exception as e:
+        if no_space(e):  # a write the library did not name: the disk it went to, in one line
+            fail(str(disk_full(getattr(e, "filename", None) or Path.cwd())), 1)
         fail(internal_error(e), 1)
     finally:
         set_error_dir(None)  # the next command (in this process, as in the tests) starts without one
@@ -151,7 +155,13 @@ def progress_bar(
 
         yield line
         return
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), Eta())
+    columns = (
+        TextColumn("{task.description}", markup=False),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        Eta(),
+    )
     tasks: dict[str, TaskID] = {}
     with Progress(*columns, console=err, transient=False) as bar:
 

@@ -75,11 +75,13 @@ def compare(
     if json_:
         print_json(to_dict(cmp))
         return
+    from .common import one_line
+
     rows = table_rows(cmp)
     table = Table(title=f"{_count(len(cmp.runs), 'run')} in {_count(len(cmp.groups), 'group')} (mean ± std over seeds)")
     table.add_column("")
     for row in rows:
-        table.add_column(row[0], justify="right")
+        table.add_column(one_line(row[0]), justify="right")  # a label or a run's name: shown, not sent
     for i, name in enumerate(COLUMNS[1:], 1):  # one column per group: narrow terminals keep it readable
         table.add_row(name, *(row[i] for row in rows))
     if cmp.target is not None:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from ..errors import ConfigError
 from .common import DEVICE_HELP, command_line, err, guarded, print_json, progress_bar
@@ -203,7 +204,7 @@ def _table(report: dict[str, Any], a: ImageSet, b: ImageSet) -> Table:
     for name, s in report["features"].items():
         kid_s = f"{s['kid_mean']:.4g} ± {s['kid_std']:.2g}" if "kid_mean" in s else "-"
         p = s.get("p_value")
-        verdict = "-" if p is None else ("[red]differ[/]" if p < ALPHA else "no evidence")
+        verdict = "-" if p is None else (Text("differ", style="red") if p < ALPHA else "no evidence")
         table.add_row(
             name, str(s["dim"]), kid_s, _num(s.get("mmd2_gaussian")), _num(s.get("mmd2_poly")), _num(p), verdict
         )

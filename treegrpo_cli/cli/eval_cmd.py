@@ -159,10 +159,12 @@ def eval_(
 
 
 def _table(summary: dict[str, Any]) -> Table:
+    from .common import one_line
+
     src = summary["source"]
     what = src.get("checkpoint") or src.get("images") or src.get("model")
     how = summary["sampling"] if summary["sampling"] == "folder" else f"{summary['sampling']} samples"
-    table = Table(title=f"eval of {what} ({summary['images']} images, {how})")
+    table = Table(title=one_line(f"eval of {what} ({summary['images']} images, {how})"))
     base = "baseline" in summary
     cols = ["metric", "mean", "std", "n"] + (["baseline", "delta"] if base else [])
     for c in cols:

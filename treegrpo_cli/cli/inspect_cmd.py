@@ -6,7 +6,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from .common import guarded, out, print_json
+from .common import guarded, one_line, out, print_json
 
 
 def inspect(
@@ -35,12 +35,13 @@ def _render(report: dict) -> None:
     meta = report["meta"]  # validated by inspect_trees: meta.config complete, the other fields typed when present
     cfg = meta["config"]
     n = meta["num_trees"]
-    head = Table(title=f"{meta.get('command') or 'trees'}", show_header=False, box=None)
-    head.add_row("preset", str(cfg["name"]))
-    head.add_row("model", str(meta.get("model", {}).get("name", cfg["model"])))
-    head.add_row("trees", f"{n} ({meta.get('num_prompts', '?')} prompts x {meta.get('trees_per_prompt', '?')})")
-    head.add_row("model evaluations", f"{meta.get('nfe', 0)} ({meta.get('nfe', 0) / max(n, 1):.1f} per tree)")
-    head.add_row(
+    head = Table(title=one_line(str(meta.get("command") or "trees")), show_header=False, box=None)
+    _row(head, "preset", str(cfg["name"]))
+    _row(head, "model", str(meta.get("model", {}).get("name", cfg["model"])))
+    _row(head, "trees", f"{n} ({meta.get('num_prompts', '?')} prompts x {meta.get('trees_per_prompt', '?')})")
+    _row(head, "model evaluations", f"{meta.get('nfe', 0)} ({meta.get('nfe', 0) / max(n, 1):.1f} per tree)")
+    _row(
+        head,
         "sampler",
         f"{cfg['sampler']['steps']} steps, {cfg['sampler']['noise']} noise eta={cfg['sampler']['eta']}, "
         f"decode {cfg['sampler']['decode']}",
@@ -48,20 +49,21 @@ def _render(report: dict) -> None:
     scoring = meta.get("scoring")
     if scoring:
         a = scoring.get("advantage", {})
-        head.add_row(
+        _row(
+            head,
             "rewards",
             ", ".join(f"{k} x{v}" for k, v in scoring["rewards"].items()) + f" ({scoring.get('combine', '?')})",
         )
-        head.add_row(
-            "advantages", f"{a.get('estimator', '?')} (ddof {a.get('ddof', '?')}, clamp {a.get('clamp', '?')})"
-        )
+        _row(head, "advantages", f"{a.get('estimator', '?')} (ddof {a.get('ddof', '?')}, clamp {a.get('clamp', '?')})")
         g = report["groups"]
         if g is not None:
-            head.add_row(
-                "groups", f"{g['zero_std_ratio']:.0%} with tied rewards, within-group std {g['reward_group_std']:.4f}"
+            _row(
+                head,
+                "groups",
+                f"{g['zero_std_ratio']:.0%} with tied rewards, within-group std {g['reward_group_std']:.4f}",
             )
     else:
-        head.add_row("rewards", "not scored yet: run `treegrpo score`")
+        _row(head, "rewards", "not scored yet: run `treegrpo score`")
     out.print(head)
     table = Table(title="per depth (denoising step)")
     for col in ("depth", "sigma", "nodes", "sde edges", "trained", "reward", "advantage"):
@@ -81,3 +83,8 @@ def _render(report: dict) -> None:
 
 def _mean_std(mean: float | None, std: float | None) -> str:
     return "" if mean is None else f"{mean:+.3f} ± {std:.3f}"
+
+
+def _row(table: Table, key: str, value: str) -> None:
+    """A row of text read from the folder's files: control and escape characters shown, not sent."""
+    table.add_row(key, one_line(value))

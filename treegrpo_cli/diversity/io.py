@@ -26,6 +26,7 @@ from ..engine.rollout import Progress
 from ..errors import TreegrpoError
 from ..preflight import check_image
 from ..prompts import load_prompts
+from ..store.safeio import contained
 from ..store.shards import INDEX, ShardStore
 from ..store.trees import open_trees, read_tree_shard
 from ..training.stages import RolloutRequest, run_rollout
@@ -79,6 +80,8 @@ class FolderImages(ImageSet):
 
     def __init__(self, folder: Path):
         self.files = sorted(p for p in Path(folder).iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+        for f in self.files:  # a link to a file elsewhere is not read
+            contained(folder, f, f"image folder {folder}")
         if not self.files:
             raise TreegrpoError(f"{folder}: no image files ({', '.join(IMAGE_SUFFIXES)}) and no {INDEX}")
         super().__init__(folder, len(self.files), torch.arange(len(self.files)))
@@ -119,7 +122,8 @@ def _videos(folder: Path) -> list[Path]:
     """The GIFs and clip files of a folder (not subfolders: a folder of folders is not read as frame folders)."""
     from ..report.media import CLIP_SUFFIXES
 
-    return sorted(p for p in Path(folder).iterdir() if p.is_file() and p.suffix.lower() in (*CLIP_SUFFIXES, ".gif"))
+    files = sorted(p for p in Path(folder).iterdir() if p.is_file() and p.suffix.lower() in (*CLIP_SUFFIXES, ".gif"))
+    return [contained(folder, f, f"video folder {folder}") for f in files]
 
 
 def _read(path: Path) -> Image.Image:

@@ -59,8 +59,12 @@ def load_pipeline(folder: Path, pipeline_cls: Any, dtype: torch.dtype, text_enco
     skip: dict[str, Any] = {p: None for p in TEXT_PARTS if not text_encoders}
     if pipeline_cls.__name__ == "StableDiffusionPipeline":
         skip.update(safety_checker=None, feature_extractor=None, requires_safety_checker=False)
+    import warnings
+
     try:
-        return pipeline_cls.from_pretrained(folder, dtype=dtype, local_files_only=True, **skip)
+        with warnings.catch_warnings():  # diffusers' and torch's warnings on a refused file: the error says it
+            warnings.simplefilter("ignore")
+            return pipeline_cls.from_pretrained(folder, dtype=dtype, local_files_only=True, **skip)
     except (OSError, ValueError, KeyError, RuntimeError, TypeError, ImportError) as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise TreegrpoError(f"{folder}: could not load the {pipeline_cls.__name__} ({first})") from None

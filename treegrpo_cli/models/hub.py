@@ -9,12 +9,12 @@ config layer can ask for an adapter's defaults cheaply.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
 
 from ..errors import ConfigError, TreegrpoError
+from ..store.safeio import loads_json, shown
 
 # name -> (hub id, adapter)
 KNOWN: dict[str, tuple[str, str]] = {
@@ -122,15 +122,44 @@ def model_index(folder: Path) -> dict:
             "diffusers pipeline's save_pretrained"
         )
     try:
-        return json.loads(path.read_text())
-    except ValueError:
-        raise TreegrpoError(f"{path}: not valid JSON") from None
+        index = loads_json(path.read_bytes())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise TreegrpoError(f"{path}: not valid JSON ({str(e)[:100]})") from None
+    return checked_index(index, path)
+
+
+def checked_index(index: object, path: Path) -> dict:
+    """model_index.json as the tool reads it: an object, `_class_name` a string, and every component (a list)
+    [library, class] of two strings or nulls; one line naming the field otherwise. Other values (a pipeline's
+    own settings, such as requires_safety_checker) are the pipeline's to read."""
+    if not isinstance(index, dict):
+        raise TreegrpoError(f"{path}: must be an object of pipeline components, got {shown(index, 60)}")
+    if not isinstance(index.get("_class_name", "?"), str):
+        raise TreegrpoError(f"{path}: _class_name must be a string, got {shown(index['_class_name'], 60)}")
+    for part, lib_cls in index.items():
+        if part.startswith("_") or not isinstance(lib_cls, list):
+            continue
+        if len(lib_cls) != 2 or not all(x is None or isinstance(x, str) for x in lib_cls):
+            raise TreegrpoError(f'{path}: {part} must be ["library", "Class"] or null, got {shown(lib_cls, 60)}')
+    return index
+
+
+def scheduler_number(sched: dict, key: str, default: float, folder: Path | None, whole: bool = False) -> float:
+    """A positive finite number of a model folder's scheduler_config.json (its default when absent)."""
+    value = sched.get(key, default)
+    if value is None:
+        return default
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < 1e12
+    if not ok or (whole and value != int(value)):
+        what = "a positive whole number" if whole else "a positive number"
+        raise TreegrpoError(f"{folder}/scheduler/scheduler_config.json: {key} must be {what}, got {shown(value, 60)}")
+    return int(value) if whole else float(value)
 
 
 def pipeline_kind(folder: Path) -> str:
     """The adapter ('flux', 'sd3', 'sd', 'qwenimage', 'flux2', 'wan') from model_index.json's _class_name."""
     cls = model_index(folder).get("_class_name", "?")
-    if cls not in PIPELINES:
+    if cls not in PIPELINES:  # a string: checked_index
         raise TreegrpoError(f"{folder}: pipeline {cls} is not supported (supported: {', '.join(PIPELINES)})")
     return PIPELINES[cls]
 
@@ -188,9 +217,9 @@ def _kind_and_folder(name: str) -> tuple[str | None, Path | None]:
     kind = KNOWN[name][1] if name in KNOWN else None
     if folder is not None and folder.is_dir() and (folder / "model_index.json").is_file():
         try:
-            kind = PIPELINES.get(json.loads((folder / "model_index.json").read_text()).get("_class_name"), kind)
-        except ValueError:
-            pass
+            kind = PIPELINES.get(str(model_index(folder).get("_class_name")), kind)
+        except TreegrpoError:
+            pass  # said when the model is loaded
         return kind, folder
     return kind, None
 
@@ -201,9 +230,10 @@ def _scheduler_config(folder: Path | None) -> dict:
     if path is None or not path.is_file():
         return {}
     try:
-        return dict(json.loads(path.read_text()))
-    except ValueError:
+        sched = loads_json(path.read_bytes())
+    except (ValueError, UnicodeDecodeError):
         return {}
+    return sched if isinstance(sched, dict) else {}
 
 
 def adapter_defaults(name: str) -> dict[str, object]:
@@ -225,13 +255,13 @@ def adapter_defaults(name: str) -> dict[str, object]:
         out.update(
             {
                 "sampler.grid": "flow-match-euler",
-                "sampler.shift": float(sched.get("shift", 3.0)),
-                "sampler.num_train_timesteps": int(sched.get("num_train_timesteps", 1000)),
+                "sampler.shift": scheduler_number(sched, "shift", 3.0, folder),
+                "sampler.num_train_timesteps": int(scheduler_number(sched, "num_train_timesteps", 1000, folder, True)),
             }
         )
     if kind in ("wan", "wan-i2v"):  # the presets' shifted grid at the model's flow shift (UniPC's flow_shift, or shift)
         sched = _scheduler_config(folder)
-        shift = float(sched.get("flow_shift", sched.get("shift", 3.0)) or 3.0)
+        shift = scheduler_number(sched, "flow_shift", scheduler_number(sched, "shift", 3.0, folder), folder)
         out.update({"rollout.max_batch": 4, "policy.gradient_checkpointing": True, "sampler.shift": shift})
     if kind == "sd":
         out.update({"rollout.max_batch": 16})

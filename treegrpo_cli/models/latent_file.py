@@ -15,6 +15,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from ..errors import TreegrpoError
+from ..store.safeio import loads_json
 from ..store.shards import atomic_write
 from .dit import DiTConfig, TinyDiT
 from .latent import AEConfig, ShapesAE
@@ -55,7 +56,7 @@ def load_weights(path: Path, sha256: str | None = None) -> tuple[TinyDiT, Shapes
         )
     try:
         n = int.from_bytes(data[:8], "little")
-        header = json.loads(data[8 : 8 + n]).get("__metadata__", {})
+        header = loads_json(data[8 : 8 + n]).get("__metadata__", {})
     except (ValueError, UnicodeDecodeError):
         raise TreegrpoError(f"{path}: not a safetensors file") from None
     if "dit_config" not in header or "ae_config" not in header:
@@ -65,8 +66,8 @@ def load_weights(path: Path, sha256: str | None = None) -> tuple[TinyDiT, Shapes
         )
     try:
         net, ae = (
-            TinyDiT(dit_config_from(json.loads(header["dit_config"]))),
-            ShapesAE(AEConfig(**json.loads(header["ae_config"]))),
+            TinyDiT(dit_config_from(loads_json(header["dit_config"]))),
+            ShapesAE(AEConfig(**loads_json(header["ae_config"]))),
         )
         try:
             state = st_load(data)
@@ -84,4 +85,4 @@ def load_weights(path: Path, sha256: str | None = None) -> tuple[TinyDiT, Shapes
             f"{path}: weights do not fit this version's latent shapes model "
             f"({str(e).splitlines()[0]}); rebuild them with `python scripts/pretrain_shapes.py`"
         ) from None
-    return net, ae.requires_grad_(False).eval(), json.loads(header.get("treegrpo", "{}"))
+    return net, ae.requires_grad_(False).eval(), loads_json(header.get("treegrpo", "{}"))

@@ -22,7 +22,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,8 @@ import torch
 from torch import Tensor
 
 from ..errors import ConfigError, TreegrpoError
+from ..preflight import check_image
+from ..store.safeio import contained, loads_json
 from .base import Conditions
 from .diffusers_base import DiffusersPolicy, LoraDefaults
 from .flops import Formula
@@ -216,14 +217,18 @@ def first_frames(path: str, name: str) -> dict[str, Path]:
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            row = loads_json(line)
             prompt, image = row["prompt"].strip(), Path(row["image"]).expanduser()
         except (ValueError, KeyError, TypeError, AttributeError):
             raise TreegrpoError(f'{file}:{n}: expected an object with "prompt" and "image" strings') from None
-        image = image if image.is_absolute() else file.parent / image
+        if not image.is_absolute():  # a relative path (or a link on it) stays in the file's folder
+            image = file.parent / image
+            if image.exists():
+                contained(file.parent, image, f"{file}:{n}")
         if out.get(prompt, image) != image:
             raise TreegrpoError(f"{file}:{n}: prompt {prompt!r} has two images; an I2V prompt must be unique")
         if not image.is_file():
             raise TreegrpoError(f"{file}:{n}: no image at {image}")
+        check_image(image)  # its size from its header, before any is decoded
         out[prompt] = image
     return out

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import TreegrpoError
+from ..store.safeio import contained
 from ..training import rundir, runlog
 
 PHASES = ("rollout", "score", "update")
@@ -164,7 +165,7 @@ def latest_sample(run: Path) -> Path | None:
     steps = [
         (int(m.group(1)), p) for p in run.glob("samples/step-*.png") if (m := re.fullmatch(r"step-(\d+)\.png", p.name))
     ]
-    return max(steps)[1] if steps else None
+    return contained(run, max(steps)[1], f"run {run}") if steps else None
 
 
 def load_run(run: Path, label: str | None = None, axis: str = "time", raw: bool = False) -> RunStats:

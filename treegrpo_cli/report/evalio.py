@@ -23,6 +23,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,7 @@ from torch import Tensor
 
 from ..errors import TreegrpoError
 from ..plots import image_grid, save_png
+from ..store.safeio import contained, loads_json
 from ..store.shards import atomic_write
 from .media import check_media, read_media
 
@@ -102,13 +104,12 @@ def _inside(folder: Path, name: str, map_path: Path) -> Path:
         raise TreegrpoError(
             f"{map_path}: {name!r} is outside {folder} (image paths are relative to the folder, without '..')"
         )
-    try:
-        real, base = (folder / rel).resolve(), folder.resolve()
-    except (OSError, RuntimeError) as e:  # a link loop
-        raise TreegrpoError(f"{map_path}: {name!r} does not resolve ({e})") from None
-    if not real.is_relative_to(base) or real == base:
-        raise TreegrpoError(f"{map_path}: {name!r} resolves outside {folder} (to {real}); it is not read")
-    return folder / rel
+    path = folder / rel
+    if os.path.lexists(path):  # a missing one is named with the others
+        contained(folder, path, f"{map_path}: {name!r}")
+        if path.resolve() == folder.resolve():
+            raise TreegrpoError(f"{map_path}: {name!r} is the image folder itself, not a file in it")
+    return path
 
 
 def is_eval_output(folder: Path) -> bool:
@@ -120,7 +121,7 @@ def is_eval_output(folder: Path) -> bool:
 
 def _json_pairs(path: Path) -> list[tuple[str, str]]:
     try:
-        d = json.loads(path.read_text())
+        d = loads_json(path.read_text())
     except (ValueError, UnicodeDecodeError):
         raise TreegrpoError(f"{path}: not valid JSON") from None
     if not isinstance(d, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in d.items()):

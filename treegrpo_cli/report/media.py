@@ -22,27 +22,65 @@ from torch import Tensor
 
 from ..errors import TreegrpoError
 from ..preflight import MAX_IMAGE_PIXELS, check_image
+from ..store.safeio import contained
 
 CLIP_SUFFIXES = (".mp4", ".webm", ".mov", ".mkv", ".avi")
 FRAME_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
 MAX_FRAMES = 1024  # frames of one video
+MAX_VIDEO_BYTES = 4 << 30  # bytes of one video as float32 RGB (frames x height x width x 12)
 
 
 def check_media(path: Path) -> None:
-    """One line when `path` is not a readable image or video within the size limits; nothing is decoded."""
+    """One line when `path` is not a readable image or video within the size limits: every frame's size
+    and their total (frames x height x width, as the floats they become) before any frame is decoded."""
     path = Path(path)
     if path.is_dir():
-        frames = frame_files(path)
-        for f in frames:
-            check_image(f)
+        sizes = [check_image(f) for f in frame_files(path)]
+        check_frames(path, len(sizes), max(w * h for w, h in sizes))
     elif path.suffix.lower() in CLIP_SUFFIXES:
-        _clip_header(path)
+        frames, h, w = _clip_header(path)
+        check_frames(path, frames, h * w)
     else:
         check_image(path)
+        check_frames(path, *_frame_sizes(path))
+
+
+def check_frames(path: Path, frames: int, pixels: int) -> None:
+    """One line when `frames` frames of `pixels` pixels each are more than a video may have here."""
+    if frames > MAX_FRAMES:
+        raise TreegrpoError(f"{path}: {frames} frames, more than the {MAX_FRAMES} a video may have here")
+    need = frames * pixels * 3 * 4  # float32 RGB
+    if need > MAX_VIDEO_BYTES:
+        raise TreegrpoError(
+            f"{path}: {frames} frames of {pixels:,} pixels would take {need / 2**30:.1f} GiB as floats, more than "
+            f"the {MAX_VIDEO_BYTES / 2**30:.0f} GiB a video may take here; not decoded"
+        )
+
+
+def _frame_sizes(path: Path) -> tuple[int, int]:
+    """(frames, pixels of the largest) of an image file, from its headers: a GIF's frames share its screen
+    size; every other format's pages are looked at one by one (a TIFF's may each differ)."""
+    limit = Image.MAX_IMAGE_PIXELS
+    Image.MAX_IMAGE_PIXELS = None  # check_frames is the limit, and names the size
+    try:
         with Image.open(path) as im:
             n = int(getattr(im, "n_frames", 1))
-        if n > MAX_FRAMES:
-            raise TreegrpoError(f"{path}: {n} frames, more than the {MAX_FRAMES} a video may have here")
+            if n > MAX_FRAMES:
+                return n, 0
+            if n == 1 or im.format == "GIF":
+                return n, im.size[0] * im.size[1]
+            largest = 0
+            for k in range(n):
+                im.seek(k)
+                w, h = im.size
+                if w * h > MAX_IMAGE_PIXELS:
+                    raise TreegrpoError(f"{path}: frame {k} has {w}x{h} pixels, more than an image may have here")
+                largest = max(largest, w * h)
+            return n, largest
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError) as e:
+        raise TreegrpoError(f"{path}: not a readable image ({e})") from None
+    finally:
+        Image.MAX_IMAGE_PIXELS = limit
 
 
 def read_media(path: Path) -> Tensor:
@@ -65,6 +103,8 @@ def read_media(path: Path) -> Tensor:
 def frame_files(folder: Path) -> list[Path]:
     """A frame folder's images in name order; one line when it holds none or too many."""
     frames = sorted(p for p in folder.iterdir() if p.suffix.lower() in FRAME_SUFFIXES and p.is_file())
+    for f in frames:  # a frame that is a link to a file elsewhere is not read
+        contained(folder, f, f"frame folder {folder}")
     if not frames:
         raise TreegrpoError(f"{folder}: a frame folder with no frames ({', '.join(FRAME_SUFFIXES)})")
     if len(frames) > MAX_FRAMES:
@@ -105,7 +145,7 @@ def _clip_header(path: Path) -> tuple[int, int, int]:
             frames, h, w = int(stream.frames or 0), int(stream.codec_context.height), int(stream.codec_context.width)
     except (av.FFmpegError, StopIteration, OSError, ValueError) as e:
         raise TreegrpoError(f"{path}: not a readable video ({type(e).__name__}: {e})") from None
-    if h * w > MAX_IMAGE_PIXELS or frames > MAX_FRAMES:
+    if h * w > MAX_IMAGE_PIXELS or frames > MAX_FRAMES:  # the stream's header; each frame is checked too
         raise TreegrpoError(
             f"{path}: {frames} frames of {w}x{h} pixels, more than a video may have here "
             f"({MAX_FRAMES} frames of at most 4096x4096); not decoded"
@@ -115,13 +155,19 @@ def _clip_header(path: Path) -> tuple[int, int, int]:
 
 def _read_clip(path: Path) -> Tensor:
     av = _av()
-    frames = []
+    frames: list[Tensor] = []
     try:
         with av.open(str(path)) as box:
             for frame in box.decode(video=0):
+                if frame.width * frame.height > MAX_IMAGE_PIXELS:  # its size from the frame, before converting
+                    raise TreegrpoError(
+                        f"{path}: frame {len(frames)} has {frame.width}x{frame.height} pixels, more than a video "
+                        "frame may have here; not decoded further"
+                    )
+                if frames and (frame.height, frame.width) != tuple(frames[0].shape[1:]):
+                    raise TreegrpoError(f"{path}: the frames of a video must all have one size")
+                check_frames(path, len(frames) + 1, frame.width * frame.height)
                 frames.append(torch.from_numpy(frame.to_ndarray(format="rgb24")).permute(2, 0, 1).float() / 255)
-                if len(frames) > MAX_FRAMES:
-                    raise TreegrpoError(f"{path}: more than the {MAX_FRAMES} frames a video may have here")
     except av.FFmpegError as e:
         raise TreegrpoError(f"{path}: not a readable video ({e})") from None
     if not frames:

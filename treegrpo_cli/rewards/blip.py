@@ -17,7 +17,6 @@ score = (mlp(text_encoder(prompt tokens, cross-attending to the image)[:, 0]) - 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -26,6 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..errors import TreegrpoError
+from ..store.safeio import loads_json
 from .vision import MLPHead
 
 MEAN, STD = 0.16717362830052426, 1.0333394966054072  # the official release's reward normalisation
@@ -90,7 +90,7 @@ class TextConfig:
     @classmethod
     def from_json(cls, path: Path, encoder_width: int) -> TextConfig:
         try:
-            d = json.loads(Path(path).read_text())
+            d = loads_json(Path(path).read_text())
         except (OSError, ValueError) as e:
             raise TreegrpoError(f"{path}: not a readable med_config.json ({' '.join(str(e).split())[:80]})") from None
         return cls.from_dict(d, encoder_width)

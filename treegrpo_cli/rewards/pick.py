@@ -21,7 +21,6 @@ Two forms; the DEFAULT is `cosine`:
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -30,6 +29,7 @@ from torch import Tensor
 
 from ..compat import ensure_torchvision
 from ..errors import TreegrpoError
+from ..store.safeio import loads_json
 from .base import register
 from .vision import CLIP_MEAN, CLIP_STD, ImagePrep, ModelReward, as_choice, as_int, quiet
 from .weights import Needed, resolve
@@ -58,7 +58,7 @@ def processor_prep(folder: Path) -> ImagePrep:
     if not path.is_file():
         path = folder / "processor_config.json"
     try:
-        cfg = json.loads(path.read_text())
+        cfg = loads_json(path.read_text())
     except ValueError:
         raise TreegrpoError(f"{path}: not valid JSON") from None
     cfg = cfg.get("image_processor", cfg)

@@ -35,7 +35,6 @@ Keys may carry the release's transformers-4.45 names or transformers 5's.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass
@@ -48,6 +47,7 @@ from torch import Tensor, nn
 
 from ..compat import ensure_torchvision
 from ..errors import ConfigError, TreegrpoError
+from ..store.safeio import loads_json
 from .base import register
 from .videoalign_prompt import DETAILED_SPECIAL
 from .vision import ModelReward, as_bool, as_choice, as_int, quiet
@@ -99,7 +99,7 @@ class Release:
 def read_release(folder: Path) -> Release:
     path = folder / "model_config.json"
     try:
-        cfg = json.loads(path.read_text())
+        cfg = loads_json(path.read_text())
         data, model, norm = cfg["data_config"], cfg["model_config"], cfg.get("inference_config")
         got = {**data, **model, "sample_type": data.get("sample_type", "uniform")}
         bad = [f"{k}={got.get(k)!r}" for k, ok in SETTING.items() if got.get(k) not in ok]
@@ -147,7 +147,7 @@ def canonical(key: str) -> str:
 def lora_scale(path: Path) -> tuple[int, float]:
     """(r, scale) of adapter_config.json: scale = alpha / r, or alpha / sqrt(r) with rslora."""
     try:
-        cfg = json.loads(path.read_text())
+        cfg = loads_json(path.read_text())
         r, alpha = int(cfg["r"]), float(cfg["lora_alpha"])
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise TreegrpoError(f"{path}: not a LoRA adapter_config.json ({type(e).__name__}: {e})") from None

@@ -34,7 +34,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from safetensors.torch import save as st_save
 
-from ..errors import CorruptFileError, TreegrpoError
+from ..errors import CorruptFileError, TreegrpoError, disk_full, no_space
+from .safeio import loads_json
 from .shards import SHA256_HEX, atomic_write, check_file_name, file_sha256, kind_of, shown
 
 MANIFEST = "manifest.json"
@@ -115,7 +116,7 @@ def _fsync_file(path: Path) -> None:
 
 
 def _optimizer_from_files(tensors: dict[str, torch.Tensor], meta_bytes: bytes) -> dict[str, Any]:
-    meta = json.loads(meta_bytes)
+    meta = loads_json(meta_bytes)
     state: dict[int, dict[str, Any]] = {}
     for key, t in tensors.items():
         _, pid, k = key.split(".", 2)
@@ -130,7 +131,31 @@ def save_checkpoint(folder: Path, ck: Checkpoint, keep_last: int, shard_bytes: i
     """Write step-N atomically (temp folder, fsync, rename), then drop all but the newest keep_last."""
     folder.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".step-{ck.step}.", dir=folder))
-    limit = shard_bytes or SHARD_BYTES
+    try:
+        _write_parts(tmp, ck, shard_bytes or SHARD_BYTES)
+    except BaseException as e:  # the partial step goes; the checkpoints before it are untouched
+        shutil.rmtree(tmp, ignore_errors=True)
+        if no_space(e):
+            raise disk_full(folder, _state_bytes(ck)) from None
+        raise
+    final = folder / f"step-{ck.step}"
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _fsync_dir(folder)
+    for old in list_checkpoints(folder)[:-keep_last]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _state_bytes(ck: Checkpoint) -> int:
+    """The bytes of a checkpoint's tensors (what a step folder needs, give or take its small files)."""
+    parts = [ck.model, _optimizer_parts(ck.optimizer)[0], ck.ema or {}, ck.old or {}]
+    return sum(t.numel() * t.element_size() for p in parts for t in p.values())
+
+
+def _write_parts(tmp: Path, ck: Checkpoint, limit: int) -> list[str]:
+    """Every file of a checkpoint into the temporary folder tmp, its manifest last; their names."""
     opt_tensors, opt_meta = _optimizer_parts(ck.optimizer)
     names = _write_sharded(tmp, "model", ck.model, limit) + _write_sharded(tmp, "optimizer", opt_tensors, limit)
     if ck.ema is not None:
@@ -146,14 +171,7 @@ def save_checkpoint(folder: Path, ck: Checkpoint, keep_last: int, shard_bytes: i
         atomic_write(tmp / name, data)
     names += list(small)
     atomic_write(tmp / MANIFEST, json.dumps({n: file_sha256(tmp / n) for n in names}, indent=1).encode())
-    final = folder / f"step-{ck.step}"
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    _fsync_dir(folder)
-    for old in list_checkpoints(folder)[:-keep_last]:
-        shutil.rmtree(old, ignore_errors=True)
-    return final
+    return names
 
 
 def _fsync_dir(path: Path) -> None:
@@ -174,7 +192,7 @@ def list_checkpoints(folder: Path) -> list[Path]:
 
 def _read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text())
+        return loads_json(path.read_text())
     except FileNotFoundError:
         raise CorruptFileError(f"{path}: missing") from None
     except (ValueError, UnicodeDecodeError):

@@ -27,7 +27,8 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from ..errors import CorruptFileError, TreegrpoError
+from ..errors import CorruptFileError, TreegrpoError, disk_full, no_space
+from .safeio import contained, loads_json
 
 FORMAT = "treegrpo"
 VERSION = 1
@@ -35,12 +36,16 @@ INDEX = "index.json"
 META_KEY = "treegrpo"  # the one __metadata__ entry: a JSON object
 SHARD_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*\Z")  # a shard's name: letters, digits, '-' and '_'
 SHA256_HEX = re.compile(r"[0-9a-f]{64}\Z")
+LEFTOVERS = (".lock",)  # what a folder's writer holds (training/runlock.py) or leaves: not someone else's files
 
 
 def atomic_write(path: Path, data: bytes) -> None:
     """Write bytes to path through a temporary sibling and an atomic rename."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise (disk_full(path.parent, len(data)) if no_space(e) else e) from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -48,8 +53,10 @@ def atomic_write(path: Path, data: bytes) -> None:
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if no_space(e):  # the old file (if any) is untouched
+            raise disk_full(path.parent, len(data)) from None
         raise
 
 
@@ -140,9 +147,9 @@ def validate_index(index: Any, path: Path, root: Path) -> dict[str, Any]:
 def _parse_meta(data: bytes, path: Path) -> dict[str, Any]:
     try:
         n = int.from_bytes(data[:8], "little")
-        header = json.loads(data[8 : 8 + n])
+        header = loads_json(data[8 : 8 + n])
         raw = header.get("__metadata__", {}) or {}
-        meta = json.loads(raw[META_KEY]) if META_KEY in raw else {}
+        meta = loads_json(raw[META_KEY]) if META_KEY in raw else {}
     except (ValueError, UnicodeDecodeError, AttributeError, TypeError) as e:
         raise CorruptFileError(f"{path}: unreadable safetensors header ({e})") from None
     if not isinstance(meta, dict):
@@ -177,8 +184,9 @@ class ShardStore:
             raise TreegrpoError(f"{root}: no such folder")
         if not path.is_file():
             raise TreegrpoError(f"{root}: no {INDEX}; not a folder written by treegrpo")
+        contained(root, path, f"tree folder {root}")
         try:
-            index = json.loads(path.read_text())
+            index = loads_json(path.read_text())
         except (ValueError, UnicodeDecodeError) as e:
             raise CorruptFileError(f"{path}: not valid JSON ({e})") from None
         except OSError as e:
@@ -208,7 +216,7 @@ class ShardStore:
                 )
             return cls.open(root)
         try:
-            foreign = root.is_dir() and any(root.iterdir())
+            foreign = root.is_dir() and any(p.name not in LEFTOVERS for p in root.iterdir())
         except OSError as e:
             raise TreegrpoError(f"{option} {root}: cannot list it ({e.strerror or e})") from None
         if foreign:

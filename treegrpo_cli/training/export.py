@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import TreegrpoError
+from ..errors import TreegrpoError, disk_full, no_space
 from ..models.registry import load_policy
 from ..store.checkpoint import list_checkpoints, load_checkpoint
 from ..store.shards import atomic_write
@@ -61,7 +61,13 @@ def export_checkpoint(req: ExportRequest) -> dict[str, Any]:
         raise TreegrpoError(
             f"model {cfg.model!r} has no diffusers format; its weights are the model-*.safetensors shards of {path}"
         )
-    files = policy.export(req.out, ck.ema if use_ema else ck.model)
+    weights = ck.ema if use_ema else ck.model
+    try:
+        files = policy.export(req.out, weights)
+    except Exception as e:  # a full disk, however the library that wrote said it
+        if no_space(e):
+            raise disk_full(req.out, sum(int(t.numel() * t.element_size()) for t in (weights or {}).values())) from None
+        raise
     info = {
         "run_dir": str(req.run_dir),
         "checkpoint": str(path),

@@ -361,6 +361,8 @@ def _train(req: TrainRequest, hooks: Hooks, held: ExitStack) -> dict[str, Any]:
     def last_eval() -> int:
         return runlog.read_evals(req.run_dir)[-1]["iteration"]
 
+    if finished and works and cfg.train.sample_every and trainer.step:
+        _missing_pictures(trainer, req, hooks)  # a resume repeats what a stopped run did not finish
     if cfg.train.eval_samples and finished and _main_says(lambda: last_eval() < trainer.step, trainer, d):
         _heldout(trainer, req, hooks, wall)  # also after a run killed between its last checkpoint and this
     dist.barrier(d)
@@ -402,6 +404,16 @@ def _outputs(trainer: Trainer, req: TrainRequest, stopped: bool, last: bool, hoo
             path = rundir.before_after(req.run_dir, trainer.step)
             if path is not None:
                 hooks.on_image("before_after", path, trainer.step)
+
+
+def _missing_pictures(trainer: Trainer, req: TrainRequest, hooks: Hooks) -> None:
+    """The last sample grid, reward.png and before_after.png of a finished run, when its last try stopped
+    before writing them (a full disk, a kill)."""
+    grid = req.run_dir / "samples" / f"step-{trainer.step}.png"
+    if _main_says(lambda: not grid.is_file(), trainer, req.dist):
+        _grid(trainer, req, trainer.step, hooks)
+    if req.dist.main and (path := rundir.missing_pictures(req.run_dir, trainer.step)) is not None:
+        hooks.on_image("before_after", path, trainer.step)
 
 
 def _grid(trainer: Trainer, req: TrainRequest, step: int, hooks: Hooks) -> None:

@@ -33,6 +33,7 @@ from ..models.dit import DiTConfig, TinyDiT
 from ..models.latent import AEConfig, LatentDiTPolicy, ShapesAE, latent_dit_config
 from ..models.latent_file import dit_config_from, load_weights, save_weights
 from ..rewards.shapes import shapes_scores
+from ..store.safeio import loads_json
 from ..store.shards import atomic_write
 from ..world.shapes import CAPTION_NOISE, load_split, render_pretrain_batch, sample_pretrain_prompts
 
@@ -202,7 +203,7 @@ def _load_state(path: Path, cfg: PretrainConfig) -> dict[str, Any]:
 
 def resume_step(path: Path, cfg: PretrainConfig) -> int | None:
     """The DiT step a pretraining with this state file would go on from (None: no file, a fresh start)."""
-    return json.loads(_load_state(Path(path), cfg)["row"])["step"] if Path(path).exists() else None
+    return loads_json(_load_state(Path(path), cfg)["row"])["step"] if Path(path).exists() else None
 
 
 def _restore(
@@ -214,7 +215,7 @@ def _restore(
         ema.load_state_dict(resumed["ema"])
     g.set_state(resumed["generator"])
     torch.set_rng_state(resumed["torch_rng"])
-    row = json.loads(resumed["row"])
+    row = loads_json(resumed["row"])
     return row["step"], row["loss"], row["minutes"], row
 
 

@@ -31,6 +31,7 @@ from ..engine.rollout import TreeConfig, mix_seed, rollout
 from ..errors import ConfigError, TreegrpoError
 from ..plots import image_grid, line_chart, save_png, side_by_side, titled
 from ..rewards.base import score_leaves, weighted_sum
+from ..store.safeio import contained, loads_json
 from ..store.shards import atomic_write
 from .runlock import LOCK
 from .runlog import (
@@ -100,8 +101,14 @@ def check_new(run: Path) -> None:
         )
     if run.exists() and not run.is_dir():
         raise TreegrpoError(f"{run} exists and is not a folder")
-    if run.is_dir() and any(p.name != LOCK for p in run.iterdir()):
+    if run.is_dir() and any(not _leftover(p.name) for p in run.iterdir()):
         raise TreegrpoError(f"{run} is not empty and holds no treegrpo run; choose a new or empty --run-dir")
+
+
+def _leftover(name: str) -> bool:
+    """What a run that failed before its first file leaves: its lock and an internal error's traceback file
+    (the same command may use the folder again)."""
+    return name == LOCK or (name.startswith("error-") and name.endswith(".txt"))
 
 
 def create(
@@ -210,8 +217,9 @@ def read_info(run: Path) -> dict[str, Any]:
         if os.path.lexists(path):
             raise TreegrpoError(f"{path}: not a regular file")
         raise TreegrpoError(f"{run}: no {RUN_JSON}; not a treegrpo run folder")
+    contained(run, path, f"run {run}")
     try:
-        info = json.loads(path.read_bytes())
+        info = loads_json(path.read_bytes())
     except (ValueError, UnicodeDecodeError):
         raise TreegrpoError(f"{path}: not valid JSON") from None
     except OSError as e:
@@ -294,11 +302,11 @@ def _checkpoint_config(path: Path) -> dict[str, Any] | None:
     """The config a checkpoint recorded, when its trainer_state.json is intact (its sha256 matches the
     manifest); None otherwise (loading it will report the damage)."""
     try:
-        manifest = json.loads((path / "manifest.json").read_bytes())
+        manifest = loads_json((path / "manifest.json").read_bytes())
         data = (path / "trainer_state.json").read_bytes()
         if not isinstance(manifest, dict) or manifest.get("trainer_state.json") != hashlib.sha256(data).hexdigest():
             return None
-        state = json.loads(data)
+        state = loads_json(data)
     except (OSError, ValueError):
         return None
     config = state.get("config") if isinstance(state, dict) else None
@@ -312,7 +320,7 @@ def check_resumable(run: Path, cfg: Config) -> None:
     check_layout(run)
     read_metrics(run)
     read_evals(run)
-    now = _flat(json.loads(json.dumps(cfg.to_dict())))
+    now = _flat(loads_json(json.dumps(cfg.to_dict())))
     good, _ = scan_checkpoints(run)
     for path in reversed(good):
         then = _checkpoint_config(path)
@@ -373,6 +381,14 @@ def before_after(run: Path, step: int) -> Path | None:
     out = run / "before_after.png"
     save_png(side_by_side([titled(before, "before: the base model"), titled(after, f"after {step} iterations")]), out)
     return out
+
+
+def missing_pictures(run: Path, step: int) -> Path | None:
+    """reward.png and before_after.png when a finished run's last try stopped before writing them; the
+    before_after.png it wrote, if any."""
+    if not (run / "reward.png").is_file():
+        reward_plot(run)
+    return before_after(run, step) if not (run / "before_after.png").is_file() else None
 
 
 def summary(run: Path, started_at: int, stopped: bool) -> dict[str, Any]:

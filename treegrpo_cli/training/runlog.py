@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import TreegrpoError
+from ..store.safeio import contained, loads_json
 from ..store.shards import atomic_write
 
 METRICS = "metrics.jsonl"
@@ -113,6 +114,7 @@ def _read_jsonl(path: Path, check) -> list[dict[str, Any]]:
         return []
     if not path.is_file():
         raise TreegrpoError(f"{path}: not a regular file{dangling_note(path)}")
+    contained(path.parent, path, f"run {path.parent}")
     text = path.read_text(errors="replace")
     lines = text.split("\n")
     complete = lines[:-1]  # the part after the last newline is empty or torn
@@ -121,7 +123,7 @@ def _read_jsonl(path: Path, check) -> list[dict[str, Any]]:
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            row = loads_json(line)
         except ValueError:
             row = None
         if not isinstance(row, dict) or "iteration" not in row:

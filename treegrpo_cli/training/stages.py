@@ -85,6 +85,15 @@ def run_rollout(req: RolloutRequest, progress: Progress = _noop) -> dict[str, An
         "evals_per_tree": plan.tree.model_evals(T) * policy.evals_per_row,
         "complete": False,
     }
+    ShardStore.check_target(req.out, req.overwrite)  # before the lock creates the folder: never in a foreign one
+    with runlock.lock(req.out, create=True):  # one writer per tree folder
+        return _write_rollout(req, policy, sde, plan, meta, progress)
+
+
+def _write_rollout(
+    req: RolloutRequest, policy: Any, sde: Any, plan: Any, meta: dict[str, Any], progress: Progress
+) -> dict[str, Any]:
+    cfg, ids, T = req.config, plan.prompt_ids, req.config.sampler.steps
     store = ShardStore.create(req.out, KIND, meta, overwrite=req.overwrite)
     nfe, offset, chunks = 0, 0, range(0, len(ids), req.prompts_per_shard)
     for k, a in enumerate(chunks):
@@ -156,7 +165,14 @@ def scoring_config(store: ShardStore, sets: list[str]) -> Config:
 
 def run_score(req: ScoreRequest, progress: Progress = _noop) -> dict[str, Any]:
     """Score every leaf with the config's rewards (options, device), then write rewards, advantages and
-    trained-edge masks beside the trees: the online loop's scoring and credit assignment, over all shards."""
+    trained-edge masks beside the trees: the online loop's scoring and credit assignment, over all shards.
+    One writer per tree folder: a second score (or a rollout) of the same folder is refused while it runs."""
+    open_trees(req.root)  # a tree folder, before its lock file is made
+    with runlock.lock(req.root):
+        return _score_locked(req, progress)
+
+
+def _score_locked(req: ScoreRequest, progress: Progress) -> dict[str, Any]:
     store = open_trees(req.root)
     cfg = scoring_config(store, req.sets)
     it = store.meta.get("iteration", 0) if req.iteration is None else req.iteration

@@ -20,11 +20,13 @@ import dataclasses
 import importlib.util
 import json
 import os
+import tempfile
 import uuid
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from ..errors import TreegrpoError
+from ..store.safeio import loads_json
 from ..store.shards import atomic_write
 from . import runlog
 
@@ -65,6 +67,10 @@ class _TensorBoard:
     def __init__(self, run: Path, state: dict[str, Any], config: dict[str, Any], resume_step: int | None):
         from torch.utils.tensorboard import SummaryWriter
 
+        folder = run / "tensorboard"
+        folder.mkdir(exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):  # a folder it cannot write: an error here, not a thread's later
+            pass
         purge = resume_step if resume_step is not None and state.get("started") else None
         self.writer = SummaryWriter(log_dir=str(run / "tensorboard"), purge_step=purge)
         if not state.get("started"):
@@ -138,9 +144,14 @@ class Tracking:
         self.state: dict[str, dict[str, Any]] = _read_state(self.path)
         kinds: dict[str, type[_TensorBoard] | type[_Wandb]] = {"tensorboard": _TensorBoard, "wandb": _Wandb}
         self.trackers: dict[str, _Tracker] = {}
+        self.notes: list[str] = []  # trackers dropped, for the loop to say (library code never prints)
         for n in names:
             st = self.state.setdefault(n, {"metrics": -1, "heldout": -1, "images": []})
-            self.trackers[n] = kinds[n](run, st, config, resume_step)
+            try:
+                self.trackers[n] = kinds[n](run, st, config, resume_step)
+            except Exception as e:  # an install that does not import, a folder it cannot write
+                self._drop(n, "could not start", e)
+                continue
             if resume_step is not None and kinds[n].rewinds:  # metrics rows and evaluations from the step on
                 st["metrics"], st["heldout"] = min(st["metrics"], resume_step - 1), min(st["heldout"], resume_step - 1)
                 st["images"] = [k for k in st["images"] if _step(k) < resume_step]
@@ -172,26 +183,43 @@ class Tracking:
     def _scalars(self, kind: str, row: dict[str, Any], prefix: str) -> None:
         it = int(row["iteration"])
         values = {f"{prefix}{k}": v for k, v in flat(row).items() if k != "iteration"}
-        for name, tracker in self.trackers.items():
-            if it > self.state[name][kind]:
-                tracker.scalars(values, it)
+        for name, tracker in list(self.trackers.items()):
+            if it > self.state[name][kind] and self._guard(name, lambda t=tracker: t.scalars(values, it)):
                 self.state[name][kind] = it
         self._save()
 
     def image(self, tag: str, path: Path, step: int) -> None:
         key = f"{tag}@{step}"
-        for name, tracker in self.trackers.items():
-            if key not in self.state[name]["images"] and path.is_file():
-                tracker.image(tag, path, step)
+        for name, tracker in list(self.trackers.items()):
+            todo = key not in self.state[name]["images"] and path.is_file()
+            if todo and self._guard(name, lambda t=tracker: t.image(tag, path, step)):
                 self.state[name]["images"].append(key)
         self._save()
+
+    def _guard(self, name: str, call: Any) -> bool:
+        """Run one tracker call; a tracker that fails is dropped (the run goes on without it, saying so)."""
+        try:
+            call()
+        except Exception as e:
+            self._drop(name, "failed", e)
+            return False
+        return True
+
+    def _drop(self, name: str, what: str, e: BaseException) -> None:
+        self.trackers.pop(name, None)
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        self.notes.append(f"warning: train.log {name} {what} ({type(e).__name__}: {first}); the run goes on without it")
+
+    def take_notes(self) -> list[str]:
+        notes, self.notes = self.notes, []
+        return notes
 
     def _save(self) -> None:
         atomic_write(self.path, (json.dumps(self.state, indent=1) + "\n").encode())
 
     def close(self) -> None:
-        for tracker in self.trackers.values():
-            tracker.close()
+        for name, tracker in list(self.trackers.items()):
+            self._guard(name, tracker.close)
 
 
 H = TypeVar("H")
@@ -201,17 +229,26 @@ def tracked(hooks: H, track: Tracking) -> H:
     """The loop's hooks (a dataclass), with every row, evaluation and image also given to the trackers."""
     base: Any = hooks
 
+    def said() -> None:  # the trackers dropped so far, as notes
+        for message in track.take_notes():
+            base.note(message)
+
     def on_row(row: dict[str, Any]) -> None:
         track.metrics(row)
+        said()
         base.on_row(row)
 
     def on_eval(row: dict[str, Any]) -> None:
         track.heldout(row)
+        said()
         base.on_eval(row)
 
     def on_image(tag: str, path: Path, step: int) -> None:
         track.image(tag, path, step)
+        said()
         base.on_image(tag, path, step)
+
+    said()
 
     return dataclasses.replace(base, on_row=on_row, on_eval=on_eval, on_image=on_image)
 
@@ -226,7 +263,7 @@ def _read_state(path: Path) -> dict[str, Any]:
     if not path.exists():
         return {}
     try:
-        state = json.loads(path.read_bytes())
+        state = loads_json(path.read_bytes())
     except (ValueError, OSError):
         raise TreegrpoError(
             f"{path}: not valid JSON; delete it to log the run's history to its trackers again"

@@ -1,0 +1,96 @@
+"""Reading what users and other programs hand the tool, within bounds: one JSON/TOML reader with a depth
+limit, and one containment check for every path found inside a folder the tool reads.
+
+    loads_json(raw)            json.loads, but a document nested deeper than MAX_DEPTH is a ValueError
+                               (the callers' "not valid JSON" line), never a RecursionError
+    loads_toml(text)           the same for TOML (a tomllib.TOMLDecodeError, itself a ValueError)
+    contained(root, path, ..)  path, after checking that it resolves (links followed, at any depth of a
+                               folder walked) to a file or folder inside root; one TreegrpoError otherwise
+    shown(value)               a value for an error line: its repr, cut short (a 2-million-entry list is
+                               named by its size, not echoed)
+
+The module imports nothing of the tool's but its errors (nor torch): every layer above the engine may use it.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from ..errors import TreegrpoError
+
+MAX_DEPTH = 64  # levels of nested arrays and objects in any JSON or TOML document the tool reads
+
+
+def shown(value: Any, limit: int = 200) -> str:
+    """A value read from a file or the command line, for an error line: its repr, cut short."""
+    if isinstance(value, (list, dict, tuple)) and len(value) > limit:
+        return f"{type(value).__name__} of {len(value):,} entries"
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def depth(obj: Any) -> int:
+    """Levels of nesting of parsed JSON/TOML (a scalar: 0), without recursion."""
+    deepest, stack = 0, [(obj, 1)]
+    while stack:
+        x, d = stack.pop()
+        if isinstance(x, dict):
+            items: Any = x.values()
+        elif isinstance(x, list):
+            items = x
+        else:
+            continue
+        deepest = max(deepest, d)
+        if d > MAX_DEPTH:
+            break
+        stack.extend((v, d + 1) for v in items if isinstance(v, (dict, list)))
+    return deepest
+
+
+class TooDeep(tomllib.TOMLDecodeError):
+    """A JSON or TOML document nested deeper than MAX_DEPTH (a ValueError, as any invalid document is)."""
+
+    def __init__(self) -> None:
+        super().__init__(f"nested deeper than {MAX_DEPTH} levels of arrays and objects; not read")
+
+
+def loads_json(raw: str | bytes | bytearray) -> Any:
+    """json.loads with a depth limit: TooDeep, a ValueError (as for any invalid JSON), when nested too deep."""
+    try:
+        obj = json.loads(raw)
+    except RecursionError:
+        raise TooDeep() from None
+    if depth(obj) > MAX_DEPTH:
+        raise TooDeep()
+    return obj
+
+
+def loads_toml(text: str) -> dict[str, Any]:
+    """tomllib.loads with a depth limit: a TOMLDecodeError (as for any invalid TOML) when nested too deep."""
+    try:
+        obj = tomllib.loads(text)
+    except RecursionError:
+        raise TooDeep() from None
+    if depth(obj) > MAX_DEPTH:
+        raise TooDeep()
+    return obj
+
+
+def contained(root: Path, path: Path, what: str = "") -> Path:
+    """`path` (a file or folder found in or under `root`) when it resolves, through any link at any depth,
+    inside `root`; one TreegrpoError naming it otherwise. Reads nothing but the links."""
+    root, path = Path(root), Path(path)
+    try:
+        real, base = path.resolve(strict=True), root.resolve(strict=True)
+    except FileNotFoundError:
+        raise TreegrpoError(f"{what or path}: {path} does not exist (or is a broken link)") from None
+    except (OSError, RuntimeError) as e:  # a link loop
+        raise TreegrpoError(f"{what or path}: {path} does not resolve ({e})") from None
+    if real != base and not real.is_relative_to(base):
+        raise TreegrpoError(
+            f"{what or path}: {path} is a link that resolves outside {root} (to {real}); it is not read"
+        )
+    return path
