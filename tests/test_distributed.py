@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.multiprocessing as mp
+from clitools import RUN_HEADER
 
 from treegrpo_cli.store.checkpoint import list_checkpoints, load_checkpoint
 from treegrpo_cli.training.runlog import is_timing, read_evals, read_metrics
@@ -139,8 +140,9 @@ def test_a_failure_in_one_process_stops_both_with_one_line(tmp_path):
     env = {"PYTHONPATH": os.pathsep.join([str(hook), os.environ.get("PYTHONPATH", "")])}
     r = treegrpo(*SETS, "--iterations", 4, "--run-dir", tmp_path / "r", nproc=2, timeout=120, env=env)
     assert r.returncode != 0
-    progress = ("run folder", "iteration", "eval", str(tmp_path))  # a long run folder's path wraps onto its own line
+    progress = ("run folder", "iteration", "eval", "held-out", str(tmp_path))  # a long path wraps onto its own line
     lines = [ln for ln in r.stderr.splitlines() if ln.strip() and not ln.startswith(progress)]
+    lines = [ln for ln in lines if not RUN_HEADER.match(ln)]  # the run's first lines
     assert len(lines) == 1 and "injected failure in process 1" in lines[0] and "process 1 of 2" in lines[0], r.stderr
     assert "Traceback" not in r.stderr
 
