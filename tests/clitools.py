@@ -16,7 +16,8 @@ def run(*args):
 # the lines `train` prints before it loads the model (cli/train_cmd.py run_header): an error found while loading
 # (a LoRA target the model lacks) comes after them
 RUN_HEADER = re.compile(
-    r"^((starting|resuming) \S+: model .*|device: \S+( \(no GPU seen by torch\))?|run folder: .*|loading .+ \.\.\.|.+ ready on \S+ in [\d.]+s|"
+    r"^((starting|resuming) \S+: model .*|device: \S+( \(no GPU seen by torch\))?|run folder: .*|"
+    r"loading .+ \.\.\.|.+ ready on \S+ in [\d.]+s|"
     r"warning: \S+ has [\d.]+ billion denoiser parameters and is about to be built on the CPU.*)$"
 )
 
