@@ -2,10 +2,19 @@
 per iteration, model evaluations per sample and memory, grouped by label (the preset by default) with mean
 and spread over seeds.
 
+Groups are what was run: each run's run.json config (model, rewards, every setting but its seed, its name and the
+keys that only change how it runs, rundir.RESUMABLE). Runs given one --label must have run the same settings,
+or compare refuses them naming the keys that differ; runs without --label are grouped by preset name and split
+where their settings differ (the label then names the differing keys). A seed repeated in a group is a warning
+(its spread is not over seeds). Runs scored by different rewards are not on one axis: refused unless
+allow_mixed_rewards.
+
     OUT/compare.json       every number of the table, the axis, the target and the baseline
     OUT/reward_vs_X.png    held-out reward against the axis (X = time: wall-clock minutes of training;
                            flops: cumulative denoiser TFLOPs, counted; iterations): mean over seeds, min-max
                            band (over the span every seed of the group covers), a ring at every measured point
+    OUT/zero_std.png       zero_std_ratio (the share of groups whose rewards all tie) over iterations, one line per
+                           run (only when a run logs it)
     OUT/pareto.png         seconds per iteration against final held-out reward, one point per group
     OUT/index.html         one self-contained page: table, both plots, each run's latest sample grid
 
@@ -25,6 +34,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import itertools
+import json
 import math
 import random
 import re
@@ -32,7 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import TreegrpoError
+from ..config import Config
+from ..errors import ConfigError, TreegrpoError
 from ..training import rundir, runlog
 
 PHASES = ("rollout", "score", "update")
@@ -71,6 +82,9 @@ class RunStats:
     backward_nfe_per_sample: float | None  # mean train_evals_per_leaf
     peak_mib: float | None
     zero_std_ratio: float | None = None  # mean over iterations: the share of groups whose rewards all tie
+    zero_std_curve: list[tuple[float, float]] = field(default_factory=list)  # (iteration, zero_std_ratio)
+    model: str = ""
+    rewards: list[str] = field(default_factory=list)
     images_per_second: float | None = None  # mean over iterations
     to_target: float | None = None  # None: never reaches the target (or no target)
     sample_grid: str | None = None  # the latest samples/step-N.png
@@ -111,6 +125,7 @@ class Comparison:
     axis: str = "time"  # the x of every curve and time to target: a key of AXES
     weights: str = "default"  # the held-out reward of the weights eval/export use (EMA where kept) | "raw": trained
     unit: str = ""  # its unit, for readers of compare.json
+    warnings: list[str] = field(default_factory=list)  # one line each (a seed repeated in a group)
 
     def __post_init__(self) -> None:
         self.unit = self.unit or AXES[self.axis][0]
@@ -197,6 +212,11 @@ def load_run(run: Path, label: str | None = None, axis: str = "time", raw: bool 
         backward_nfe_per_sample=_mean([r.get("train_evals_per_leaf") for r in metrics]),
         peak_mib=max(peaks) if peaks else None,
         zero_std_ratio=_mean([r.get("zero_std_ratio") for r in metrics]),
+        zero_std_curve=[
+            (float(r["iteration"]), y) for r in metrics if (y := _number(r.get("zero_std_ratio"))) is not None
+        ],
+        model=cfg.model,
+        rewards=list(cfg.reward.names),
         images_per_second=_mean([r.get("images_per_second") for r in metrics]),
         sample_grid=str(sample) if sample else None,
     )
@@ -337,6 +357,107 @@ def _labels(folders: list[Path], labels: list[str] | None) -> list[str | None]:
     return list(labels) if labels is not None else [None] * len(folders)
 
 
+# --- what was run ------------------------------------------------------------------------------
+
+# Config keys that do not say what a run learned: its seed (a group's runs differ in it), its name and
+# description, and the keys a resume may change (how long and how it runs: rundir.RESUMABLE).
+NOT_WHAT_WAS_RUN = {"seed", "name", "description"} | rundir.RESUMABLE
+FIRST_KEYS = ("model", "reward.names", "reward.weights")  # named first when settings differ
+
+
+def what_was_run(cfg: Config) -> dict[str, Any]:
+    """The run's settings as flat keys ("train.lr"), values as JSON text, without NOT_WHAT_WAS_RUN."""
+    flat = rundir._flat(cfg.to_dict())
+    return {k: json.dumps(v, sort_keys=True) for k, v in flat.items() if k not in NOT_WHAT_WAS_RUN}
+
+
+def differing(settings: list[dict[str, Any]]) -> list[str]:
+    """The keys whose values are not the same in all the settings: model and rewards first, then by name."""
+    keys = {k for s in settings for k in s if len({t.get(k) for t in settings}) > 1}
+    return sorted(keys, key=lambda k: (FIRST_KEYS.index(k) if k in FIRST_KEYS else len(FIRST_KEYS), k))
+
+
+def _short(value: str | None, most: int = 32) -> str:
+    text = "(unset)" if value is None else value
+    return text if len(text) <= most else text[: most - 3] + "..."
+
+
+def _plain(value: str | None) -> str | None:
+    """A JSON string's text without its quotes; other values as they are."""
+    return json.loads(value) if value is not None and value.startswith('"') else value
+
+
+def group_runs(runs: list[RunStats], settings: list[dict[str, Any]], labelled: bool) -> dict[str, list[RunStats]]:
+    """The runs by label. Given labels (labelled): runs of one label must have run the same settings, else
+    refused naming the keys that differ. Default labels (preset names): runs of one preset whose settings differ
+    are split, each part labelled with the preset and its values of the differing keys."""
+    by_label: dict[str, list[int]] = {}
+    for i, r in enumerate(runs):
+        by_label.setdefault(r.label, []).append(i)
+    for label, idx in list(by_label.items()):
+        keys = differing([settings[i] for i in idx])
+        if keys and labelled:
+            raise ConfigError(
+                f"the runs labelled {label!r} did not run the same thing: {_diff(runs, settings, idx, keys)}; "
+                "give each setting its own --label"
+            )
+        if keys:
+            parts: dict[tuple, list[int]] = {}
+            for i in idx:
+                parts.setdefault(tuple(settings[i].get(k) for k in keys), []).append(i)
+            shown = keys[:3]
+            for i in idx:
+                runs[i].label = (
+                    f"{label} ("
+                    + ", ".join(f"{k}={_short(_plain(settings[i].get(k)), 24)}" for k in shown)
+                    + (", ...)" if len(keys) > len(shown) else ")")
+                )
+    groups: dict[str, list[RunStats]] = {}
+    for r in runs:
+        groups.setdefault(r.label, []).append(r)
+    return groups
+
+
+def _diff(runs: list[RunStats], settings: list[dict[str, Any]], idx: list[int], keys: list[str]) -> str:
+    """'model "tiny-shapes" in a, "pixel-tiny" in b; reward.names ...' for the first three keys."""
+    parts = []
+    for k in keys[:3]:
+        a = idx[0]
+        b = next(i for i in idx if settings[i].get(k) != settings[a].get(k))
+        parts.append(
+            f"{k} {_short(settings[a].get(k))} in {runs[a].folder}, {_short(settings[b].get(k))} in {runs[b].folder}"
+        )
+    more = f"; and {len(keys) - 3} more setting{'s' * (len(keys) > 4)}" if len(keys) > 3 else ""
+    return "; ".join(parts) + more
+
+
+def check_one_reward(runs: list[RunStats]) -> None:
+    """Held-out rewards of different reward models are not on one scale: refused."""
+    by_reward: dict[str, list[str]] = {}
+    for r in runs:
+        by_reward.setdefault("+".join(r.rewards), []).append(r.folder)
+    if len(by_reward) > 1:
+        named = "; ".join(f"{k or '(none)'}: {', '.join(v)}" for k, v in by_reward.items())
+        raise ConfigError(
+            f"the runs are scored by different rewards ({named}), which are not on one scale; compare runs of one "
+            "reward, or pass --allow-mixed-rewards to draw them on one axis anyway"
+        )
+
+
+def repeated_seeds(groups: dict[str, list[RunStats]]) -> list[str]:
+    """A warning for each seed that more than one run of a group has (its spread is then not over seeds)."""
+    out = []
+    for label, runs in groups.items():
+        seeds = [r.seed for r in runs]
+        for seed in sorted({s for s in seeds if seeds.count(s) > 1}):
+            folders = ", ".join(r.folder for r in runs if r.seed == seed)
+            out.append(
+                f"warning: group {label!r} has seed {seed} in {seeds.count(seed)} runs ({folders}); "
+                "its mean and spread are over repeated seeds, not independent ones"
+            )
+    return out
+
+
 def compare_runs(
     folders: list[Path],
     labels: list[str] | None = None,
@@ -345,11 +466,13 @@ def compare_runs(
     gain: bool = False,
     axis: str = "time",
     raw: bool = False,
+    allow_mixed_rewards: bool = False,
 ) -> Comparison:
     """Load the runs, group them by label, and time each to the target (default: the baseline group's
     mean final held-out reward). gain=True measures every curve and the target from each run's first
     held-out evaluation (methods whose samplers start the base model at different rewards). raw=True reads
-    the trained weights' held-out reward where a run evaluated its EMA (the default) beside them."""
+    the trained weights' held-out reward where a run evaluated its EMA (the default) beside them. Groups: see
+    group_runs; runs scored by different rewards are refused unless allow_mixed_rewards."""
     if not folders:
         raise TreegrpoError("give at least one run folder")
     if axis not in AXES:
@@ -358,9 +481,9 @@ def compare_runs(
         load_run(Path(f), lab, axis, raw)
         for f, lab in zip(folders, _labels([Path(f) for f in folders], labels), strict=True)
     ]
-    groups: dict[str, list[RunStats]] = {}
-    for r in runs:
-        groups.setdefault(r.label, []).append(r)
+    groups = group_runs(runs, [what_was_run(rundir.load_config(Path(f))) for f in folders], labels is not None)
+    if not allow_mixed_rewards:
+        check_one_reward(runs)
     if baseline is not None and baseline not in groups:
         raise TreegrpoError(f"--baseline {baseline!r} is none of the runs' labels ({', '.join(groups)})")
     derived = None  # the target as the baseline's mean, when it is that
@@ -384,7 +507,14 @@ def compare_runs(
             if g.label != baseline and own and (spread := speedup_interval(base_curves, own, given)):
                 g.speedup_low, g.speedup_high, g.speedup_reach = spread
     return Comparison(
-        target, baseline, "gain" if gain else "reward", stats, runs, axis=axis, weights="raw" if raw else "default"
+        target,
+        baseline,
+        "gain" if gain else "reward",
+        stats,
+        runs,
+        axis=axis,
+        weights="raw" if raw else "default",
+        warnings=repeated_seeds(groups),
     )
 
 
