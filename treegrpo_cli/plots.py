@@ -403,3 +403,15 @@ def save_png(image: Image.Image, path: str | Path) -> None:
     buf = io.BytesIO()
     image.save(buf, format="PNG")
     atomic_write(path, buf.getvalue())
+
+
+def headed(image: Image.Image, lines: list[str]) -> Image.Image:
+    """The image under title lines, the canvas widened (white on the right) so that the longest line fits."""
+    lh = line_height()
+    width = max([image.width, *(int(_width(line)) + 2 * PAD for line in lines)]) + 4 * PAD
+    out = Image.new("RGB", (width, image.height + len(lines) * lh + 4 * PAD), BACKGROUND)
+    draw = ImageDraw.Draw(out)
+    for k, line in enumerate(lines):
+        draw.text((PAD, PAD + k * lh), _text(line), fill=INK, font=_font())
+    out.paste(image.convert("RGB"), (0, len(lines) * lh + 3 * PAD))
+    return out
