@@ -508,3 +508,6 @@ def test_zero_std_ratio_over_training_is_a_plot_on_the_page(runs, tmp_path):
     image = Image.open(tmp_path / "cmp" / "zero_std.png").convert("RGB")
     assert plots.PALETTE[0] in {c for _, c in image.getcolors(1 << 20)}
     assert len(re.findall(r'src="data:image/png', (tmp_path / "cmp" / "index.html").read_text())) == 3 + 3
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))  # runs that do not log it: no plot, none left over
+    compare_page.write_report(compare.compare_runs(runs), tmp_path / "cmp")
+    assert not (tmp_path / "cmp" / "zero_std.png").exists()

@@ -230,7 +230,10 @@ def write_report(cmp: Comparison, out: Path) -> list[str]:
     out.mkdir(parents=True, exist_ok=True)
     pngs = {}
     plots = [(f"reward_vs_{cmp.axis}.png", reward_plot(cmp)), ("pareto.png", pareto_plot(cmp))]
-    plots += [("zero_std.png", z)] if (z := zero_std_plot(cmp)) is not None else []
+    if (z := zero_std_plot(cmp)) is not None:
+        plots.append(("zero_std.png", z))
+    else:  # not one an earlier comparison of other runs left in this folder
+        (out / "zero_std.png").unlink(missing_ok=True)
     for name, image in plots:
         save_png(image, out / name)
         pngs[name] = (out / name).read_bytes()

@@ -359,7 +359,7 @@ def _train(req: TrainRequest, hooks: Hooks, held: ExitStack) -> dict[str, Any]:
 
     if cfg.train.eval_samples and finished and _main_says(lambda: last_eval() < trainer.step, trainer, d):
         _heldout(trainer, req, hooks, wall)  # also after a run killed between its last checkpoint and this
-    if finished and works and d.main and cfg.train.sample_every:  # titled with the last held-out reward
+    if finished and d.main and cfg.train.sample_every:  # titled with the last held-out reward
         path = rundir.before_after(req.run_dir, trainer.step)
         if path is not None:
             hooks.on_image("before_after", path, trainer.step)
