@@ -473,6 +473,19 @@ def test_default_labels_split_a_preset_where_its_settings_differ(tmp_path):
     runs = two(tmp_path, {"train": {"lr": 1e-4}}, {"train": {"lr": 3e-5, "iterations": 7}})
     cmp = compare.compare_runs(runs)
     assert [g.label for g in cmp.groups] == ["tree-grpo (train.lr=0.0001)", "tree-grpo (train.lr=3e-05)"]
+    # settings that agree on the three keys a label shows but differ further get a number
+    third = write_run(
+        tmp_path / "r3",
+        "tree-grpo",
+        2,
+        [row(0, 30, 30, 20, 2, 8, 20, 6)],
+        [],
+        advantage={"clamp": 3.0},
+        sampler={"eta": 0.5},
+        train={"clip_range": 0.01},
+    )
+    labels = [g.label for g in compare.compare_runs([*runs, third]).groups]
+    assert len(set(labels)) == 3 and labels[0].endswith(", ...)") and labels[1] == labels[0] + " #2", labels
     # the seed, the name and how long a run ran are not what was run: one group
     runs = two(tmp_path / "b", {"train": {"iterations": 3}}, {"train": {"iterations": 9}}, names=("a", "b"))
     cmp = compare.compare_runs(runs, labels=["same", "same"])

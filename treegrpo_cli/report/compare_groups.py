@@ -56,20 +56,28 @@ def group_runs(runs: list[RunStats], settings: list[dict[str, Any]], labelled: b
                 "give each setting its own --label"
             )
         if keys:
-            parts: dict[tuple, list[int]] = {}
-            for i in idx:
-                parts.setdefault(tuple(settings[i].get(k) for k in keys), []).append(i)
-            shown = keys[:3]
-            for i in idx:
-                runs[i].label = (
-                    f"{label} ("
-                    + ", ".join(f"{k}={_short(_plain(settings[i].get(k)), 24)}" for k in shown)
-                    + (", ...)" if len(keys) > len(shown) else ")")
-                )
+            _split(runs, settings, idx, keys)
     groups: dict[str, list[RunStats]] = {}
     for r in runs:
         groups.setdefault(r.label, []).append(r)
     return groups
+
+
+def _split(runs: list[RunStats], settings: list[dict[str, Any]], idx: list[int], keys: list[str]) -> None:
+    """Label each run of idx with its values of the first three differing keys; settings that agree on those
+    but differ further get a number (#2, #3, ...) so that no two settings share a label."""
+    parts: dict[tuple, list[int]] = {}
+    for i in idx:
+        parts.setdefault(tuple(settings[i].get(k) for k in keys), []).append(i)
+    shown, taken = keys[:3], dict[str, int]()
+    for members in parts.values():
+        first = settings[members[0]]
+        label = f"{runs[members[0]].label} (" + ", ".join(f"{k}={_short(_plain(first.get(k)), 24)}" for k in shown)
+        label += ", ...)" if len(keys) > len(shown) else ")"
+        taken[label] = taken.get(label, 0) + 1
+        label += f" #{taken[label]}" if taken[label] > 1 else ""
+        for i in members:
+            runs[i].label = label
 
 
 def _diff(runs: list[RunStats], settings: list[dict[str, Any]], idx: list[int], keys: list[str]) -> str:
