@@ -108,7 +108,7 @@ def test_save_images_and_jsonl_prompts(tmp_path):
         "sampler.steps=4",
     )
     assert r.exit_code == 0, r.output
-    assert len(list((out / "images").glob("tree*-node*.png"))) == 6
+    assert len(list((out / "images").glob("p0[01]-a-*-leaf0[0-2].png"))) == 6
 
 
 def test_flipped_byte_fails_score_and_inspect(tmp_path):

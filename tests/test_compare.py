@@ -39,14 +39,15 @@ def row(it, wall, total, rollout, score, update, fwd, bwd, peak=None):
     return {**r, "peak_mib": peak} if peak is not None else r
 
 
-def write_run(folder: Path, name: str, seed: int, metrics: list, evals: list, samples: tuple = ()) -> Path:
-    """A run folder as `treegrpo train` writes it; sample grids are grey (no palette colour in them)."""
+def write_run(folder: Path, name: str, seed: int, metrics: list, evals: list, samples: tuple = (), **config) -> Path:
+    """A run folder as `treegrpo train` writes it (config: more of run.json's settings); sample grids are grey
+    (no palette colour in them)."""
     folder.mkdir(parents=True)
     info = {
         "format": "treegrpo-run",
         "version": 1,
         "command": "treegrpo train",
-        "config": {"name": name, "seed": seed, "model": "pixel-tiny"},
+        "config": {"name": name, "seed": seed, "model": "pixel-tiny", **config},
     }
     (folder / "run.json").write_text(json.dumps(info))
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in metrics))
@@ -272,7 +273,19 @@ def test_cli_json_and_files(runs, tmp_path):
     r = run("compare", *runs, "--baseline", "flow-grpo", "--out", out, "--json")
     assert r.exit_code == 0, r.output
     data = json.loads(r.stdout)
-    assert set(data) == {"target", "baseline", "measure", "groups", "runs", "files", "axis", "unit", "weights"}
+    assert set(data) == {
+        "target",
+        "baseline",
+        "measure",
+        "groups",
+        "runs",
+        "files",
+        "axis",
+        "unit",
+        "weights",
+        "warnings",
+    }
+    assert data["warnings"] == [] and data["runs"][0]["model"] == "pixel-tiny"
     assert data["axis"] == "time" and data["unit"] == "wall-clock minutes"
     assert data == json.loads((out / "compare.json").read_text())
     assert data["baseline"] == "flow-grpo" and data["measure"] == "reward" and data["target"] == pytest.approx(0.55)
@@ -430,3 +443,84 @@ def test_the_flops_axis_refuses_runs_that_did_not_count_them(runs):
     with pytest.raises(compare.TreegrpoError, match="no flops_total"):
         compare.compare_runs(runs, axis="flops")
     assert compare.compare_runs(runs, axis="iterations").axis == "iterations"
+
+
+# --- groups are what was run -------------------------------------------------------------------
+
+
+def two(tmp_path, first: dict, second: dict, seeds=(0, 1), names=("tree-grpo", "tree-grpo")):
+    rows = [row(0, 30, 30, 20, 2, 8, 20, 6), row(1, 60, 30, 20, 2, 8, 20, 6)]
+    evals = [{"iteration": 0, "reward_mean": 0.2}, {"iteration": 2, "reward_mean": 0.5}]
+    return [
+        write_run(tmp_path / "r1", names[0], seeds[0], rows, evals, **first),
+        write_run(tmp_path / "r2", names[1], seeds[1], rows, evals, **second),
+    ]
+
+
+def test_one_label_over_different_models_and_rewards_is_refused(tmp_path):
+    runs = two(
+        tmp_path,
+        {"model": "tiny-shapes", "reward": {"names": ["shapes"]}},
+        {"model": "pixel-tiny", "reward": {"names": ["jpeg-compressibility"]}},
+        seeds=(0, 0),
+    )
+    r = run("compare", *runs, "--label", "x", "--label", "x", "--out", tmp_path / "c")
+    one_line_error(r, "labelled 'x'", "model", '"tiny-shapes"', '"pixel-tiny"', "reward.names", "--label")
+    assert not (tmp_path / "c").exists()
+
+
+def test_default_labels_split_a_preset_where_its_settings_differ(tmp_path):
+    runs = two(tmp_path, {"train": {"lr": 1e-4}}, {"train": {"lr": 3e-5, "iterations": 7}})
+    cmp = compare.compare_runs(runs)
+    assert [g.label for g in cmp.groups] == ["tree-grpo (train.lr=0.0001)", "tree-grpo (train.lr=3e-05)"]
+    # settings that agree on the three keys a label shows but differ further get a number
+    third = write_run(
+        tmp_path / "r3",
+        "tree-grpo",
+        2,
+        [row(0, 30, 30, 20, 2, 8, 20, 6)],
+        [],
+        advantage={"clamp": 3.0},
+        sampler={"eta": 0.5},
+        train={"clip_range": 0.01},
+    )
+    labels = [g.label for g in compare.compare_runs([*runs, third]).groups]
+    assert len(set(labels)) == 3 and labels[0].endswith(", ...)") and labels[1] == labels[0] + " #2", labels
+    # the seed, the name and how long a run ran are not what was run: one group
+    runs = two(tmp_path / "b", {"train": {"iterations": 3}}, {"train": {"iterations": 9}}, names=("a", "b"))
+    cmp = compare.compare_runs(runs, labels=["same", "same"])
+    assert [(g.label, g.seeds) for g in cmp.groups] == [("same", [0, 1])] and cmp.warnings == []
+
+
+def test_different_rewards_are_refused_unless_asked(tmp_path):
+    runs = two(tmp_path, {"reward": {"names": ["shapes"]}}, {"reward": {"names": ["jpeg-compressibility"]}})
+    r = run("compare", *runs, "--label", "a", "--label", "b", "--out", tmp_path / "c")
+    one_line_error(r, "different rewards", "shapes:", "jpeg-compressibility:", "--allow-mixed-rewards")
+    r = run("compare", *runs, "--label", "a", "--label", "b", "--allow-mixed-rewards", "--out", tmp_path / "c")
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "c" / "compare.json").read_text())["runs"][1]["rewards"] == ["jpeg-compressibility"]
+
+
+def test_a_repeated_seed_in_a_group_is_a_warning(tmp_path):
+    runs = two(tmp_path, {}, {}, seeds=(0, 0))
+    r = run("compare", *runs, "--out", tmp_path / "c")
+    assert r.exit_code == 0, r.output
+    warnings = [line for line in r.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "group 'tree-grpo' has seed 0 in 2 runs" in warnings[0]
+    assert str(runs[0]) in warnings[0] and str(runs[1]) in warnings[0]
+    assert "has seed 0 in 2 runs" in (tmp_path / "c" / "index.html").read_text()
+
+
+def test_zero_std_ratio_over_training_is_a_plot_on_the_page(runs, tmp_path):
+    path = runs[2] / "metrics.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    path.write_text("".join(json.dumps({**r, "zero_std_ratio": 0.5 * i}) + "\n" for i, r in enumerate(rows)))
+    cmp = compare.compare_runs(runs)
+    assert cmp.runs[2].zero_std_curve == [(0.0, 0.0), (1.0, 0.5)] and cmp.runs[0].zero_std_curve == []
+    compare_page.write_report(cmp, tmp_path / "cmp")
+    image = Image.open(tmp_path / "cmp" / "zero_std.png").convert("RGB")
+    assert plots.PALETTE[0] in {c for _, c in image.getcolors(1 << 20)}
+    assert len(re.findall(r'src="data:image/png', (tmp_path / "cmp" / "index.html").read_text())) == 3 + 3
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))  # runs that do not log it: no plot, none left over
+    compare_page.write_report(compare.compare_runs(runs), tmp_path / "cmp")
+    assert not (tmp_path / "cmp" / "zero_std.png").exists()

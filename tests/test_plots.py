@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 
@@ -149,3 +150,65 @@ def test_a_video_grid_draws_each_clip_as_a_strip_of_frames():
     grid = image_grid(clips, ["a", "b"], scale=1)
     one = image_grid(strips[:1], ["a"], scale=1)
     assert grid.size[0] == one.size[0] and grid.size[1] == 2 * one.size[1]  # one clip a row
+
+
+def test_integer_ticks_are_whole_numbers():
+    for lo, hi in ((0, 3), (0, 0), (2, 2), (0, 7.5), (0, 1000)):
+        a, b, ticks = plots._integer_ticks(lo, hi)
+        assert all(t == int(t) for t in ticks) and len(set(ticks)) == len(ticks) >= 2
+        assert a <= lo and b >= hi
+
+
+def reward_run(folder, evals):
+    from treegrpo_cli.training import rundir
+
+    rows = [
+        {"iteration": i, "reward_mean": 0.3 + 0.04 * i, "reward_std": 0.1, "wall": 20.0 * (i + 1)} for i in range(6)
+    ]
+    folder.mkdir()
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (folder / "eval.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
+    rundir.reward_plot(folder)
+    return Image.open(folder / "reward.png").convert("RGB")
+
+
+def test_reward_png_has_the_heldout_curves_the_std_band_and_two_titles(tmp_path):
+    evals = [
+        {"iteration": 0, "wall": 0.0, "reward_mean": 0.3, "raw/reward_mean": 0.3},
+        {"iteration": 6, "wall": 130.0, "reward_mean": 0.4, "raw/reward_mean": 0.6},
+    ]
+    img = reward_run(tmp_path / "ema", evals)
+    assert img.size == (2 * 640, 400)
+    colours = {c for _, c in img.getcolors(1 << 20)}
+    assert {plots.PALETTE[0], plots.PALETTE[1], plots.PALETTE[2]} <= colours  # training, EMA, trained weights
+    band = tuple(round(255 + (c - 255) * 60 / 255) for c in plots.PALETTE[0])  # the std band over white
+    assert any(all(abs(a - b) <= 2 for a, b in zip(c, band, strict=True)) for c in colours)
+    pixels = np.asarray(img)
+    assert not np.array_equal(pixels[:20, :640], pixels[:20, 640:])  # each panel its own title
+    img = reward_run(tmp_path / "plain", [{"iteration": 0, "reward_mean": 0.3}, {"iteration": 6, "reward_mean": 0.5}])
+    colours = {c for _, c in img.getcolors(1 << 20)}
+    assert plots.PALETTE[1] in colours and plots.PALETTE[2] not in colours  # no EMA: one held-out curve
+
+
+def test_before_after_titles_carry_each_sides_heldout_mean(tmp_path, monkeypatch):
+    from treegrpo_cli.training import rundir
+
+    (tmp_path / "samples").mkdir()
+    for step in (0, 3):
+        Image.new("RGB", (40, 20), (90, 90, 90)).save(tmp_path / "samples" / f"step-{step}.png")
+    (tmp_path / "eval.jsonl").write_text(
+        json.dumps({"iteration": 0, "reward_mean": 0.25})
+        + "\n"
+        + json.dumps({"iteration": 3, "reward_mean": 0.5})
+        + "\n"
+    )
+    titles = []
+    monkeypatch.setattr(rundir, "headed", lambda image, lines: titles.append(lines) or plots.headed(image, lines))
+    assert rundir.before_after(tmp_path, 3) == tmp_path / "before_after.png"
+    assert titles == [
+        ["before: the base model", "held-out mean reward 0.2500"],
+        ["after 3 iterations", "held-out mean reward 0.5000"],
+    ]
+    # a title wider than its picture widens the canvas instead of being cut off
+    wide = plots.headed(Image.new("RGB", (10, 10)), ["held-out mean reward -0.7617"])
+    assert wide.width > plots._width("held-out mean reward -0.7617")

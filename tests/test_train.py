@@ -124,7 +124,7 @@ def test_heldout_reward_before_and_after(tmp_path):
         assert both.width >= grids[0].width + grids[1].width and both.height > grids[0].height
         from treegrpo_cli.plots import PAD, line_height
 
-        top = line_height() + 3 * PAD  # under the title
+        top = 2 * line_height() + 3 * PAD  # under the title's two lines (what, held-out mean reward)
         left = both.crop((0, top, grids[0].width, top + grids[0].height)).convert("RGB")
         assert left.tobytes() == grids[0].convert("RGB").tobytes()  # the base grid, untouched
     r = run(

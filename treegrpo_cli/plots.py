@@ -79,6 +79,16 @@ def _nice_ticks(lo: float, hi: float, target: int = 5) -> tuple[float, float, li
     return a * step, b * step, [i * step for i in range(a, b + 1)]
 
 
+def _integer_ticks(lo: float, hi: float, target: int = 5) -> tuple[float, float, list[float]]:
+    """_nice_ticks on whole numbers only (iterations): a step of at least 1, no tick between two integers."""
+    lo, hi = math.floor(lo), math.ceil(hi)
+    hi = max(hi, lo + 1)
+    a, b, ticks = _nice_ticks(lo, hi, target)
+    if ticks[1] - ticks[0] >= 1:
+        return a, b, ticks
+    return lo, hi, [float(v) for v in range(lo, hi + 1)]
+
+
 def _fmt(v: float, step: float) -> str:
     if abs(v) < step * 1e-6:
         v = 0.0
@@ -162,15 +172,26 @@ def _chart(size: tuple[int, int], title: str, names: list[str], xlabel: str, yla
     return img, draw, at
 
 
-def line_chart(series: Series, title: str, xlabel: str, ylabel: str, size: tuple[int, int] = (640, 400)) -> Image.Image:
-    """One line per series (NaN points skipped), with ticks, axis labels, a title and a legend."""
+def line_chart(
+    series: Series,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    size: tuple[int, int] = (640, 400),
+    integer_x: bool = False,
+    y_span: tuple[float, float] | None = None,
+) -> Image.Image:
+    """One line per series (NaN points skipped), with ticks, axis labels, a title and a legend; integer_x: ticks
+    on whole numbers only (iterations); y_span: the y axis covers at least this span (a share: 0 to 1)."""
     for name, (xs, ys) in series.items():
         if len(xs) != len(ys):
             raise ValueError(f"series {name!r} has {len(xs)} x values and {len(ys)} y values")
     runs = {name: _finite(xs, ys) for name, (xs, ys) in series.items()}
     pts = [p for rs in runs.values() for r in rs for p in r]
-    xt = _nice_ticks(min((p[0] for p in pts), default=0.0), max((p[0] for p in pts), default=1.0))
-    yt = _nice_ticks(min((p[1] for p in pts), default=0.0), max((p[1] for p in pts), default=1.0))
+    ticks = _integer_ticks if integer_x else _nice_ticks
+    xt = ticks(min((p[0] for p in pts), default=0.0), max((p[0] for p in pts), default=1.0))
+    ys = [p[1] for p in pts] + list(y_span or ())
+    yt = _nice_ticks(min(ys, default=0.0), max(ys, default=1.0))
     img, draw, at = _chart(size, title, list(series), xlabel, ylabel, xt, yt)
     for i, rs in enumerate(runs.values()):
         _polyline(draw, [[at(*p) for p in r] for r in rs], PALETTE[i % len(PALETTE)])
@@ -206,10 +227,11 @@ def band_chart(
     hline_label: str = "target",
     size: tuple[int, int] = (640, 400),
     marks: dict[str, list[tuple[float, float]]] | None = None,
+    integer_x: bool = False,
 ) -> Image.Image:
     """One mean line per series over its shaded low-high band (e.g. min-max over seeds), an optional
     dashed horizontal line (a target) labelled hline_label, and optional marks: a ring at each measured
-    (x, y) of a series (the line between two marks is drawn, not measured)."""
+    (x, y) of a series (the line between two marks is drawn, not measured); integer_x: whole-number x ticks."""
     for name, b in bands.items():
         if len({len(v) for v in b}) != 1:
             raise ValueError(f"band {name!r} has x, mean, low and high of different lengths")
@@ -219,7 +241,7 @@ def band_chart(
     ys = [y for b in bands.values() for v in b[1:] for y in v if math.isfinite(y)]
     ys += [y for m in marks.values() for _, y in m if math.isfinite(y)]
     ys += [hline] if hline is not None and math.isfinite(hline) else []
-    xt = _nice_ticks(min(xs, default=0.0), max(xs, default=1.0))
+    xt = (_integer_ticks if integer_x else _nice_ticks)(min(xs, default=0.0), max(xs, default=1.0))
     yt = _nice_ticks(min(ys, default=0.0), max(ys, default=1.0))
     img, draw, at = _chart(size, title, list(bands), xlabel, ylabel, xt, yt)
     if hline is not None and math.isfinite(hline):
@@ -229,7 +251,7 @@ def band_chart(
     for i, (x, mean, low, high) in enumerate(bands.values()):
         colour = PALETTE[i % len(PALETTE)]
         keep = [k for k in range(len(x)) if all(math.isfinite(v[k]) for v in (x, low, high))]
-        if len(keep) > 1:
+        if len(keep) > 1 and any(low[k] != high[k] for k in keep):
             draw.polygon(
                 [at(x[k], high[k]) for k in keep] + [at(x[k], low[k]) for k in reversed(keep)], fill=colour + (60,)
             )
@@ -381,3 +403,15 @@ def save_png(image: Image.Image, path: str | Path) -> None:
     buf = io.BytesIO()
     image.save(buf, format="PNG")
     atomic_write(path, buf.getvalue())
+
+
+def headed(image: Image.Image, lines: list[str]) -> Image.Image:
+    """The image under title lines, the canvas widened (white on the right) so that the longest line fits."""
+    lh = line_height()
+    width = max([image.width, *(int(_width(line)) + 2 * PAD for line in lines)]) + 4 * PAD
+    out = Image.new("RGB", (width, image.height + len(lines) * lh + 4 * PAD), BACKGROUND)
+    draw = ImageDraw.Draw(out)
+    for k, line in enumerate(lines):
+        draw.text((PAD, PAD + k * lh), _text(line), fill=INK, font=_font())
+    out.paste(image.convert("RGB"), (0, len(lines) * lh + 3 * PAD))
+    return out

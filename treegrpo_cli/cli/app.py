@@ -86,7 +86,7 @@ app = typer.Typer(
     cls=OneLineErrors,
     help="Tree-structured GRPO post-training for text-to-image flow models.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
@@ -94,14 +94,44 @@ app = typer.Typer(
 
 def _version(value: bool) -> None:
     if value:
-        typer.echo(f"treegrpo {__version__}")
+        for line in version_lines():
+            typer.echo(line)
         raise typer.Exit()
+
+
+def version_lines() -> list[str]:
+    """treegrpo's version and git commit (when a checkout), torch's and CUDA's versions, the device `auto` picks."""
+    import torch
+
+    from ..errors import TreegrpoError
+    from ..preflight import resolve_device
+    from ..training.rundir import code_version
+
+    commit = code_version()["commit"]
+    cuda = torch.version.cuda
+    if cuda is None:
+        cuda_said = "none (a CPU build of torch)"
+    else:
+        cuda_said = cuda + ("" if torch.cuda.is_available() else " (no GPU seen by torch)")
+    try:
+        device = resolve_device("auto")
+    except TreegrpoError as e:
+        device = f"none ({e})"
+    return [
+        f"treegrpo {__version__}" + (f" (commit {commit})" if commit else ""),
+        f"torch {torch.__version__}, CUDA {cuda_said}",
+        f"--device auto: {device}",
+    ]
 
 
 @app.callback()
 def root(
     version: bool = typer.Option(
-        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+        False,
+        "--version",
+        callback=_version,
+        is_eager=True,
+        help="Print the version (and git commit), torch's and CUDA's, the device auto picks, and exit.",
     ),
 ) -> None:
     """Roll out trees, score them, train, evaluate and check sample diversity."""

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from .common import err, guarded, print_json
+from .common import err, guarded, one_line, print_json
 from .common import out as stdout
 
 
@@ -16,7 +16,9 @@ def compare(
     runs: Annotated[list[Path], typer.Argument(help="Run folders written by `treegrpo train`.")],
     out: Annotated[
         Path,
-        typer.Option("--out", "-o", help="Write compare.json, reward_vs_<x>.png, pareto.png and index.html here."),
+        typer.Option(
+            "--out", "-o", help="Write compare.json, reward_vs_<x>.png, pareto.png, zero_std.png and index.html here."
+        ),
     ],
     x: Annotated[
         str,
@@ -52,14 +54,26 @@ def compare(
         typer.Option(
             "--label",
             help="A run's group label, once per run in order "
-            "(default: its preset name; runs of one label are seeds of one group).",
+            "(default: its preset name, split where the settings differ; runs of one label are seeds of one setting).",
         ),
     ] = None,
+    allow_mixed_rewards: Annotated[
+        bool,
+        typer.Option(
+            "--allow-mixed-rewards",
+            help="Draw runs scored by different rewards on one axis (refused by default: their rewards are not "
+            "on one scale).",
+        ),
+    ] = False,
     json_: Annotated[bool, typer.Option("--json", help="Print compare.json's content.")] = False,
 ) -> None:
     """Compare training runs: held-out reward against wall-clock time (or FLOPs, or iterations), time to a target
     reward and the speed-up over a baseline, seconds per iteration, model evaluations per sample and peak memory,
     mean over seeds.
+
+    Runs are grouped by what was run (run.json's settings): runs given one --label must share their model, rewards
+    and settings (all but the seed); without --label, runs of one preset that differ are split into groups named
+    by the differing settings. A seed repeated in a group is a warning.
 
     Example: treegrpo compare runs/flow-s0 runs/flow-s1 runs/tree-s0 runs/tree-s1 --baseline flow-grpo --out runs/cmp
     """
@@ -70,8 +84,10 @@ def compare(
     with guarded():
         check_writable_dir(out, "--out")
         check_own_dir(out, "--out", _is_compare_page, "an earlier compare page (compare.json, index.html, *.png)")
-        cmp = compare_runs(runs, label, target, baseline, gain, x, raw)
+        cmp = compare_runs(runs, label, target, baseline, gain, x, raw, allow_mixed_rewards)
         write_report(cmp, out)
+    for w in cmp.warnings:
+        err.print(one_line(w), highlight=False, markup=False, soft_wrap=True)
     if json_:
         print_json(to_dict(cmp))
         return

@@ -101,6 +101,8 @@ def rollout(
         )
         with progress_bar() as bar:
             summary = run_rollout(req, bar)
+    if (note := repeats_note(summary)) is not None:
+        err.print(note, highlight=False, markup=False, soft_wrap=True)
     if json_:
         print_json(summary)
     else:
@@ -108,3 +110,19 @@ def rollout(
             f"wrote {summary['trees']} trees ({summary['leaves_per_tree']} leaves each, "
             f"{summary['nfe_per_tree']:.0f} model evaluations per tree) to {summary['out']}"
         )
+
+
+def repeats_note(summary: dict) -> str | None:
+    """One line when some prompt is rolled out in more than one tree (None when each is rolled out once)."""
+    if summary["most_trees_of_a_prompt"] <= 1:
+        return None
+    why = []
+    if summary["num_prompts"] > summary["distinct_prompts"]:
+        why.append(f"{summary['num_prompts']} prompts drawn from the {summary['prompts_given']} given cycle them")
+    if summary["trees_per_prompt"] > 1:
+        why.append(f"tree.trees_per_prompt = {summary['trees_per_prompt']}")
+    return (
+        f"note: {summary['trees']} trees of {summary['distinct_prompts']} distinct "
+        f"prompt{'s' * (summary['distinct_prompts'] != 1)}: each is rolled out in up to "
+        f"{summary['most_trees_of_a_prompt']} trees ({'; '.join(why)})"
+    )

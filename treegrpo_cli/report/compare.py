@@ -2,10 +2,19 @@
 per iteration, model evaluations per sample and memory, grouped by label (the preset by default) with mean
 and spread over seeds.
 
+Groups are what was run: each run's run.json config (model, rewards, every setting but its seed, its name and the
+keys that only change how it runs, rundir.RESUMABLE). Runs given one --label must have run the same settings,
+or compare refuses them naming the keys that differ; runs without --label are grouped by preset name and split
+where their settings differ (the label then names the differing keys). A seed repeated in a group is a warning
+(its spread is not over seeds). Runs scored by different rewards are not on one axis: refused unless
+allow_mixed_rewards.
+
     OUT/compare.json       every number of the table, the axis, the target and the baseline
     OUT/reward_vs_X.png    held-out reward against the axis (X = time: wall-clock minutes of training;
                            flops: cumulative denoiser TFLOPs, counted; iterations): mean over seeds, min-max
                            band (over the span every seed of the group covers), a ring at every measured point
+    OUT/zero_std.png       zero_std_ratio (the share of groups whose rewards all tie) over iterations, one line per
+                           run (only when a run logs it)
     OUT/pareto.png         seconds per iteration against final held-out reward, one point per group
     OUT/index.html         one self-contained page: table, both plots, each run's latest sample grid
 
@@ -35,6 +44,7 @@ from typing import Any
 from ..errors import TreegrpoError
 from ..store.safeio import contained
 from ..training import rundir, runlog
+from .compare_groups import check_one_reward, group_runs, repeated_seeds, what_was_run
 
 PHASES = ("rollout", "score", "update")
 GRID_POINTS = 64  # points of the common grid a group's mean curve is drawn on
@@ -72,6 +82,9 @@ class RunStats:
     backward_nfe_per_sample: float | None  # mean train_evals_per_leaf
     peak_mib: float | None
     zero_std_ratio: float | None = None  # mean over iterations: the share of groups whose rewards all tie
+    zero_std_curve: list[tuple[float, float]] = field(default_factory=list)  # (iteration, zero_std_ratio)
+    model: str = ""
+    rewards: list[str] = field(default_factory=list)
     images_per_second: float | None = None  # mean over iterations
     to_target: float | None = None  # None: never reaches the target (or no target)
     sample_grid: str | None = None  # the latest samples/step-N.png
@@ -112,6 +125,7 @@ class Comparison:
     axis: str = "time"  # the x of every curve and time to target: a key of AXES
     weights: str = "default"  # the held-out reward of the weights eval/export use (EMA where kept) | "raw": trained
     unit: str = ""  # its unit, for readers of compare.json
+    warnings: list[str] = field(default_factory=list)  # one line each (a seed repeated in a group)
 
     def __post_init__(self) -> None:
         self.unit = self.unit or AXES[self.axis][0]
@@ -198,6 +212,11 @@ def load_run(run: Path, label: str | None = None, axis: str = "time", raw: bool 
         backward_nfe_per_sample=_mean([r.get("train_evals_per_leaf") for r in metrics]),
         peak_mib=max(peaks) if peaks else None,
         zero_std_ratio=_mean([r.get("zero_std_ratio") for r in metrics]),
+        zero_std_curve=[
+            (float(r["iteration"]), y) for r in metrics if (y := _number(r.get("zero_std_ratio"))) is not None
+        ],
+        model=cfg.model,
+        rewards=list(cfg.reward.names),
         images_per_second=_mean([r.get("images_per_second") for r in metrics]),
         sample_grid=str(sample) if sample else None,
     )
@@ -346,11 +365,13 @@ def compare_runs(
     gain: bool = False,
     axis: str = "time",
     raw: bool = False,
+    allow_mixed_rewards: bool = False,
 ) -> Comparison:
     """Load the runs, group them by label, and time each to the target (default: the baseline group's
     mean final held-out reward). gain=True measures every curve and the target from each run's first
     held-out evaluation (methods whose samplers start the base model at different rewards). raw=True reads
-    the trained weights' held-out reward where a run evaluated its EMA (the default) beside them."""
+    the trained weights' held-out reward where a run evaluated its EMA (the default) beside them. Groups: see
+    group_runs; runs scored by different rewards are refused unless allow_mixed_rewards."""
     if not folders:
         raise TreegrpoError("give at least one run folder")
     if axis not in AXES:
@@ -359,9 +380,9 @@ def compare_runs(
         load_run(Path(f), lab, axis, raw)
         for f, lab in zip(folders, _labels([Path(f) for f in folders], labels), strict=True)
     ]
-    groups: dict[str, list[RunStats]] = {}
-    for r in runs:
-        groups.setdefault(r.label, []).append(r)
+    groups = group_runs(runs, [what_was_run(rundir.load_config(Path(f))) for f in folders], labels is not None)
+    if not allow_mixed_rewards:
+        check_one_reward(runs)
     if baseline is not None and baseline not in groups:
         raise TreegrpoError(f"--baseline {baseline!r} is none of the runs' labels ({', '.join(groups)})")
     derived = None  # the target as the baseline's mean, when it is that
@@ -385,7 +406,14 @@ def compare_runs(
             if g.label != baseline and own and (spread := speedup_interval(base_curves, own, given)):
                 g.speedup_low, g.speedup_high, g.speedup_reach = spread
     return Comparison(
-        target, baseline, "gain" if gain else "reward", stats, runs, axis=axis, weights="raw" if raw else "default"
+        target,
+        baseline,
+        "gain" if gain else "reward",
+        stats,
+        runs,
+        axis=axis,
+        weights="raw" if raw else "default",
+        warnings=repeated_seeds(groups),
     )
 
 

@@ -1,6 +1,6 @@
 """The comparison drawn and written: reward-against-axis and Pareto plots, the table, the self-contained page.
 
-OUT/compare.json, OUT/reward_vs_X.png, OUT/pareto.png, OUT/index.html (see compare.py)
+OUT/compare.json, OUT/reward_vs_X.png, OUT/pareto.png, OUT/zero_std.png, OUT/index.html (see compare.py)
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import json
 import math
 from pathlib import Path
 
-from ..plots import band_chart, point_chart, save_png
+from ..plots import band_chart, line_chart, point_chart, save_png
 from ..store.shards import atomic_write
 from .compare import AXES, GRID_POINTS, PHASES, Comparison, GroupStats, Stat, interp, measured, to_dict
 
@@ -51,6 +51,26 @@ def reward_plot(cmp: Comparison):
         cmp.target,
         label,
         marks=marks,
+    )
+
+
+def zero_std_plot(cmp: Comparison):
+    """zero_std_ratio over iterations, one line per run (None when no run logs it)."""
+    series: dict[str, tuple[list[float], list[float]]] = {}
+    for r in cmp.runs:
+        if r.zero_std_curve:
+            name = f"{r.label} · seed {r.seed}"
+            name += f" · {Path(r.folder).name}" if name in series else ""  # a seed repeated in a group
+            series[name] = ([x for x, _ in r.zero_std_curve], [y for _, y in r.zero_std_curve])
+    if not series:
+        return None
+    return line_chart(
+        series,
+        "tied groups over training (zero_std_ratio: share of groups whose rewards all tie)",
+        "iteration",
+        "zero_std_ratio",
+        integer_x=True,
+        y_span=(0.0, 1.0),
     )
 
 
@@ -181,6 +201,7 @@ th{background:#f2f2f2}
 .samples{display:flex;gap:16px;overflow-x:auto}
 figure{margin:0}
 figcaption{font-size:13px;margin-top:4px}
+.warning{color:#a33}
 """
 
 
@@ -188,6 +209,7 @@ def page(cmp: Comparison, pngs: dict[str, bytes]) -> str:
     """index.html: everything inline (CSS, base64 PNGs), no scripts, nothing fetched."""
     target = "none" if cmp.target is None else f"{cmp.target:.4f}"
     images = "".join(f'<img src="{_data_uri(data)}" alt="{html.escape(name)}">' for name, data in pngs.items())
+    warnings = "".join(f'<p class="warning">{html.escape(w)}</p>\n' for w in cmp.warnings)
     return (
         f'<!doctype html>\n<html><head><meta charset="utf-8"><title>treegrpo compare</title>'
         f"<style>{STYLE}</style></head><body>\n"
@@ -196,7 +218,8 @@ def page(cmp: Comparison, pngs: dict[str, bytes]) -> str:
         f"target held-out {cmp.measure}: {html.escape(target)}; baseline: {html.escape(cmp.baseline or 'none')}. "
         "Mean ± sample standard deviation over seeds; speed-up intervals: 95% of the speed-ups with both "
         "groups' seeds drawn again with replacement (never: draws that do not reach the target).</p>\n"
-        f'{_html_table(cmp)}\n<h2>Reward against time, cost against reward</h2>\n<div class="plots">{images}</div>\n'
+        f"{warnings}{_html_table(cmp)}\n<h2>Reward against time, cost against reward, tied groups</h2>\n"
+        f'<div class="plots">{images}</div>\n'
         f"<h2>Latest samples</h2>\n{_samples_html(cmp)}\n</body></html>\n"
     )
 
@@ -206,7 +229,12 @@ def write_report(cmp: Comparison, out: Path) -> list[str]:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     pngs = {}
-    for name, image in ((f"reward_vs_{cmp.axis}.png", reward_plot(cmp)), ("pareto.png", pareto_plot(cmp))):
+    plots = [(f"reward_vs_{cmp.axis}.png", reward_plot(cmp)), ("pareto.png", pareto_plot(cmp))]
+    if (z := zero_std_plot(cmp)) is not None:
+        plots.append(("zero_std.png", z))
+    else:  # not one an earlier comparison of other runs left in this folder
+        (out / "zero_std.png").unlink(missing_ok=True)
+    for name, image in plots:
         save_png(image, out / name)
         pngs[name] = (out / name).read_bytes()
     cmp.files = [str(out / n) for n in (*pngs, "compare.json", "index.html")]

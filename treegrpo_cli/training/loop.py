@@ -365,6 +365,10 @@ def _train(req: TrainRequest, hooks: Hooks, held: ExitStack) -> dict[str, Any]:
         _missing_pictures(trainer, req, hooks)  # a resume repeats what a stopped run did not finish
     if cfg.train.eval_samples and finished and _main_says(lambda: last_eval() < trainer.step, trainer, d):
         _heldout(trainer, req, hooks, wall)  # also after a run killed between its last checkpoint and this
+    if finished and d.main and cfg.train.sample_every:  # titled with the last held-out reward
+        path = rundir.before_after(req.run_dir, trainer.step)
+        if path is not None:
+            hooks.on_image("before_after", path, trainer.step)
     dist.barrier(d)
     # a stop asked for during the last iteration came too late to stop anything: the run is complete
     return rundir.summary(req.run_dir, start, stopped and not finished) if d.main else {}
@@ -400,10 +404,6 @@ def _outputs(trainer: Trainer, req: TrainRequest, stopped: bool, last: bool, hoo
         _save(trainer, req)
     if cfg.train.sample_every and (last or trainer.step % cfg.train.sample_every == 0):
         _grid(trainer, req, trainer.step, hooks)
-        if last and req.dist.main:
-            path = rundir.before_after(req.run_dir, trainer.step)
-            if path is not None:
-                hooks.on_image("before_after", path, trainer.step)
 
 
 def _missing_pictures(trainer: Trainer, req: TrainRequest, hooks: Hooks) -> None:
@@ -501,6 +501,7 @@ def _heldout(trainer: Trainer, req: TrainRequest, hooks: Hooks, wall: float) -> 
     if req.dist.main:
         row = {"iteration": trainer.step, "wall": wall, **trainer.totals, **row}
         runlog.append_eval(req.run_dir, row)
+        rundir.reward_plot(req.run_dir)  # with its held-out curve
         hooks.on_eval(row)
 
 

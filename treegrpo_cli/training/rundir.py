@@ -29,7 +29,7 @@ from .. import __version__
 from ..config import Config, config_from_dict
 from ..engine.rollout import TreeConfig, mix_seed, rollout
 from ..errors import ConfigError, TreegrpoError
-from ..plots import image_grid, line_chart, save_png, side_by_side, titled
+from ..plots import band_chart, headed, image_grid, save_png, side_by_side, titled
 from ..rewards.base import score_leaves, weighted_sum
 from ..store.safeio import contained, loads_json
 from ..store.shards import atomic_write
@@ -335,13 +335,53 @@ def check_resumable(run: Path, cfg: Config) -> None:
 
 
 def reward_plot(run: Path) -> None:
-    rows = [r for r in read_metrics(run) if "reward_mean" in r and "wall" in r]  # a staged update's row has neither
-    if not rows:
+    """reward.png: the training reward (the mean over an iteration's samples, their std as a band) and the
+    held-out reward (eval.jsonl: the EMA and the trained weights where both are evaluated), against the
+    iteration (left) and wall-clock minutes of training (right); a ring at every measured point."""
+    rows = [r for r in read_metrics(run) if is_number(r.get("reward_mean")) and is_number(r.get("wall"))]
+    if not rows:  # a staged update's row has neither
         return
-    r = [row["reward_mean"] for row in rows]
-    by_it = line_chart({"reward": ([row["iteration"] for row in rows], r)}, "mean reward", "iteration", "reward")
-    by_time = line_chart({"reward": ([row["wall"] / 60 for row in rows], r)}, "mean reward", "minutes", "reward")
-    save_png(side_by_side([by_it, by_time]), run / "reward.png")
+    evals = read_evals(run)
+    panels = [
+        _reward_panel(rows, evals, False, "reward by iteration", "iteration (weights after N updates)"),
+        _reward_panel(rows, evals, True, "reward by wall-clock time", "minutes of training"),
+    ]
+    save_png(side_by_side(panels), run / "reward.png")
+
+
+def _reward_panel(rows: list[dict], evals: list[dict], minutes: bool, title: str, xlabel: str):
+    walls = {r["iteration"]: r["wall"] for r in rows}
+
+    def x(row: dict, held_out: bool) -> float:
+        if not minutes:
+            return float(row["iteration"])
+        wall = row.get("wall")
+        if held_out and not is_number(wall):  # an evaluation without its own: the iteration before it
+            wall = walls.get(row["iteration"] - 1, 0.0)
+        return float(wall or 0.0) / 60
+
+    xs, mean = [x(r, False) for r in rows], [float(r["reward_mean"]) for r in rows]
+    std = [float(r["reward_std"]) if is_number(r.get("reward_std")) else float("nan") for r in rows]
+    training = "training reward (mean ± std of its samples)"
+    bands = {
+        training: (
+            xs,
+            mean,
+            [m - d for m, d in zip(mean, std, strict=True)],
+            [m + d for m, d in zip(mean, std, strict=True)],
+        )
+    }
+    marks = {training: list(zip(xs, mean, strict=True)) if len(rows) <= 60 else []}
+    ema = any(is_number(e.get("raw/reward_mean")) for e in evals)
+    curves = (
+        {"held-out, EMA": "reward_mean", "held-out, trained": "raw/reward_mean"} if ema else {"held-out": "reward_mean"}
+    )
+    for name, key in curves.items():
+        points = sorted((x(e, True), float(e[key])) for e in evals if is_number(e.get(key)))
+        ys = [y for _, y in points]
+        bands[name] = ([p for p, _ in points], ys, ys, ys)
+        marks[name] = points
+    return band_chart(bands, title, xlabel, "reward", marks=marks, integer_x=not minutes)
 
 
 def sample_grid(
@@ -371,15 +411,25 @@ def sample_grid(
 
 
 def before_after(run: Path, step: int) -> Path | None:
-    """before_after.png from samples/step-0.png and samples/step-<step>.png (None when either is missing)."""
+    """before_after.png from samples/step-0.png and samples/step-<step>.png (None when either is missing), each
+    titled with its held-out mean reward (eval.jsonl, where the run evaluated at that iteration)."""
     from PIL import Image
 
     paths = [run / "samples" / f"step-{k}.png" for k in (0, step)]
     if step == 0 or not all(p.is_file() for p in paths):
         return None
     before, after = (Image.open(p).convert("RGB") for p in paths)
+    means = {e["iteration"]: e["reward_mean"] for e in read_evals(run) if is_number(e.get("reward_mean"))}
+
+    def said(k: int) -> list[str]:
+        return [f"held-out mean reward {means[k]:.4f}"] if k in means else []
+
     out = run / "before_after.png"
-    save_png(side_by_side([titled(before, "before: the base model"), titled(after, f"after {step} iterations")]), out)
+    sides = [
+        headed(before, ["before: the base model", *said(0)]),
+        headed(after, [f"after {step} iterations", *said(step)]),
+    ]
+    save_png(side_by_side(sides), out)
     return out
 
 

@@ -6,6 +6,8 @@ callback `progress(phase, done, total)`.
 
 from __future__ import annotations
 
+import re
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -96,6 +98,9 @@ def _write_rollout(
     cfg, ids, T = req.config, plan.prompt_ids, req.config.sampler.steps
     store = ShardStore.create(req.out, KIND, meta, overwrite=req.overwrite)
     nfe, offset, chunks = 0, 0, range(0, len(ids), req.prompts_per_shard)
+    repeats = max(Counter(ids).values()) * plan.tree.trees_per_prompt  # the most trees of one prompt
+    written: dict[int, int] = {}  # prompt id -> leaf images written
+    digits = (max(2, len(str(len(req.prompts) - 1))), max(2, len(str(repeats * plan.tree.leaves(T) - 1))))
     for k, a in enumerate(chunks):
         chunk = ids[a : a + req.prompts_per_shard]
         tree, n = rollout(
@@ -112,7 +117,7 @@ def _write_rollout(
         shard = TreeShard(k, tree, leaf_images(policy, tree), {i: req.prompts[i] for i in chunk}, offset, n)
         write_tree_shard(store, shard)
         if req.save_images:
-            _save_images(req.out / "images", shard)
+            _save_images(req.out / "images", shard, written, *digits)
         nfe, offset = nfe + n, offset + tree.num_trees
     store.update_meta(nfe=nfe, num_trees=offset, complete=True)
     return {
@@ -123,15 +128,39 @@ def _write_rollout(
         "iteration": req.iteration,
         "nfe_per_tree": nfe / max(offset, 1),
         "leaves_per_tree": plan.tree.leaves(T),
+        "prompts_given": len(req.prompts),
+        "num_prompts": len(ids),
+        "distinct_prompts": len(set(ids)),
+        "trees_per_prompt": plan.tree.trees_per_prompt,
+        "most_trees_of_a_prompt": repeats,
     }
 
 
-def _save_images(folder: Path, s: TreeShard) -> None:
+SLUG_CHARS = 40  # the most characters of a prompt in a leaf image's name
+
+
+def slug(prompt: str, most: int = SLUG_CHARS) -> str:
+    """The prompt as a file name's part: lower-case ASCII letters and digits, runs of anything else one '-',
+    at most `most` characters ('prompt' when nothing is left)."""
+    text = re.sub(r"[^a-z0-9]+", "-", prompt.lower().encode("ascii", "ignore").decode()).strip("-")
+    return text[:most].rstrip("-") or "prompt"
+
+
+def leaf_image_name(prompt_id: int, prompt: str, leaf: int, id_digits: int = 2, leaf_digits: int = 2) -> str:
+    """p<prompt id>-<prompt slug>-leaf<the prompt's leaf number>.png, e.g. p00-a-red-fox-leaf03.png."""
+    return f"p{prompt_id:0{id_digits}d}-{slug(prompt)}-leaf{leaf:0{leaf_digits}d}.png"
+
+
+def _save_images(folder: Path, s: TreeShard, counts: dict[int, int], id_digits: int, leaf_digits: int) -> None:
+    """Each leaf as a PNG named by its prompt and its number among that prompt's leaves so far (`counts`: prompt
+    id -> leaves written, over every shard; a prompt drawn again, or with several trees, keeps counting)."""
     folder.mkdir(parents=True, exist_ok=True)
-    leaves = s.tree.leaves()
-    for j, node in enumerate(leaves.tolist()):
-        t = s.tree_offset + int(s.tree.tree[node])
-        Image.fromarray(s.leaf_image[j].permute(1, 2, 0).numpy()).save(folder / f"tree{t:05d}-node{node:05d}.png")
+    for j, node in enumerate(s.tree.leaves().tolist()):
+        pid = int(s.tree.tree_prompt[s.tree.tree[node]])
+        k = counts.get(pid, 0)
+        counts[pid] = k + 1
+        name = leaf_image_name(pid, s.prompts[pid], k, id_digits, leaf_digits)
+        Image.fromarray(s.leaf_image[j].permute(1, 2, 0).numpy()).save(folder / name)
 
 
 # --- score -----------------------------------------------------------------------------------
