@@ -91,7 +91,6 @@ def compare(
     if json_:
         print_json(to_dict(cmp))
         return
-    from .common import one_line
 
     rows = table_rows(cmp)
     table = Table(title=f"{_count(len(cmp.runs), 'run')} in {_count(len(cmp.groups), 'group')} (mean ± std over seeds)")

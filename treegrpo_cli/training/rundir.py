@@ -29,7 +29,7 @@ from .. import __version__
 from ..config import Config, config_from_dict
 from ..engine.rollout import TreeConfig, mix_seed, rollout
 from ..errors import ConfigError, TreegrpoError
-from ..plots import band_chart, headed, image_grid, save_png, side_by_side, titled
+from ..plots import band_chart, headed, image_grid, save_png, side_by_side
 from ..rewards.base import score_leaves, weighted_sum
 from ..store.safeio import contained, loads_json
 from ..store.shards import atomic_write
@@ -402,11 +402,10 @@ def sample_grid(
     total = weighted_sum(scores, weights)
     captions = [f"{p} ({float(s):.3f})" for p, s in zip(prompts, total, strict=True)]
     what = "the base model" if step == 0 else f"after {step} iteration{'s' * (step != 1)} (trained weights)"
-    random = (
-        "; random weights, not a trained release" if str(getattr(policy, "weights", "")).startswith("random") else ""
-    )
+    random = str(getattr(policy, "weights", "")).startswith("random")
+    lines = [f"{policy.name}: {what}"] + (["random weights, not a trained release"] if random else [])
     path.parent.mkdir(exist_ok=True)
-    save_png(titled(image_grid(images, captions), f"{policy.name}: {what}{random}"), path)
+    save_png(headed(image_grid(images, captions), lines), path)
     return path
 
 
