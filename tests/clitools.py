@@ -18,7 +18,9 @@ def run(*args):
 RUN_HEADER = re.compile(
     r"^((starting|resuming) \S+: model .*|device: \S+( \(no GPU seen by torch\))?|run folder: .*|"
     r"loading .+ \.\.\.|.+ ready on \S+ in [\d.]+s|"
-    r"warning: \S+ has [\d.]+ billion denoiser parameters and is about to be built on the CPU.*)$"
+    r"warning: \S+ has [\d.]+ billion denoiser parameters and is about to be built on the CPU.*|"
+    r"warning: \S+ from .* is overridden every iteration by schedule\.kind .*|"  # the user's tree under a schedule
+    r"held-out reward at iteration \d+: .*|iteration \d+: reward .*)$"  # progress before an error
 )
 
 
