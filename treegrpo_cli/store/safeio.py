@@ -59,19 +59,18 @@ class TooDeep(tomllib.TOMLDecodeError):
 
 def loads_json(raw: str | bytes | bytearray) -> Any:
     """json.loads with a depth limit: TooDeep, a ValueError (as for any invalid JSON), when nested too deep."""
-    try:
-        obj = json.loads(raw)
-    except RecursionError:
-        raise TooDeep() from None
-    if depth(obj) > MAX_DEPTH:
-        raise TooDeep()
-    return obj
+    return _bounded(json.loads, raw)
 
 
 def loads_toml(text: str) -> dict[str, Any]:
     """tomllib.loads with a depth limit: a TOMLDecodeError (as for any invalid TOML) when nested too deep."""
+    return _bounded(tomllib.loads, text)
+
+
+def _bounded(load: Any, text: Any) -> Any:
+    """load(text), refused as TooDeep when the parser recurses out or the document nests past MAX_DEPTH."""
     try:
-        obj = tomllib.loads(text)
+        obj = load(text)
     except RecursionError:
         raise TooDeep() from None
     if depth(obj) > MAX_DEPTH:
