@@ -20,7 +20,7 @@ RUN_HEADER = re.compile(
     r"loading .+ \.\.\.|.+ ready on \S+ in [\d.]+s|reading \S*step-\d+|writing the .* weights of step \d+ to .* \.\.\.|"
     r"warning: \S+ has [\d.]+ billion denoiser parameters and is about to be built on the CPU.*|"
     r"warning: \S+ from .* is overridden every iteration by schedule\.kind .*|"  # the user's tree under a schedule
-    r"held-out reward at iteration \d+: .*|iteration \d+: reward .*)$"  # progress before an error
+    r"held-out (reward|evaluation) at iteration \d+: .*|iteration \d+: reward .*)$"  # progress before an error
 )
 
 

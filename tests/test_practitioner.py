@@ -155,6 +155,8 @@ def test_progress_in_a_log_says_the_run_folder_first(tmp_path):
     assert lines[2] == f"run folder: {tmp_path / 'r'}"
     assert lines.index(f"run folder: {tmp_path / 'r'}") < min(i for i, x in enumerate(lines) if "iteration 0" in x)
     assert any(x.startswith("held-out reward at iteration 2:") for x in lines)
+    i = lines.index("held-out evaluation at iteration 2: 24 prompts x 1, ODE samples ...")  # said as it starts
+    assert lines[i + 1].startswith("held-out reward at iteration 2:")
     assert not any(x.startswith(("score:", "update:", "rollout:")) for x in lines)  # a log gets the lines that matter
 
 

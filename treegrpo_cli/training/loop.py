@@ -490,6 +490,9 @@ def _heldout(trainer: Trainer, req: TrainRequest, hooks: Hooks, wall: float) -> 
     """The held-out evaluation of the weights `eval` and `export` use (heldout.py) -> eval.jsonl, with the
     seconds of training so far."""
     cfg = trainer.cfg
+    if req.dist.main:
+        n = f"{len(req.eval_prompts)} prompts x {cfg.train.eval_samples}"
+        hooks.note(f"held-out evaluation at iteration {trainer.step}: {n}, ODE samples ...")
     row = heldout_row(
         trainer.policy,
         trainer.sde,
