@@ -192,8 +192,8 @@ def kept(work: Path, label: str, seed: int) -> Path:
 
 
 def run_metrics(run: Path) -> dict[str, float]:
-    """What the tables read of a run's metrics rows: optimizer steps and denoiser TFLOPs an iteration, and the means
-    over its first quarter of iterations that signal_table reports."""
+    """What the tables read of a run's metrics rows: optimizer steps, denoiser TFLOPs and within-group reward std an
+    iteration, and the means over its first quarter of iterations that signal_table reports."""
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     quarter = max(1, len(rows) // 4)
     early = {
@@ -203,6 +203,7 @@ def run_metrics(run: Path) -> dict[str, float]:
     return {
         "optimizer_steps_per_iteration": sum(x.get("optimizer_steps", 0) for x in rows) / len(rows),
         "tflops_per_iteration": rows[-1]["flops_total"] / len(rows) / 1e12,
+        "reward_group_std": sum(x.get("reward_group_std", 0.0) for x in rows) / len(rows),
         **early,
     }
 

@@ -455,6 +455,7 @@ def test_a_kept_run_carries_what_the_tables_read_and_its_files_hashes(tmp_path, 
     assert row["metrics"] == {
         "optimizer_steps_per_iteration": 2.0,
         "tflops_per_iteration": 0.5,
+        "reward_group_std": 0.0,
         "early/zero_std_ratio": 0.4,
         "early/reward_group_std": 0.0,
         "early/trained_edges": 5.0,
