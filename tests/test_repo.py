@@ -23,16 +23,6 @@ def test_every_preset_names_its_source_and_launch_command():
         assert f"--preset {p.stem}" in head, p.name
 
 
-def test_readmes_performance_table_is_generated_from_the_results_file():
-    import json
-
-    mod = _bench("readme_table")
-    readme = (ROOT / "README.md").read_text()
-    result = json.loads((ROOT / "bench" / "results" / "methods.json").read_text())
-    assert mod.splice(readme, mod.render(result)) == readme, "run python bench/readme_table.py"
-    assert {g["label"] for g in result["compare"]["groups"]} == set(mod.PAPERS)  # every method measured
-
-
 def _bench(name: str):
     import importlib.util
 
@@ -189,13 +179,13 @@ def test_every_backticked_repository_path_in_the_docs_exists():
     assert not missing, "paths that do not exist:\n" + "\n".join(missing)
 
 
-def test_readme_model_table_is_the_memory_benchmarks():
-    """README's table of real models is bench/model_memory.py's output (bench/results/model_memory.md), and it lists
-    every name `--model` knows besides the built-in ones."""
+def test_the_model_table_is_the_memory_benchmarks():
+    """docs/models.md's table of real models is bench/model_memory.py's output (bench/results/model_memory.md), and it
+    lists every name `--model` knows besides the built-in ones."""
     from treegrpo_cli.models.hub import KNOWN
 
     table = (ROOT / "bench" / "results" / "model_memory.md").read_text()
-    assert table in (ROOT / "README.md").read_text()
+    assert table in (ROOT / "docs" / "models.md").read_text()
     assert {re.search(r"`([^`]+)`", line).group(1) for line in table.splitlines()[2:]} == set(KNOWN)
 
 
@@ -485,3 +475,48 @@ def test_restored_raw_runs_are_checked_against_the_manifest(tmp_path):
     # the kept manifest covers every raw file of the summaries' runs
     kept = (ROOT / "bench" / "results" / "study-runs.tsv").read_text().splitlines()
     assert kept[0] == "path\tsha256\tbytes" and len(kept) > 500
+
+
+def test_preset_headers_carry_no_study_figures():
+    """A preset's header says where it comes from, how it departs and how to launch it; what it measured lives in
+    bench/results and docs/results.md (figures in a header go stale with every study)."""
+    figures = re.compile(r"[+-]0\.\d\d|±|\+- ?0\.\d|\d(\.\d+)?x \(\d|held-out gain of")
+    for p in sorted((ROOT / "presets").glob("*.toml")):
+        head = "\n".join(line for line in p.read_text().splitlines() if line.startswith("#"))
+        assert not figures.search(head), f"{p.name}: {figures.search(head).group(0)!r}"
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a markdown heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower().replace("`", "")).replace(" ", "-")
+
+
+def test_every_anchor_in_a_markdown_link_names_a_heading():
+    """[text](page.md#anchor) and [text](#anchor) in README, CHANGELOG, bench/README and docs/ point at a heading."""
+    dead = []
+    for md in _markdown_files():
+        text = re.sub(r"^```.*?^```", "", md.read_text(), flags=re.S | re.M)
+        for target in re.findall(r"\]\(\s*<?([^)\s>]*#[^)\s>]+)>?\s*\)", text):
+            if re.match(r"(https?|mailto|ftp):", target):
+                continue
+            page, _, anchor = target.partition("#")
+            path = md if not page else md.parent / page
+            if not path.is_file() or path.suffix != ".md":
+                continue
+            body = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.S | re.M)
+            slugs = {_slug(h) for h in re.findall(r"^#+ (.+)$", body, re.M)}
+            if anchor not in slugs:
+                dead.append(f"{md.relative_to(ROOT)}: ({target})")
+    assert not dead, "anchors that name no heading:\n" + "\n".join(dead)
+
+
+def test_no_dates_session_history_or_internal_issue_numbers_where_a_user_reads():
+    """README, docs/, CHANGELOG and the preset headers describe the tool as it is: no dates of runs, no sessions, no
+    issue numbers of this project (other projects' issues, `owner/repo#N` in code spans, are sources)."""
+    files = _markdown_files() + sorted((ROOT / "presets").glob("*.toml"))
+    bad = []
+    for f in files:
+        text = re.sub(r"`[^`\n]*`", "", f.read_text())  # code spans: commands, other projects' paths and issues
+        for pattern in (r"\b20\d\d-\d\d-\d\d\b", r"\bsessions?\b", r"\b[Ii]ssues? \d+", r"(?<![\w/])#\d+\b"):
+            bad += [f"{f.relative_to(ROOT)}: {m.group(0)!r}" for m in re.finditer(pattern, text)]
+    assert not bad, "\n".join(bad)
