@@ -318,7 +318,7 @@ def video(src: Sources, images: dict) -> str:
 
 def flux_case(case: dict) -> str:
     if "error" in case:
-        return f"| `{case['preset']}` | {case['mode']} | {case['error'].split('.')[0][:80]} |" + " |" * 9
+        return f"| `{case['preset']}` | {case['mode']} | {case['error'].split('.')[0][:80]} |" + " |" * 8
     it = case["iterations"][-1]
     return (
         f"| `{case['preset']}` | {case['mode']} | {it['leaves']} | {it['rollout_evals']} | {it['trained_edges']} "
