@@ -11,6 +11,8 @@ read here. Adding a diffusers model is one adapter file in models/ with its card
 from __future__ import annotations
 
 import ast
+import re
+import textwrap
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -48,33 +50,42 @@ class Entry:
     card: AdapterCard
 
 
+CARD = re.compile(r"^[ \t]+card = AdapterCard\(", re.M)  # in a class body
+CLASS = re.compile(r"^class (\w+)\b", re.M)
+
+
 def read_cards(folder: Path = FOLDER) -> dict[str, Entry]:
     """adapter name -> its Entry, from every `card = AdapterCard(...)` in a class body of folder/*.py (files in
-    name order). A card that is not literal, or a name declared twice, is a programming error: ValueError."""
+    name order). Only the card statements are parsed (the CLI reads them at start-up). A card that is not literal,
+    or a name declared twice, is a programming error: ValueError."""
     out: dict[str, Entry] = {}
     for path in sorted(folder.glob("*.py")):
         text = path.read_text(encoding="utf-8")
-        if "AdapterCard(" not in text or path.name == Path(__file__).name:
-            continue
-        for node in ast.parse(text, str(path)).body:
-            if isinstance(node, ast.ClassDef):
-                for call in _card_calls(node):
-                    card = _literal_card(call, f"{path.name}:{call.lineno}")
-                    if card.name in out:
-                        raise ValueError(f"{path.name}: adapter {card.name!r} is declared twice")
-                    out[card.name] = Entry(path.stem, node.name, card)
+        for match in CARD.finditer(text):
+            classes = CLASS.findall(text, 0, match.start())
+            line = text.count("\n", 0, match.start()) + 1
+            where = f"{path.name}:{line}"
+            if not classes:
+                raise ValueError(f"{where}: an AdapterCard belongs in an adapter's class body")
+            card = _literal_card(_statement(text[match.start() :], where), where)
+            if card.name in out:
+                raise ValueError(f"{where}: adapter {card.name!r} is declared twice")
+            out[card.name] = Entry(path.stem, classes[-1], card)
     return out
 
 
-def _card_calls(cls: ast.ClassDef) -> list[ast.Call]:
-    return [
-        s.value
-        for s in cls.body
-        if isinstance(s, ast.Assign)
-        and [getattr(t, "id", None) for t in s.targets] == ["card"]
-        and isinstance(s.value, ast.Call)
-        and getattr(s.value.func, "id", None) == "AdapterCard"
-    ]
+def _statement(text: str, where: str) -> ast.Call:
+    """The `card = AdapterCard(...)` call that starts `text`: its lines up to the first that completes it."""
+    lines = text.splitlines(keepends=True)
+    for n in range(1, len(lines) + 1):
+        try:
+            node = ast.parse(textwrap.dedent("".join(lines[:n]))).body[0]
+        except SyntaxError:
+            continue
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+            return node.value
+        break
+    raise ValueError(f"{where}: not a `card = AdapterCard(...)` statement")
 
 
 def _literal_card(call: ast.Call, where: str) -> AdapterCard:
