@@ -26,3 +26,21 @@ def _own_temp_folder(tmp_path_factory, monkeypatch):
     import tempfile
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path_factory.mktemp("tmp")))
+
+
+BAD_INPUT_LIMIT_S = 60  # a refused command refuses at once: a bad-input case gets this long
+
+
+@pytest.fixture
+def time_limit():
+    """Fails a test that runs longer than BAD_INPUT_LIMIT_S (SIGALRM: the main thread only)."""
+    import signal
+
+    def expire(signum, frame):
+        raise TimeoutError(f"a bad-input case ran longer than {BAD_INPUT_LIMIT_S} s")
+
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(BAD_INPUT_LIMIT_S)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)
