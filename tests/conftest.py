@@ -7,6 +7,16 @@ from treegrpo_cli.models.pixel import PixelConfig, PixelPolicy
 ensure_torchvision()  # torchmetrics, open_clip and transformers import torchvision (see compat.py)
 
 
+def pytest_collection_modifyitems(config, items):
+    """`gpu` tests run where torch sees a CUDA GPU and are skipped elsewhere."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (torch sees none)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _threads():
     torch.set_num_threads(1)  # deterministic CPU kernels, and fair to the 2-core CI machine
