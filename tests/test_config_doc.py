@@ -7,7 +7,7 @@ from clitools import run
 
 from treegrpo_cli.cli.config_cmd import dotted
 from treegrpo_cli.config import SECTIONS, Config
-from treegrpo_cli.config_doc import SECTION_DOCS, field_docs, markdown, reference
+from treegrpo_cli.cli.config_doc import SECTION_DOCS, field_docs, markdown, reference
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "config.md"
 
