@@ -31,7 +31,8 @@ from treegrpo_cli.engine.rollout import mix_seed, rollout
 from treegrpo_cli.rewards.base import register, score_leaves
 from treegrpo_cli.training.heldout import heldout_reward
 from treegrpo_cli.training.loop import Trainer
-from treegrpo_cli.training.steps import credit, leaf_images
+from treegrpo_cli.training.sampling import leaf_images
+from treegrpo_cli.training.steps import credit
 from treegrpo_cli.world.shapes import load_split
 
 

@@ -10,10 +10,10 @@ from PIL import Image
 
 from treegrpo_cli.config import load_config
 from treegrpo_cli.models.registry import load_policy
-from treegrpo_cli.report import evaluate
 from treegrpo_cli.report.evaluate import EvalRequest, run_eval
 from treegrpo_cli.rewards import base
 from treegrpo_cli.store.checkpoint import Checkpoint, save_checkpoint
+from treegrpo_cli.training import sampling
 
 SHAPES = ("--model", "tiny-shapes", "--num-prompts", 3)
 
@@ -55,7 +55,7 @@ def test_eval_json_is_independent_of_the_batch_size():
 
 
 def test_eval_hps_without_weights_is_one_line(monkeypatch):
-    monkeypatch.setattr(evaluate, "rollout", lambda *a, **k: pytest.fail("generated before checking the weights"))
+    monkeypatch.setattr(sampling, "rollout", lambda *a, **k: pytest.fail("generated before checking the weights"))
     r = run("eval", *SHAPES, "--metric", "shapes,hps")
     one_line_error(r, "HPS_v2.1_compressed.pt", "TREEGRPO_HPS_CHECKPOINT", "--reward-opt hps.checkpoint")
     assert "Traceback" not in r.output
@@ -105,9 +105,9 @@ def test_256_images_stream_in_batches_with_progress(monkeypatch):
     base.register(Probe.name, Probe)
     Probe.seen = []
     trees: list[int] = []
-    real = evaluate.rollout
+    real = sampling.rollout
     monkeypatch.setattr(
-        evaluate,
+        sampling,
         "rollout",
         lambda policy, prompts, *a, **k: trees.append(len(prompts)) or real(policy, prompts, *a, **k),
     )
@@ -230,5 +230,5 @@ def test_eval_usage_errors(tmp_path, monkeypatch):
     one_line_error(run("eval", "--reward-opt", "hps.nope=1"), "no option 'nope'")
     one_line_error(run("eval", "--checkpoint", "/nonexistent/run"), "no training checkpoint")
     (tmp_path / "a-file").write_text("")
-    monkeypatch.setattr(evaluate, "rollout", lambda *a, **k: pytest.fail("generated before checking --out"))
+    monkeypatch.setattr(sampling, "rollout", lambda *a, **k: pytest.fail("generated before checking --out"))
     one_line_error(run("eval", *SHAPES, "--out", tmp_path / "a-file"), "exists and is not a folder")

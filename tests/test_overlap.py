@@ -14,7 +14,7 @@ from treegrpo_cli.models.registry import load_policy
 from treegrpo_cli.rewards.base import get_reward
 from treegrpo_cli.training import overlap
 from treegrpo_cli.training.overlap import chunk_count, rollout_and_score
-from treegrpo_cli.training.steps import leaf_images
+from treegrpo_cli.training.sampling import leaf_images
 
 PROMPTS = ["a red circle", "two blue squares", "a green triangle", "an orange star", "a purple circle"]
 

@@ -71,13 +71,13 @@ def test_metrics_count_model_evaluations(tmp_path):
 
 
 def test_heldout_reward_before_and_after(tmp_path):
-    from treegrpo_cli.engine.rollout import mix_seed
     from treegrpo_cli.engine.sde import FlowSDE
     from treegrpo_cli.models.registry import load_policy
     from treegrpo_cli.prompts import load_prompts
     from treegrpo_cli.rewards.base import get_reward
     from treegrpo_cli.training.heldout import heldout_reward
     from treegrpo_cli.training.rundir import load_config
+    from treegrpo_cli.training.sampling import stream_seed
 
     r = run(
         "train",
@@ -107,7 +107,7 @@ def test_heldout_reward_before_and_after(tmp_path):
         reward,
         {"jpeg-compressibility": 1.0},
         3,
-        mix_seed(cfg.seed, 0x4E1D),
+        stream_seed(cfg.seed, "heldout"),
     )
     assert again["reward_mean"] == pytest.approx(evals[0]["reward_mean"], abs=1e-6)
     # flow-grpo keeps an EMA: the evaluations score it (as `eval` and `export` do), the trained weights under raw/

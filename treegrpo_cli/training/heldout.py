@@ -9,9 +9,10 @@ from typing import Any
 import torch
 
 from ..engine.protocols import Kernel
-from ..engine.rollout import Progress, TreeConfig, rollout
+from ..engine.rollout import Progress
 from ..models.base import Policy
-from ..rewards.base import Reward, score_leaves, weighted_sum
+from ..rewards.base import Reward, weighted_sum
+from .sampling import sample_scores
 
 
 def heldout_reward(
@@ -25,13 +26,11 @@ def heldout_reward(
     max_batch: int = 64,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
-    """Mean (and standard error) of the weighted reward over prompts x samples ODE draws."""
-    cfg = TreeConfig(sde_steps=(), trees_per_prompt=samples)
-    tree, _ = rollout(policy, prompts, list(range(len(prompts))), sde, cfg, seed, max_batch, progress)
-    with torch.no_grad():
-        images = policy.decode(tree.image_latent).cpu()
-    per_image = [prompts[int(p)] for p in tree.tree_prompt]  # [P * samples]
-    scores = score_leaves(rewards, images, per_image)
+    """Mean (and standard error) of the weighted reward over prompts x samples ODE draws; `seed` is the
+    stream's (sampling.stream_seed(run seed, "heldout")): `treegrpo eval` draws the same images."""
+    scores = sample_scores(
+        policy, sde, prompts, rewards, seed, samples=samples, max_batch=max_batch, progress=progress
+    )  # {name: [samples * P]}
     total = weighted_sum(scores, weights)
     n = total.numel()
     out: dict[str, Any] = {

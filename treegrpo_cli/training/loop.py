@@ -38,8 +38,8 @@ from .heldout import heldout_row
 from .nft import nft_batch
 from .overlap import chunk_count, rollout_and_score
 from .parallel import parallel_plan, shard_policy, whole_batch
+from .sampling import build_rewards, stream_seed
 from .steps import (
-    build_rewards,
     credit,
     iteration_flops,
     metrics_row,
@@ -102,7 +102,7 @@ class Trainer:
             if cfg.train.ema_decay > 0
             else None
         )
-        self.rewards = build_rewards(cfg, device)
+        self.rewards = build_rewards(cfg.reward, device)
         self.weights = cfg.reward.weight_map()
         self.step = 0
         self.totals = dict.fromkeys(TOTALS, 0)  # the run's compute so far (cumulative metrics)
@@ -494,7 +494,7 @@ def _heldout(trainer: Trainer, req: TrainRequest, hooks: Hooks, wall: float) -> 
         trainer.weights,
         trainer.ema,
         cfg.train.eval_samples,
-        mix_seed(cfg.seed, 0x4E1D),
+        stream_seed(cfg.seed, "heldout"),
         cfg.rollout.max_batch,
         lambda ph, d, t: hooks.progress("eval", d, t),
     )

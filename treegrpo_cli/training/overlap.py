@@ -21,7 +21,7 @@ from ..engine.protocols import Policy
 from ..engine.rollout import Progress, TreeConfig, rollout
 from ..engine.tree import Tree, cat_trees
 from ..rewards.base import score_leaves
-from .steps import leaf_images
+from .sampling import leaf_images
 
 
 @dataclass

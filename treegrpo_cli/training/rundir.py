@@ -27,10 +27,9 @@ import torch
 
 from .. import __version__
 from ..config import Config, config_from_dict
-from ..engine.rollout import TreeConfig, mix_seed, rollout
 from ..errors import ConfigError, TreegrpoError
 from ..plots import band_chart, headed, image_grid, save_png, side_by_side
-from ..rewards.base import score_leaves, weighted_sum
+from ..rewards.base import weighted_sum
 from ..store.safeio import contained, loads_json
 from ..store.shards import atomic_write
 from .runlock import LOCK
@@ -45,6 +44,7 @@ from .runlog import (
     stall_runs,
     tenth_means,
 )
+from .sampling import sample_chunks, sample_trees, score, stream_seed
 
 FORMAT = "treegrpo-run"
 VERSION = 1
@@ -387,19 +387,18 @@ def _reward_panel(rows: list[dict], evals: list[dict], minutes: bool, title: str
 def sample_grid(
     run: Path, policy, sde, prompts: list[str], rewards: dict, cfg: Config, step: int, write: bool = True
 ) -> Path:
-    """ODE samples (no noise after the root) of up to 16 eval prompts, captioned with their reward
-    (write=False: the forwards only, for the other ranks of a sharded model)."""
-    prompts = prompts[:16]
-    ode = TreeConfig(sde_steps=())
-    tree, _ = rollout(policy, prompts, list(range(len(prompts))), sde, ode, mix_seed(cfg.seed, 0xE7A1))
+    """ODE samples (no noise after the root) of up to 16 eval prompts from the "grid" seed stream (sampling.py),
+    captioned with their reward (write=False: the forwards only, for the other ranks of a sharded model)."""
+    prompts, seed = prompts[:16], stream_seed(cfg.seed, "grid")
+    batch, max_batch = max(len(prompts), 1), cfg.rollout.max_batch  # one rollout
     path = run / "samples" / f"step-{step}.png"
     if not write:
+        for _ in sample_trees(policy, sde, prompts, seed, batch=batch, max_batch=max_batch):
+            pass
         return path
-    with torch.no_grad():
-        images = policy.decode(tree.image_latent).cpu()
-    scores = score_leaves(rewards, images, prompts)
-    weights = cfg.reward.weight_map()
-    total = weighted_sum(scores, weights)
+    chunks = list(sample_chunks(policy, sde, prompts, seed, batch=batch, max_batch=max_batch))
+    images = torch.cat([c.images for c in chunks])
+    total = torch.cat([weighted_sum(score(rewards, c), cfg.reward.weight_map()) for c in chunks])
     captions = [f"{p} ({float(s):.3f})" for p, s in zip(prompts, total, strict=True)]
     what = "the base model" if step == 0 else f"after {step} iteration{'s' * (step != 1)} (trained weights)"
     random = str(getattr(policy, "weights", "")).startswith("random")

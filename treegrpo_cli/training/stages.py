@@ -29,7 +29,8 @@ from ..store.trees import KIND, TreeShard, open_trees, read_tree_shard, shard_na
 from . import rundir, runlock, runlog
 from .loop import Trainer
 from .nft import nft_batch
-from .steps import build_rewards, credit, leaf_images, plan_iteration, update_generator
+from .sampling import build_rewards, leaf_images
+from .steps import credit, plan_iteration, update_generator
 
 
 def _noop(phase: str, done: int, total: int) -> None:
@@ -209,7 +210,7 @@ def _score_locked(req: ScoreRequest, progress: Progress) -> dict[str, Any]:
         cfg = replace(cfg, train=replace(cfg.train, iterations=req.max_iterations))
     cfg.advantage.validate()
     cfg.pruning.validate()
-    weights, rewards = cfg.reward.weight_map(), build_rewards(cfg, req.device)
+    weights, rewards = cfg.reward.weight_map(), build_rewards(cfg.reward, req.device)
     shards = [read_tree_shard(store, n) for n in store.names("trees")]
     scores = [score_leaves(rewards, s.leaf_image, s.leaf_prompts(), req.batch_size, progress) for s in shards]
     tree = cat_trees([s.tree for s in shards])

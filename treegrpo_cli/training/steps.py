@@ -1,6 +1,6 @@
 """The steps of one training iteration, shared by the online loop (loop.py) and the staged pipeline
-(stages.py): which prompts and tree shape, the rewards, the leaves' images, the credit, the seeded RNGs,
-and the metrics row."""
+(stages.py): which prompts and tree shape, the credit, the seeded RNGs, and the metrics row (rewards and the
+leaves' images: sampling.py)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,7 @@ from ..engine.credit import assign_credit
 from ..engine.rollout import TreeConfig, mix_seed
 from ..engine.schedules import tree_for_iteration
 from ..engine.tree import Tree
-from ..models.base import Policy
-from ..rewards.base import FrameStrided, check_rewards, get_reward, parse_reward_options, weighted_sum
-from ..store.trees import to_uint8
+from ..rewards.base import weighted_sum
 
 
 @dataclass(frozen=True)
@@ -35,24 +33,6 @@ def plan_iteration(cfg: Config, num_available: int, it: int, num_prompts: int | 
     ids = sample_prompt_ids(num_available, num_prompts or cfg.rollout.num_prompts, cfg.seed, it)
     tree_cfg = tree_for_iteration(cfg.tree, cfg.schedule, cfg.sampler.steps, it, cfg.seed, cfg.sampler.decode)
     return IterationPlan(ids, tree_cfg, mix_seed(cfg.seed, it))
-
-
-def build_rewards(cfg: Config, device: str) -> dict[str, Any]:
-    """The config's reward models with their reward.options, on `device`."""
-    opts = parse_reward_options(cfg.reward.options)
-    check_rewards(cfg.reward.names, opts)  # every name before any model loads
-    rewards = {n: get_reward(n, device=device, **opts.get(n, {})) for n in cfg.reward.names}
-    if cfg.reward.frame_stride != 1:  # videos: every frame_stride-th frame
-        return {n: FrameStrided(r, cfg.reward.frame_stride) for n, r in rewards.items()}
-    return rewards
-
-
-def leaf_images(policy: Policy, tree: Tree) -> torch.Tensor:
-    """[L, 3, H, W] uint8: the leaves' images as a user sees them and the rewards score them
-    (the staged pipeline stores exactly these)."""
-    dev = next(iter(policy.trainable_parameters())).device
-    with torch.no_grad():
-        return to_uint8(policy.decode(tree.image_latent.to(dev)))
 
 
 def credit(cfg: Config, tree: Tree, scores: dict[str, torch.Tensor], it: int):
