@@ -17,10 +17,10 @@ def run(*args):
 # (a LoRA target the model lacks) comes after them
 RUN_HEADER = re.compile(
     r"^((starting|resuming) \S+: model .*|device: \S+( \(no GPU seen by torch\))?|run folder: .*|"
-    r"loading .+ \.\.\.|.+ ready on \S+ in [\d.]+s|"
+    r"loading .+ \.\.\.|.+ ready on \S+ in [\d.]+s|reading \S*step-\d+|writing the .* weights of step \d+ to .* \.\.\.|"
     r"warning: \S+ has [\d.]+ billion denoiser parameters and is about to be built on the CPU.*|"
     r"warning: \S+ from .* is overridden every iteration by schedule\.kind .*|"  # the user's tree under a schedule
-    r"held-out reward at iteration \d+: .*|iteration \d+: reward .*)$"  # progress before an error
+    r"held-out (reward|evaluation) at iteration \d+: .*|iteration \d+: reward .*)$"  # progress before an error
 )
 
 

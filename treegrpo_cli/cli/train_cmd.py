@@ -382,7 +382,7 @@ def _train_rank(req, train_loop, d, cfg, run, stop: dict, header: list[str]) -> 
     if not d.main:  # rank 0 speaks for the run; a signal to any rank stops them all after the iteration
         with graceful_stop(stop, quiet=True) as flag:
             return train_loop(req, Hooks(should_stop=lambda: flag["stop"]))
-    with graceful_stop(stop) as flag, progress_bar(quiet=("rollout", "iterations", "eval")) as bar:
+    with graceful_stop(stop) as flag, progress_bar(quiet=("rollout", "score", "update", "iterations", "eval")) as bar:
 
         def note(message: str) -> None:
             err.print(one_line(message), highlight=False, markup=False, soft_wrap=True)

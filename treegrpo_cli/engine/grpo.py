@@ -242,12 +242,16 @@ def grpo_update(
     ref: Policy | None = None,
     after_step: UpdateHook | None = None,
     parallel: Parallel | None = None,
+    *,
+    progress: Callable[[str, int, int], None] | None = None,
 ) -> dict[str, float]:
-    """One iteration's GRPO update; returns metrics (ratios before each step, grad norms, model evaluations)."""
+    """One iteration's GRPO update; returns metrics (ratios before each step, grad norms, model evaluations).
+    progress("update", edges done, edges in all) after each chunk's backward."""
     params = list(policy.trainable_parameters())
     ratios, losses, norms, kls, evals, first, pads = [], [], [], [], 0, [], 0
     plan = parallel.minibatches if parallel else minibatches(b, cfg, gen)
     denoms = parallel.denominators if parallel else loss_denominators(b, cfg, plan)
+    edges, done = sum(len(mb) for mb in plan), 0
     for k, (mb, denom) in enumerate(zip(plan, denoms, strict=True)):
         opt.zero_grad(set_to_none=True)
         chunks = _parent_chunks(b.tree.parent, mb, max_batch)
@@ -264,6 +268,9 @@ def grpo_update(
                 first.append(ratio.detach().cpu())
             losses.append(loss_e.detach().cpu())
             evals += n
+            done += len(chunk)
+            if progress:
+                progress("update", done, edges)
         for _ in range((parallel.chunks[k] if parallel and parallel.chunks else 0) - len(chunks)):
             _pad_chunk(policy, sde, b, ref, cfg.kl_form)
             pads += 1
