@@ -31,3 +31,12 @@ def one_line_error(result, *needles):
     assert len(lines) == 1, result.stderr
     for n in needles:
         assert n in lines[0], lines[0]
+
+
+def undeclared(row, row_type):
+    """The keys of a run-log row that its TypedDict (runlog.MetricsRow, runlog.EvalRow) does not declare, per-name
+    numbers (runlog.NUMBER_PREFIXES) aside: what the report and tracking code would read untyped."""
+    from treegrpo_cli.training.runlog import NUMBER_PREFIXES
+
+    declared = row_type.__required_keys__ | row_type.__optional_keys__
+    return [k for k in row if k not in declared and not k.startswith(NUMBER_PREFIXES)]

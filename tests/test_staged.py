@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from clitools import undeclared
 from typer.testing import CliRunner
 
 from treegrpo_cli.cli.app import app
@@ -17,6 +18,7 @@ from treegrpo_cli.store.checkpoint import load_checkpoint
 from treegrpo_cli.store.shards import ShardStore
 from treegrpo_cli.store.trees import open_trees, read_tree_shard, shard_name
 from treegrpo_cli.training import loop, overlap, steps
+from treegrpo_cli.training.runlog import MetricsRow, read_metrics
 
 runner = CliRunner()
 SETS = ['model="pixel-tiny"', "rollout.num_prompts=3", "seed=7"]
@@ -63,6 +65,7 @@ def staged(preset: str, iteration: int, tmp_path: Path) -> dict:
     rewards = store.read(shard_name("rewards", 0))[0]
     adv = store.read(shard_name("advantages", 0))[0]
     ck = load_checkpoint(Path(__import__("json").loads(out.stdout)["checkpoint"]))
+    assert [undeclared(row, MetricsRow) for row in read_metrics(run_dir)] == [[]]  # the staged row, typed too
     return {"tree": shards[0].tree, "images": shards[0].leaf_image, "rewards": rewards, "adv": adv, "weights": ck.model}
 
 
@@ -136,6 +139,7 @@ def test_staged_nft_equals_online(preset, iteration, tmp_path):
     run("rollout", "--preset", preset, *args, "--iteration", iteration, "--out", trees)
     run("score", trees)
     out = __import__("json").loads(run("train", "--trees", trees, "--run-dir", run_dir, "--json").stdout)
+    assert [undeclared(row, MetricsRow) for row in read_metrics(run_dir)] == [[]]
     ck = load_checkpoint(Path(out["checkpoint"]))
     assert out["optimizer_steps"] == 1 and ck.old is not None
     for k, v in trainer.policy.trainable_state().items():

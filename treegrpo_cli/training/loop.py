@@ -38,6 +38,7 @@ from .heldout import heldout_row
 from .nft import nft_batch
 from .overlap import chunk_count, rollout_and_score
 from .parallel import parallel_plan, shard_policy, whole_batch
+from .runlog import EvalRow, MetricsRow
 from .sampling import build_rewards, stream_seed
 from .steps import (
     credit,
@@ -67,10 +68,10 @@ class TrainRequest:
 @dataclass
 class Hooks:
     progress: Progress = lambda phase, done, total: None
-    on_row: Callable[[dict[str, Any]], None] = lambda row: None
+    on_row: Callable[[MetricsRow], None] = lambda row: None
     note: Callable[[str], None] = lambda message: None  # resume, fallback and stall messages
     should_stop: Callable[[], bool] = lambda: False
-    on_eval: Callable[[dict[str, Any]], None] = lambda row: None  # a held-out evaluation's row, once written
+    on_eval: Callable[[EvalRow], None] = lambda row: None  # a held-out evaluation's row, once written
     on_image: Callable[[str, Path, int], None] = lambda tag, path, step: None  # a sample grid, once written
     started: Callable[[], None] = lambda: None  # the run folder is this process's (locked, checked): loading begins
 
@@ -125,7 +126,7 @@ class Trainer:
         """Forwards beside each trained one: the KL reference's, NFT's old policy's."""
         return int(self.ref is not None) + int(self.old is not None)
 
-    def add_to_totals(self, row: dict[str, Any]) -> dict[str, int]:
+    def add_to_totals(self, row: MetricsRow) -> dict[str, int]:
         """An iteration's denoiser FLOPs and reward-model images, and the run's totals with them."""
         flops = iteration_flops(
             self.flops_row, row.get("rollout_evals", 0), row.get("train_evals", 0), self.extra_forwards
@@ -236,7 +237,7 @@ class Trainer:
         self.opt_steps = int(ck.state.get("optimizer_steps", 0))
 
     # -- one iteration -------------------------------------------------------------------
-    def iteration(self, prompts: list[str], progress: Progress) -> dict[str, Any]:
+    def iteration(self, prompts: list[str], progress: Progress) -> MetricsRow:
         """Roll out this rank's share of the iteration's prompts, credit over the whole batch, update."""
         cfg, it, d = self.cfg, self.step, self.d
         t0 = time.perf_counter()
@@ -283,7 +284,7 @@ class Trainer:
         row["seconds"] = {"rollout": t1 - t0, "score": t2 - t1, "update": t3 - t2, "total": t3 - t0}
         row["seconds"]["score_hidden"] = hidden
         row["peak_mib"] = peak_memory_mib(self.device)
-        row.update(throughput(row, self.flops_row, self.extra_forwards, device_peak_flops(self.device)))
+        runlog.add_fields(row, throughput(row, self.flops_row, self.extra_forwards, device_peak_flops(self.device)))
         return row
 
 
@@ -333,7 +334,11 @@ def _train(req: TrainRequest, hooks: Hooks, held: ExitStack) -> dict[str, Any]:
     dist.barrier(d)
     done_rows = runlog.read_metrics(req.run_dir)
     start, wall = trainer.step, (done_rows[-1].get("wall", 0.0) if done_rows else 0.0)
-    trainer.totals = {k: int(done_rows[-1].get(k, 0)) if done_rows else 0 for k in TOTALS}
+    last = done_rows[-1] if done_rows else None  # the run's compute so far
+    trainer.totals = {
+        "flops_total": int(last.get("flops_total", 0)) if last else 0,
+        "reward_images_total": int(last.get("reward_images_total", 0)) if last else 0,
+    }
     wall0, budget = time.perf_counter() - wall, cfg.train.max_minutes * 60
     spent = lambda: bool(cfg.train.max_tflops and trainer.totals["flops_total"] >= cfg.train.max_tflops * 1e12)  # noqa: E731
     finished = trainer.step >= cfg.train.iterations or bool(budget and wall >= budget) or spent()
@@ -342,7 +347,7 @@ def _train(req: TrainRequest, hooks: Hooks, held: ExitStack) -> dict[str, Any]:
         row = trainer.iteration(req.prompts, hooks.progress)  # phases rollout, score, update
         row["wall"], last_wall = time.perf_counter() - wall0, wall
         last_tflops = trainer.totals["flops_total"] / 1e12
-        row.update(trainer.add_to_totals(row))
+        runlog.add_fields(row, trainer.add_to_totals(row))
         wall = row["wall"]
         _check_finite(row, req.run_dir)
         votes = dist.gather((hooks.should_stop(), bool(budget and wall >= budget)), d)
@@ -391,7 +396,7 @@ def _crossed(every: float, before: float, now: float) -> bool:
     return every > 0 and int(now // every) > int(before // every)
 
 
-def _record(req: TrainRequest, hooks: Hooks, row: dict[str, Any], stall: int) -> int:
+def _record(req: TrainRequest, hooks: Hooks, row: MetricsRow, stall: int) -> int:
     """Rank 0's bookkeeping of an iteration: metrics, hooks, stall warning."""
     runlog.append_metrics(req.run_dir, row)
     hooks.on_row(row)
@@ -474,14 +479,15 @@ def _resume(trainer: Trainer, req: TrainRequest, hooks: Hooks) -> None:
         runlog.truncate_evals(run, trainer.step)
 
 
-def _check_finite(row: dict[str, Any], run: Path) -> None:
+def _check_finite(row: MetricsRow, run: Path) -> None:
     """A non-finite loss or gradient stops the run before anything of this iteration is saved."""
-    bad = [k for k in ("loss", "grad_norm", "reward_mean") if k in row and not math.isfinite(row[k])]
+    values = {"loss": row.get("loss"), "grad_norm": row.get("grad_norm"), "reward_mean": row.get("reward_mean")}
+    bad = [(k, v) for k, v in values.items() if v is not None and not math.isfinite(v)]
     if bad:
         done = list_checkpoints(run / "checkpoints")
         keep = f"the last good checkpoint is {done[-1].name}" if done else "no checkpoint was written"
         raise TreegrpoError(
-            f"iteration {row['iteration']}: {bad[0]} is {row[bad[0]]}; training stopped without "
+            f"iteration {row['iteration']}: {bad[0][0]} is {bad[0][1]}; training stopped without "
             f"saving this iteration ({keep}); lower train.lr or check the reward"
         )
 
@@ -506,10 +512,10 @@ def _heldout(trainer: Trainer, req: TrainRequest, hooks: Hooks, wall: float) -> 
         lambda ph, d, t: hooks.progress("eval", d, t),
     )
     if req.dist.main:
-        row = {"iteration": trainer.step, "wall": wall, **trainer.totals, **row}
-        runlog.append_eval(req.run_dir, row)
+        stamped = cast(EvalRow, {"iteration": trainer.step, "wall": wall, **trainer.totals, **row})
+        runlog.append_eval(req.run_dir, stamped)
         rundir.reward_plot(req.run_dir)  # with its held-out curve
-        hooks.on_eval(row)
+        hooks.on_eval(stamped)
 
 
 def _save(trainer: Trainer, req: TrainRequest) -> None:

@@ -36,6 +36,8 @@ from .runlock import LOCK
 from .runlog import (
     EVALS,
     METRICS,
+    EvalRow,
+    MetricsRow,
     dangling_note,
     heldout_summary,
     is_number,
@@ -349,10 +351,10 @@ def reward_plot(run: Path) -> None:
     save_png(side_by_side(panels), run / "reward.png")
 
 
-def _reward_panel(rows: list[dict], evals: list[dict], minutes: bool, title: str, xlabel: str):
+def _reward_panel(rows: list[MetricsRow], evals: list[EvalRow], minutes: bool, title: str, xlabel: str):
     walls = {r["iteration"]: r["wall"] for r in rows}
 
-    def x(row: dict, held_out: bool) -> float:
+    def x(row: MetricsRow | EvalRow, held_out: bool) -> float:
         if not minutes:
             return float(row["iteration"])
         wall = row.get("wall")
@@ -373,11 +375,16 @@ def _reward_panel(rows: list[dict], evals: list[dict], minutes: bool, title: str
     }
     marks = {training: list(zip(xs, mean, strict=True)) if len(rows) <= 60 else []}
     ema = any(is_number(e.get("raw/reward_mean")) for e in evals)
-    curves = (
-        {"held-out, EMA": "reward_mean", "held-out, trained": "raw/reward_mean"} if ema else {"held-out": "reward_mean"}
-    )
-    for name, key in curves.items():
-        points = sorted((x(e, True), float(e[key])) for e in evals if is_number(e.get(key)))
+
+    def used(e: EvalRow) -> float | None:  # the weights `eval` uses: the EMA where there is one
+        return e.get("reward_mean")
+
+    def trained(e: EvalRow) -> float | None:
+        return e.get("raw/reward_mean")
+
+    curves = {"held-out, EMA": used, "held-out, trained": trained} if ema else {"held-out": used}
+    for name, get in curves.items():
+        points = sorted((x(e, True), float(y)) for e in evals if is_number(y := get(e)))
         ys = [y for _, y in points]
         bands[name] = ([p for p, _ in points], ys, ys, ys)
         marks[name] = points

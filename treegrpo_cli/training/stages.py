@@ -10,7 +10,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from PIL import Image
@@ -297,16 +297,9 @@ def train_from_trees(req: StagedRequest, progress: Progress = _noop) -> dict[str
         progress("update", 1, 1)
         trainer.step = 1
         leaves = int(tree.is_leaf().sum())
-        runlog.append_metrics(
-            req.run_dir,
-            {
-                "iteration": 0,
-                "source": str(req.trees),
-                "leaves": leaves,
-                "train_evals_per_leaf": metrics.get("train_evals", 0) / leaves,
-                **metrics,
-            },
-        )
+        row = {"iteration": 0, "source": str(req.trees), "leaves": leaves}
+        row["train_evals_per_leaf"] = metrics.get("train_evals", 0) / leaves
+        runlog.append_metrics(req.run_dir, cast(runlog.MetricsRow, {**row, **metrics}))
         path = save_checkpoint(
             req.run_dir / "checkpoints", trainer.checkpoint({"config": cfg.to_dict()}), cfg.train.keep_last
         )

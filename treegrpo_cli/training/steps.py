@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -16,6 +16,7 @@ from ..engine.rollout import TreeConfig, mix_seed
 from ..engine.schedules import tree_for_iteration
 from ..engine.tree import Tree
 from ..rewards.base import weighted_sum
+from .runlog import MetricsRow
 
 
 @dataclass(frozen=True)
@@ -113,7 +114,7 @@ def group_spread(total: torch.Tensor, group: torch.Tensor) -> dict[str, float]:
 
 def metrics_row(
     it, scores, weights, adv_trained, group: torch.Tensor, nfe, upd, tree_cfg: TreeConfig, opt
-) -> dict[str, Any]:
+) -> MetricsRow:
     """An iteration's row: rewards (total and per reward, their spread within prompt groups), the trained
     edges' advantages, model evaluations, and the update's metrics. group [L]: each leaf's prompt group."""
     total = weighted_sum(scores, weights)
@@ -142,16 +143,15 @@ def metrics_row(
         }
     )
     row.update(upd)
-    return row
+    return cast(MetricsRow, row)  # in the order metrics.jsonl has always held
 
 
-def throughput(
-    row: dict[str, Any], per_row: tuple[int, int] | None, extra: int, peak: float | None
-) -> dict[str, float]:
+def throughput(row: MetricsRow, per_row: tuple[int, int] | None, extra: int, peak: float | None) -> dict[str, float]:
     """Milliseconds per image of each phase and images per second of the iteration, from row["seconds"]; model
     FLOPs utilisation of the rollout and the update where the device's peak FLOP/s is known."""
     sec, images = row["seconds"], max(int(row.get("leaves", 0)), 1)
-    out = {f"ms_per_image/{k}": 1000 * sec[k] / images for k in ("rollout", "score", "update")}
+    phases = {"rollout": sec["rollout"], "score": sec["score"], "update": sec["update"]}
+    out = {f"ms_per_image/{k}": 1000 * s / images for k, s in phases.items()}
     out["images_per_second"] = images / sec["total"] if sec["total"] > 0 else 0.0
     if peak and per_row:
         fwd, bwd = per_row
@@ -159,11 +159,11 @@ def throughput(
             "rollout": row.get("rollout_evals", 0) * fwd,
             "update": row.get("train_evals", 0) * (fwd + bwd + extra * fwd),
         }
-        out.update({f"mfu/{k}": f / (sec[k] * peak) for k, f in done.items() if sec[k] > 0})
+        out.update({f"mfu/{k}": f / (phases[k] * peak) for k, f in done.items() if phases[k] > 0})
     return out
 
 
-def iteration_flops(per_row: tuple[int, int] | None, rollout_evals: int, train_evals: int, extra: int = 0) -> int:
+def iteration_flops(per_row: tuple[int, int] | None, rollout_evals: float, train_evals: float, extra: int = 0) -> int:
     """Denoiser FLOPs of an iteration, from the evaluations it ran and the model's per-row count
     (models/flops.py): each rollout evaluation a forward, each training evaluation a forward and a
     backward, plus `extra` forwards beside each (the reference's when a KL term is on, NFT's old policy).
