@@ -100,7 +100,7 @@ def test_a_stalled_run_is_reported(tmp_path, monkeypatch):
     """A reward that is the same for every image: every advantage is 0, nothing to learn (a weight of 0, the
     old way to ask for it, is refused now)."""
     real = overlap.score_leaves
-    monkeypatch.setattr(overlap, "score_leaves", lambda *a: {n: v * 0 for n, v in real(*a).items()})
+    monkeypatch.setattr(overlap, "score_leaves", lambda *a, **k: {n: v * 0 for n, v in real(*a, **k).items()})
     r = train(*TINY, "--iterations", 6, "--run-dir", tmp_path / "r", "--json")
     assert json.loads(r.stdout)["stalled_iterations"] == [[0, 5]]
     assert "warning: iterations 0-4 trained nothing" in r.stderr
