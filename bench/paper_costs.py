@@ -1,5 +1,5 @@
 """What the papers' speed-ups are made of: each table row's per-sample model evaluations priced in FLUX.1-dev FLOPs,
-against the seconds per iteration the paper reports (issue 31, item 4).
+against the seconds per iteration the paper reports.
 
     python bench/paper_costs.py        # bench/results/paper_costs.{json,md}; seconds, no GPU
 

@@ -23,16 +23,6 @@ def test_every_preset_names_its_source_and_launch_command():
         assert f"--preset {p.stem}" in head, p.name
 
 
-def test_readmes_performance_table_is_generated_from_the_results_file():
-    import json
-
-    mod = _bench("readme_table")
-    readme = (ROOT / "README.md").read_text()
-    result = json.loads((ROOT / "bench" / "results" / "methods.json").read_text())
-    assert mod.splice(readme, mod.render(result)) == readme, "run python bench/readme_table.py"
-    assert {g["label"] for g in result["compare"]["groups"]} == set(mod.PAPERS)  # every method measured
-
-
 def _bench(name: str):
     import importlib.util
 
@@ -189,13 +179,13 @@ def test_every_backticked_repository_path_in_the_docs_exists():
     assert not missing, "paths that do not exist:\n" + "\n".join(missing)
 
 
-def test_readme_model_table_is_the_memory_benchmarks():
-    """README's table of real models is bench/model_memory.py's output (bench/results/model_memory.md), and it lists
-    every name `--model` knows besides the built-in ones."""
+def test_the_model_table_is_the_memory_benchmarks():
+    """docs/models.md's table of real models is bench/model_memory.py's output (bench/results/model_memory.md), and it
+    lists every name `--model` knows besides the built-in ones."""
     from treegrpo_cli.models.hub import KNOWN
 
     table = (ROOT / "bench" / "results" / "model_memory.md").read_text()
-    assert table in (ROOT / "README.md").read_text()
+    assert table in (ROOT / "docs" / "models.md").read_text()
     assert {re.search(r"`([^`]+)`", line).group(1) for line in table.splitlines()[2:]} == set(KNOWN)
 
 
@@ -225,12 +215,13 @@ def test_the_learning_rate_sweep_names_each_variants_best_rate():
 
 
 def test_the_best_lr_plan_runs_each_variant_at_its_sweeps_best_rate():
-    """bench/study.py's BEST_LR is what the kept sweep (bench/results/study-lr.json) chose, and the best-lr and
+    """bench/study.py's BEST_LR is what the kept sweep (bench/results/study-lr.json.gz) chose, and the best-lr and
     ablation plans train at those rates: a sweep rerun that moves a best rate fails here until the plans follow."""
+    import gzip
     import json
 
     study = _bench("study")
-    runs = json.loads((ROOT / "bench" / "results" / "study-lr.json").read_text())["runs"]
+    runs = json.loads(gzip.decompress((ROOT / "bench" / "results" / "study-lr.json.gz").read_bytes()))["runs"]
     assert study.best_rates(runs) == study.BEST_LR
 
     def rate(sets):
@@ -338,7 +329,8 @@ def test_the_ablation_reports_what_an_early_iteration_learns_from(tmp_path):
         d = tmp_path / name
         d.mkdir()
         rows = [
-            dict(zip(("zero_std_ratio", "reward_group_std", "trained_edges"), v, strict=True)) for v in early + late
+            dict(zip(("zero_std_ratio", "reward_group_std", "trained_edges"), v, strict=True), flops_total=1e12)
+            for v in early + late
         ]
         (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         return str(d)
@@ -405,6 +397,7 @@ def test_a_study_run_of_a_few_labels_reports_the_whole_plans_kept_runs(tmp_path,
 
     study = _bench("study")
     monkeypatch.setattr(study, "RESULTS", tmp_path)
+    monkeypatch.setattr(study, "RUNS", tmp_path / "study-runs")
     plan = study.PLANS["ablation"]
     already = ["dance-grpo", "branch-mix", "branch-mix/flow-noise"]
     for label in already:
@@ -426,3 +419,104 @@ def test_a_study_run_of_a_few_labels_reports_the_whole_plans_kept_runs(tmp_path,
     study.main()
     assert trained == ["branch/one-step-mean"]
     assert sorted(reported) == sorted([*already, "branch/one-step-mean"])
+
+
+def test_a_kept_run_carries_what_the_tables_read_and_its_files_hashes(tmp_path, monkeypatch):
+    """bench/study.py keeps a finished run's raw rows under RUNS (runs/study-runs/, ignored by git) and puts in its
+    summary what the tables read of them and each kept file's sha256 and size: the tables then need no raw rows."""
+    import hashlib
+    import json
+    import shutil
+
+    study = _bench("study")
+    monkeypatch.setattr(study, "RUNS", tmp_path / "kept")
+    run = tmp_path / "work" / "tree-seed0"
+    run.mkdir(parents=True)
+    # 8 iterations: the first quarter is rows 0-1
+    rows = [
+        {"optimizer_steps": 2, "flops_total": 0.5e12 * (i + 1), "zero_std_ratio": z, "trained_edges": 10 * i}
+        for i, z in enumerate([0.5, 0.3, 0.9, 0.9, 1.0, 1.0, 1.0, 1.0])
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run / "eval.jsonl").write_text("{}\n")
+    (run / "run.json").write_text("{}\n")
+    row = study.keep({"label": "tree", "seed": 0, "run_dir": str(run)}, tmp_path / "work")
+    assert Path(row["run_dir"]) == tmp_path / "kept" / "work" / "tree-seed0"
+    assert row["metrics"] == {
+        "optimizer_steps_per_iteration": 2.0,
+        "tflops_per_iteration": 0.5,
+        "reward_group_std": 0.0,
+        "early/zero_std_ratio": 0.4,
+        "early/reward_group_std": 0.0,
+        "early/trained_edges": 5.0,
+    }
+    data = (run / "metrics.jsonl").read_bytes()
+    assert row["raw_files"]["metrics.jsonl"] == {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    shutil.rmtree(tmp_path / "kept")  # the raw rows gone: the tables read the summary
+    shutil.rmtree(run)
+    assert study.per_label({"runs": [row]}, "early/trained_edges") == {"tree": [5.0]}
+
+
+def test_restored_raw_runs_are_checked_against_the_manifest(tmp_path):
+    """bench/check_runs.py: a file with the manifest's sha256 and size passes; one changed or missing is named."""
+    import hashlib
+
+    check = _bench("check_runs").check
+    (tmp_path / "w" / "a-seed0").mkdir(parents=True)
+    (tmp_path / "w" / "a-seed0" / "metrics.jsonl").write_bytes(b'{"x": 1}\n')
+    digest = hashlib.sha256(b'{"x": 1}\n').hexdigest()
+    manifest = tmp_path / "m.tsv"
+    manifest.write_text(
+        f"path\tsha256\tbytes\nw/a-seed0/metrics.jsonl\t{digest}\t9\nw/a-seed0/eval.jsonl\t{digest}\t9\n"
+    )
+    assert check(tmp_path, manifest) == ["w/a-seed0/eval.jsonl: missing"]
+    (tmp_path / "w" / "a-seed0" / "eval.jsonl").write_bytes(b'{"x": 2}\n')
+    assert check(tmp_path, manifest) == ["w/a-seed0/eval.jsonl: differs (9 bytes, manifest 9)"]
+    # the kept manifest covers every raw file of the summaries' runs
+    kept = (ROOT / "bench" / "results" / "study-runs.tsv").read_text().splitlines()
+    assert kept[0] == "path\tsha256\tbytes" and len(kept) > 500
+
+
+def test_preset_headers_carry_no_study_figures():
+    """A preset's header says where it comes from, how it departs and how to launch it; what it measured lives in
+    bench/results and docs/results.md (figures in a header go stale with every study)."""
+    figures = re.compile(r"[+-]0\.\d\d|±|\+- ?0\.\d|\d(\.\d+)?x \(\d|held-out gain of")
+    for p in sorted((ROOT / "presets").glob("*.toml")):
+        head = "\n".join(line for line in p.read_text().splitlines() if line.startswith("#"))
+        assert not figures.search(head), f"{p.name}: {figures.search(head).group(0)!r}"
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a markdown heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower().replace("`", "")).replace(" ", "-")
+
+
+def test_every_anchor_in_a_markdown_link_names_a_heading():
+    """[text](page.md#anchor) and [text](#anchor) in README, CHANGELOG, bench/README and docs/ point at a heading."""
+    dead = []
+    for md in _markdown_files():
+        text = re.sub(r"^```.*?^```", "", md.read_text(), flags=re.S | re.M)
+        for target in re.findall(r"\]\(\s*<?([^)\s>]*#[^)\s>]+)>?\s*\)", text):
+            if re.match(r"(https?|mailto|ftp):", target):
+                continue
+            page, _, anchor = target.partition("#")
+            path = md if not page else md.parent / page
+            if not path.is_file() or path.suffix != ".md":
+                continue
+            body = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.S | re.M)
+            slugs = {_slug(h) for h in re.findall(r"^#+ (.+)$", body, re.M)}
+            if anchor not in slugs:
+                dead.append(f"{md.relative_to(ROOT)}: ({target})")
+    assert not dead, "anchors that name no heading:\n" + "\n".join(dead)
+
+
+def test_no_dates_session_history_or_internal_issue_numbers_where_a_user_reads():
+    """README, docs/, CHANGELOG and the preset headers describe the tool as it is: no dates of runs, no sessions, no
+    issue numbers of this project (other projects' issues, `owner/repo#N` in code spans, are sources)."""
+    files = _markdown_files() + sorted((ROOT / "presets").glob("*.toml"))
+    bad = []
+    for f in files:
+        text = re.sub(r"`[^`\n]*`", "", f.read_text())  # code spans: commands, other projects' paths and issues
+        for pattern in (r"\b20\d\d-\d\d-\d\d\b", r"\bsessions?\b", r"\b[Ii]ssues? \d+", r"(?<![\w/])#\d+\b"):
+            bad += [f"{f.relative_to(ROOT)}: {m.group(0)!r}" for m in re.finditer(pattern, text)]
+    assert not bad, "\n".join(bad)

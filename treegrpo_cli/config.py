@@ -40,7 +40,8 @@ MAX_NAME_BYTES = 200  # a run name (the folder runs/<name>-<time>), in UTF-8 byt
 
 @dataclass(frozen=True)
 class RewardConfig:
-    names: tuple[str, ...] = ("jpeg-compressibility",)
+    names: tuple[str, ...] = ("jpeg-compressibility",)  # rewards scored on every leaf (`treegrpo eval --help`
+    # lists the names), or http://HOST:PORT of a `treegrpo serve-reward`
     weights: tuple[float, ...] = ()  # empty: 1 for each reward
     combine: str = "rewards"  # "rewards": weighted sum of scores; "advantages": of per-reward advantages (MixGRPO)
     options: tuple[str, ...] = ()  # "NAME.KEY=VALUE" reward options, e.g. "shapes.kind=soft"

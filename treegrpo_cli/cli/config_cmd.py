@@ -53,6 +53,27 @@ def show(
         out.print(text, markup=False, highlight=False, soft_wrap=True)
 
 
+@config_app.command("reference")
+def reference(
+    json_: Annotated[bool, typer.Option("--json", help="Print the keys as JSON rows.")] = False,
+) -> None:
+    """Print every config key with its type, default and what it does (docs/config.md is this page).
+
+    Examples:
+
+      treegrpo config reference > docs/config.md
+
+      treegrpo config reference --json
+    """
+    from ..config_doc import markdown
+    from ..config_doc import reference as rows
+
+    if json_:
+        print_json(rows())
+        return
+    out.print(markdown(), markup=False, highlight=False, soft_wrap=True, end="")
+
+
 def dotted(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """{'tree': {'branch': 2}} -> {'tree.branch': 2}."""
     flat: dict[str, Any] = {}

@@ -40,12 +40,12 @@ TRACKERS = ("tensorboard", "wandb")
 @dataclass(frozen=True)
 class TrainConfig:
     iterations: int = 100  # online iterations (rollout, score, update)
-    lr: float = 1e-5  # AdamW
-    weight_decay: float = 1e-4
-    beta1: float = 0.9
-    beta2: float = 0.999
+    lr: float = 1e-5  # AdamW's learning rate
+    weight_decay: float = 1e-4  # AdamW's decoupled weight decay
+    beta1: float = 0.9  # AdamW's first-moment decay
+    beta2: float = 0.999  # AdamW's second-moment decay
     clip_range: float = 1e-3  # eps of the ratio clip (BranchGRPO 1e-3; DanceGRPO, Flow-GRPO 1e-4)
-    max_grad_norm: float = 1.0
+    max_grad_norm: float = 1.0  # the gradient's global norm is clipped to this before each optimizer step
     minibatches: int = 1  # optimizer steps per iteration: parents split at random into this many parts
     loss_norm: str = "mean"  # "mean" over the trained edges (paper) | "node-sum": a parent's children's losses summed,
     # mean over parents (TreeGRPO's code) | "per-transition": a step every accum_edges edges (BranchGRPO's code)

@@ -36,7 +36,7 @@ class PolicyConfig:
     lora_alpha: float | None = None  # None: FLUX 128, SD3 64, SD 4
     lora_targets: tuple[str, ...] = ()  # module-name suffixes (peft target_modules); empty: the adapter's
     dtype: str = "auto"  # weights: "auto" = bf16 on CUDA, fp32 elsewhere; sampler math is always fp32
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = False  # recompute the denoiser's activations in the backward (less memory)
     guidance: float | None = None  # FLUX distilled guidance (3.5); SD3 / SD true CFG scale (4.5 / 5.0)
     cfg_uncond: str = "grad"  # true CFG in training: "grad" backpropagates through the unconditional half
     # (the guided policy's exact gradient) | "detach": Flow-GRPO's released code
