@@ -30,9 +30,9 @@ from treegrpo_cli.engine.grpo import Batch, grpo_update
 from treegrpo_cli.engine.rollout import mix_seed, rollout
 from treegrpo_cli.rewards.base import register, score_leaves
 from treegrpo_cli.training.heldout import heldout_reward
-from treegrpo_cli.training.loop import Trainer
 from treegrpo_cli.training.sampling import leaf_images
 from treegrpo_cli.training.steps import credit
+from treegrpo_cli.training.trainer import Trainer
 from treegrpo_cli.world.shapes import load_split
 
 

@@ -12,8 +12,8 @@ from treegrpo_cli.engine.nft import NFTConfig, OldPolicy, decay_at, nft_loss, op
 from treegrpo_cli.errors import ConfigError
 from treegrpo_cli.prompts import load_prompts
 from treegrpo_cli.store.checkpoint import list_checkpoints, load_checkpoint
-from treegrpo_cli.training.loop import Trainer
 from treegrpo_cli.training.runlog import read_metrics, without_timings
+from treegrpo_cli.training.trainer import Trainer
 
 # --- the loss, by hand -------------------------------------------------------------------------------
 

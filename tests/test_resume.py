@@ -8,6 +8,7 @@ import pytest
 from clitools import one_line_error, run
 
 from treegrpo_cli.config import load_config
+from treegrpo_cli.engine.grpo import grpo_update
 from treegrpo_cli.errors import TreegrpoError
 from treegrpo_cli.store.checkpoint import list_checkpoints
 from treegrpo_cli.training import loop, overlap
@@ -107,14 +108,14 @@ def test_a_stalled_run_is_reported(tmp_path, monkeypatch):
 
 
 def test_a_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
-    real, calls = loop.grpo_update, []
+    real, calls = grpo_update, []
 
     def poisoned(*a, **k):
         out = real(*a, **k)
         calls.append(1)
         return {**out, "loss": math.nan} if len(calls) == 3 else out
 
-    monkeypatch.setattr(loop, "grpo_update", poisoned)
+    monkeypatch.setattr("treegrpo_cli.training.trainer.grpo_update", poisoned)
     cfg = load_config(
         "tree-grpo",
         sets=[

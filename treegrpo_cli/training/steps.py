@@ -36,10 +36,17 @@ def plan_iteration(cfg: Config, num_available: int, it: int, num_prompts: int | 
     return IterationPlan(ids, tree_cfg, mix_seed(cfg.seed, it))
 
 
+def on_nodes(tree: Tree, leaf_values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """{name: [L]} values of a tree batch's leaves -> {name: [N]} float32 over its nodes, NaN off the leaves."""
+    leaves = tree.leaves()
+    return {
+        n: torch.full((tree.num_nodes,), float("nan")).index_put_((leaves,), v.float()) for n, v in leaf_values.items()
+    }
+
+
 def credit(cfg: Config, tree: Tree, scores: dict[str, torch.Tensor], it: int):
     """Leaf scores {name: [L]} -> edge advantages and the trained-edge mask [N] of a batch of trees."""
-    leaves = tree.leaves()
-    full = {n: torch.full((tree.num_nodes,), float("nan")).index_put_((leaves,), s.float()) for n, s in scores.items()}
+    full = on_nodes(tree, scores)
     return assign_credit(
         tree.parent,
         tree.depth,
@@ -113,7 +120,7 @@ def group_spread(total: torch.Tensor, group: torch.Tensor) -> dict[str, float]:
 
 
 def metrics_row(
-    it, scores, weights, adv_trained, group: torch.Tensor, nfe, upd, tree_cfg: TreeConfig, opt
+    it, scores, weights, adv_trained, group: torch.Tensor, nfe, upd, sde_steps: tuple[int, ...] | None, opt
 ) -> MetricsRow:
     """An iteration's row: rewards (total and per reward, their spread within prompt groups), the trained
     edges' advantages, model evaluations, and the update's metrics. group [L]: each leaf's prompt group."""
@@ -139,7 +146,7 @@ def metrics_row(
             "rollout_evals_per_leaf": nfe / leaves,
             "train_evals_per_leaf": upd.get("train_evals", 0) / leaves,
             "lr": opt.param_groups[0]["lr"],
-            "sde_steps": list(tree_cfg.sde_steps) if tree_cfg.sde_steps is not None else "all",
+            "sde_steps": list(sde_steps) if sde_steps is not None else "all",
         }
     )
     row.update(upd)
