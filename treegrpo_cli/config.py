@@ -548,11 +548,11 @@ PAPER_REWARDS: dict[str, list[str]] = {"flow-grpo": ["pick"], "mix-grpo": ["hps"
 def release_task(model: str, preset: str | None) -> dict[str, Any]:
     """What a released model (--model flux-dev, ...) trains on unless told: its preset's paper reward and the
     shipped general prompts, never the embedded world's."""
-    from .models import hub
+    from .models import catalog, hub
 
     if model not in hub.KNOWN:
         return {}
-    video = hub.KNOWN[model][1].startswith("wan")
+    video = catalog.entries()[hub.KNOWN[model][1]].card.video
     reward = ["videoalign"] if video else PAPER_REWARDS.get(preset or "", ["hps"])
     return {"reward.names": reward, "rollout.prompts": "general-train", "rollout.eval_prompts": "general-test"}
 

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from .common import guarded, out, print_json
+from .common import guarded, model_help, out, print_json
 
 config_app = typer.Typer(help="Show the resolved config and where each value comes from.", no_args_is_help=True)
 
@@ -17,7 +17,7 @@ config_app = typer.Typer(help="Show the resolved config and where each value com
 @config_app.command("show")
 def show(
     preset: Annotated[str | None, typer.Option(help="Method preset (default: train's).")] = None,
-    model: Annotated[str | None, typer.Option(help="Model name or path.")] = None,
+    model: Annotated[str | None, typer.Option(help=model_help("the preset's"))] = None,
     config: Annotated[Path | None, typer.Option("--config", help="A TOML config file layered over the preset.")] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="Override one key (repeatable).")] = None,
     explain: Annotated[bool, typer.Option("--explain", help="Name the layer each value comes from.")] = False,
