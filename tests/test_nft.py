@@ -47,7 +47,9 @@ def test_nft_loss_means_over_elements_and_divides_by_beta():
 def test_the_adaptive_weight_has_a_floor_and_no_gradient():
     """An exact prediction: error 0, weight floored at 1e-5, loss 0 and a zero gradient (not NaN)."""
     v = torch.tensor([[0.0]], requires_grad=True)
-    loss = nft_loss(v, torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1), torch.ones(1), torch.ones(1), 1.0, 5.0)
+    loss = nft_loss(
+        v, torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1), torch.ones(1), torch.ones(1), beta=1.0, scale=5.0
+    )
     loss.sum().backward()
     assert loss.item() == 0 and v.grad.item() == 0
 

@@ -109,8 +109,8 @@ def test_heldout_reward_before_and_after(tmp_path):
         load_prompts(cfg.rollout.eval_prompts),
         reward,
         {"jpeg-compressibility": 1.0},
-        3,
-        stream_seed(cfg.seed, "heldout"),
+        samples=3,
+        seed=stream_seed(cfg.seed, "heldout"),
     )
     assert again["reward_mean"] == pytest.approx(evals[0]["reward_mean"], abs=1e-6)
     # flow-grpo keeps an EMA: the evaluations score it (as `eval` and `export` do), the trained weights under raw/

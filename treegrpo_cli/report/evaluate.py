@@ -31,7 +31,7 @@ from ..models.base import Policy
 from ..models.registry import MODELS, load_policy
 from ..rewards.base import DTYPES, Reward, spec
 from ..store.checkpoint import MANIFEST, check_checkpoint, list_checkpoints, load_checkpoint
-from ..training.sampling import Chunk, build_rewards, sample_chunks, score, stream_seed
+from ..training.sampling import BATCH, Chunk, build_rewards, sample_chunks, score, stream_seed
 from .evalio import GRID_IMAGES, Scored, Source, image_folder
 
 # --- treegrpo eval ---------------------------------------------------------------------------
@@ -235,7 +235,16 @@ def policy_source(
     label = info.get("checkpoint", info["model"])
 
     def chunks() -> Iterator[Chunk]:
-        return generate(policy, sde, req.prompts, req.num_images, req.seed, req.sde, req.batch, req.max_batch)
+        return generate(
+            policy,
+            sde,
+            req.prompts,
+            num_images=req.num_images,
+            seed=req.seed,
+            stochastic=req.sde,
+            batch=req.batch,
+            max_batch=req.max_batch,
+        )
 
     return Source(label, total, chunks, info), sampler
 
@@ -244,11 +253,12 @@ def generate(
     policy: Policy,
     sde: Kernel,
     prompts: list[str],
+    *,
     num_images: int,
     seed: int,
-    stochastic: bool,
-    batch: int,
-    max_batch: int,
+    stochastic: bool = False,
+    batch: int = BATCH,
+    max_batch: int = 64,
 ) -> Iterator[Chunk]:
     """num_images samples of every prompt, at most `batch` per rollout, from the held-out evaluation's seed
     stream (sampling.py): sample j of prompt p is the one a run seeded with `seed` evaluates."""

@@ -21,6 +21,7 @@ def heldout_reward(
     prompts: list[str],
     rewards: dict[str, Reward],
     weights: dict[str, float],
+    *,
     samples: int,
     seed: int,
     max_batch: int = 64,
@@ -49,6 +50,7 @@ def heldout_row(
     prompts: list[str],
     rewards: dict[str, Reward],
     weights: dict[str, float],
+    *,
     ema: dict[str, torch.Tensor] | None,
     samples: int,
     seed: int,
@@ -57,12 +59,13 @@ def heldout_row(
 ) -> dict[str, Any]:
     """The held-out reward of the weights `eval` and `export` use by default: the EMA where the run keeps one
     (then `raw/` fields score the trained weights), else the trained weights; `weights` says which."""
-    args = (policy, sde, prompts, rewards, weights, samples, seed, max_batch, progress)
-    row = heldout_reward(*args)
+    args = (policy, sde, prompts, rewards, weights)
+    how: dict[str, Any] = {"samples": samples, "seed": seed, "max_batch": max_batch, "progress": progress}
+    row = heldout_reward(*args, **how)
     if ema is not None:
         raw = {f"raw/{k}": v for k, v in row.items() if k.startswith(("reward_", "rewards/"))}
         with swapped_in(policy, ema):
-            row = {**heldout_reward(*args), **raw}
+            row = {**heldout_reward(*args, **how), **raw}
     row["weights"] = "ema" if ema is not None else "trained"
     return row
 

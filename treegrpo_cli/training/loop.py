@@ -192,8 +192,8 @@ def _grid(trainer: Trainer, req: TrainRequest, step: int, hooks: Hooks) -> None:
         trainer.sde,
         req.eval_prompts,
         trainer.rewards,
-        trainer.cfg,
-        step,
+        cfg=trainer.cfg,
+        step=step,
         write=req.dist.main,
     )
     if req.dist.main:
@@ -265,11 +265,11 @@ def _heldout(trainer: Trainer, req: TrainRequest, hooks: Hooks, wall: float) -> 
         req.eval_prompts,
         trainer.rewards,
         trainer.weights,
-        trainer.ema,
-        cfg.train.eval_samples,
-        stream_seed(cfg.seed, "heldout"),
-        cfg.rollout.max_batch,
-        lambda ph, d, t: hooks.progress("eval", d, t),
+        ema=trainer.ema,
+        samples=cfg.train.eval_samples,
+        seed=stream_seed(cfg.seed, "heldout"),
+        max_batch=cfg.rollout.max_batch,
+        progress=lambda ph, d, t: hooks.progress("eval", d, t),
     )
     if req.dist.main:
         stamped = cast(EvalRow, {"iteration": trainer.step, "wall": wall, **trainer.totals, **row})

@@ -392,7 +392,7 @@ def _reward_panel(rows: list[MetricsRow], evals: list[EvalRow], minutes: bool, t
 
 
 def sample_grid(
-    run: Path, policy, sde, prompts: list[str], rewards: dict, cfg: Config, step: int, write: bool = True
+    run: Path, policy, sde, prompts: list[str], rewards: dict, *, cfg: Config, step: int, write: bool = True
 ) -> Path:
     """ODE samples (no noise after the root) of up to 16 eval prompts from the "grid" seed stream (sampling.py),
     captioned with their reward (write=False: the forwards only, for the other ranks of a sharded model)."""

@@ -83,7 +83,7 @@ def sample_trees(
             ids = list(range(a, min(a + batch, len(prompts))))
             # the j earlier samples of these prompts, as if listed before: this rollout's trees are their j-th
             tree, _ = rollout(
-                policy, [prompts[i] for i in ids], ids, sde, tree_cfg, seed, max_batch, earlier_ids=ids * j
+                policy, [prompts[i] for i in ids], ids, sde, tree_cfg, seed, max_batch=max_batch, earlier_ids=ids * j
             )
             yield tree, ids, j
 

@@ -26,8 +26,8 @@ from ..store.shards import ShardStore
 from ..store.trees import KIND, TreeShard, open_trees, read_tree_shard, shard_name, write_tree_shard
 from . import rundir, runlock, runlog
 from .sampling import build_rewards, leaf_images
-from .steps import credit, on_nodes, plan_iteration
-from .trainer import Credited, Trainer
+from .steps import Credited, credit, on_nodes, plan_iteration
+from .trainer import Trainer
 
 
 def _noop(phase: str, done: int, total: int) -> None:
@@ -108,8 +108,8 @@ def _write_rollout(
             sde,
             plan.tree,
             plan.seed,
-            cfg.rollout.max_batch,
-            _labelled(progress, f"rollout {k + 1}/{len(chunks)}"),
+            max_batch=cfg.rollout.max_batch,
+            progress=_labelled(progress, f"rollout {k + 1}/{len(chunks)}"),
             earlier_ids=ids[:a],
         )
         shard = TreeShard(k, tree, leaf_images(policy, tree), {i: req.prompts[i] for i in chunk}, offset, n)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
+from torch import Tensor
 
 from ..config import Config
 from ..engine.credit import assign_credit
@@ -26,6 +27,22 @@ class IterationPlan:
     prompt_ids: list[int]
     tree: TreeConfig
     seed: int
+
+
+@dataclass
+class Credited:
+    """One iteration's trees, scored and credited: what its update trains on and its metrics row reports."""
+
+    tree: Tree  # this process's trees
+    whole: Tree  # every process's trees, in rank order (one process: `tree`)
+    starts: list[int]  # where each process's nodes start in `whole`, and where the last ends
+    scores: dict[str, Tensor]  # {reward: [L]} the scores of `whole`'s leaves
+    weights: dict[str, float]  # {reward: weight} they were credited with
+    edge: Tensor  # [N] edge advantages of `whole`'s nodes
+    trained: Tensor  # [N] bool: the edges a GRPO update trains
+    leaf: Tensor  # [N] leaf advantages (an NFT update's)
+    nfe: int  # model evaluations of the rollout, over every process
+    sde_steps: tuple[int, ...] | None  # the stochastic steps of the trees (None: every step)
 
 
 def plan_iteration(cfg: Config, num_available: int, it: int, num_prompts: int | None = None) -> IterationPlan:
@@ -46,23 +63,17 @@ def on_nodes(tree: Tree, leaf_values: dict[str, torch.Tensor]) -> dict[str, torc
 
 def credit(cfg: Config, tree: Tree, scores: dict[str, torch.Tensor], it: int):
     """Leaf scores {name: [L]} -> edge advantages and the trained-edge mask [N] of a batch of trees."""
-    full = on_nodes(tree, scores)
     return assign_credit(
-        tree.parent,
-        tree.depth,
-        tree.tree,
-        tree.group(),
-        tree.sde,
-        tree.log_prob,
-        full,
-        cfg.reward.weight_map(),
-        cfg.reward.combine,
-        cfg.advantage,
-        cfg.pruning,
-        cfg.sampler.steps,
-        cfg.sampler.decode,
-        it,
-        cfg.train.iterations,
+        tree,
+        on_nodes(tree, scores),
+        weights=cfg.reward.weight_map(),
+        combine_mode=cfg.reward.combine,
+        advantage=cfg.advantage,
+        pruning=cfg.pruning,
+        steps=cfg.sampler.steps,
+        decode=cfg.sampler.decode,
+        iteration=it,
+        max_iterations=cfg.train.iterations,
     )
 
 
@@ -119,12 +130,12 @@ def group_spread(total: torch.Tensor, group: torch.Tensor) -> dict[str, float]:
     return {"zero_std_ratio": float((hi == lo).double().mean()), "reward_group_std": float(std.mean())}
 
 
-def metrics_row(
-    it, scores, weights, adv_trained, group: torch.Tensor, nfe, upd, sde_steps: tuple[int, ...] | None, opt
-) -> MetricsRow:
-    """An iteration's row: rewards (total and per reward, their spread within prompt groups), the trained
-    edges' advantages, model evaluations, and the update's metrics. group [L]: each leaf's prompt group."""
-    total = weighted_sum(scores, weights)
+def metrics_row(c: Credited, it: int, adv_trained: Tensor, upd: dict[str, Any], lr: float) -> MetricsRow:
+    """Iteration it's row: rewards (total and per reward, their spread within prompt groups), the trained
+    edges' advantages adv_trained, model evaluations, the learning rate and the update's metrics upd."""
+    scores, nfe, sde_steps = c.scores, c.nfe, c.sde_steps
+    group = c.whole.group()[c.whole.leaves()]  # [L] each leaf's prompt group
+    total = weighted_sum(scores, c.weights)
     leaves = int(total.numel())
     row: dict[str, Any] = {
         "iteration": it,
@@ -145,7 +156,7 @@ def metrics_row(
             "rollout_evals": nfe,
             "rollout_evals_per_leaf": nfe / leaves,
             "train_evals_per_leaf": upd.get("train_evals", 0) / leaves,
-            "lr": opt.param_groups[0]["lr"],
+            "lr": lr,
             "sde_steps": list(sde_steps) if sde_steps is not None else "all",
         }
     )

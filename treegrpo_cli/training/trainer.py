@@ -6,19 +6,16 @@ from __future__ import annotations
 
 import time
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
 import torch
-from torch import Tensor
 
 from ..config import Config
 from ..engine.grpo import Batch, Parallel, grpo_update, make_optimizer
 from ..engine.nft import NFTBatch, OldPolicy, decay_at, nft_update
 from ..engine.rollout import Progress, mix_seed
 from ..engine.sde import FlowSDE, make_kernel
-from ..engine.tree import Tree
 from ..errors import TreegrpoError
 from ..models.base import Policy
 from ..models.flops import device_peak_flops
@@ -32,6 +29,7 @@ from .parallel import parallel_plan, shard_policy, whole_batch
 from .runlog import MetricsRow
 from .sampling import build_rewards
 from .steps import (
+    Credited,
     credit,
     iteration_flops,
     metrics_row,
@@ -44,22 +42,6 @@ from .steps import (
 )
 
 TOTALS = ("flops_total", "reward_images_total")  # the run's compute so far, in every metrics row
-
-
-@dataclass
-class Credited:
-    """One iteration's trees, scored and credited: what its update trains on and its metrics row reports."""
-
-    tree: Tree  # this process's trees
-    whole: Tree  # every process's trees, in rank order (one process: `tree`)
-    starts: list[int]  # where each process's nodes start in `whole`, and where the last ends
-    scores: dict[str, Tensor]  # {reward: [L]} the scores of `whole`'s leaves
-    weights: dict[str, float]  # {reward: weight} they were credited with
-    edge: Tensor  # [N] edge advantages of `whole`'s nodes
-    trained: Tensor  # [N] bool: the edges a GRPO update trains
-    leaf: Tensor  # [N] leaf advantages (an NFT update's)
-    nfe: int  # model evaluations of the rollout, over every process
-    sde_steps: tuple[int, ...] | None  # the stochastic steps of the trees (None: every step)
 
 
 class Trainer:
@@ -140,10 +122,10 @@ class Trainer:
             batch,
             self.cfg.train,
             gen,
-            self.cfg.rollout.max_batch,
-            self.ref,
-            self.after_step,
-            parallel,
+            max_batch=self.cfg.rollout.max_batch,
+            ref=self.ref,
+            after_step=self.after_step,
+            parallel=parallel,
             progress=progress,
         )
         if self.cfg.train.ema_every == 0:  # once per iteration (DanceGRPO's code)
@@ -167,14 +149,14 @@ class Trainer:
             self.sde.sigmas,
             b,
             cfg.nft,
-            cfg.train.kl_beta,
-            cfg.train.max_grad_norm,
-            mix_seed(cfg.seed, 0x4EF7),
-            cfg.rollout.max_batch,
-            self.ref,
-            self.after_step,
-            sync,
-            gather,
+            kl_beta=cfg.train.kl_beta,
+            max_grad_norm=cfg.train.max_grad_norm,
+            seed=mix_seed(cfg.seed, 0x4EF7),
+            max_batch=cfg.rollout.max_batch,
+            ref=self.ref,
+            after_step=self.after_step,
+            sync=sync,
+            gather=gather,
             progress=progress,
         )
         if cfg.train.ema_every == 0:
@@ -235,14 +217,14 @@ class Trainer:
                 self.policy,
                 prompts,
                 mine,
-                plan.prompt_ids[: part.start],
-                self.sde,
-                plan.tree,
-                plan.seed,
-                cfg.rollout.max_batch,
-                self.rewards,
-                chunk_count(cfg.rollout.score_overlap, list(cfg.reward.names)),
-                progress,
+                earlier=plan.prompt_ids[: part.start],
+                sde=self.sde,
+                cfg=plan.tree,
+                seed=plan.seed,
+                max_batch=cfg.rollout.max_batch,
+                rewards=self.rewards,
+                chunks=chunk_count(cfg.rollout.score_overlap, list(cfg.reward.names)),
+                progress=progress,
             )
         tree = out.tree
         t1 = t0 + out.seconds["rollout"]
@@ -268,7 +250,7 @@ class Trainer:
         cfg, d = self.cfg, self.d
         cond = self.policy.encode(prompts)
         if self.old is not None:
-            upd = self.update_nft(nft_batch(cfg, it, c.tree, c.whole, c.leaf, c.starts, d.rank, cond), progress)
+            upd = self.update_nft(nft_batch(cfg, it, c, d.rank, cond), progress)
             credited = c.leaf[c.whole.is_leaf()]  # NFT trains every leaf, on its advantage
         else:
             own = slice(c.starts[d.rank], c.starts[d.rank] + c.tree.num_nodes)
@@ -277,8 +259,7 @@ class Trainer:
             par = parallel_plan(whole_plan, cfg, it, c.starts, d, self.sharded) if d.active else None
             upd = self.update(batch, update_generator(cfg, it), par, progress)
             credited = c.edge[c.trained]
-        group = c.whole.group()[c.whole.leaves()]
-        return metrics_row(it, c.scores, c.weights, credited, group, c.nfe, upd, c.sde_steps, self.opt)
+        return metrics_row(c, it, credited, upd, self.opt.param_groups[0]["lr"])
 
     def save(self, run: Path, main: bool = True) -> Path | None:
         """The checkpoint of the run so far under run/checkpoints/step-N, written by the main process (a sharded
