@@ -5,7 +5,7 @@
 
 Every table is drawn from a results file that a bench script wrote (the study's tables by bench/study.py's own
 functions, from the summaries in study-*.json.gz); every plot is compare's held-out plot redrawn from the numbers
-those files keep. tests/test_results_page.py fails when the committed page is not what this script writes.
+those files keep. tests/bench/test_results_page.py fails when the committed page is not what this script writes.
 """
 
 from __future__ import annotations

@@ -72,7 +72,7 @@ CORE: dict[str, tuple[str, tuple[str, ...]]] = {
     "tree-grpo/one-step-mean": ("tree-grpo", PAPER_SCHEDULE),
 }
 # each variant's rate in the best-lr and ablation plans: the best final held-out gain (eval weights) of the sweep
-# at seed 100 (--plan lr, bench/results/study-lr.md); tests/test_repo.py holds this to the sweep's kept runs
+# at seed 100 (--plan lr, bench/results/study-lr.md); tests/bench/test_study.py holds this to the sweep's kept runs
 BEST_LR = {
     "dance-grpo": WORLD_LR,
     "branch": "3e-5",

@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from test_models_diffusers import tiny_flux, tiny_sd, tiny_sd3, tiny_sd3_transformer
+from tinypipes import tiny_flux, tiny_sd, tiny_sd3, tiny_sd3_transformer
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 

@@ -5,8 +5,7 @@ branching tree rolls out, a GRPO step trains LoRA and full weights, the LoRA exp
 import pytest
 import torch
 from clitools import one_line_error, run
-from test_models_diffusers import saved
-from tinypipes import tiny_wan
+from tinypipes import saved, tiny_wan
 
 from treegrpo_cli.models.base import PolicyConfig
 
