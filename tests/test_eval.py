@@ -235,6 +235,7 @@ def test_eval_usage_errors(tmp_path, monkeypatch):
     one_line_error(run("eval", *SHAPES, "--out", tmp_path / "a-file"), "exists and is not a folder")
 
 
+@pytest.mark.slow
 def test_eval_of_a_run_repeats_its_last_held_out_evaluation(tmp_path):
     """`eval --checkpoint RUN --seed S` with the run's defaults (held-out prompts, samples per prompt, sampler,
     rewards) draws the images of the run's own held-out evaluation: the EMA's by default (the row's reward_mean),
