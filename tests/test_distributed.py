@@ -33,19 +33,20 @@ def _worker(rank: int, port: int, out: str) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     from treegrpo_cli.config import load_config
-    from treegrpo_cli.training import dist, loop
+    from treegrpo_cli.training import dist
+    from treegrpo_cli.training import trainer as trainer_module
 
     d = dist.from_env()
     cfg = load_config("branch", sets=['model="pixel-tiny"', "rollout.num_prompts=4", "seed=5"])
-    trainer = loop.Trainer(cfg, "cpu", d)
+    trainer = trainer_module.Trainer(cfg, "cpu", d)
     seen = {}
-    real = loop.grpo_update
+    real = trainer_module.grpo_update
 
     def spy(policy, opt, sde, batch, *a, **k):
         seen["tree"] = batch.tree
         return real(policy, opt, sde, batch, *a, **k)
 
-    loop.grpo_update = spy
+    trainer_module.grpo_update = spy
     trainer.iteration(
         ["a red circle", "two blue squares", "a green triangle", "a big yellow square", "a purple circle"],
         lambda *a: None,
@@ -61,14 +62,15 @@ def test_one_step_leaves_the_same_weights_on_both_ranks_and_the_trees_of_one_pro
     from treegrpo_cli.cli.launch import free_port
     from treegrpo_cli.config import load_config
     from treegrpo_cli.engine.rollout import rollout
-    from treegrpo_cli.training import loop, steps
+    from treegrpo_cli.training import steps
+    from treegrpo_cli.training.trainer import Trainer
 
     mp.spawn(_worker, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
     for k in r0["weights"]:
         assert torch.equal(r0["weights"][k], r1["weights"][k]), k
     cfg = load_config("branch", sets=['model="pixel-tiny"', "rollout.num_prompts=4", "seed=5"])
-    trainer = loop.Trainer(cfg, "cpu")
+    trainer = Trainer(cfg, "cpu")
     prompts = ["a red circle", "two blue squares", "a green triangle", "a big yellow square", "a purple circle"]
     plan = steps.plan_iteration(cfg, len(prompts), 0)
     for rank, ids in ((0, plan.prompt_ids[:2]), (1, plan.prompt_ids[2:])):  # each rank's half, rolled out alone
@@ -173,14 +175,15 @@ def _shard_worker(rank: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
     from treegrpo_cli.config import load_config
     from treegrpo_cli.store.checkpoint import follow_checkpoint_gathers, save_checkpoint
-    from treegrpo_cli.training import dist, loop
+    from treegrpo_cli.training import dist
+    from treegrpo_cli.training.trainer import Trainer
 
     d = dist.from_env()
     cfg = load_config(
         "branch",
         sets=['model="pixel-tiny"', "rollout.num_prompts=4", "seed=5", 'train.parallel="fsdp"', "train.ema_decay=0.9"],
     )
-    trainer = loop.Trainer(cfg, "cpu", d)
+    trainer = Trainer(cfg, "cpu", d)
     local = {k: tuple(p.to_local().shape) for k, p in trainer.policy.net.named_parameters()}
     trainer.iteration(["a red circle", "two blue squares", "a green triangle", "a big yellow square"], lambda *a: None)
     ck = trainer.checkpoint({})

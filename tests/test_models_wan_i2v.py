@@ -79,12 +79,20 @@ def test_a_tree_and_a_grpo_step(i2v_dir, frames, finetune):
     assert len(tree.leaves()) == 8 and torch.isfinite(tree.log_prob[tree.sde]).all()
     reward = torch.full((tree.num_nodes,), float("nan"))
     reward[tree.leaves()] = torch.rand(8, generator=torch.Generator().manual_seed(0))
-    args = (tree.parent, tree.depth, tree.tree, tree.group(), tree.sde, tree.log_prob, {"r": reward}, {"r": 1.0})
-    adv, trained = assign_credit(*args, "rewards", cfg.advantage, cfg.pruning, 4, "final", 0, 1)
+    adv, trained = assign_credit(
+        tree,
+        {"r": reward},
+        weights={"r": 1.0},
+        combine_mode="rewards",
+        advantage=cfg.advantage,
+        pruning=cfg.pruning,
+        steps=4,
+        decode="final",
+    )
     before = {k: v.clone() for k, v in policy.trainable_state().items()}
     opt = make_optimizer(policy.trainable_parameters(), cfg.train)
     batch = Batch(tree, trained, adv.edge, policy.encode([PROMPTS[int(p)] for p in tree.tree_prompt]))
-    metrics = grpo_update(policy, opt, euler(), batch, cfg.train, torch.Generator().manual_seed(0), 4)
+    metrics = grpo_update(policy, opt, euler(), batch, cfg.train, torch.Generator().manual_seed(0), max_batch=4)
     assert metrics["train_evals"] > 0 and metrics["ratio_first_dev"] < 1e-5
     assert any(not torch.equal(before[k], v) for k, v in policy.trainable_state().items())
 

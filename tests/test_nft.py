@@ -11,8 +11,8 @@ from treegrpo_cli.engine.nft import NFTConfig, OldPolicy, decay_at, nft_loss, op
 from treegrpo_cli.errors import ConfigError
 from treegrpo_cli.prompts import load_prompts
 from treegrpo_cli.store.checkpoint import list_checkpoints, load_checkpoint
-from treegrpo_cli.training.loop import Trainer
 from treegrpo_cli.training.runlog import read_metrics, without_timings
+from treegrpo_cli.training.trainer import Trainer
 
 # --- the loss, by hand -------------------------------------------------------------------------------
 
@@ -46,7 +46,9 @@ def test_nft_loss_means_over_elements_and_divides_by_beta():
 def test_the_adaptive_weight_has_a_floor_and_no_gradient():
     """An exact prediction: error 0, weight floored at 1e-5, loss 0 and a zero gradient (not NaN)."""
     v = torch.tensor([[0.0]], requires_grad=True)
-    loss = nft_loss(v, torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1), torch.ones(1), torch.ones(1), 1.0, 5.0)
+    loss = nft_loss(
+        v, torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1), torch.ones(1), torch.ones(1), beta=1.0, scale=5.0
+    )
     loss.sum().backward()
     assert loss.item() == 0 and v.grad.item() == 0
 

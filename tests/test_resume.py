@@ -8,6 +8,7 @@ import pytest
 from clitools import one_line_error, run
 
 from treegrpo_cli.config import load_config
+from treegrpo_cli.engine.grpo import grpo_update
 from treegrpo_cli.errors import TreegrpoError
 from treegrpo_cli.store.checkpoint import list_checkpoints
 from treegrpo_cli.training import loop, overlap
@@ -100,21 +101,21 @@ def test_a_stalled_run_is_reported(tmp_path, monkeypatch):
     """A reward that is the same for every image: every advantage is 0, nothing to learn (a weight of 0, the
     old way to ask for it, is refused now)."""
     real = overlap.score_leaves
-    monkeypatch.setattr(overlap, "score_leaves", lambda *a: {n: v * 0 for n, v in real(*a).items()})
+    monkeypatch.setattr(overlap, "score_leaves", lambda *a, **k: {n: v * 0 for n, v in real(*a, **k).items()})
     r = train(*TINY, "--iterations", 6, "--run-dir", tmp_path / "r", "--json")
     assert json.loads(r.stdout)["stalled_iterations"] == [[0, 5]]
     assert "warning: iterations 0-4 trained nothing" in r.stderr
 
 
 def test_a_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
-    real, calls = loop.grpo_update, []
+    real, calls = grpo_update, []
 
     def poisoned(*a, **k):
         out = real(*a, **k)
         calls.append(1)
         return {**out, "loss": math.nan} if len(calls) == 3 else out
 
-    monkeypatch.setattr(loop, "grpo_update", poisoned)
+    monkeypatch.setattr("treegrpo_cli.training.trainer.grpo_update", poisoned)
     cfg = load_config(
         "tree-grpo",
         sets=[

@@ -14,7 +14,7 @@ PROMPTS = ["a red circle", "two blue squares", "a green triangle"]
 def _roll(policy, preset, sets=(), prompts=PROMPTS, ids=None, seed=7, max_batch=64):
     cfg = load_config(preset, sets=list(sets))
     ids = list(range(len(prompts))) if ids is None else ids
-    return rollout(policy, [prompts[i] for i in ids], ids, FlowSDE(cfg.sampler), cfg.tree, seed, max_batch)
+    return rollout(policy, [prompts[i] for i in ids], ids, FlowSDE(cfg.sampler), cfg.tree, seed, max_batch=max_batch)
 
 
 def test_dense_branch_tree_counts(tiny_policy):

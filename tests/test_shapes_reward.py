@@ -132,7 +132,7 @@ def test_soft_kind_option_is_checked_and_reaches_training():
 
     from treegrpo_cli.config import load_config
     from treegrpo_cli.errors import ConfigError
-    from treegrpo_cli.training.loop import Trainer
+    from treegrpo_cli.training.trainer import Trainer
 
     with pytest.raises(ConfigError, match="shapes.kind"):
         get_reward("shapes", kind="fuzzy")

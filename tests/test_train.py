@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from clitools import undeclared
 from typer.testing import CliRunner
 
 from treegrpo_cli.cli.app import app
 from treegrpo_cli.config import preset_names
 from treegrpo_cli.store.checkpoint import list_checkpoints, load_checkpoint
-from treegrpo_cli.training.runlog import read_evals, read_metrics, without_timings
+from treegrpo_cli.training.runlog import EvalRow, MetricsRow, read_evals, read_metrics, without_timings
 
 runner = CliRunner()
 TINY = ["--set", 'model="pixel-tiny"']
@@ -33,6 +34,8 @@ def test_every_preset_trains_two_iterations(tmp_path, preset):
     assert r.exit_code == 0, r.output
     rows = read_metrics(tmp_path / "run")
     assert [row["iteration"] for row in rows] == [0, 1]
+    assert [undeclared(row, MetricsRow) for row in rows] == [[], []]  # every field typed for its readers
+    assert all(undeclared(e, EvalRow) == [] for e in read_evals(tmp_path / "run"))
     assert all(row["trained_edges"] > 0 and row["train_evals"] > 0 for row in rows)
     if preset.endswith("nft"):  # DiffusionNFT: no likelihood ratio; the old policy's decay instead
         assert all(0 <= row["old_decay"] <= 1 and "ratio_first_dev" not in row for row in rows)
@@ -71,13 +74,13 @@ def test_metrics_count_model_evaluations(tmp_path):
 
 
 def test_heldout_reward_before_and_after(tmp_path):
-    from treegrpo_cli.engine.rollout import mix_seed
     from treegrpo_cli.engine.sde import FlowSDE
     from treegrpo_cli.models.registry import load_policy
     from treegrpo_cli.prompts import load_prompts
     from treegrpo_cli.rewards.base import get_reward
     from treegrpo_cli.training.heldout import heldout_reward
     from treegrpo_cli.training.rundir import load_config
+    from treegrpo_cli.training.sampling import stream_seed
 
     r = run(
         "train",
@@ -106,8 +109,8 @@ def test_heldout_reward_before_and_after(tmp_path):
         load_prompts(cfg.rollout.eval_prompts),
         reward,
         {"jpeg-compressibility": 1.0},
-        3,
-        mix_seed(cfg.seed, 0x4E1D),
+        samples=3,
+        seed=stream_seed(cfg.seed, "heldout"),
     )
     assert again["reward_mean"] == pytest.approx(evals[0]["reward_mean"], abs=1e-6)
     # flow-grpo keeps an EMA: the evaluations score it (as `eval` and `export` do), the trained weights under raw/

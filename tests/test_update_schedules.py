@@ -14,8 +14,8 @@ from treegrpo_cli.cli.app import app
 from treegrpo_cli.config import load_config
 from treegrpo_cli.engine.grpo import TrainConfig, grpo_update
 from treegrpo_cli.models.registry import load_policy
-from treegrpo_cli.training.loop import Trainer
 from treegrpo_cli.training.runlog import read_metrics
+from treegrpo_cli.training.trainer import Trainer
 
 runner = CliRunner()
 BRANCH_FAMILY = ["branch", "branch-late", "branch-widpru", "branch-deppru", "branch-mix", "branch-mix-flow", "treepo"]

@@ -248,6 +248,7 @@ def rollout(
     sde: Kernel,
     cfg: TreeConfig,
     seed: int,
+    *,
     max_batch: int = 64,
     progress: Progress | None = None,
     earlier_ids: list[int] | tuple[int, ...] = (),

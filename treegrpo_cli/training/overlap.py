@@ -22,7 +22,7 @@ from ..engine.protocols import Policy
 from ..engine.rollout import Progress, TreeConfig, rollout
 from ..engine.tree import Tree, cat_trees
 from ..rewards.base import score_leaves
-from .steps import leaf_images
+from .sampling import leaf_images
 
 
 @dataclass
@@ -77,6 +77,7 @@ def rollout_and_score(
     policy: Policy,
     prompts: list[str],  # every prompt of the run, by id
     mine: list[int],  # the prompt ids this process rolls out, in order
+    *,
     earlier: list[int],  # the prompt ids of earlier ranks' shares
     sde: Any,
     cfg: TreeConfig,
@@ -99,7 +100,15 @@ def rollout_and_score(
             _raise_failed(pending)  # a chunk whose scoring failed stops the next ones' rollout and scoring
             ids = mine[a : a + size]
             tree, n = rollout(
-                policy, [prompts[i] for i in ids], ids, sde, cfg, seed, max_batch, progress, [*earlier, *mine[:a]]
+                policy,
+                [prompts[i] for i in ids],
+                ids,
+                sde,
+                cfg,
+                seed,
+                max_batch=max_batch,
+                progress=progress,
+                earlier_ids=[*earlier, *mine[:a]],
             )
             trees.append(tree)
             nfe += n
