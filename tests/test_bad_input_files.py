@@ -21,6 +21,8 @@ import pytest
 from clitools import PIXEL, one_line_error, run, write_pngs
 from PIL import Image
 
+pytestmark = pytest.mark.slow  # end-to-end: `pytest -m "not slow"` leaves this file out
+
 DIV = ["--features", "pixels", "--kid-subsets", 2, "--permutations", 0, "--by-image"]
 
 

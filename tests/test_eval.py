@@ -25,6 +25,7 @@ def _no_weights(monkeypatch, tmp_path_factory):
     monkeypatch.delenv("TREEGRPO_HPS_CHECKPOINT", raising=False)
 
 
+@pytest.mark.slow
 def test_eval_shapes_prints_the_table_and_writes_the_files(tmp_path):
     out = tmp_path / "ev"
     r = run("eval", *SHAPES, "--num-images", 2, "--batch", 4, "--metric", "shapes", "--out", out)
@@ -41,6 +42,7 @@ def test_eval_shapes_prints_the_table_and_writes_the_files(tmp_path):
         assert im.width >= 3 * 32 * 4  # 6 captioned images, 3 per row, scaled 4x
 
 
+@pytest.mark.slow
 def test_eval_json_is_independent_of_the_batch_size():
     args = ("eval", *SHAPES, "--num-images", 2, "--steps", 8, "--metric", "shapes,jpeg-compressibility", "--json")
     one, big = run(*args, "--batch", 1), run(*args, "--batch", 64)
@@ -62,6 +64,7 @@ def test_eval_hps_without_weights_is_one_line(monkeypatch):
     assert "Traceback" not in r.output
 
 
+@pytest.mark.slow
 def test_eval_hps_with_tiny_weights_through_reward_opt(tmp_path):
     open_clip = pytest.importorskip("open_clip")
     cfg = {
@@ -150,6 +153,7 @@ def _checkpoint(run_dir, shift_model: float, shift_ema: float):
     return save_checkpoint(run_dir / "checkpoints", ck, keep_last=2)
 
 
+@pytest.mark.slow
 def test_eval_checkpoint_uses_ema_and_pairs_with_the_baseline(tmp_path):
     _checkpoint(tmp_path / "run", 0.0, 0.05)
     args = (
@@ -222,6 +226,7 @@ def test_eval_scores_an_image_folder(tmp_path):
     one_line_error(run("eval", "--images", tmp_path / "a"), "prompts.json")
 
 
+@pytest.mark.slow
 def test_eval_usage_errors(tmp_path, monkeypatch):
     one_line_error(run("eval", "--model", "pixel", "--checkpoint", "x"), "not both")
     r = run("eval", "--metric", "hsp")

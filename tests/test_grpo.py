@@ -49,6 +49,7 @@ def test_clipped_loss_golden():
     assert ratio.tolist() == pytest.approx([1.5, 0.5, 1.0005], abs=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", ["branch", "tree-grpo", "dance-grpo", "mix-grpo"])
 def test_ratio_is_one_before_the_first_update(preset):
     cfg, policy, sde, batch, _ = scored_batch(preset)
@@ -63,6 +64,7 @@ def test_ratio_is_one_before_the_first_update(preset):
 PAPER = ("pruning.train_last=false", 'train.loss_norm="mean"')  # BranchGRPO's objective: one step of the mean
 
 
+@pytest.mark.slow
 def test_training_evaluations_match_the_tree_shape():
     cfg, policy, sde, batch, nfe = scored_batch("branch", prompts=PROMPTS[:1], sets=PAPER)
     opt = make_optimizer(list(policy.trainable_parameters()), cfg.train)

@@ -49,6 +49,7 @@ def test_throughput_by_hand():
     assert "mfu/rollout" not in throughput(row, (10, 20), 1, None)  # no known peak: no utilisation
 
 
+@pytest.mark.slow
 def test_a_batch_where_every_group_ties_has_ratio_1_and_trains_nothing(monkeypatch):
     def tied(rewards, images, prompts, *a, **k):
         return {"shapes": torch.full((images.shape[0],), 0.5)}
@@ -61,6 +62,7 @@ def test_a_batch_where_every_group_ties_has_ratio_1_and_trains_nothing(monkeypat
     assert not any(k.startswith("mfu/") for k in row)  # the CPU's peak is not known
 
 
+@pytest.mark.slow
 def test_a_run_writes_the_new_metrics():
     cfg = load_config("tree-grpo", sets=["rollout.num_prompts=2", "train.eval_samples=0"])
     row = Trainer(cfg, "cpu").iteration(load_prompts(cfg.rollout.prompts), lambda *a: None)

@@ -41,6 +41,7 @@ def euler(steps=4):
     )
 
 
+@pytest.mark.slow
 def test_ode_rollout_equals_the_pipeline_sampling(wan_dir):
     """True CFG 5.0 against the empty negative prompt, the scheduler's Euler grid at shift 3: the engine's ODE
     rollout of a [4, 3, 4, 4] video latent ends where WanPipeline ends from the same noise."""
@@ -81,6 +82,7 @@ def test_a_branching_tree_of_video_latents(wan_dir):
     assert nfe == 2 * policy.evals_per_row * (1 + 2 + 4 + 4)  # rows per step (4 steps) x 2 network rows (CFG)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("finetune", ["lora", "full"])
 def test_a_grpo_step_trains_the_video_model(wan_dir, finetune):
     from treegrpo_cli.config import load_config
@@ -140,6 +142,7 @@ def test_bad_frame_count_and_missing_weights_are_one_line(wan_dir, tmp_path, mon
     one_line_error(run("train", "--model", "wan2.1-t2v-1.3b", "--run-dir", tmp_path / "r"), repo, f"hf download {repo}")
 
 
+@pytest.mark.slow
 def test_train_rollout_score_on_video_through_the_cli(wan_dir, tmp_path):
     """`treegrpo train` on the tiny Wan pipeline: an image reward scores the clips frame by frame (every second
     frame with reward.frame_stride 2), the held-out curve and the sample grids (clip strips) are written, the

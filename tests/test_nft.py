@@ -117,6 +117,7 @@ def _trainer(preset="nft", extra=()):
     return Trainer(load_config(preset, sets=[*SMALL, *extra]), "cpu")
 
 
+@pytest.mark.slow
 def test_an_nft_iteration_samples_with_the_old_policy_and_takes_one_step():
     """Rollouts use the old weights (the trained ones differ after a step, the old ones trail them by the decay),
     one optimizer step of every leaf at 9 of 10 levels, one EMA update, 3 forwards per trained row in the FLOPs."""
@@ -154,6 +155,7 @@ def test_the_rollout_uses_the_old_weights():
     assert all(torch.equal(o, q) for o, q in zip(t.old.tensors, old, strict=True))
 
 
+@pytest.mark.slow
 def test_nft_resume_repeats_the_run_and_keeps_the_old_policy(tmp_path):
     args = ["--preset", "nft", *(x for s in SMALL for x in ("--set", s)), "--set", "train.save_every=1"]
     assert run("train", *args, "--iterations", 3, "--run-dir", tmp_path / "a").exit_code == 0
@@ -170,6 +172,7 @@ def test_nft_resume_repeats_the_run_and_keeps_the_old_policy(tmp_path):
     assert same(read_metrics(tmp_path / "b")) == same(read_metrics(tmp_path / "a"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", ["nft", "tree-nft"])
 def test_two_processes_match_one_for_nft(preset, tmp_path):
     """The samples of each optimizer step, their noise levels and noises do not depend on the process layout."""

@@ -52,6 +52,7 @@ def test_same_seed_is_bitwise_identical(tiny_policy):
     assert not torch.equal(a.latent, c.latent)
 
 
+@pytest.mark.slow
 def test_max_batch_does_not_change_noise_or_latents(tiny_policy):
     a, na = _roll(tiny_policy, "branch", max_batch=64)
     b, nb = _roll(tiny_policy, "branch", max_batch=1)
@@ -70,6 +71,7 @@ def test_trees_do_not_depend_on_batch_composition(tiny_policy):
     assert torch.allclose(full.latent[m], alone.latent, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_root_noise_sharing(tiny_policy):
     shared, _ = _roll(tiny_policy, "branch", sets=["tree.init_same_noise=true"])
     own, _ = _roll(tiny_policy, "branch", sets=["tree.init_same_noise=false"])

@@ -71,6 +71,7 @@ def staged(preset: str, iteration: int, tmp_path: Path) -> dict:
     return {"tree": shards[0].tree, "images": shards[0].leaf_image, "rewards": rewards, "adv": adv, "weights": ck.model}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset,iteration", [("branch", 0), ("tree-grpo", 1), ("mix-grpo", 26), ("dance-grpo", 2)])
 def test_staged_equals_online(preset, iteration, tmp_path, monkeypatch):
     a = online(preset, iteration, monkeypatch)
@@ -88,6 +89,7 @@ def test_staged_equals_online(preset, iteration, tmp_path, monkeypatch):
         assert torch.equal(v, b["weights"][k]), k
 
 
+@pytest.mark.slow
 def test_rollout_honours_the_schedule(tmp_path):
     """mix-grpo's SDE window moves with the iteration; the staged trees follow it."""
     sets = [x for s in SETS for x in ("--set", s)]
@@ -101,6 +103,7 @@ def test_rollout_honours_the_schedule(tmp_path):
     assert windows == [list(steps.plan_iteration(cfg, 5, it).tree.sde_steps) for it in (0, 26)]
 
 
+@pytest.mark.slow
 def test_score_uses_reward_options_and_refuses_other_keys(tmp_path):
     trees = tmp_path / "trees"
     run(
@@ -126,6 +129,7 @@ def test_score_uses_reward_options_and_refuses_other_keys(tmp_path):
     assert r.exit_code != 0 and "shapes.kind must be one of" in r.stderr, r.output
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset,iteration", [("nft", 0), ("tree-nft", 3)])
 def test_staged_nft_equals_online(preset, iteration, tmp_path):
     """rollout, score, train --trees with train.objective = nft: the trees the online iteration samples (with the

@@ -28,6 +28,7 @@ def comparable(rows):
     return without_timings(rows)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", preset_names())
 def test_every_preset_trains_two_iterations(tmp_path, preset):
     r = run("train", "--preset", preset, *TINY, "--iterations", 2, "--run-dir", tmp_path / "run", "--json")
@@ -47,6 +48,7 @@ def test_every_preset_trains_two_iterations(tmp_path, preset):
     assert summary["iterations"] == 2
 
 
+@pytest.mark.slow
 def test_metrics_count_model_evaluations(tmp_path):
     paper = ["--set", "pruning.train_last=false", "--set", 'train.loss_norm="mean"']
     assert (
@@ -73,6 +75,7 @@ def test_metrics_count_model_evaluations(tmp_path):
         assert key in row
 
 
+@pytest.mark.slow
 def test_heldout_reward_before_and_after(tmp_path):
     from treegrpo_cli.engine.sde import FlowSDE
     from treegrpo_cli.models.registry import load_policy
@@ -146,6 +149,7 @@ def test_heldout_reward_before_and_after(tmp_path):
     assert r.exit_code == 0 and read_evals(tmp_path / "off") == [] and "heldout_before" not in json.loads(r.stdout)
 
 
+@pytest.mark.slow
 def test_same_seed_same_curve(tmp_path):
     for d in ("a", "b"):
         assert (
@@ -188,6 +192,7 @@ def _wait_rows(run_dir: Path, n: int, proc: subprocess.Popen, timeout: float = 1
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path):
     ref = _train_proc(tmp_path / "ref")
     assert ref.wait(timeout=300) == 0, ref.stderr.read().decode()
@@ -212,6 +217,7 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path):
     assert a.rng.keys() == b.rng.keys() and all(torch.equal(a.rng[k], b.rng[k]) for k in b.rng)
 
 
+@pytest.mark.slow
 def test_sigterm_checkpoints_and_resumes(tmp_path):
     """A stopped run checkpoints, exits 143 (not 0: a scheduler must not mark it completed), says how to
     resume, and resumes from that checkpoint."""
@@ -230,6 +236,7 @@ def test_sigterm_checkpoints_and_resumes(tmp_path):
     assert [row["iteration"] for row in read_metrics(tmp_path / "run")] == list(range(len(done) + 1))
 
 
+@pytest.mark.slow
 def test_staged_update_from_trees(tmp_path):
     trees = tmp_path / "trees"
     assert run("rollout", "--preset", "branch", *TINY, "-n", 2, "--out", trees).exit_code == 0
@@ -248,6 +255,7 @@ def one_line(r, needle):
     assert r.exit_code != 0 and len(r.stderr.strip().splitlines()) == 1 and needle in r.stderr, r.output
 
 
+@pytest.mark.slow
 def test_bad_train_inputs(tmp_path):
     one_line(run("train", "--preset", "nope", "--run-dir", tmp_path / "a"), "unknown preset")
     one_line(run("train", "--set", "train.lr", "--run-dir", tmp_path / "b"), "key=value")
@@ -260,6 +268,7 @@ def test_bad_train_inputs(tmp_path):
     one_line(run("train", *TINY, "--iterations", 1, "--run-dir", tmp_path / "d"), "--resume")
 
 
+@pytest.mark.slow
 def test_time_budget_finishes_the_run(tmp_path):
     # a budget any iteration exceeds: the run finishes after iteration 0 as if it were the last one
     r = run(
@@ -291,6 +300,7 @@ def test_time_budget_finishes_the_run(tmp_path):
     assert [e["iteration"] for e in read_evals(tmp_path / "r")] == [0, 1, 3]
 
 
+@pytest.mark.slow
 def test_heldout_every_few_minutes_of_training(tmp_path):
     # an interval every iteration crosses: a held-out row after each one, stamped with the training clock
     r = run(
