@@ -31,6 +31,7 @@ On a machine without CUDA it refuses (exit 2) unless --tiny is given.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import gc
 import json
@@ -79,12 +80,21 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--max-batch", type=int, default=8, help="rows per forward (rollout.max_batch)")
     ap.add_argument("--iterations", type=int, default=2)
     ap.add_argument("--no-gradient-checkpointing", action="store_true")
+    ap.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="policy.KEY=VALUE",
+        help="a [policy] option for every case, e.g. policy.compile=blocks or policy.attention=_native_cudnn",
+    )
     ap.add_argument("--tiny", action="store_true", help="tiny transformer on the CPU: a smoke test of this script")
     ap.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak for MFU (default: by GPU name)")
     ap.add_argument(
         "--out", type=Path, default=None, help="JSON results (default bench/results/flux_iteration[_tiny].json)"
     )
     args = ap.parse_args(argv)
+    policy_sets(args.sets)  # a bad --set stops here, before any model is built
     args.resolution = args.resolution or (32 if args.tiny else MODELS[args.model].resolution)
     suffix = "" if args.model == "flux-dev" else f"-{args.model}"
     name = f"flux_iteration{suffix}_tiny.json" if args.tiny else f"flux_iteration{suffix}.json"
@@ -103,13 +113,27 @@ def make_policy(args: argparse.Namespace, mode: str, device: torch.device, dtype
         resolution=args.resolution,
         gradient_checkpointing=not args.no_gradient_checkpointing,
     )
-    return load_policy(args.model, device, opts)
+    return load_policy(args.model, device, dataclasses.replace(opts, **policy_sets(args.sets)))
+
+
+def policy_sets(sets: list[str]) -> dict[str, Any]:
+    """--set policy.KEY=VALUE as PolicyConfig fields; VALUE as JSON when it parses (true, 16), else a string."""
+    fields = {f.name for f in dataclasses.fields(PolicyConfig)}
+    out: dict[str, Any] = {}
+    for item in sets:
+        key, sep, value = item.partition("=")
+        name = key.removeprefix("policy.")
+        if not sep or not key.startswith("policy.") or name not in fields:
+            raise SystemExit(f"--set {item!r}: expected policy.KEY=VALUE with KEY one of {', '.join(sorted(fields))}")
+        try:
+            out[name] = json.loads(value)
+        except json.JSONDecodeError:
+            out[name] = value
+    return out
 
 
 def model_flops(policy) -> tuple[int, int]:
     """(forward, backward) FLOPs of one network row, the backward without checkpointing's recomputation."""
-    import dataclasses
-
     opts = policy.opts
     policy.opts = dataclasses.replace(opts, gradient_checkpointing=False)
     try:
@@ -277,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         "max_batch": args.max_batch,
         "dtype": str(dtype).removeprefix("torch."),
         "gradient_checkpointing": not args.no_gradient_checkpointing,
+        "policy_sets": policy_sets(args.sets),
         "results": [],
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

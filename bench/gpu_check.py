@@ -4,6 +4,9 @@ iteration. One JSON with the device's name and the commit, and every step's seco
 
     bash bench/gpu_check.sh             # on a GPU machine (the wrapper installs carried wheels first)
     python bench/gpu_check.py --tiny    # the same steps on the CPU at policy.size="tiny" (a smoke test)
+    bash bench/gpu_check.sh --variants base,compile,cudnn,batch16 [--preset branch-mix-flow] [--iterations 2]
+        # the MFU candidates instead: each one flux_iteration.py process on the same card, with its speed-up over
+        # base -> bench/results/gpu_variants-<device>.json
 
 Each step runs as its own process with a time limit; a step past the check's budget is recorded as skipped, so
 the JSON is always written. Results: bench/results/gpu_check-<device>.json (and $OUT/ when set).
@@ -29,6 +32,18 @@ PROMPTS = ("a red fox in the snow", "a lighthouse at dusk")
 # the CLI path checks that every command runs at the release's size, not the method: few steps, small images
 CLI_SETS = {"sampler.steps": 6, "rollout.num_prompts": 1, "train.eval_samples": 1, "policy.resolution": 512}
 VIDEO_SETS = {"policy.resolution": 480, "policy.frames": 17}
+# speed candidates for the MFU work (models/speed.py), each flux_iteration.py's arguments on top of today's defaults
+VARIANTS: dict[str, list[str]] = {
+    "base": [],
+    "compile": ["--set", "policy.compile=blocks"],
+    "cudnn": ["--set", "policy.attention=_native_cudnn"],
+    "torch-flash": ["--set", "policy.attention=_native_flash"],
+    "flash": ["--set", "policy.attention=flash"],  # flash-attn's FlashAttention-2, where installed
+    "fa3": ["--set", "policy.attention=_flash_3"],  # FlashAttention-3 (Hopper), where installed
+    "batch16": ["--max-batch", "16"],
+    "no-checkpointing": ["--no-gradient-checkpointing"],
+    "compile+batch16": ["--set", "policy.compile=blocks", "--max-batch", "16"],
+}
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -40,6 +55,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--prompts", type=int, default=4, help="prompts an iteration in flux_iteration.py")
     ap.add_argument("--iterations", type=int, default=1, help="iterations of each flux_iteration.py case")
     ap.add_argument("--main-job", action="store_true", help="time `treegrpo train` (the embedded default) last")
+    ap.add_argument(
+        "--variants",
+        default=None,
+        help=f"instead of the check: flux_iteration.py's speed candidates, one preset, against 'base' in this call "
+        f"({','.join(VARIANTS)})",
+    )
+    ap.add_argument("--preset", default="branch-mix-flow", help="the preset --variants runs")
     ap.add_argument("--out", type=Path, default=None)
     return ap.parse_args(argv)
 
@@ -124,6 +146,28 @@ def iteration_bench(steps: Steps, args: argparse.Namespace, work: Path) -> dict[
     return json.loads(out.read_text()) if out.is_file() else None
 
 
+def variant_bench(steps: Steps, args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
+    """Each --variants candidate as its own flux_iteration.py process on the same card, then its ratios to
+    'base' (the steady-state iteration: the last of --iterations)."""
+    rows: list[dict[str, Any]] = []
+    for name in args.variants.split(","):
+        out = work / f"variant-{name}.json"
+        cmd = [sys.executable, str(ROOT / "bench" / "flux_iteration.py"), "--model", "flux-dev", "--modes", "lora"]
+        cmd += ["--presets", args.preset, "--prompts", str(args.prompts), "--iterations", str(args.iterations)]
+        cmd += [*VARIANTS[name], "--out", str(out), *(["--tiny"] if args.tiny else [])]
+        step = steps.run(f"variant {name}: flux-dev, {args.preset}", cmd)
+        bench = json.loads(out.read_text()) if out.is_file() else None
+        row = mfu_table(bench)[0] if bench and bench.get("results") else {"preset": args.preset}
+        status = step["status"] if not row.get("error") else "case error"  # the script ran; the case did not
+        rows.append({"variant": name, "status": status, **row})
+    base = next((r for r in rows if r["variant"] == "base" and r.get("rollout_s")), None)
+    for r in rows:
+        for phase in ("rollout_s", "train_s"):
+            if base and r.get(phase) and base.get(phase):
+                r[f"{phase.removesuffix('_s')}_speedup"] = round(base[phase] / r[phase], 3)
+    return rows
+
+
 def mfu_table(bench: dict[str, Any] | None) -> list[dict[str, Any]]:
     rows = []
     for case in (bench or {}).get("results", []):
@@ -136,15 +180,20 @@ def mfu_table(bench: dict[str, Any] | None) -> list[dict[str, Any]]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    unknown = [v for v in (args.variants or "").split(",") if v and v not in VARIANTS]
+    if unknown:
+        print(f"unknown --variants {', '.join(unknown)}: known are {', '.join(VARIANTS)}", file=sys.stderr)
+        return 2
     name = device_name()
     if name == "cpu" and not args.tiny:
         print("gpu_check.py needs a CUDA GPU; --tiny runs the same steps on the CPU", file=sys.stderr)
         return 2
     steps = Steps(args.budget)
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
-        for model in args.models.split(","):
+        variants = variant_bench(steps, args, Path(tmp)) if args.variants else None
+        for model in args.models.split(",") if not args.variants else ():
             cli_path(steps, model, args.tiny, Path(tmp))
-        bench = iteration_bench(steps, args, Path(tmp))
+        bench = iteration_bench(steps, args, Path(tmp)) if not args.variants else None
         if args.main_job:
             main_job = [sys.executable, "-m", "treegrpo_cli", "train", "--run-dir", str(Path(tmp) / "main-job")]
             steps.run("main job: treegrpo train", main_job + (["--iterations", "2"] if args.tiny else []))
@@ -157,15 +206,20 @@ def main(argv: list[str] | None = None) -> int:
         "green": all(r["status"] == "ok" for r in steps.rows),
         "steps": steps.rows,
         "mfu": mfu_table(bench),
+        "variants": variants,
         "flux_iteration": bench,
     }
     slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
-    outs = [args.out or ROOT / "bench" / "results" / f"gpu_check-{slug}{'-tiny' if args.tiny else ''}.json"]
+    stem = f"gpu_{'variants' if args.variants else 'check'}-{slug}{'-tiny' if args.tiny else ''}"
+    outs = [args.out or ROOT / "bench" / "results" / f"{stem}.json"]
     outs += [Path(os.environ["OUT"]) / outs[0].name] if os.environ.get("OUT") else []
     for path in outs:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(result, indent=1) + "\n")
         print(f"wrote {path}")
+    for r in variants or ():
+        speed = f"rollout x{r.get('rollout_speedup', '-')}, update x{r.get('train_speedup', '-')}"
+        print(f"{r['variant']:<18} {r['status']:<18} {speed}  MFU {r.get('rollout_mfu')} / {r.get('train_mfu')}")
     print(
         "GREEN" if result["green"] else "NOT GREEN: " + ", ".join(r["step"] for r in steps.rows if r["status"] != "ok")
     )

@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from ..engine.protocols import Conditions, Policy, select  # noqa: F401  (re-exported for the adapters)
 from ..errors import ConfigError
+from .speed import ATTENTION_DEFAULT, attention_backends, check_compile
 
 FINETUNES = ("lora", "full")
 CFG_UNCOND = ("grad", "detach")
@@ -54,6 +55,10 @@ class PolicyConfig:
     # configs with seeded random weights and random prompt embeddings, nothing downloaded (models/releases.py)
     weights: str = "pretrained"
     size: str = "full"  # with weights = "random": "full" (the release's size) | "tiny" (its architecture, tiny)
+    # the denoiser's attention kernel: "default" (the model's own, torch SDPA) or a diffusers attention backend,
+    # such as "_native_flash", "_native_cudnn", "flash" (flash-attn), "_flash_3" (FlashAttention-3) (models/speed.py)
+    attention: str = "default"
+    compile: str = "off"  # "blocks": torch.compile each repeated transformer block (compiles on the first forward)
 
     def validate(self) -> None:
         if self.finetune not in FINETUNES:
@@ -69,6 +74,11 @@ class PolicyConfig:
         if self.size == "tiny" and self.weights != "random":
             raise ConfigError(
                 'policy.size = "tiny" builds a small model from config: it needs policy.weights = "random"'
+            )
+        check_compile(self.compile)
+        if self.attention != ATTENTION_DEFAULT and self.attention not in attention_backends():
+            raise ConfigError(
+                f"policy.attention must be one of {', '.join(attention_backends())}; got {self.attention!r}"
             )
         for name in ("lora_rank", "lora_alpha", "resolution", "max_sequence_length", "frames"):
             value = getattr(self, name)

@@ -27,6 +27,7 @@ from .catalog import AdapterCard
 from .flops import Formula
 from .hub import TEXT_PARTS
 from .lora import LoraDefaults, adapters_disabled, config_targets, lora_config
+from .speed import compile_blocks, set_attention
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 ENCODE_BATCH = 16  # prompts per text-encoder call
@@ -110,6 +111,9 @@ class DiffusersPolicy(ABC):
         self._encoders_freed = all(getattr(pipe, a, None) is None for a in self.text_encoder_attrs)
         self._place()
         self._setup_training()
+        set_attention(self.denoiser, opts.attention)
+        if opts.compile == "blocks":
+            compile_blocks(self.denoiser)
         self.latent_shape: tuple[int, ...] = self._latent_shape()
 
     @property

@@ -159,6 +159,8 @@ RESUMABLE = {
     "policy.prompt_cache",
     "policy.free_text_encoders",
     "policy.cudnn_attention",
+    "policy.attention",
+    "policy.compile",
 }
 
 
