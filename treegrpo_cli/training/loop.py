@@ -18,6 +18,7 @@ from typing import Any, cast
 import torch
 
 from ..config import Config
+from ..engine.budgets import PromptStats
 from ..engine.grpo import (
     Batch,
     Parallel,
@@ -31,6 +32,7 @@ from ..errors import TreegrpoError
 from ..models.base import Policy
 from ..models.flops import device_peak_flops
 from ..models.registry import load_policy
+from ..rewards.base import weighted_sum
 from ..store.checkpoint import Checkpoint, follow_checkpoint_gathers, list_checkpoints, load_checkpoint, save_checkpoint
 from . import dist, rundir, runlock, runlog, tracking
 from .dist import SINGLE, Dist
@@ -41,8 +43,11 @@ from .parallel import parallel_plan, shard_policy, whole_batch
 from .steps import (
     build_rewards,
     credit,
+    dynamic_row,
     iteration_flops,
+    make_judge,
     metrics_row,
+    new_stats,
     peak_memory_mib,
     plan_iteration,
     rng_states,
@@ -104,6 +109,8 @@ class Trainer:
         )
         self.rewards = build_rewards(cfg, device)
         self.weights = cfg.reward.weight_map()
+        self.judge = make_judge(cfg, self.policy, self.rewards)  # tree.dynamic = "reward"
+        self.prompt_stats = new_stats(cfg)  # per-prompt reward estimates ([budget], adaptive [splits])
         self.step = 0
         self.totals = dict.fromkeys(TOTALS, 0)  # the run's compute so far (cumulative metrics)
         self.opt_steps = 0  # optimizer steps over the run (the EMA's cadence and warm-up count them)
@@ -130,7 +137,7 @@ class Trainer:
         flops = iteration_flops(
             self.flops_row, row.get("rollout_evals", 0), row.get("train_evals", 0), self.extra_forwards
         )
-        now = {"flops": flops, "reward_images": int(row.get("leaves", 0))}
+        now = {"flops": flops, "reward_images": int(row.get("leaves", 0)) + int(row.get("judged_images", 0))}
         self.totals = {f"{k}_total": self.totals[f"{k}_total"] + v for k, v in now.items()}
         return {**now, **self.totals}
 
@@ -200,9 +207,18 @@ class Trainer:
             self.ema,
             self.opt.state_dict(),
             rng_states(),
-            {"step": self.step, "seed": self.cfg.seed, "optimizer_steps": self.opt_steps, **extra},
+            {
+                "step": self.step,
+                "seed": self.cfg.seed,
+                "optimizer_steps": self.opt_steps,
+                **self._stats_state(),
+                **extra,
+            },
             old=self.old_state(),
         )
+
+    def _stats_state(self) -> dict[str, Any]:
+        return {"prompt_stats": self.prompt_stats.to_json()} if self.prompt_stats is not None else {}
 
     def old_state(self) -> dict[str, torch.Tensor] | None:
         """The NFT sampling policy's tensors under the trainable state's names (None: not an NFT run)."""
@@ -228,6 +244,8 @@ class Trainer:
             pairs = zip(self.policy.trainable_state(), self.old.tensors, strict=True)  # NFT runs unsharded
             self.old.tensors = [ck.old[k].to(t.device, t.dtype).clone() for k, t in pairs]
         set_rng_states(ck.rng)
+        if self.prompt_stats is not None and "prompt_stats" in ck.state:
+            self.prompt_stats = PromptStats.from_json(ck.state["prompt_stats"])
         self.step = ck.step
         self.opt_steps = int(ck.state.get("optimizer_steps", 0))
 
@@ -236,7 +254,7 @@ class Trainer:
         """Roll out this rank's share of the iteration's prompts, credit over the whole batch, update."""
         cfg, it, d = self.cfg, self.step, self.d
         t0 = time.perf_counter()
-        plan = plan_iteration(cfg, len(prompts), it)
+        plan = plan_iteration(cfg, len(prompts), it, stats=self.prompt_stats)
         part = dist.shard(len(plan.prompt_ids), d)
         mine = plan.prompt_ids[part]
         with self.sampling_policy():
@@ -252,10 +270,15 @@ class Trainer:
                 self.rewards,
                 chunk_count(cfg.rollout.score_overlap, list(cfg.reward.names)),
                 progress,
+                shapes=plan.shapes[part] if plan.shapes else None,
+                judge=self.judge,
             )
         tree, nfe, scores = out.tree, out.nfe, out.scores
         t1 = t0 + out.seconds["rollout"]
         whole, all_scores, starts = whole_batch(tree, scores, d)
+        if self.prompt_stats is not None:  # from the whole batch: the same estimates on every rank
+            total = weighted_sum(all_scores, self.weights)
+            self.prompt_stats.update(whole.group()[whole.leaves()], total, list(plan.skipped))
         adv, trained = credit(cfg, whole, all_scores, it)
         t2 = time.perf_counter()
         cond = self.policy.encode([prompts[int(p)] for p in tree.tree_prompt])
@@ -275,6 +298,12 @@ class Trainer:
         nfe = sum(dist.gather(nfe, d))
         group = whole.group()[whole.leaves()]
         row = metrics_row(it, all_scores, self.weights, credited, group, nfe, upd, plan.tree, self.opt)
+        if plan.tree.budgeted() or plan.shapes is not None:
+            dyn = {
+                k: sum(dist.gather(out.dynamic.get(k, 0), d))
+                for k in ("early_stops", "fallbacks", "judged_images", "evals_saved")
+            }
+            row.update(dynamic_row(dyn, self.flops_row), replaced=len(plan.skipped))
         hidden = max(out.seconds["score_busy"] - out.seconds["score"], 0.0)  # scoring the rollout overlapped
         row["seconds"] = {"rollout": t1 - t0, "score": t2 - t1, "update": t3 - t2, "total": t3 - t0}
         row["seconds"]["score_hidden"] = hidden

@@ -71,6 +71,12 @@ _ROW_NUMBERS = {
     "reward_images_total",
     "zero_std_ratio",
     "reward_group_std",
+    "early_stops",
+    "fallbacks",
+    "judged_images",
+    "evals_saved",
+    "flops_saved",
+    "replaced",
     "images_per_second",
 }
 

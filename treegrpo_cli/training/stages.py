@@ -29,7 +29,7 @@ from ..store.trees import KIND, TreeShard, open_trees, read_tree_shard, shard_na
 from . import rundir, runlock, runlog
 from .loop import Trainer
 from .nft import nft_batch
-from .steps import build_rewards, credit, leaf_images, plan_iteration, update_generator
+from .steps import build_rewards, credit, leaf_images, make_judge, plan_iteration, update_generator
 
 
 def _noop(phase: str, done: int, total: int) -> None:
@@ -96,6 +96,7 @@ def _write_rollout(
     req: RolloutRequest, policy: Any, sde: Any, plan: Any, meta: dict[str, Any], progress: Progress
 ) -> dict[str, Any]:
     cfg, ids, T = req.config, plan.prompt_ids, req.config.sampler.steps
+    judge = make_judge(cfg, policy, build_rewards(cfg, req.device)) if cfg.tree.dynamic == "reward" else None
     store = ShardStore.create(req.out, KIND, meta, overwrite=req.overwrite)
     nfe, offset, chunks = 0, 0, range(0, len(ids), req.prompts_per_shard)
     repeats = max(Counter(ids).values()) * plan.tree.trees_per_prompt  # the most trees of one prompt
@@ -113,6 +114,8 @@ def _write_rollout(
             cfg.rollout.max_batch,
             _labelled(progress, f"rollout {k + 1}/{len(chunks)}"),
             earlier_ids=ids[:a],
+            shapes=plan.shapes[a : a + req.prompts_per_shard] if plan.shapes else None,
+            judge=judge,
         )
         shard = TreeShard(k, tree, leaf_images(policy, tree), {i: req.prompts[i] for i in chunk}, offset, n)
         write_tree_shard(store, shard)

@@ -1,0 +1,176 @@
+"""Leaf budgets and TreePO's dynamic rollout for diffusion trees (Li et al. 2025, arXiv 2508.17445; methods.md 16).
+
+Budgets. Every node carries a leaf budget b: how many leaves its subtree ends with. A tree's root starts with
+the tree's width w (by default the fixed tree's K^m leaves, m split steps). At split j of m (1-based), a node
+with budget b branches into
+
+    c(b) = min(b, max(K, ceil(b / K^(m - j))))
+
+children that share b as evenly as possible (the first b mod c get one more): K children while the later
+splits can still grow the subtree to b leaves, more only when they cannot, a chain (one child) once b = 1.
+With b = K^(m - j + 1) this is the fixed tree, node for node: a budget of w = K^m changes nothing.
+
+Dynamic rollout (tree.dynamic). At each split step after the first, every frontier node already has its
+x0-prediction (the forward of this step made it). A heuristic reads it, per tree, in node order:
+
+    reward    the x0-prediction's reward (a `judge` callback: decode and score; for cheap rewards)
+    distance  the RMS distance between x0-predictions (no reward call): a proxy for a tie
+
+and clusters the nodes greedily: a node within tree.stop_tol of an earlier active node of its tree is a
+predicted tie (its subtree would repeat that node's outcome) and stops branching: it goes on as a chain and
+ends as one leaf. A tree whose frontier is one cluster is predicted to tie as a whole: every node stops.
+Stopped paths hand their spare budget (b - 1 each) to the tree's active nodes, evenly, the first ones one
+more (TreePO's "fixed_avg" divergence); a tree left without an active node re-activates its first stopped
+node (the fallback: branching resumes from a surviving node), so every tree keeps its w leaves. Without
+tree.transfer the spare budget is not spent (fewer leaves, fewer forwards); without tree.fallback a tree
+predicted to tie keeps only its chains. A cap on the forwards of a tree (tree.max_evals; by default those of
+the undisturbed tree of width w) is never exceeded: the transferred units are taken back, last given first,
+until the tree's forwards so far plus the planned rest fit (the plan with no transfer always fits: a chain
+costs no more than the subtree it replaces).
+
+Departures from TreePO (LLM): a path there finishes early (a complete, shorter answer) and its budget moves on;
+a diffusion path has no early end whose image the reward could score fairly (an x0-prediction at sigma 0.8 is
+a blur), so a stopped path keeps denoising, unbranched, to a full image. TreePO's fallback truncates a finished
+path at a random earlier segment and samples again; here the surviving frontier node takes the budget at the
+split itself (no segment is sampled twice).
+
+What this does to the estimator. Sampling stays the policy's: every child is drawn from its parent's SDE step
+with its own seeded noise, and its log-probability is that transition's under the sampling policy. The
+heuristic decides only how many children a node gets, from the node's own state (its x0-prediction), so it
+selects which samples exist: predicted ties get fewer leaves, distinct nodes more. No importance weight
+undoes this (the choice is deterministic given the state, not an action of the policy). Estimators that
+average over leaves (flat, treepo, treegrpo's group z-score, the fused mean of branch) then weight a
+subtree by its leaf count: the group baseline leans toward the nodes that received budget. branch's
+per-depth z-score counts each node once per depth whatever its leaves, so only the precision of its fused
+value changes. The metrics row reports the stops (early_stops), fallbacks and forwards saved.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+from torch import Tensor
+
+from ..errors import ConfigError
+
+HEURISTICS = ("off", "reward", "distance")
+
+Judge = Callable[[Tensor, list[str]], Tensor]  # x0-predictions [F, ...] (on device), their prompts -> scores [F]
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One tree's shape: its split steps (ascending) and its leaf budget."""
+
+    split_steps: tuple[int, ...]
+    width: int
+
+
+def children(b: int, branch: int, later: int) -> int:
+    """c(b): children of a node with budget b at a split followed by `later` more splits."""
+    if b < 1:
+        raise ValueError(f"a node's leaf budget must be >= 1, got {b}")
+    return min(b, max(branch, -(-b // branch**later)))
+
+
+def share(b: int, c: int) -> list[int]:
+    """b leaves over c children, as evenly as possible, the first ones one more."""
+    return [b // c + (i < b % c) for i in range(c)]
+
+
+@lru_cache(maxsize=65536)
+def subtree_evals(b: int, j: int, splits: tuple[int, ...], steps: int, branch: int) -> int:
+    """Forwards of the subtree below a node with budget b at split index j (0-based) of `splits`, not counting the
+    node's own forward at that step (already run when the split is decided)."""
+    c = children(b, branch, len(splits) - 1 - j)
+    if j == len(splits) - 1:
+        return b * (steps - 1 - splits[j])  # every leaf's chain after the last split
+    seg = splits[j + 1] - splits[j]  # forwards of a child up to and including the next split
+    return sum(seg + subtree_evals(x, j + 1, splits, steps, branch) for x in share(b, c))
+
+
+def tree_evals(shape: Shape, steps: int, branch: int) -> int:
+    """Forwards of a whole tree of this shape when nothing stops (rows; times evals_per_row for CFG)."""
+    if not shape.split_steps:
+        return steps
+    s = shape.split_steps
+    return s[0] + 1 + subtree_evals(shape.width, 0, s, steps, branch)
+
+
+def check_shape(shape: Shape, steps: int) -> None:
+    s = shape.split_steps
+    if list(s) != sorted(set(s)) or any(not 0 <= x < steps for x in s):
+        raise ConfigError(f"a tree's split steps {list(s)} must be distinct, ascending and within 0..{steps - 1}")
+    if shape.width < 1 or (not s and shape.width != 1):
+        raise ConfigError(f"a tree's width must be >= 1 (exactly 1 without split steps), got {shape.width}")
+
+
+# --- the heuristic ----------------------------------------------------------------------------
+
+
+def tie_verdicts(values: Tensor, trees: Sequence[int], tol: float) -> list[bool]:
+    """Per frontier node, in node order: stop (a predicted tie) or not. values [F] (a score) or [F, D] (a
+    flattened x0-prediction); a node is within tol of another when |v - v'| <= tol, or for vectors when the
+    RMS of v - v' is <= tol. Greedy leader clustering per tree; a tree of >= 2 nodes and one cluster stops all."""
+    v = values.detach().double().cpu()
+    v = v.view(v.shape[0], -1)
+    stop, leaders = [False] * len(trees), dict[int, list[int]]()
+    for n, t in enumerate(trees):
+        own = leaders.setdefault(t, [])
+        if own:
+            d = (v[own] - v[n]).pow(2).mean(1).sqrt()  # [leaders]
+            if bool((d <= tol).any()):
+                stop[n] = True
+                continue
+        own.append(n)
+    size = dict[int, int]()
+    for t in trees:
+        size[t] = size.get(t, 0) + 1
+    return [stop[n] or (size[t] >= 2 and len(leaders[t]) == 1) for n, t in enumerate(trees)]
+
+
+# --- one tree's split -------------------------------------------------------------------------
+
+
+@dataclass
+class SplitPlan:
+    budget: list[int]  # each frontier node's budget after the decision
+    counts: list[int]  # its children
+    stopped: int  # nodes that stopped branching (had budget to give)
+    fallback: bool  # a stopped node was re-activated
+    taken_back: int  # transferred units the cap took back
+
+
+def plan_split(
+    budgets: list[int],
+    stop: list[bool],
+    cost: Callable[[int], int],
+    branch: int,
+    later: int,
+    room: int,
+    transfer: bool = True,
+    fallback: bool = True,
+) -> SplitPlan:
+    """The split of one tree's frontier: budgets and stop verdicts in node order; cost(b) the forwards below a
+    node with budget b; room = the cap minus the tree's forwards so far (what the plan may still spend)."""
+    stopped = [s and b >= 2 for s, b in zip(stop, budgets, strict=True)]
+    new = [1 if s else b for s, b in zip(stopped, budgets, strict=True)]
+    spare = sum(b - 1 for s, b in zip(stopped, budgets, strict=True) if s) if transfer else 0
+    active = [i for i, s in enumerate(stopped) if not s]
+    fell = False
+    if spare and not active and fallback:
+        active, fell = [stopped.index(True)], True
+    units = [active[u % len(active)] for u in range(spare)] if active else []
+    for i in units:
+        new[i] += 1
+    total, back = sum(cost(b) for b in new), 0
+    while total > room and units:  # the cap: the last-given transferred units come back first
+        i = units.pop()
+        total += cost(new[i] - 1) - cost(new[i])
+        new[i] -= 1
+        back += 1
+    if total > room:
+        raise ValueError(f"a split plan needs {total} forwards with only {room} left under the cap")
+    return SplitPlan(new, [children(b, branch, later) for b in new], sum(stopped), fell, back)
