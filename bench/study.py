@@ -13,6 +13,8 @@
                                                            # its table names each variant's best rate
     python bench/study.py --report-only                    # the tables again, from the runs on disk
     python bench/study.py --plan ablation --labels X       # trains X only; the table is still the whole plan's
+    python bench/study.py --plan adaptive --seeds 0 1 2 3 4 # adaptive trees against branch-mix-flow, after the
+                                                           # sweep --plan adaptive-lr --seeds 100 (adaptive-video)
     python bench/study.py --rerun dance-grpo --seeds 0     # one run again in a fresh folder: its metrics rows
                                                            # must equal the first one's (timings aside) on
                                                            # the same CPU (another instruction set moves the
@@ -169,6 +171,84 @@ PLANS: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
 BEST_BRANCH = f"{at_best('branch-mix')}/flow-noise+window-0-9"
 PLANS["best-lr"][BEST_BRANCH] = PLANS["ablation"][BEST_BRANCH]
 
+# Adaptive trees (docs/methods.md, "Adaptive trees"): TreePO's dynamic rollout, per-prompt budgets and TMPO's moving
+# split steps, one factor at a time from branch-mix-flow (and from tree-grpo on the video world), the flat baseline
+# with per-prompt budgets, then combinations. Each variant trains at its best rate of the 3-value sweep at seed 100
+# (--plan adaptive-lr / adaptive-video-lr), read from that sweep's results; the labels stay bare (the rate is a --set).
+#   python bench/study.py --plan adaptive-lr --seeds 100 --work runs/study-adaptive
+#   python bench/study.py --plan adaptive --seeds 0 1 2 3 4 --work runs/study-adaptive     # vs branch-mix-flow, +0.25
+#   python bench/study.py --plan adaptive-video-lr --seeds 100 --work runs/study-adaptive-video --tflops 24
+#   python bench/study.py --plan adaptive-video --seeds 0 1 2 3 4 --work runs/study-adaptive-video --tflops 24
+ADAPTIVE_FACTORS: dict[str, tuple[str, ...]] = {
+    "dynamic-reward": ('tree.dynamic="reward"',),  # TreePO: predicted ties stop, hand their budget over, fall back
+    "dynamic-distance": ('tree.dynamic="distance"', "tree.stop_tol=0.4"),  # the same from x0 distances, no reward call
+    "early-stop": ('tree.dynamic="reward"', "tree.transfer=false"),  # stops keep the forwards they would have spent
+    "budget": ('budget.mode="spread"',),  # leaves over prompts by their estimated reward spread
+    "budget-replace": ('budget.mode="spread"', "budget.replace_after=2"),  # and tied prompts replaced (DAPO)
+    # TMPO: dense early splits spreading out over the first 150 iterations (a run stops on FLOPs, near 180), jittered
+    "splits-progress": (
+        'splits.kind="progress"',
+        "splits.early=[0,1,2,3]",
+        "splits.late=[0,3,6,9]",
+        "splits.over=150",
+        "splits.kappa=6.0",
+    ),
+    "splits-adaptive": ('splits.kind="adaptive"', "splits.kappa=4.0"),  # per prompt: low reward splits earlier
+}
+ADAPTIVE_RATES = ("3e-5", WORLD_LR, "3e-4")
+
+
+def adaptive_variants(video: bool) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """The adaptive study's variants without their rates: baselines, one factor at a time, combinations."""
+    world = ('model="tiny-shapes-video"',) if video else ()
+    out = {
+        "branch-mix-flow": ("branch-mix-flow", world),
+        "tree-grpo": ("tree-grpo", world),
+        "dance-grpo": ("dance-grpo", world),
+        "dance-grpo/budget": ("dance-grpo", (*world, *ADAPTIVE_FACTORS["budget"])),
+    }
+    out |= {f"branch-mix-flow/{k}": ("branch-mix-flow", (*world, *v)) for k, v in ADAPTIVE_FACTORS.items()}
+    combos = [("budget", "dynamic-reward"), ("budget", "splits-progress")]
+    if video:  # tree-grpo leads the video world; its window schedule owns the split steps (no [splits] there)
+        out |= {f"tree-grpo/{k}": ("tree-grpo", (*world, *ADAPTIVE_FACTORS[k])) for k in ("dynamic-reward", "budget")}
+        combos = [("budget", "dynamic-reward")]
+    for names in combos:
+        out[f"branch-mix-flow/{'+'.join(names)}"] = (
+            "branch-mix-flow",
+            (*world, *(x for n in names for x in ADAPTIVE_FACTORS[n])),
+        )
+    return out
+
+
+FIXED_RATES = {"tree-grpo": "3e-5"}  # image world: tree-grpo at its swept rate (BEST_LR); dance-grpo at the world's
+
+
+def adaptive_plan(video: bool) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """Every variant at its best rate of the sweep (the trained weights' final gain), once the sweep's results are
+    in bench/results; before that, at the world's rate (main() says so)."""
+    sweep = RESULTS / f"study-adaptive{'-video' if video else ''}-lr.json"
+    best: dict[str, str] = {}
+    if sweep.exists():
+        for base, g in sweep_gains(json.loads(sweep.read_text())["runs"]).items():
+            best[base] = max(g, key=lambda k: g[k][1] if g[k][1] is not None else g[k][0])
+    fixed = {} if video else FIXED_RATES
+    return {
+        label: (preset, (*sets, f"train.lr={best.get(label, fixed.get(label, WORLD_LR))}"))
+        for label, (preset, sets) in adaptive_variants(video).items()
+    }
+
+
+for _video, _name in ((False, "adaptive"), (True, "adaptive-video")):
+    PLANS[f"{_name}-lr"] = {  # the sweep: every variant but the fixed-rate baselines, 3 rates
+        f"{label}@lr{lr}": (preset, (*sets, f"train.lr={lr}"))
+        for label, (preset, sets) in adaptive_variants(_video).items()
+        if _video or label not in FIXED_RATES and label != "dance-grpo"
+        for lr in ADAPTIVE_RATES
+    }
+PLANS["adaptive"], PLANS["adaptive-video"] = adaptive_plan(False), adaptive_plan(True)  # main() reads them again
+# each adaptive plan's baseline and target gain (trained weights): study-adaptive.{json,md}, study-adaptive-video...
+PLAN_DEFAULTS = {"adaptive": ("branch-mix-flow", 0.25), "adaptive-video": ("tree-grpo", 0.10)}
+
 
 def train_args(preset: str, sets: tuple[str, ...], seed: int, run: Path, tflops: float) -> list[str]:
     budget = [f"train.max_tflops={tflops}", f"train.eval_every_tflops={tflops / 8}"]
@@ -239,8 +319,9 @@ def report(rows: list[dict], work: Path, args: argparse.Namespace) -> dict:
     from treegrpo_cli.report.compare import compare_runs, to_dict
     from treegrpo_cli.report.compare_page import write_report
 
-    name = f"study-{args.plan}" + ("" if args.baseline == "dance-grpo" else f"-vs-{args.baseline}")
-    name += "" if args.target is None else f"-target{args.target:g}"
+    own_base, own_target = PLAN_DEFAULTS.get(args.plan, ("dance-grpo", None))
+    name = f"study-{args.plan}" + ("" if args.baseline == own_base else f"-vs-{args.baseline}")
+    name += "" if args.target is None or args.target == own_target else f"-target{args.target:g}"
     plots = RESULTS / name
     plots.mkdir(parents=True, exist_ok=True)
     folders, labels = [Path(r["run_dir"]) for r in rows], [r["label"] for r in rows]
@@ -266,11 +347,14 @@ def report(rows: list[dict], work: Path, args: argparse.Namespace) -> dict:
             (plots / f"reward_vs_{key}.png").write_bytes(
                 (work / f"compare-{name}-{key}" / f"reward_vs_{axis}.png").read_bytes()
             )
+            if args.plan in PLAN_DEFAULTS and (work / f"compare-{name}-{key}" / "zero_std.png").exists():
+                (plots / "zero_std.png").write_bytes((work / f"compare-{name}-{key}" / "zero_std.png").read_bytes())
             result[key] = to_dict(cmp)
     (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
     md = table(result) + cost_table(result) + cost_table(result, raw=True)
     md += sweep_table(rows) if args.plan == "lr" else ""
     md += factor_table(rows) + signal_table(result) if args.plan == "ablation" else ""
+    md += signal_table(result) + savings_table(result) if args.plan in PLAN_DEFAULTS else ""
     (RESULTS / f"{name}.md").write_text(md)
     return result
 
@@ -439,6 +523,35 @@ def signal_table(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def savings_table(result: dict) -> str:
+    """What the adaptive trees did over each whole run (mean over seeds): tied groups and within-group reward std
+    over all iterations, early stops and fallbacks an iteration, the share of the run's denoiser FLOPs the stops
+    saved against the same trees undisturbed, prompts replaced an iteration."""
+
+    def mean(key: str):
+        return lambda rows: sum(float(x.get(key, 0.0)) for x in rows) / len(rows)
+
+    def saved(rows):
+        spent = sum(x.get("flops", 0) for x in rows)
+        return sum(x.get("flops_saved", 0) for x in rows) / max(spent + sum(x.get("flops_saved", 0) for x in rows), 1)
+
+    keys = ("zero_std_ratio", "reward_group_std", "early_stops", "fallbacks", "replaced")
+    stats = {k: per_label(result, mean(k)) for k in keys} | {"saved": per_label(result, saved)}
+    avg = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    lines = [
+        "\nOver whole runs (mean over seeds): ties, spread, and what the adaptive trees did an iteration:\n",
+        "| variant | tied groups | within-group reward std | early stops | fallbacks | FLOPs saved by stops "
+        "| prompts replaced |\n|---|---|---|---|---|---|---|",
+    ]
+    for label in stats["zero_std_ratio"]:
+        s = {k: avg(v[label]) for k, v in stats.items()}
+        lines.append(
+            f"| {label} | {s['zero_std_ratio']:.2f} | {s['reward_group_std']:.3f} | {s['early_stops']:.1f} "
+            f"| {s['fallbacks']:.1f} | {100 * s['saved']:.1f}% | {s['replaced']:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def _tflops(value: float | None) -> str:
     """The mean curve's denoiser TFLOPs to the target (eval weights), or never."""
     return "never" if value is None else f"{value:.1f}"
@@ -480,9 +593,17 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=None, help="default: runs/study-core, for every plan")
     ap.add_argument("--report-only", action="store_true")
     ap.add_argument("--rerun", default=None, help="a variant to run again at the first --seed")
-    ap.add_argument("--baseline", default="dance-grpo", help="the variant whose final gain is the target")
+    ap.add_argument(
+        "--baseline",
+        default=None,
+        help="the variant whose final gain is the target (default: dance-grpo; "
+        "an adaptive plan's own: branch-mix-flow, tree-grpo on video)",
+    )
     ap.add_argument("--target", type=float, default=None, help="a held-out gain to time every variant to instead")
     args = ap.parse_args()
+    args.baseline = args.baseline or PLAN_DEFAULTS.get(args.plan, ("dance-grpo", None))[0]
+    if args.target is None and args.plan in PLAN_DEFAULTS:
+        args.target = PLAN_DEFAULTS[args.plan][1]
     args.work = args.work or Path("runs/study-core")
     args.work.mkdir(parents=True, exist_ok=True)
 
@@ -491,6 +612,10 @@ def main() -> None:
 
     if args.rerun:
         return rerun(args.rerun, args.seeds[0], args, log)
+    if args.plan in PLAN_DEFAULTS:
+        PLANS[args.plan] = adaptive_plan(args.plan.endswith("video"))  # the sweep's rates, read now
+        if not (RESULTS / f"study-{args.plan}-lr.json").exists():
+            log(f"no bench/results/study-{args.plan}-lr.json (--plan {args.plan}-lr --seeds 100): the world's rate")
     plan = {k: v for k, v in PLANS[args.plan].items() if args.labels is None or k in args.labels}
     jobs = [(label, *plan[label], seed) for seed in args.seeds for label in plan]  # seed by seed
     if not args.report_only:

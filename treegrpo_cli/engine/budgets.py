@@ -159,22 +159,19 @@ def allocate(cfg: BudgetConfig, stats: PromptStats | None, ids: list[int], width
 
 
 def _water_fill(weight: list[float], total: float, lo: int, hi: int) -> list[float]:
-    """x_p = clamp(c * weight_p, lo, hi) with c chosen so that sum x_p = total (when the bounds allow)."""
-    free, x = list(range(len(weight))), [0.0] * len(weight)
-    left = total
-    while free:
-        w = sum(weight[i] for i in free)
-        c = left / w if w > 0 else 0.0
-        out = [i for i in free if not lo <= c * weight[i] <= hi]
-        if not out:
-            for i in free:
-                x[i] = c * weight[i]
-            return x
-        for i in out:
-            x[i] = float(lo if c * weight[i] < lo else hi)
-            left -= x[i]
-        free = [i for i in free if i not in out]
-    return x
+    """x_p = clamp(c weight_p, lo, hi) with c such that sum x_p = total, where the bounds allow it (the sum is
+    monotone in c: bisection)."""
+
+    def filled(c: float) -> list[float]:
+        return [min(max(c * w, float(lo)), float(hi)) for w in weight]
+
+    a, b = 0.0, 1.0
+    while sum(filled(b)) < total and b < 1e300:
+        b *= 2
+    for _ in range(200):
+        m = (a + b) / 2
+        a, b = (m, b) if sum(filled(m)) < total else (a, m)
+    return filled(b)
 
 
 def _round(x: list[float], total: int, lo: int, hi: int) -> list[int]:

@@ -14,7 +14,8 @@ Dynamic rollout (tree.dynamic). At each split step after the first, every fronti
 x0-prediction (the forward of this step made it). A heuristic reads it, per tree, in node order:
 
     reward    the x0-prediction's reward (a `judge` callback: decode and score; for cheap rewards)
-    distance  the RMS distance between x0-predictions (no reward call): a proxy for a tie
+    distance  the RMS distance between x0-predictions, over the RMS of the tree's x0-predictions (no reward
+              call, the same tolerance whatever the latents' scale): a proxy for a tie
 
 and clusters the nodes greedily: a node within tree.stop_tol of an earlier active node of its tree is a
 predicted tie (its subtree would repeat that node's outcome) and stops branching: it goes on as a chain and

@@ -305,8 +305,13 @@ def _verdicts(cfg, step, lvl: _Level, x0: Tensor, trees: _Trees, at: dict[int, l
             raise ConfigError("tree.dynamic = 'reward' scores x0-predictions with the run's reward: no judge given")
         values = judge(x0[idx], [trees.prompts[lvl.tree[f]] for f in nodes]).double().cpu()
         trees.stats["judged_images"] = trees.stats.get("judged_images", 0) + len(nodes)
-    else:
-        values = x0[idx].flatten(1)
+    else:  # each tree's x0-predictions over their RMS: the tolerance is relative, whatever the latents' scale
+        values = x0[idx].flatten(1).double().cpu()
+        tree = torch.tensor([lvl.tree[f] for f in nodes])
+        _, inv = torch.unique(tree, return_inverse=True)
+        sq = torch.zeros(int(inv.max()) + 1, dtype=torch.float64).index_add_(0, inv, values.pow(2).mean(1))
+        size = torch.bincount(inv).double()
+        values = values / (sq / size).sqrt().clamp(min=1e-12)[inv].unsqueeze(1)
     stop = tie_verdicts(values, [lvl.tree[f] for f in nodes], cfg.stop_tol)
     return dict(zip(nodes, stop, strict=True))
 

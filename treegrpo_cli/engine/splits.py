@@ -104,6 +104,9 @@ def check_adaptive(
             "budget.mode spreads leaves over prompts through the trees' splits; this tree has no split steps "
             "(one leaf per tree): set tree.split_steps"
         )
+    width = tree.leaves(steps)
+    if budget.mode != "off" and budget.max_width and budget.max_width < width:
+        raise ConfigError(f"budget.max_width = {budget.max_width} is below the tree's {width} leaves")
     if splits.kind == "progress":  # every step the splits move between
         for s in (splits.early, splits.late):
             dataclasses.replace(tree, split_steps=tuple(s)).validate(steps, decode)
