@@ -245,7 +245,6 @@ for _video, _name in ((False, "adaptive"), (True, "adaptive-video")):
         if _video or label not in FIXED_RATES and label != "dance-grpo"
         for lr in ADAPTIVE_RATES
     }
-PLANS["adaptive"], PLANS["adaptive-video"] = adaptive_plan(False), adaptive_plan(True)  # main() reads them again
 # each adaptive plan's baseline and target gain (trained weights): study-adaptive.{json,md}, study-adaptive-video...
 PLAN_DEFAULTS = {"adaptive": ("branch-mix-flow", 0.25), "adaptive-video": ("tree-grpo", 0.10)}
 
@@ -613,7 +612,6 @@ def main() -> None:
     if args.rerun:
         return rerun(args.rerun, args.seeds[0], args, log)
     if args.plan in PLAN_DEFAULTS:
-        PLANS[args.plan] = adaptive_plan(args.plan.endswith("video"))  # the sweep's rates, read now
         if not (RESULTS / f"study-{args.plan}-lr.json").exists():
             log(f"no bench/results/study-{args.plan}-lr.json (--plan {args.plan}-lr --seeds 100): the world's rate")
     plan = {k: v for k, v in PLANS[args.plan].items() if args.labels is None or k in args.labels}
@@ -633,6 +631,8 @@ def main() -> None:
     report(rows, args.work, args)
     log(f"wrote bench/results/study-{args.plan}*.json ({len(rows)} runs)")
 
+
+PLANS["adaptive"], PLANS["adaptive-video"] = adaptive_plan(False), adaptive_plan(True)  # the sweeps' rates, if run
 
 if __name__ == "__main__":
     main()
