@@ -114,7 +114,7 @@ def test_progress_moves_the_splits_from_early_to_late():
     jitter = SplitConfig(kind="progress", early=(0, 3, 6, 9), late=(0, 4, 8, 12), kappa=6.0)
     draws = {progress_steps(jitter, 20, "x0", it, 100, 7) for it in range(30)}
     assert len(draws) > 5 and progress_steps(jitter, 20, "x0", 3, 100, 7) == progress_steps(jitter, 20, "x0", 3, 100, 7)
-    assert all(len(d) == 4 and all(b > a for a, b in zip(d, d[1:])) and d[-1] <= 18 for d in draws)
+    assert all(len(d) == 4 and all(b > a for a, b in zip(d, d[1:], strict=False)) and d[-1] <= 18 for d in draws)
 
 
 def test_adaptive_moves_a_low_reward_prompt_earlier_or_later():

@@ -86,8 +86,8 @@ DYNAMIC = {  # TreePO's dynamic rollout: the x0-predictions' rewards (a judge in
 def test_staged_equals_online(preset, iteration, extra, tmp_path, monkeypatch):
     a = online(preset, iteration, monkeypatch, extra)
     b = staged(preset, iteration, tmp_path, extra)
-    if extra:  # the dynamic rollout stopped paths: an irregular tree
-        assert a["row"]["early_stops"] > 0
+    if extra:  # the dynamic rollout stopped paths: an irregular tree, and its row says what the stops did
+        assert a["row"]["early_stops"] > 0 and {"evals_saved", "flops_saved", "zero_std_ratio"} <= set(a["row"])
     tree = a["batch"].tree
     for name, value in tree.tensors().items():
         torch.testing.assert_close(value, getattr(b["tree"], name), rtol=0, atol=0, equal_nan=True, msg=name)

@@ -316,6 +316,26 @@ def _verdicts(cfg, step, lvl: _Level, x0: Tensor, trees: _Trees, at: dict[int, l
     return dict(zip(nodes, stop, strict=True))
 
 
+def _noised(cfg, sde: Kernel, lvl: _Level, kids, noisy: list[bool], kid_sde: list[bool], std0, reps, mean, shape):
+    """The children's latents and log-probs [sum(counts)]: each SDE node's children get noise from their own seeds
+    (correlated siblings) and one batched Gaussian step; an ODE node's children are its mean (log-prob NaN)."""
+    dev = mean.device
+    lat, lp = mean, torch.full((mean.shape[0],), float("nan"), device=dev)
+    if not any(noisy):
+        return lat, lp
+    xi = torch.cat([branch_noise(cfg, lvl.seed[f], kids[f], shape, dev) for f in range(len(noisy)) if noisy[f]])
+    std = std0.to(dev).repeat_interleave(reps)  # [sum(counts)]
+    view = (-1, *([1] * (mean.dim() - 1)))
+    if all(noisy):
+        lat = mean + std.view(view) * xi
+        return lat, sde.log_prob(lat, mean, std)
+    rows = torch.tensor(kid_sde, device=dev).nonzero().flatten()  # some trees split here, others do not
+    lat = mean.clone()
+    lat[rows] = mean[rows] + std[rows].view(view) * xi
+    lp[rows] = sde.log_prob(lat[rows], mean[rows], std[rows])
+    return lat, lp
+
+
 def _expand(
     cfg: TreeConfig,
     sde: Kernel,
@@ -341,23 +361,9 @@ def _expand(
     counts, budgets = _split(cfg, sde, step, lvl, res.x0, trees, judge)
     reps = torch.tensor(counts, device=dev)
     mean = res.mean.repeat_interleave(reps, dim=0)  # [sum(counts), C, H, W]
-    kids = [
-        [mix_seed(s, c) for c in range(k)] for s, k in zip(lvl.seed, counts, strict=True)
-    ]  # each node's child seeds
+    kids = [[mix_seed(s, c) for c in range(k)] for s, k in zip(lvl.seed, counts, strict=True)]  # child seeds
     kid_sde = [z for z, k in zip(noisy, counts, strict=True) for _ in range(k)]
-    lat, lp = mean, torch.full((mean.shape[0],), float("nan"), device=dev)
-    if any(noisy):  # noise per node from its own generators, then one batched Gaussian step and log-prob
-        on = [f for f in range(n) if noisy[f]]
-        xi = torch.cat([branch_noise(cfg, lvl.seed[f], kids[f], tuple(x.shape[1:]), dev) for f in on])
-        std = res.std.to(dev).repeat_interleave(reps)  # [sum(counts)]
-        if mixed:
-            rows = torch.tensor([z for z in kid_sde], device=dev).nonzero().flatten()
-            lat = mean.clone()
-            lat[rows] = mean[rows] + std[rows].view(-1, *([1] * (mean.dim() - 1))) * xi
-            lp[rows] = sde.log_prob(lat[rows], mean[rows], std[rows])
-        else:
-            lat = mean + std.view(-1, *([1] * (mean.dim() - 1))) * xi
-            lp = sde.log_prob(lat, mean, std)
+    lat, lp = _noised(cfg, sde, lvl, kids, noisy, kid_sde, res.std, reps, mean, tuple(x.shape[1:]))
     last = step == sde.cfg.steps - 1
     nxt = _Level()
     for f in range(n):
@@ -468,10 +474,15 @@ def rollout(
     if any(s > c for s, c in zip(trees.spent, trees.cap, strict=True)):
         raise RuntimeError(f"a tree ran past its cap on forwards: {trees.spent} > {trees.cap}")
     if stats is not None:
-        fixed = sum(tree_evals(sh, T, cfg.branch) for sh in trees.shapes) * policy.evals_per_row
-        for key, n in {**trees.stats, "evals_fixed": fixed, "evals_saved": fixed - nfe}.items():
-            stats[key] = stats.get(key, 0) + n  # added up over the calls of one batch (chunks, shards)
+        _add_stats(stats, trees, T, cfg.branch, policy.evals_per_row, nfe)
     return _assemble(levels, cfg, sde, prompt_ids), nfe
+
+
+def _add_stats(stats: dict[str, int], trees: _Trees, steps: int, branch: int, per_row: int, nfe: int) -> None:
+    """What the dynamic rollout did, added to `stats` (a batch may be rolled out in several calls: chunks, shards)."""
+    fixed = sum(tree_evals(sh, steps, branch) for sh in trees.shapes) * per_row
+    for key, n in {**trees.stats, "evals_fixed": fixed, "evals_saved": fixed - nfe}.items():
+        stats[key] = stats.get(key, 0) + n
 
 
 def _assemble(levels: list[_Level], cfg: TreeConfig, sde: Kernel, prompt_ids: list[int]) -> Tree:

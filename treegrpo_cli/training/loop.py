@@ -277,8 +277,9 @@ class Trainer:
         t1 = t0 + out.seconds["rollout"]
         whole, all_scores, starts = whole_batch(tree, scores, d)
         if self.prompt_stats is not None:  # from the whole batch: the same estimates on every rank
-            total = weighted_sum(all_scores, self.weights)
-            self.prompt_stats.update(whole.group()[whole.leaves()], total, list(plan.skipped))
+            self.prompt_stats.update(
+                whole.group()[whole.leaves()], weighted_sum(all_scores, self.weights), plan.skipped
+            )
         adv, trained = credit(cfg, whole, all_scores, it)
         t2 = time.perf_counter()
         cond = self.policy.encode([prompts[int(p)] for p in tree.tree_prompt])
@@ -298,12 +299,9 @@ class Trainer:
         nfe = sum(dist.gather(nfe, d))
         group = whole.group()[whole.leaves()]
         row = metrics_row(it, all_scores, self.weights, credited, group, nfe, upd, plan.tree, self.opt)
-        if plan.tree.budgeted() or plan.shapes is not None:
-            dyn = {
-                k: sum(dist.gather(out.dynamic.get(k, 0), d))
-                for k in ("early_stops", "fallbacks", "judged_images", "evals_saved")
-            }
-            row.update(dynamic_row(dyn, self.flops_row), replaced=len(plan.skipped))
+        if plan.tree.budgeted() or plan.shapes is not None:  # what the adaptive trees did, over every rank's
+            row.update(dynamic_row({k: sum(dist.gather(v, d)) for k, v in out.dynamic.items()}, self.flops_row))
+            row["replaced"] = len(plan.skipped)
         hidden = max(out.seconds["score_busy"] - out.seconds["score"], 0.0)  # scoring the rollout overlapped
         row["seconds"] = {"rollout": t1 - t0, "score": t2 - t1, "update": t3 - t2, "total": t3 - t0}
         row["seconds"]["score_hidden"] = hidden

@@ -98,7 +98,7 @@ def _write_rollout(
     cfg, ids, T = req.config, plan.prompt_ids, req.config.sampler.steps
     judge = make_judge(cfg, policy, build_rewards(cfg, req.device)) if cfg.tree.dynamic == "reward" else None
     store = ShardStore.create(req.out, KIND, meta, overwrite=req.overwrite)
-    nfe, offset, chunks = 0, 0, range(0, len(ids), req.prompts_per_shard)
+    nfe, offset, leaves, chunks = 0, 0, 0, range(0, len(ids), req.prompts_per_shard)
     repeats = max(Counter(ids).values()) * plan.tree.trees_per_prompt  # the most trees of one prompt
     written: dict[int, int] = {}  # prompt id -> leaf images written
     digits = (max(2, len(str(len(req.prompts) - 1))), max(2, len(str(repeats * plan.tree.leaves(T) - 1))))
@@ -121,7 +121,7 @@ def _write_rollout(
         write_tree_shard(store, shard)
         if req.save_images:
             _save_images(req.out / "images", shard, written, *digits)
-        nfe, offset = nfe + n, offset + tree.num_trees
+        nfe, offset, leaves = nfe + n, offset + tree.num_trees, leaves + int(tree.is_leaf().sum())
     store.update_meta(nfe=nfe, num_trees=offset, complete=True)
     return {
         "out": str(req.out),
@@ -130,7 +130,7 @@ def _write_rollout(
         "nfe": nfe,
         "iteration": req.iteration,
         "nfe_per_tree": nfe / max(offset, 1),
-        "leaves_per_tree": plan.tree.leaves(T),
+        "leaves_per_tree": plan.tree.leaves(T) if leaves == offset * plan.tree.leaves(T) else round(leaves / offset, 2),
         "prompts_given": len(req.prompts),
         "num_prompts": len(ids),
         "distinct_prompts": len(set(ids)),
