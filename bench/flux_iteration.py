@@ -20,7 +20,7 @@ memory is recorded as such. The last iteration is the steady-state number (the f
 
 Model FLOP utilisation (MFU) of each phase: model FLOPs / (seconds x the GPU's dense bf16 peak,
 --peak-tflops, by default from the device name: H100 and H200 989, A100 312). Model FLOPs are the
-adapter's flops_per_row() (models/flops.py, flops_models.py: derived from the config, equal to torch's
+adapter's flops_per_row() (its formula, built on models/flops.py: derived from the config, equal to torch's
 FlopCounterMode in the tests): a rollout is its network-row evaluations times one row's forward; training
 is its evaluations times one row's forward and backward, without the recomputation of gradient
 checkpointing (not model FLOPs).

@@ -7,8 +7,8 @@
         --against bench/results/methods.json              # a second run, checked against the first one's spread
 
 Each run is `treegrpo train --preset M --seed S` with the world's defaults (16 prompts of shapes-train an
-iteration, lr 1e-4 or the rate a preset's [for_model.tiny-shapes] table names: 3e-5 for `branch` and `tree-grpo`
-since 2026-11-26, the best of bench/study.py's sweep; presets keep the papers' tree shapes), one CPU thread,
+iteration, lr 1e-4 or the rate a preset's [for_model.tiny-shapes] table names: 3e-5 for `branch` and `tree-grpo`,
+the best of bench/study.py's sweep; presets keep the papers' tree shapes), one CPU thread,
 `train.max_minutes` as the budget and a held-out evaluation (56 test prompts x 4 ODE samples, the same
 noises every time) every eighth of it; the training clock excludes those evaluations. Runs go in a
 round-robin order (seed by seed, the method order rotated each seed) on `--parallel` workers, so
@@ -18,9 +18,9 @@ runs are kept, unfinished ones resumed.
 Then `treegrpo compare` over all runs, with dance-grpo as the baseline (target: its mean final held-out
 gain over each run's first held-out evaluation), with the weights `eval` uses (the EMA where a preset keeps
 one) and with the trained ones: bench/results/methods.json (machine, torch, commit, every run's summary,
-compare's numbers as `compare` and `compare_raw`), bench/results/methods/{reward_vs_time,pareto}[-raw].png, and
-the full pages with sample grids under the work folder (runs/bench-methods/compare[-raw]/index.html).
-`python bench/readme_table.py` puts the table in README.
+compare's numbers as `compare` and `compare_raw`), and the full pages with plots and sample grids under the work
+folder (runs/bench-methods/compare[-raw]/index.html). `python bench/results_page.py` puts the table and a plot
+in docs/results.md.
 """
 
 from __future__ import annotations
@@ -132,20 +132,16 @@ def commit() -> str:
 
 def report(rows: list[dict], work: Path, args: argparse.Namespace) -> dict:
     """treegrpo compare over the runs (gain over each run's own base: the methods' samplers start the base
-    model at slightly different rewards) -> the results file and plots; once with the weights `eval` uses (the
-    EMA where a preset keeps one) and once with the trained ones (`compare_raw`, plots `*-raw.png`)."""
+    model at slightly different rewards) -> the results file; once with the weights `eval` uses (the EMA where a
+    preset keeps one) and once with the trained ones (`compare_raw`); the compare pages under the work folder."""
     from treegrpo_cli.report.compare import compare_runs, to_dict
     from treegrpo_cli.report.compare_page import write_report
 
-    plots = RESULTS / args.name
-    plots.mkdir(parents=True, exist_ok=True)
     compared = {}
     for raw in (False, True):
         out = work / ("compare-raw" if raw else "compare")
         cmp = compare_runs([Path(r["run_dir"]) for r in rows], baseline="dance-grpo", gain=True, raw=raw)
         write_report(cmp, out)
-        for name in ("reward_vs_time.png", "pareto.png"):
-            (plots / name.replace(".png", "-raw.png" if raw else ".png")).write_bytes((out / name).read_bytes())
         compared["compare_raw" if raw else "compare"] = to_dict(cmp)
     result = {
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),

@@ -19,7 +19,6 @@ measures the peak on a GPU.
 
 from __future__ import annotations
 
-import importlib
 import json
 import re
 import sys
@@ -32,10 +31,9 @@ OUT = Path(__file__).parent / "results"
 
 
 def lora_defaults(spec: Spec):
-    from treegrpo_cli.models.registry import ADAPTERS
+    from treegrpo_cli.models.registry import adapter_class
 
-    module = importlib.import_module(f"treegrpo_cli.models.{ADAPTERS[spec.adapter][0]}")
-    return next(v for k, v in vars(module).items() if k.endswith("_LORA"))
+    return adapter_class(spec.adapter).lora_defaults
 
 
 def counts(spec: Spec) -> dict[str, float]:

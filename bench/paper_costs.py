@@ -1,12 +1,12 @@
 """What the papers' speed-ups are made of: each table row's per-sample model evaluations priced in FLUX.1-dev FLOPs,
-against the seconds per iteration the paper reports (issue 31, item 4).
+against the seconds per iteration the paper reports.
 
     python bench/paper_costs.py        # bench/results/paper_costs.{json,md}; seconds, no GPU
 
 BranchGRPO's "4.7x faster than DanceGRPO" (BranchGRPO-Mix, 148 s against 698 s) and every other row of its table
 (methods.md 6.6) are ratios of seconds per iteration: the cost of one iteration, not the time to a reward. Each
 row gives the evaluations a sample costs: NFE pi_old (rollout forwards) and NFE pi_theta (trained transitions,
-each a forward and a backward). Priced with models/flops.py's FLUX count (720 px, as BranchGRPO's launch script
+each a forward and a backward). Priced with models/flux.py's FLUX count (720 px, as BranchGRPO's launch script
 and bench/flux_iteration.py run; 512 T5 tokens; full fine-tuning, as both codes train; gradient
 checkpointing, whose backward runs each block's forward again), a row's FLOPs a sample over DanceGRPO's is the
 speed-up the paper could see if every method kept the GPU equally busy. Where a reported ratio exceeds it, the
@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from methods import commit  # noqa: E402  (bench/ is not a package)
 from model_specs import MODELS, embed_shapes  # noqa: E402
 
-from treegrpo_cli.models.flops import flux_flops
+from treegrpo_cli.models.flux import flux_flops
 
 RESULTS = Path("bench/results")
 # BranchGRPO's README table (FLUX.1-dev, HPDv2.1, 20 sampling steps; methods.md 6.6): NFE pi_old, NFE pi_theta

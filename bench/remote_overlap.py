@@ -1,4 +1,4 @@
-"""What overlapping the scoring with the rollout hides, with a reward served over HTTP (issue 35).
+"""What overlapping the scoring with the rollout hides, with a reward served over HTTP.
 
     python bench/remote_overlap.py                    # tree-grpo on the world, 6 iterations per setting
     python bench/remote_overlap.py --ms-per-image 20  # a slower reward model, emulated (see below)

@@ -1,4 +1,4 @@
-"""The BranchGRPO study (issue 31): methods and ablations on the embedded world for the same denoiser-FLOP budget.
+"""The BranchGRPO study: methods and ablations on the embedded world for the same denoiser-FLOP budget.
 
     python bench/study.py                                  # the core plan: 6 variants x seeds 0 1 2, 40 TFLOPs each
     python bench/study.py --plan best-lr --seeds 0 1 2 3 4 # the core variants at their best rates, and branch-mix-flow
@@ -7,7 +7,7 @@
                                                            # with the noise factor, the Mix's combinations
     python bench/study.py --plan nft --seeds 0 1 2         # DiffusionNFT and tree-NFT against flow-grpo, dance-grpo
     python bench/study.py --plan nft --seeds 0 1 2 --report-only --baseline flow-grpo   # timed to flow-grpo's gain
-    python bench/study.py --plan video --work runs/study-video --tflops 24   # the video world (issue 37)
+    python bench/study.py --plan video --work runs/study-video --tflops 24   # the moving-shapes video world
     python bench/study.py --plan video --work runs/study-video --report-only --target 0.1   # time to a fixed gain
     python bench/study.py --plan lr --seeds 100            # the learning-rate sweep, on a seed no table uses;
                                                            # its table names each variant's best rate
@@ -27,18 +27,22 @@ and the evaluations run, models/flops.py), so the same seed gives the same run w
 Held-out evaluations (56 test prompts x 4 ODE samples, the same noises every time) every eighth of the budget,
 of the weights `eval` and `export` use (the EMA where a preset keeps one; the trained ones as `raw/`).
 
-Each finished run's run.json, metrics.jsonl, eval.jsonl and summary are kept in bench/results/study-runs/WORK/
-(committed), which is what --report-only reads, and what a rerun skips.
+Each finished run's run.json, metrics.jsonl, eval.jsonl and summary are kept in runs/study-runs/WORK/ (not
+committed), which is what --report-only reads, and what a rerun skips; the summary carries what the tables read of
+the metrics rows (`run_metrics`) and the sha256 and size of each kept file, so the committed results hold no raw rows.
 
 Then `treegrpo compare` over the runs, with dance-grpo as the baseline (target: its mean final held-out gain
 over each run's first evaluation), on the FLOP axis and on wall-clock, each with the weights `eval` uses
-(dance-grpo's EMA) and with the trained weights (`-raw`): bench/results/study-PLAN.json and
-bench/results/study-PLAN/reward_vs_{flops,time}[-raw].png.
+(dance-grpo's EMA) and with the trained weights (`-raw`): bench/results/study-PLAN.json.gz (every run's summary
+and compare's numbers) and study-PLAN.md (the tables); the compare pages and plots under WORK/compare-study-PLAN-*/.
+`python bench/results_page.py` draws docs/results.md and its plots from the .json.gz files.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
+import hashlib
 import json
 import os
 import subprocess
@@ -52,8 +56,10 @@ from methods import commit, machine, train_command  # noqa: E402  (bench/ is not
 
 TREEGRPO = [sys.executable, "-m", "treegrpo_cli"]
 RESULTS = Path("bench/results")
-# what `compare` reads of a run, kept under bench/results/study-runs/ (committed: run folders under runs/
-# are scratch, and a lost one would cost its minutes again); checkpoints and sample grids are not kept
+# what `compare` reads of a run, kept under runs/study-runs/ (beside the scratch run folders, which a lost or cleaned
+# one would cost its minutes again); checkpoints and sample grids are not kept. Ignored by git: the committed
+# summaries carry what the tables read of them, and their hashes.
+RUNS = Path("runs/study-runs")
 KEPT = ("run.json", "metrics.jsonl", "eval.jsonl", "summary.json")
 WORLD_LR = "1e-4"  # the world's default rate: in the lr plan a variant at it keeps its bare label, others get @lrX
 PAPER_SCHEDULE = ('train.loss_norm="mean"', "pruning.train_last=false", "train.minibatches=1")
@@ -68,7 +74,7 @@ CORE: dict[str, tuple[str, tuple[str, ...]]] = {
     "tree-grpo/one-step-mean": ("tree-grpo", PAPER_SCHEDULE),
 }
 # each variant's rate in the best-lr and ablation plans: the best final held-out gain (eval weights) of the sweep
-# at seed 100 (--plan lr, bench/results/study-lr.md); tests/test_repo.py holds this to the sweep's kept runs
+# at seed 100 (--plan lr, bench/results/study-lr.md); tests/bench/test_study.py holds this to the sweep's kept runs
 BEST_LR = {
     "dance-grpo": WORLD_LR,
     "branch": "3e-5",
@@ -113,7 +119,7 @@ SWEPT_ONLY: dict[str, tuple[str, tuple[str, ...]]] = {
 
 PLANS: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
     "core": CORE,
-    "nft": {  # DiffusionNFT (issue 34) against the flat GRPO baselines, and on the leaves of a tree
+    "nft": {  # DiffusionNFT against the flat GRPO baselines, and on the leaves of a tree
         "dance-grpo": ("dance-grpo", ()),
         "flow-grpo": ("flow-grpo", ()),
         "nft": ("nft", ()),
@@ -158,7 +164,7 @@ PLANS: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
             for names in (("flow-noise", "window-0-9"), ("flow-noise", "scaled-splits", "window-0-9"))
         },
     },
-    # the moving-shapes video world (issue 37), each method with the video model's own defaults (10 steps,
+    # the moving-shapes video world, each method with the video model's own defaults (10 steps,
     # motion-train prompts, the motion-shapes reward): python bench/study.py --plan video --work runs/study-video
     # --tflops 24
     "video": {  # tree-grpo-mean: the video model's default preset
@@ -226,10 +232,10 @@ FIXED_RATES = {"tree-grpo": "3e-5"}  # image world: tree-grpo at its swept rate 
 def adaptive_plan(video: bool) -> dict[str, tuple[str, tuple[str, ...]]]:
     """Every variant at its best rate of the sweep (the trained weights' final gain), once the sweep's results are
     in bench/results; before that, at the world's rate (main() says so)."""
-    sweep = RESULTS / f"study-adaptive{'-video' if video else ''}-lr.json"
+    sweep = RESULTS / f"study-adaptive{'-video' if video else ''}-lr.json.gz"
     best: dict[str, str] = {}
     if sweep.exists():
-        for base, g in sweep_gains(json.loads(sweep.read_text())["runs"]).items():
+        for base, g in sweep_gains(json.loads(gzip.decompress(sweep.read_bytes()))["runs"]).items():
             best[base] = max(g, key=lambda k: g[k][1] if g[k][1] is not None else g[k][0])
     fixed = {} if video else FIXED_RATES
     return {
@@ -245,7 +251,7 @@ for _video, _name in ((False, "adaptive"), (True, "adaptive-video")):
         if _video or label not in FIXED_RATES and label != "dance-grpo"
         for lr in ADAPTIVE_RATES
     }
-# each adaptive plan's baseline and target gain (trained weights): study-adaptive.{json,md}, study-adaptive-video...
+# each adaptive plan's baseline and target gain (trained weights): study-adaptive.{json.gz,md}, study-adaptive-video.{json.gz,md}
 PLAN_DEFAULTS = {"adaptive": ("branch-mix-flow", 0.25), "adaptive-video": ("tree-grpo", 0.10)}
 
 
@@ -261,17 +267,44 @@ def folder(label: str, seed: int) -> str:
 
 
 def kept(work: Path, label: str, seed: int) -> Path:
-    return RESULTS / "study-runs" / work.name / folder(label, seed)
+    return RUNS / work.name / folder(label, seed)
+
+
+def run_metrics(run: Path) -> dict[str, float]:
+    """What the tables read of a run's metrics rows: optimizer steps, denoiser TFLOPs and within-group reward std an
+    iteration, and the means over its first quarter of iterations that signal_table reports."""
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    quarter = max(1, len(rows) // 4)
+    early = {
+        f"early/{k}": sum(x.get(k, 0.0) for x in rows[:quarter]) / quarter
+        for k in ("zero_std_ratio", "reward_group_std", "trained_edges")
+    }
+    spent, saved = sum(x.get("flops", 0) for x in rows), sum(x.get("flops_saved", 0) for x in rows)
+    adaptive = {  # over the whole run: what savings_table reports (0 where a run has no adaptive trees)
+        f"run/{k}": sum(float(x.get(k, 0.0)) for x in rows) / len(rows)
+        for k in ("zero_std_ratio", "early_stops", "fallbacks", "replaced")
+    }
+    return {
+        **adaptive,
+        "run/flops_saved_share": saved / max(spent + saved, 1),
+        "optimizer_steps_per_iteration": sum(x.get("optimizer_steps", 0) for x in rows) / len(rows),
+        "tflops_per_iteration": rows[-1]["flops_total"] / len(rows) / 1e12,
+        "reward_group_std": sum(x.get("reward_group_std", 0.0) for x in rows) / len(rows),
+        **early,
+    }
 
 
 def keep(row: dict, work: Path) -> dict:
-    """Copy what compare reads of a finished run into bench/results/study-runs/; the row then points there."""
+    """Copy what compare reads of a finished run into runs/study-runs/; the row then points there, and carries
+    run_metrics and each kept file's sha256 and size (the committed summaries hold no raw rows)."""
     src, dst = Path(row["run_dir"]), kept(work, row["label"], row["seed"])
     if src.resolve() != dst.resolve():
         dst.mkdir(parents=True, exist_ok=True)
-        row = dict(row, run_dir=str(dst))
-        for name in KEPT[:-1]:
-            (dst / name).write_bytes((src / name).read_bytes())
+        files = {name: (src / name).read_bytes() for name in KEPT[:-1]}
+        raw = {name: {"sha256": hashlib.sha256(b).hexdigest(), "bytes": len(b)} for name, b in files.items()}
+        row = dict(row, run_dir=str(dst), metrics=run_metrics(src), raw_files=raw)
+        for name, b in files.items():
+            (dst / name).write_bytes(b)
         (dst / "summary.json").write_text(json.dumps(row, indent=1) + "\n")
     return row
 
@@ -321,8 +354,6 @@ def report(rows: list[dict], work: Path, args: argparse.Namespace) -> dict:
     own_base, own_target = PLAN_DEFAULTS.get(args.plan, ("dance-grpo", None))
     name = f"study-{args.plan}" + ("" if args.baseline == own_base else f"-vs-{args.baseline}")
     name += "" if args.target is None or args.target == own_target else f"-target{args.target:g}"
-    plots = RESULTS / name
-    plots.mkdir(parents=True, exist_ok=True)
     folders, labels = [Path(r["run_dir"]) for r in rows], [r["label"] for r in rows]
     result = {
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -343,13 +374,9 @@ def report(rows: list[dict], work: Path, args: argparse.Namespace) -> dict:
                 folders, labels, target=args.target, baseline=args.baseline, gain=True, axis=axis, raw=raw
             )
             write_report(cmp, work / f"compare-{name}-{key}")
-            (plots / f"reward_vs_{key}.png").write_bytes(
-                (work / f"compare-{name}-{key}" / f"reward_vs_{axis}.png").read_bytes()
-            )
-            if args.plan in PLAN_DEFAULTS and (work / f"compare-{name}-{key}" / "zero_std.png").exists():
-                (plots / "zero_std.png").write_bytes((work / f"compare-{name}-{key}" / "zero_std.png").read_bytes())
             result[key] = to_dict(cmp)
-    (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    text = json.dumps(result, indent=1) + "\n"
+    (RESULTS / f"{name}.json.gz").write_bytes(gzip.compress(text.encode(), mtime=0))  # mtime 0: same bytes again
     md = table(result) + cost_table(result) + cost_table(result, raw=True)
     md += sweep_table(rows) if args.plan == "lr" else ""
     md += factor_table(rows) + signal_table(result) if args.plan == "ablation" else ""
@@ -435,12 +462,13 @@ def _speedup(g: dict) -> str:
     return speedup_text(g["speedup"], g["speedup_low"], g["speedup_high"], none="never")
 
 
-def per_label(result: dict, fn) -> dict[str, list[float]]:
-    """label -> fn(a run's metrics rows) for each of its runs."""
+def per_label(result: dict, key: str) -> dict[str, list[float]]:
+    """label -> run_metrics(run)[key] for each of its runs: from the run's summary, or its metrics rows where the
+    summary predates run_metrics."""
     out: dict[str, list[float]] = {}
     for r in result["runs"]:
-        rows = [json.loads(x) for x in (Path(r["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
-        out.setdefault(r["label"], []).append(fn(rows))
+        metrics = r.get("metrics") or run_metrics(Path(r["run_dir"]))
+        out.setdefault(r["label"], []).append(metrics[key])
     return out
 
 
@@ -454,7 +482,7 @@ def table(result: dict) -> str:
         "| TFLOPs to target | seeds at target |\n"
         "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
-    steps = per_label(result, lambda rows: sum(x.get("optimizer_steps", 0) for x in rows) / len(rows))
+    steps = per_label(result, "optimizer_steps_per_iteration")
     lines = []
     for g in result["flops"]["groups"]:
         by = {
@@ -480,7 +508,7 @@ def cost_table(result: dict, raw: bool = False) -> str:
     """Where the FLOP speed-up comes from: TFLOPs an iteration x iterations to the target (raw: of the trained
     weights). The papers' 4.7x and 2.4x are ratios of seconds per iteration; a time-to-target ratio is that cost
     ratio times the ratio of iterations each method needs, which is the part a cost measurement does not see."""
-    per_iter = per_label(result, lambda rows: rows[-1]["flops_total"] / len(rows) / 1e12)
+    per_iter = per_label(result, "tflops_per_iteration")
     cost = {k: sum(v) / len(v) for k, v in per_iter.items()}
     base = result.get("baseline", "dance-grpo")
     suffix = "-raw" if raw else ""
@@ -505,11 +533,7 @@ def signal_table(result: dict) -> str:
     """What an iteration gives the update to learn from, over each run's first quarter of iterations (before the
     reward saturates): the share of prompt groups whose rewards all tie (no advantage), the within-group reward
     std, and the edges trained. Wider noise or more SDE steps show here first."""
-
-    def early(key: str):
-        return lambda rows: sum(x.get(key, 0.0) for x in rows[: max(1, len(rows) // 4)]) / max(1, len(rows) // 4)
-
-    stats = {k: per_label(result, early(k)) for k in ("zero_std_ratio", "reward_group_std", "trained_edges")}
+    stats = {k: per_label(result, f"early/{k}") for k in ("zero_std_ratio", "reward_group_std", "trained_edges")}
     lines = [
         "\nWhat an iteration learns from, first quarter of each run's iterations (mean over seeds):\n",
         "| variant | tied groups | within-group reward std | trained edges / iteration |\n|---|---|---|---|",
@@ -526,27 +550,19 @@ def savings_table(result: dict) -> str:
     """What the adaptive trees did over each whole run (mean over seeds): tied groups and within-group reward std
     over all iterations, early stops and fallbacks an iteration, the share of the run's denoiser FLOPs the stops
     saved against the same trees undisturbed, prompts replaced an iteration."""
-
-    def mean(key: str):
-        return lambda rows: sum(float(x.get(key, 0.0)) for x in rows) / len(rows)
-
-    def saved(rows):
-        spent = sum(x.get("flops", 0) for x in rows)
-        return sum(x.get("flops_saved", 0) for x in rows) / max(spent + sum(x.get("flops_saved", 0) for x in rows), 1)
-
-    keys = ("zero_std_ratio", "reward_group_std", "early_stops", "fallbacks", "replaced")
-    stats = {k: per_label(result, mean(k)) for k in keys} | {"saved": per_label(result, saved)}
-    avg = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    keys = ("run/zero_std_ratio", "reward_group_std", "run/early_stops", "run/fallbacks", "run/flops_saved_share")
+    stats = {k: per_label(result, k) for k in (*keys, "run/replaced")}
+    avg = {k: {label: sum(v) / len(v) for label, v in by.items()} for k, by in stats.items()}
     lines = [
         "\nOver whole runs (mean over seeds): ties, spread, and what the adaptive trees did an iteration:\n",
         "| variant | tied groups | within-group reward std | early stops | fallbacks | FLOPs saved by stops "
         "| prompts replaced |\n|---|---|---|---|---|---|---|",
     ]
-    for label in stats["zero_std_ratio"]:
-        s = {k: avg(v[label]) for k, v in stats.items()}
+    for label, tied in avg["run/zero_std_ratio"].items():
         lines.append(
-            f"| {label} | {s['zero_std_ratio']:.2f} | {s['reward_group_std']:.3f} | {s['early_stops']:.1f} "
-            f"| {s['fallbacks']:.1f} | {100 * s['saved']:.1f}% | {s['replaced']:.2f} |"
+            f"| {label} | {tied:.2f} | {avg['reward_group_std'][label]:.3f} | {avg['run/early_stops'][label]:.1f} "
+            f"| {avg['run/fallbacks'][label]:.1f} | {100 * avg['run/flops_saved_share'][label]:.1f}% "
+            f"| {avg['run/replaced'][label]:.2f} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -595,8 +611,7 @@ def main() -> None:
     ap.add_argument(
         "--baseline",
         default=None,
-        help="the variant whose final gain is the target (default: dance-grpo; "
-        "an adaptive plan's own: branch-mix-flow, tree-grpo on video)",
+        help="the variant whose final gain is the target (default: dance-grpo; an adaptive plan's own)",
     )
     ap.add_argument("--target", type=float, default=None, help="a held-out gain to time every variant to instead")
     args = ap.parse_args()
@@ -611,9 +626,8 @@ def main() -> None:
 
     if args.rerun:
         return rerun(args.rerun, args.seeds[0], args, log)
-    if args.plan in PLAN_DEFAULTS:
-        if not (RESULTS / f"study-{args.plan}-lr.json").exists():
-            log(f"no bench/results/study-{args.plan}-lr.json (--plan {args.plan}-lr --seeds 100): the world's rate")
+    if args.plan in PLAN_DEFAULTS and not (RESULTS / f"study-{args.plan}-lr.json.gz").exists():
+        log(f"no bench/results/study-{args.plan}-lr.json.gz (--plan {args.plan}-lr --seeds 100): the world's rate")
     plan = {k: v for k, v in PLANS[args.plan].items() if args.labels is None or k in args.labels}
     jobs = [(label, *plan[label], seed) for seed in args.seeds for label in plan]  # seed by seed
     if not args.report_only:
@@ -629,7 +643,7 @@ def main() -> None:
     if args.baseline not in {r["label"] for r in rows}:
         return log(f"no {args.baseline} runs to time against: no report (run them, or give --baseline)")
     report(rows, args.work, args)
-    log(f"wrote bench/results/study-{args.plan}*.json ({len(rows)} runs)")
+    log(f"wrote bench/results/study-{args.plan}*.json.gz and .md ({len(rows)} runs)")
 
 
 PLANS["adaptive"], PLANS["adaptive-video"] = adaptive_plan(False), adaptive_plan(True)  # the sweeps' rates, if run

@@ -1,6 +1,13 @@
-"""Helpers of the CLI tests: invoke `treegrpo` in-process, check one-line errors."""
+"""Helpers the tests share: invoke `treegrpo` in-process or as processes, check one-line errors, snapshot a
+folder, write small image folders, compare metrics rows."""
 
+import hashlib
+import json
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 from typer.testing import CliRunner
 
@@ -17,10 +24,10 @@ def run(*args):
 # (a LoRA target the model lacks) comes after them
 RUN_HEADER = re.compile(
     r"^((starting|resuming) \S+: model .*|device: \S+( \(no GPU seen by torch\))?|run folder: .*|"
-    r"loading .+ \.\.\.|.+ ready on \S+ in [\d.]+s|"
+    r"loading .+ \.\.\.|.+ ready on \S+ in [\d.]+s|reading \S*step-\d+|writing the .* weights of step \d+ to .* \.\.\.|"
     r"warning: \S+ has [\d.]+ billion denoiser parameters and is about to be built on the CPU.*|"
     r"warning: \S+ from .* is overridden every iteration by schedule\.kind .*|"  # the user's tree under a schedule
-    r"held-out reward at iteration \d+: .*|iteration \d+: reward .*)$"  # progress before an error
+    r"held-out (reward|evaluation) at iteration \d+: .*|iteration \d+: reward .*)$"  # progress before an error
 )
 
 
@@ -31,3 +38,72 @@ def one_line_error(result, *needles):
     assert len(lines) == 1, result.stderr
     for n in needles:
         assert n in lines[0], lines[0]
+
+
+PIXEL = ["--set", 'model="pixel-tiny"']  # the smallest built-in model: 8x8 pixels, one block
+
+
+def treegrpo(*args, nproc: int = 1, timeout: float = 240, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`treegrpo train ARGS` as its own process (`nproc` > 1: under --nproc-per-node), one thread each."""
+    cmd = [sys.executable, "-m", "treegrpo_cli", "train", *map(str, args)]
+    cmd += ["--nproc-per-node", str(nproc)] if nproc > 1 else []
+    return subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, env=dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
+    )
+
+
+def close(rows_a, rows_b, tol=1e-5):
+    """Two runs' metrics rows agree: every key, floats to a relative tol, timings left out."""
+    from treegrpo_cli.training.runlog import is_timing
+
+    assert len(rows_a) == len(rows_b)
+    for a, b in zip(rows_a, rows_b, strict=True):
+        assert a.keys() == b.keys()
+        for k in a:
+            if is_timing(k):
+                continue
+            if isinstance(a[k], float):
+                assert abs(a[k] - b[k]) <= tol * max(1.0, abs(b[k])), (a["iteration"], k, a[k], b[k])
+            else:
+                assert a[k] == b[k], (a["iteration"], k)
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """{relative path: content digest, 'dir' or 'link -> target'} of everything under root (links not followed)."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in sorted(dirnames + filenames):
+            p = Path(dirpath) / name
+            key = str(p.relative_to(root))
+            if p.is_symlink():
+                out[key] = "link -> " + os.readlink(p)
+            elif p.is_dir():
+                out[key] = "dir"
+            else:
+                out[key] = hashlib.sha1(p.read_bytes()).hexdigest()
+    return out
+
+
+def write_pngs(folder: Path, n: int, seed: int = 0, size: int = 8) -> Path:
+    """n small flat-coloured PNGs and a prompts.json naming them."""
+    from PIL import Image
+
+    folder.mkdir(parents=True, exist_ok=True)
+    names = {}
+    for i in range(n):
+        Image.new("RGB", (size, size), (40 * i + seed, 255 - 30 * i, 7 * seed)).save(folder / f"{i:03d}.png")
+        names[f"{i:03d}.png"] = f"a red circle {i}"
+    (folder / "prompts.json").write_text(json.dumps(names))
+    return folder
+
+
+def noise_pngs(folder: Path, n: int, seed: int, size=(8, 8), lo: int = 0, hi: int = 256) -> Path:
+    """n PNGs of uniform noise in [lo, hi), size (width, height)."""
+    import numpy as np
+    from PIL import Image
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    for i in range(n):
+        Image.fromarray(rng.integers(lo, hi, (*size[::-1], 3), dtype=np.uint8)).save(folder / f"img{i:03d}.png")
+    return folder

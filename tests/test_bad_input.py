@@ -1,23 +1,10 @@
 """Bad input, as a new user types it: every case exits non-zero with exactly one line on stderr, no
 traceback, within a time limit, and leaves the folders it was given exactly as they were."""
 
-import hashlib
-import signal
 from pathlib import Path
 
 import pytest
-from clitools import one_line_error, run
-
-PIXEL = ["--set", 'model="pixel-tiny"']
-LIMIT_S = 60
-
-
-def snapshot(root: Path) -> dict[str, str]:
-    """{relative path: sha1 of the content, or 'dir'} of everything under root."""
-    out = {}
-    for p in sorted(root.rglob("*")):
-        out[str(p.relative_to(root))] = "dir" if p.is_dir() else hashlib.sha1(p.read_bytes()).hexdigest()
-    return out
+from clitools import PIXEL, one_line_error, run, snapshot
 
 
 @pytest.fixture(scope="module")
@@ -162,18 +149,6 @@ CASES = {
     "compare out unwritable": (["compare", W + "/run", "--out", "/proc/treegrpo-test"], ["/proc/treegrpo-test"]),
     "compare out is a file": (["compare", W + "/run", "--out", W + "/file.txt"], ["file.txt"]),
 }
-
-
-@pytest.fixture
-def time_limit():
-    def expire(signum, frame):
-        raise TimeoutError(f"a bad-input case ran longer than {LIMIT_S} s")
-
-    old = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(LIMIT_S)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, old)
 
 
 @pytest.mark.parametrize("name", list(CASES))

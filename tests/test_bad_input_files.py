@@ -18,23 +18,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from clitools import one_line_error, run
+from clitools import PIXEL, one_line_error, run, write_pngs
 from PIL import Image
-from test_bad_input import time_limit  # noqa: F401 (a fixture)
 
-PIXEL = ["--set", 'model="pixel-tiny"']
 DIV = ["--features", "pixels", "--kid-subsets", 2, "--permutations", 0, "--by-image"]
-
-
-def write_pngs(folder: Path, n: int, seed: int = 0, size: int = 8) -> Path:
-    """n small PNGs and a prompts.json naming them."""
-    folder.mkdir(parents=True, exist_ok=True)
-    names = {}
-    for i in range(n):
-        Image.new("RGB", (size, size), (40 * i + seed, 255 - 30 * i, 7 * seed)).save(folder / f"{i:03d}.png")
-        names[f"{i:03d}.png"] = f"a red circle {i}"
-    (folder / "prompts.json").write_text(json.dumps(names))
-    return folder
 
 
 def bomb_png(path: Path, width: int = 20000, height: int = 20000) -> Path:

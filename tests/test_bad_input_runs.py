@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from clitools import one_line_error, run
+from clitools import one_line_error, run, snapshot
 
 from treegrpo_cli import __version__
 from treegrpo_cli.store.checkpoint import list_checkpoints
@@ -39,24 +39,6 @@ ENV = dict(os.environ, OMP_NUM_THREADS="1")
 
 def comparable(rows):
     return without_timings(rows)
-
-
-def snapshot(root: Path) -> dict[str, str]:
-    """{relative path: content digest, 'dir' or 'link -> target'} of everything under root (links not followed)."""
-    import hashlib
-
-    out = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in sorted(dirnames + filenames):
-            p = Path(dirpath) / name
-            key = str(p.relative_to(root))
-            if p.is_symlink():
-                out[key] = "link -> " + os.readlink(p)
-            elif p.is_dir():
-                out[key] = "dir"
-            else:
-                out[key] = hashlib.sha1(p.read_bytes()).hexdigest()
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
-from clitools import one_line_error, run
-from test_bad_input import PIXEL, snapshot, time_limit  # noqa: F401 (time_limit is a fixture)
+from clitools import PIXEL, one_line_error, run, snapshot
 
 from treegrpo_cli import config
 from treegrpo_cli.engine.rollout import MAX_TREES_PER_PROMPT

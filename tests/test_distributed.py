@@ -4,17 +4,15 @@ and a failure in one process that stops both with one line."""
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import torch.multiprocessing as mp
-from clitools import RUN_HEADER
+from clitools import RUN_HEADER, close, treegrpo
 
 from treegrpo_cli.store.checkpoint import list_checkpoints, load_checkpoint
-from treegrpo_cli.training.runlog import is_timing, read_evals, read_metrics
+from treegrpo_cli.training.runlog import read_evals, read_metrics
 
 SETS = [
     "--set",
@@ -28,27 +26,6 @@ SETS = [
     "--seed",
     "3",
 ]
-
-
-def treegrpo(*args, nproc: int = 1, timeout: float = 240, env: dict | None = None) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "treegrpo_cli", "train", *map(str, args)]
-    cmd += ["--nproc-per-node", str(nproc)] if nproc > 1 else []
-    return subprocess.run(
-        cmd, capture_output=True, text=True, timeout=timeout, env=dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
-    )
-
-
-def close(rows_a, rows_b, tol=1e-5):
-    assert len(rows_a) == len(rows_b)
-    for a, b in zip(rows_a, rows_b, strict=True):
-        assert a.keys() == b.keys()
-        for k in a:
-            if is_timing(k):
-                continue
-            if isinstance(a[k], float):
-                assert abs(a[k] - b[k]) <= tol * max(1.0, abs(b[k])), (a["iteration"], k, a[k], b[k])
-            else:
-                assert a[k] == b[k], (a["iteration"], k)
 
 
 def _worker(rank: int, port: int, out: str) -> None:

@@ -5,7 +5,7 @@ trees hold none of the step's edges) runs no forward on an empty batch."""
 
 import pytest
 import torch
-from test_distributed import close, treegrpo
+from clitools import close, treegrpo
 
 from treegrpo_cli.config import load_config
 from treegrpo_cli.engine.grpo import Batch, Parallel, _parent_chunks, grpo_update, make_optimizer

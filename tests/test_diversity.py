@@ -8,10 +8,9 @@ import math
 import sys
 import types
 
-import numpy as np
 import pytest
 import torch
-from clitools import one_line_error, run
+from clitools import noise_pngs, one_line_error, run
 from PIL import Image
 from torch import nn
 
@@ -36,14 +35,6 @@ from treegrpo_cli.errors import ConfigError, TreegrpoError
 
 def gauss(n: int, d: int, seed: int, shift: float = 0.0) -> torch.Tensor:
     return torch.randn(n, d, generator=torch.Generator().manual_seed(seed)) + shift
-
-
-def write_pngs(folder, n: int, seed: int, size=(8, 8), lo: int = 0, hi: int = 256):
-    folder.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(seed)
-    for i in range(n):
-        Image.fromarray(rng.integers(lo, hi, (*size[::-1], 3), dtype=np.uint8)).save(folder / f"img{i:03d}.png")
-    return folder
 
 
 # --- kernels: golden values ------------------------------------------------------------------
@@ -262,7 +253,7 @@ def test_clip_features_through_open_clip(tmp_path, monkeypatch):
 
 
 def test_image_folder_set(tmp_path):
-    folder = write_pngs(tmp_path / "a", 5, 0)
+    folder = noise_pngs(tmp_path / "a", 5, 0)
     Image.new("RGB", (16, 12)).save(folder / "zz-other-size.jpg")
     (folder / "notes.txt").write_text("not an image")
     s = open_images(folder)
@@ -298,8 +289,8 @@ def test_tree_folder_set(tmp_path):
 
 
 def test_compare_writes_report_and_embedding(tmp_path):
-    a = open_images(write_pngs(tmp_path / "a", 12, 1))
-    b = open_images(write_pngs(tmp_path / "b", 10, 2, lo=100))
+    a = open_images(noise_pngs(tmp_path / "a", 12, 1))
+    b = open_images(noise_pngs(tmp_path / "b", 10, 2, lo=100))
     cfg = DiversityConfig(features=("pixels",), kid_subsets=5, permutations=49, out=tmp_path / "out", batch=4)
     phases = set()
     rep = compare(a, b, cfg, lambda ph, d, t: phases.add(ph))
@@ -324,7 +315,7 @@ def test_pca_2d_finds_the_main_axis():
 
 @pytest.fixture
 def two_folders(tmp_path):
-    return write_pngs(tmp_path / "a", 10, 1), write_pngs(tmp_path / "b", 10, 2, lo=60)
+    return noise_pngs(tmp_path / "a", 10, 1), noise_pngs(tmp_path / "b", 10, 2, lo=60)
 
 
 def test_cli_json_and_table(two_folders, tmp_path):

@@ -1,19 +1,20 @@
-"""Denoiser FLOPs per row (models/flops.py): the counts derived from the models' shapes agree with torch's
-FlopCounterMode on the world's DiT and on the tiny FLUX and SD3 transformers, forward and backward."""
+"""Denoiser FLOPs per row (models/flops.py, each formula with its adapter): the counts derived from the models'
+shapes agree with torch's FlopCounterMode on the world's DiT and on the tiny FLUX and SD3 transformers, forward and
+backward."""
 
 import copy
 
 import pytest
 import torch
 import torch.nn.functional as F
-from test_models_diffusers import tiny_flux, tiny_sd, tiny_sd3, tiny_sd3_transformer
+from tinypipes import tiny_flux, tiny_sd, tiny_sd3, tiny_sd3_transformer
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from treegrpo_cli.models.base import PolicyConfig
-from treegrpo_cli.models.dit import DiTConfig, DiTPolicy, TinyDiT, tokenize
-from treegrpo_cli.models.flops import dit_flops, flop_counter, flux_flops, measure, measure_policy_flops
-from treegrpo_cli.models.flux import FLUX_LORA, image_ids
+from treegrpo_cli.models.dit import DiTConfig, DiTPolicy, TinyDiT, dit_flops, tokenize
+from treegrpo_cli.models.flops import flop_counter, measure, measure_policy_flops
+from treegrpo_cli.models.flux import FLUX_LORA, flux_flops, image_ids
 from treegrpo_cli.models.latent import AEConfig, latent_dit_config
 from treegrpo_cli.models.pixel import PixelConfig, PixelPolicy
 from treegrpo_cli.models.registry import load_policy
@@ -172,8 +173,7 @@ def _sd3_transformer(dual: tuple[int, ...]):
 def test_sd3_count_matches_flop_counter(layout, case, checkpointing):
     from peft import LoraConfig
 
-    from treegrpo_cli.models.flops import sd3_flops
-    from treegrpo_cli.models.sd3 import SD3_LORA
+    from treegrpo_cli.models.sd3 import SD3_LORA, sd3_flops
 
     net = _sd3_transformer((0,) if layout == "medium" else ())
     targets = None if case == "full" else SD3_LORA.targets

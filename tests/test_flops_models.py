@@ -1,4 +1,4 @@
-"""The Qwen-Image, FLUX.2 and Wan2.1 FLOP formulas (models/flops_models.py) against torch's FlopCounterMode on the
+"""The Qwen-Image, FLUX.2 and Wan2.1 FLOP formulas (each with its adapter) against torch's FlopCounterMode on the
 tiny transformers of tests/tinypipes.py: LoRA with the adapters' default targets and full fine-tuning, with and
 without gradient checkpointing; and the adapters' flops_per_row against a measured row."""
 
@@ -7,7 +7,9 @@ import torch
 from tinypipes import flux2_transformer, tiny_qwen_image
 
 from treegrpo_cli.models.flops import measure
-from treegrpo_cli.models.flops_models import flux2_flops, qwen_image_flops, wan_flops
+from treegrpo_cli.models.flux2 import flux2_flops
+from treegrpo_cli.models.qwenimage import qwen_image_flops
+from treegrpo_cli.models.wan import wan_flops
 
 
 def prepared(net, lora, targets, checkpointing):

@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 import pytest
+from clitools import snapshot
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -67,10 +68,6 @@ def accepts_or_refuses(read, *args):
         read(*args)
     except TreegrpoError as e:
         assert str(e).strip() and "\n" not in str(e).strip(), repr(str(e))
-
-
-def snapshot(folder: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 @SETTINGS

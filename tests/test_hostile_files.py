@@ -12,7 +12,7 @@ import zlib
 from pathlib import Path
 
 import pytest
-from clitools import one_line_error, run
+from clitools import PIXEL, one_line_error, run
 from PIL import Image
 
 from treegrpo_cli.errors import TreegrpoError
@@ -20,7 +20,6 @@ from treegrpo_cli.models.wan import first_frames
 from treegrpo_cli.report.compare import latest_sample
 from treegrpo_cli.report.media import check_media
 
-PIXEL = ["--set", 'model="pixel-tiny"']
 FAST = [*PIXEL, "--set", "rollout.num_prompts=2", "--set", "train.eval_samples=0", "--set", "train.sample_every=1"]
 DEEP = "[" * 100_000 + "]" * 100_000
 

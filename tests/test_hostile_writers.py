@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 import pytest
-from clitools import one_line_error, run
+from clitools import PIXEL, one_line_error, run
 
 from treegrpo_cli.errors import TreegrpoError
 from treegrpo_cli.store import checkpoint
@@ -29,7 +29,6 @@ def last_line_error(result, *needles):
         assert n in lines[-1], lines[-1]
 
 
-PIXEL = ["--set", 'model="pixel-tiny"']
 FAST = [*PIXEL, "--set", "rollout.num_prompts=2", "--set", "train.eval_samples=0", "--set", "train.save_every=1"]
 
 

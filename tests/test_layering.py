@@ -181,3 +181,46 @@ def test_the_cli_needs_no_click_of_its_own():
     """typer vendors click; a fresh `pip install -e .` has no `click` package, so the CLI must not import one."""
     code = "import sys; sys.modules['click'] = None; import treegrpo_cli.cli.app, treegrpo_cli.cli.common"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).returncode == 0
+
+
+def file_imports(package: Path) -> dict[tuple[str, str], list[str]]:
+    """(importing file, imported file) -> [the importing file] for the modules of one sub-package, from every import
+    statement (inside functions and under TYPE_CHECKING included): `from .x import y`, `from . import x` and the
+    absolute `treegrpo_cli.<package>.x` forms. Reads the source; imports nothing."""
+    here = {p.stem for p in package.glob("*.py")}
+    dotted = f"{package.parent.name}.{package.name}."
+    arrows: dict[tuple[str, str], list[str]] = {}
+    for path in sorted(package.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                names = [node.module.split(".")[0]] if node.module else [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").startswith(dotted):
+                names = [(node.module or "")[len(dotted) :].split(".")[0]]
+            elif isinstance(node, ast.Import):
+                names = [a.name[len(dotted) :].split(".")[0] for a in node.names if a.name.startswith(dotted)]
+            else:
+                continue
+            for name in names:
+                if name in here and name not in (path.stem, "__init__"):
+                    arrows.setdefault((path.stem, name), []).append(path.name)
+    return arrows
+
+
+def test_no_import_cycle_between_the_files_of_models():
+    """models/ is a tree of files: the adapters import the diffusers base, the FLOP ledger and the catalog, which
+    import none of them back (each adapter's FLOP formula lives in its own file)."""
+    arrows = file_imports(PACKAGE / "models")
+    assert ("flux", "diffusers_base") in arrows and ("flux", "flops") in arrows  # the reader sees the imports
+    assert not cycles(arrows), cycles(arrows)
+
+
+def test_a_planted_cycle_between_model_files_is_caught(tmp_path):
+    """The check above can fail: flops.py importing an adapter inside a function (as its formulas once did) closes
+    a cycle flops -> flux -> flops."""
+    models = tmp_path / "treegrpo_cli" / "models"
+    shutil.copytree(PACKAGE / "models", models, ignore=shutil.ignore_patterns("__pycache__"))
+    flops = models / "flops.py"
+    flops.write_text(
+        flops.read_text() + "\n\ndef _planted():\n    from .flux import FLUX_LORA\n\n    return FLUX_LORA\n"
+    )
+    assert any(c[0] == "flops" and "flux" in c for c in cycles(file_imports(models))), cycles(file_imports(models))

@@ -5,28 +5,14 @@ hub, deps-and-weights.md section 5), saved with save_pretrained, and loaded back
 real `--model` code: rollout, score, a 2-iteration train, LoRA export and reload, on the CPU in fp32.
 """
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
 from clitools import one_line_error, run
-from tinypipes import VAE_BLOCKS, t5_tokenizer
-
-# transformers imports torchvision: tests/conftest.py has already run ensure_torchvision() (see compat.py)
-from tokenizers.pre_tokenizers import ByteLevel
-from transformers import (
-    CLIPTextConfig,
-    CLIPTextModel,
-    CLIPTextModelWithProjection,
-    CLIPTokenizer,
-    T5Config,
-    T5EncoderModel,
-)
+from tinypipes import load_pipe, outputs, policy_of, saved, sd3_large_shaped, tiny_flux, tiny_sd, tiny_sd3
 
 ADAPTERS = ("flux", "sd3", "sd")
-H = 32  # text width of the tiny encoders
 # 2 prompts x (a 4-step tree splitting into 2 at steps 0 and 1): 4 leaves per tree; 16 px images
 TINY = [
     "--set",
@@ -48,192 +34,13 @@ TINY = [
 ]
 
 
-def clip_tokenizer():
-    syms, vocab = sorted(ByteLevel.alphabet()), {}
-    for s in syms:
-        vocab.setdefault(s, len(vocab))
-    for s in syms:
-        vocab.setdefault(s + "</w>", len(vocab))
-    vocab["<|startoftext|>"], vocab["<|endoftext|>"] = len(vocab), len(vocab) + 1
-    return CLIPTokenizer(vocab=vocab, merges=[], model_max_length=77)
-
-
-def clip_config(tok, projection: bool = False):
-    return CLIPTextConfig(
-        vocab_size=len(tok),
-        hidden_size=H,
-        intermediate_size=37,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        projection_dim=H,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-    )
-
-
-def t5(tok, width: int):
-    return T5EncoderModel(
-        T5Config(
-            vocab_size=len(tok),
-            d_model=width,
-            d_kv=8,
-            d_ff=37,
-            num_layers=2,
-            num_heads=4,
-            relative_attention_num_buckets=8,
-            pad_token_id=tok.pad_token_id,
-            eos_token_id=tok.eos_token_id,
-        )
-    )
-
-
-def vae(scaling: float, shift: float | None):
-    from diffusers import AutoencoderKL
-
-    return AutoencoderKL(
-        **VAE_BLOCKS,
-        use_quant_conv=False,
-        use_post_quant_conv=False,
-        scaling_factor=scaling,
-        shift_factor=shift,
-    )
-
-
-def tiny_flux():
-    from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
-
-    ct, tt = clip_tokenizer(), t5_tokenizer()
-    tr = FluxTransformer2DModel(
-        patch_size=1,
-        in_channels=16,
-        num_layers=1,
-        num_single_layers=1,
-        attention_head_dim=16,
-        num_attention_heads=2,
-        joint_attention_dim=H,
-        pooled_projection_dim=H,
-        guidance_embeds=True,
-        axes_dims_rope=[4, 4, 8],
-    )
-    return FluxPipeline(
-        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=True),
-        vae=vae(1.5035, 0.0609),
-        text_encoder=CLIPTextModel(clip_config(ct)),
-        tokenizer=ct,
-        text_encoder_2=t5(tt, H),
-        tokenizer_2=tt,
-        transformer=tr,
-    )
-
-
-def tiny_sd3():
-    from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
-
-    ct, tt = clip_tokenizer(), t5_tokenizer()
-    # two CLIPs of width 32 concatenate to 64 = the T5 width = joint_attention_dim; pooled 2 x 32
-    tr = SD3Transformer2DModel(
-        sample_size=8,
-        patch_size=2,
-        in_channels=4,
-        num_layers=1,
-        attention_head_dim=8,
-        num_attention_heads=2,
-        joint_attention_dim=2 * H,
-        caption_projection_dim=16,
-        pooled_projection_dim=2 * H,
-        out_channels=4,
-        pos_embed_max_size=16,
-    )
-    return StableDiffusion3Pipeline(
-        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
-        vae=vae(1.5035, 0.0609),
-        transformer=tr,
-        text_encoder=CLIPTextModelWithProjection(clip_config(ct)),
-        tokenizer=ct,
-        text_encoder_2=CLIPTextModelWithProjection(clip_config(ct)),
-        tokenizer_2=clip_tokenizer(),
-        text_encoder_3=t5(tt, 2 * H),
-        tokenizer_3=tt,
-    )
-
-
-def tiny_sd():
-    from diffusers import PNDMScheduler, StableDiffusionPipeline, UNet2DConditionModel
-
-    ct = clip_tokenizer()
-    unet = UNet2DConditionModel(
-        block_out_channels=(8, 16),
-        layers_per_block=1,
-        sample_size=8,
-        in_channels=4,
-        out_channels=4,
-        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
-        up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
-        cross_attention_dim=H,
-        norm_num_groups=4,
-        attention_head_dim=4,
-    )
-    # the scheduler config SD1.5 ships (PNDM; the adapter samples with DDIM on its betas)
-    sched = PNDMScheduler(
-        beta_start=0.00085,
-        beta_end=0.012,
-        beta_schedule="scaled_linear",
-        set_alpha_to_one=False,
-        skip_prk_steps=True,
-        steps_offset=1,
-    )
-    return StableDiffusionPipeline(
-        vae=vae(0.18215, None),
-        text_encoder=CLIPTextModel(clip_config(ct)),
-        tokenizer=ct,
-        unet=unet,
-        scheduler=sched,
-        safety_checker=None,
-        feature_extractor=None,
-        requires_safety_checker=False,
-    )
-
-
 BUILDERS = {"flux": tiny_flux, "sd3": tiny_sd3, "sd": tiny_sd}
-
-
-def saved(tmp_path_factory, builders) -> dict:
-    """{name: folder} of tiny pipelines, each built after seeding 0 and saved with save_pretrained."""
-    out = {}
-    for name, build in builders.items():
-        torch.manual_seed(0)
-        out[name] = tmp_path_factory.mktemp("models") / name
-        build().save_pretrained(out[name])
-    return out
 
 
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory):
     """The three tiny pipelines (FLUX, SD3, SD1.5)."""
     return saved(tmp_path_factory, BUILDERS)
-
-
-def policy_of(folder, **policy):
-    from treegrpo_cli.models.base import PolicyConfig
-    from treegrpo_cli.models.registry import load_policy
-
-    return load_policy(str(folder), "cpu", PolicyConfig(dtype="fp32", resolution=16, max_sequence_length=8, **policy))
-
-
-def outputs(policy, net, prompt="a red cat", seed=0):
-    """The adapter's model output with `net` as the denoiser, on fixed inputs [1, C, h, w]."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(1, *policy.latent_shape, generator=g)
-    sigma = torch.tensor([0.501])  # t/1000 = 0.501 for SD, sigma 0.501 for the flows
-    with torch.no_grad():
-        return policy.model_output(net, x, sigma, policy.encode([prompt]))
-
-
-def load_pipe(folder):
-    from diffusers import DiffusionPipeline
-
-    return DiffusionPipeline.from_pretrained(folder, local_files_only=True)
 
 
 @pytest.mark.parametrize("adapter", ADAPTERS)
@@ -439,62 +246,6 @@ def test_flux_packing_matches_diffusers():
     assert torch.equal(
         image_ids(3, 4, x.device, x.dtype), FluxPipeline._prepare_latent_image_ids(2, 3, 4, x.device, x.dtype)
     )
-
-
-def test_bench_tiny_mode_and_cpu_refusal(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location(
-        "flux_iteration", Path(__file__).parents[1] / "bench" / "flux_iteration.py"
-    )
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    if not torch.cuda.is_available():
-        assert bench.main(["--out", str(tmp_path / "gpu.json")]) == 2
-        assert "needs a CUDA GPU" in capsys.readouterr().err and not (tmp_path / "gpu.json").exists()
-    out = tmp_path / "tiny.json"
-    assert bench.main(["--tiny", "--presets", "branch", "--iterations", "1", "--out", str(out)]) == 0
-    res = json.loads(out.read_text())
-    assert [(c["preset"], c["mode"]) for c in res["results"]] == [("branch", "lora"), ("branch", "full")]
-    for case in res["results"]:
-        it = case["iterations"][0]
-        assert it["rollout_evals"] == 203 and it["leaves"] == 16 and it["ratio_first_dev"] < 1e-5
-        assert it["rollout_s"] > 0 and it["train_s"] > 0
-    lora, full = res["results"]
-    assert lora["trainable_params"] < lora["total_params"] and full["trainable_params"] == full["total_params"]
-    it = full["iterations"][0]
-    assert it["forward_gflops"] > 0 and it["rollout_mfu"] is None  # no peak known for a CPU
-    f, b = it["forward_gflops"], it["backward_gflops"]  # full fine-tuning: the weight gradients too, so b > f
-    assert (
-        b > f
-        and abs(it["train_tflops"] / it["rollout_tflops"] - it["train_evals"] * (f + b) / (it["rollout_evals"] * f))
-        < 1e-9
-    )
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location(
-        "flux_iteration", Path(__file__).parents[1] / "bench" / "flux_iteration.py"
-    )
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
-
-
-@pytest.mark.parametrize(
-    "model", ["sd3.5-large", "qwen-image", "flux2-dev", "flux2-klein-4b", "flux2-klein-base-9b", "wan2.1-t2v-1.3b"]
-)
-def test_bench_runs_each_model_tiny(tmp_path, model):
-    """flux_iteration.py --model NAME: the release's architecture at tiny sizes through its adapter; true CFG doubles
-    the network rows; the model FLOPs are the adapter's formula without checkpointing's recomputation."""
-    bench = _bench()
-    out = tmp_path / "tiny.json"
-    assert bench.main(["--tiny", "--model", model, "--presets", "branch", "--modes", "lora", "--iterations", "1",
-                       "--out", str(out)]) == 0  # fmt: skip
-    res = json.loads(out.read_text())
-    assert res["model"] == model and res["hub_id"] == bench.MODELS[model].hub_id
-    it = res["results"][0]["iterations"][0]
-    cfg = model in ("sd3.5-large", "qwen-image", "flux2-klein-base-9b", "wan2.1-t2v-1.3b")  # true CFG
-    assert it["rollout_evals"] == 203 * (2 if cfg else 1) and it["leaves"] == 16
-    assert it["forward_gflops"] > 0 and it["train_tflops"] > 0
 
 
 def test_hub_id_resolves_from_the_local_cache(model_dirs, tmp_path, monkeypatch):
@@ -705,34 +456,6 @@ def test_nft_refuses_a_noise_prediction_model(model_dirs, tmp_path):
     )
 
 
-def tiny_sd3_transformer(dual: tuple[int, ...]):
-    """An SD3 transformer of tiny_sd3's widths, two blocks with RMS-normed q and k: `dual` (0,) has SD3.5
-    Medium's dual-attention block first, () is SD3.5 Large's layout."""
-    from diffusers import SD3Transformer2DModel
-
-    return SD3Transformer2DModel(
-        sample_size=8,
-        patch_size=2,
-        in_channels=4,
-        num_layers=2,
-        attention_head_dim=8,
-        num_attention_heads=2,
-        joint_attention_dim=2 * H,
-        caption_projection_dim=16,
-        pooled_projection_dim=2 * H,
-        out_channels=4,
-        pos_embed_max_size=16,
-        qk_norm="rms_norm",
-        dual_attention_layers=dual,
-    )
-
-
-def _sd3_large_shaped():
-    pipe = tiny_sd3()
-    pipe.transformer = tiny_sd3_transformer(())
-    return pipe
-
-
 @pytest.mark.parametrize("layout", ["medium", "large"])
 def test_sd3_ode_rollout_equals_the_pipeline_sampling(tmp_path, layout):
     """The engine's ODE rollout through the SD3 adapter (true CFG 4.5, the scheduler's grid and shift) ends
@@ -741,7 +464,7 @@ def test_sd3_ode_rollout_equals_the_pipeline_sampling(tmp_path, layout):
     from treegrpo_cli.engine.sde import FlowSDE, SamplerConfig
 
     torch.manual_seed(0)
-    (tiny_sd3 if layout == "medium" else _sd3_large_shaped)().save_pretrained(tmp_path / "m")
+    (tiny_sd3 if layout == "medium" else sd3_large_shaped)().save_pretrained(tmp_path / "m")
     policy = policy_of(tmp_path / "m")
     sde = FlowSDE(SamplerConfig(steps=4, grid="flow-match-euler", shift=3.0, decode="final"))
     tree, _ = rollout(policy, ["a red cat"], [0], sde, TreeConfig(sde_steps=()), seed=3)

@@ -8,8 +8,8 @@ import json
 import pytest
 import torch
 from clitools import one_line_error, run
-from test_models_diffusers import TINY, _sd3_large_shaped, check_lora_reload, saved, tiny_flux, train_one_iteration
-from tinypipes import BUILDERS
+from test_models_diffusers import TINY, check_lora_reload, train_one_iteration
+from tinypipes import BUILDERS, saved, sd3_large_shaped, tiny_flux
 
 from treegrpo_cli.models.base import PolicyConfig
 
@@ -19,7 +19,7 @@ QWEN_TEXT = 256  # Qwen-Image keeps prompts at their own length up to this: " " 
 
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):
-    return saved(tmp_path_factory, {**BUILDERS, "flux": tiny_flux, "sd3-large": _sd3_large_shaped})
+    return saved(tmp_path_factory, {**BUILDERS, "flux": tiny_flux, "sd3-large": sd3_large_shaped})
 
 
 def load(folder, **opts):

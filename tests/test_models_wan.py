@@ -5,8 +5,7 @@ branching tree rolls out, a GRPO step trains LoRA and full weights, the LoRA exp
 import pytest
 import torch
 from clitools import one_line_error, run
-from test_models_diffusers import saved
-from tinypipes import tiny_wan
+from tinypipes import saved, tiny_wan
 
 from treegrpo_cli.models.base import PolicyConfig
 
@@ -166,7 +165,7 @@ def test_train_rollout_score_on_video_through_the_cli(wan_dir, tmp_path):
 
 @pytest.mark.parametrize("finetune", ["lora", "full"])
 def test_the_adapter_counts_its_flops(wan_dir, finetune):
-    """flops_per_row: the formula (models/flops_models.py) on the adapter's shapes, equal to one measured row."""
+    """flops_per_row: the formula (models/wan.py wan_flops) on the adapter's shapes, equal to one measured row."""
     from treegrpo_cli.models.flops import measure_policy_flops
 
     policy = load(wan_dir, finetune=finetune, lora_rank=4)

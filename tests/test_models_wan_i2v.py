@@ -8,9 +8,8 @@ import json
 import pytest
 import torch
 from clitools import one_line_error, run
-from test_models_diffusers import saved
 from test_models_wan import TINY_CLIP_SETS, euler
-from tinypipes import tiny_wan_i2v
+from tinypipes import saved, tiny_wan_i2v
 
 from treegrpo_cli.models.base import PolicyConfig
 

@@ -4,8 +4,7 @@ sampling, one optimizer step of the mean, exact resume, one process against two)
 
 import pytest
 import torch
-from clitools import run
-from test_distributed import close, treegrpo
+from clitools import close, run, treegrpo
 
 from treegrpo_cli.config import load_config
 from treegrpo_cli.engine.nft import NFTConfig, OldPolicy, decay_at, nft_loss, optimality

@@ -142,6 +142,10 @@ def test_progress_on_a_terminal_tells_the_truth(tmp_path):
     assert re.search(r"iterations .*1/3 +\d+:\d\d:\d\d eta \d+:\d\d:\d\d", plain), plain
     # each pass of the rollout gets a fresh bar: its count starts again from 0
     assert re.search(r"rollout .* 0/\d+ +0:00:00", plain), plain
+    # scoring and the update have bars of their own: leaf scores and trained edges, counted to the end
+    for phase in ("score", "update"):
+        done = [m.groups() for m in re.finditer(phase + r" .*? (\d+)/(\d+) ", plain)]
+        assert done and any(a == b and int(b) > 0 for a, b in done), (phase, plain)
 
 
 def test_progress_in_a_log_says_the_run_folder_first(tmp_path):
@@ -151,6 +155,9 @@ def test_progress_in_a_log_says_the_run_folder_first(tmp_path):
     assert lines[2] == f"run folder: {tmp_path / 'r'}"
     assert lines.index(f"run folder: {tmp_path / 'r'}") < min(i for i, x in enumerate(lines) if "iteration 0" in x)
     assert any(x.startswith("held-out reward at iteration 2:") for x in lines)
+    i = lines.index("held-out evaluation at iteration 2: 24 prompts x 1, ODE samples ...")  # said as it starts
+    assert lines[i + 1].startswith("held-out reward at iteration 2:")
+    assert not any(x.startswith(("score:", "update:", "rollout:")) for x in lines)  # a log gets the lines that matter
 
 
 def test_exit_codes_follow_the_documented_rule(tmp_path):

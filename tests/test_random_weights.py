@@ -59,6 +59,10 @@ def test_a_release_with_random_weights_runs_the_whole_cli(adapter, prompts, tmp_
     r = run("export", run_dir, "--out", tmp_path / "export")
     assert r.exit_code == 0, r.output
     assert (tmp_path / "export" / "pytorch_lora_weights.safetensors").is_file()
+    said = r.stderr.splitlines()  # export says what it does, stage by stage, before its summary
+    assert said[0] == f"reading {run_dir / 'checkpoints' / 'step-3'}", said
+    assert said[1].startswith(f"loading {name} on cpu") and said[2].startswith("writing the "), said
+    assert "LoRA weights of step 3 to" in said[2] and said[3].startswith("exported the "), said
 
     ev = ["eval", "--checkpoint", run_dir, "--metric", "jpeg-compressibility", "--prompts", prompts, "--json"]
     r = run(*ev, "--steps", 4)

@@ -23,97 +23,6 @@ def test_every_preset_names_its_source_and_launch_command():
         assert f"--preset {p.stem}" in head, p.name
 
 
-def test_readmes_performance_table_is_generated_from_the_results_file():
-    import json
-
-    mod = _bench("readme_table")
-    readme = (ROOT / "README.md").read_text()
-    result = json.loads((ROOT / "bench" / "results" / "methods.json").read_text())
-    assert mod.splice(readme, mod.render(result)) == readme, "run python bench/readme_table.py"
-    assert {g["label"] for g in result["compare"]["groups"]} == set(mod.PAPERS)  # every method measured
-
-
-def _bench(name: str):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_a_rerun_is_checked_against_the_reference_spread():
-    """bench/methods.py --against: gains within the reference's mean +- 2 std over seeds, speed-ups within its
-    95% interval (never reaching the target counts as 0)."""
-    methods = _bench("methods")
-    group = lambda label, gain, speedup, low=None, high=None: {  # noqa: E731
-        "label": label,
-        "gain": {"mean": gain},
-        "speedup": speedup,
-        "speedup_low": low,
-        "speedup_high": high,
-    }
-    ref = {
-        "runs": [
-            {"label": m, "gain": g}
-            for m, gs in {"d": [0.1, 0.2, 0.3], "t": [0.2, 0.3, 0.4], "b": [0.0, 0.0, 0.03]}.items()
-            for g in gs
-        ],
-        "groups": [group("d", 0.2, 1.0), group("t", 0.3, 2.0, 1.5, 3.0), group("b", 0.01, None, 0.0, 0.8)],
-    }
-    new = {"baseline": "d", "groups": [group("d", 0.25, 1.0), group("t", 0.45, 2.9), group("b", -0.01, None)]}
-    out = methods.against(new, ref, "ref.json")
-    assert out["methods"]["t"]["within_2_std"] and not out["methods"]["t"]["within_range"]  # 0.45 < 0.3 + 0.2
-    assert out["methods"]["b"]["within_2_std"]  # std 0.0173: -0.01 is 1.15 std off
-    assert out["speedups"]["t"]["within_interval"] and out["speedups"]["b"]["within_interval"]  # 0 in [0, 0.8]
-    assert "d" not in out["speedups"] and out["lands"]
-    new["groups"][1]["speedup"] = 3.2  # past the interval
-    assert not methods.against(new, ref, "ref.json")["lands"]
-    new["groups"][1]["speedup"], new["groups"][2]["gain"]["mean"] = 2.9, 0.06  # 0.05 + 2 x 0.0173 < 0.06
-    assert not methods.against(new, ref, "ref.json")["lands"]
-
-
-def test_world_base_splits_relation_reward_into_drawing_and_placing():
-    from treegrpo_cli.world.shapes import render_prompts
-
-    mod = _bench("world_base")
-    asked = ["a red circle left of a blue square", "a green triangle above a yellow circle"] * 4
-    flipped = ["a red circle right of a blue square", "a green triangle below a yellow circle"] * 4
-    images = render_prompts(asked, 3)
-    right = mod.measure(asked, images)["relation_parts"]
-    assert right == {"both_drawn": 1.0, "placed_given_both": 1.0}
-    # the same pictures asked the other way round: drawn, but never in the asked relation
-    assert mod.measure(flipped, images)["relation_parts"] == {"both_drawn": 1.0, "placed_given_both": 0.0}
-    # a picture of the first object only: not both drawn, and no placement to judge
-    lone = mod.measure(asked[:1], render_prompts(["a red circle"], 3))["relation_parts"]
-    assert lone == {"both_drawn": 0.0, "placed_given_both": None}
-
-
-def test_world_base_order_sensitivity_tells_a_bag_of_words_from_an_ordered_reader():
-    import torch
-
-    mod = _bench("world_base")
-    assert mod.swap_objects("a red circle left of a blue square") == "a blue square left of a red circle"
-
-    class Words:  # a stand-in policy: draws from the noise plus a picture of the prompt's words
-        def __init__(self, ordered):
-            self.ordered = ordered
-
-        def __call__(self, prompts, samples, seed):
-            g = torch.Generator().manual_seed(seed)
-            noise = torch.rand(len(prompts) * samples, 3, 4, 4, generator=g)
-            words = [p.split() if self.ordered else sorted(p.split()) for p in prompts for _ in range(samples)]
-            code = torch.tensor([[len(w) * 0.1 + (w[0] == "r") for w in ws[:3]] for ws in words])
-            return [p for p in prompts for _ in range(samples)], noise + code[:, :, None, None]
-
-    prompts = ["a red circle left of a blue square", "a green triangle above a yellow circle", "a red circle"]
-    for ordered, expect in ((False, 0.0), (True, None)):
-        mod.sample = lambda policy, p, s, seed, f=Words(ordered): f(p, s, seed)
-        ratio = mod.order_sensitivity(None, prompts, 4, 0)
-        assert (ratio == 0.0) if expect == 0.0 else ratio > 0.1
-
-
-# Backticked repository paths that name what a command writes, not a file kept in the repository.
 _OUTPUT_PATHS = {"bench/results/flux_iteration.json"}  # bench/flux_iteration.py's output; needs a GPU, not run yet
 # Paths in other projects' repositories that docs/methods.md and docs/models.md cite as sources.
 _UPSTREAM_PATHS = {
@@ -189,240 +98,46 @@ def test_every_backticked_repository_path_in_the_docs_exists():
     assert not missing, "paths that do not exist:\n" + "\n".join(missing)
 
 
-def test_readme_model_table_is_the_memory_benchmarks():
-    """README's table of real models is bench/model_memory.py's output (bench/results/model_memory.md), and it lists
-    every name `--model` knows besides the built-in ones."""
-    from treegrpo_cli.models.hub import KNOWN
-
-    table = (ROOT / "bench" / "results" / "model_memory.md").read_text()
-    assert table in (ROOT / "README.md").read_text()
-    assert {re.search(r"`([^`]+)`", line).group(1) for line in table.splitlines()[2:]} == set(KNOWN)
-
-
-def test_the_learning_rate_sweep_names_each_variants_best_rate():
-    """bench/study.py --plan lr: a row per variant, a column per rate, the best final eval-weights gain chosen
-    (not the trained weights'); a rate not run is '-'."""
-    study = _bench("study")
-
-    def row(label, before, after, raw=None):
-        first = {"reward_mean": before, "raw/reward_mean": None if raw is None else before}
-        return {"label": label, "seed": 100, "heldout": [first, {"reward_mean": after, "raw/reward_mean": raw}]}
-
-    text = study.sweep_table(
-        [
-            row("dance-grpo@lr3e-5", 0.5, 0.6, raw=0.9),  # the trained weights gain most here, the EMA does not
-            row("dance-grpo", 0.5, 0.7, raw=0.8),
-            row("dance-grpo@lr3e-4", 0.5, 0.55, raw=0.6),
-            row("tree-grpo@lr3e-5", 0.4, 0.8),
-            row("tree-grpo", 0.4, 0.5),
-        ]
-    )
-    lines = {line.split(" | ")[0].strip("| "): line for line in text.splitlines() if line.startswith("| ")}
-    assert lines["variant"] == "| variant | lr 3e-5 | lr 1e-4 | lr 3e-4 | best |"
-    assert lines["dance-grpo"] == "| dance-grpo | +0.100 (+0.400) | +0.200 (+0.300) | +0.050 (+0.100) | 1e-4 |"
-    assert lines["tree-grpo"] == "| tree-grpo | +0.400 | +0.100 | - | 3e-5 |"
-    assert "seed 100" in text
+def test_preset_headers_carry_no_study_figures():
+    """A preset's header says where it comes from, how it departs and how to launch it; what it measured lives in
+    bench/results and docs/results.md (figures in a header go stale with every study)."""
+    figures = re.compile(r"[+-]0\.\d\d|±|\+- ?0\.\d|\d(\.\d+)?x \(\d|held-out gain of")
+    for p in sorted((ROOT / "presets").glob("*.toml")):
+        head = "\n".join(line for line in p.read_text().splitlines() if line.startswith("#"))
+        assert not figures.search(head), f"{p.name}: {figures.search(head).group(0)!r}"
 
 
-def test_the_best_lr_plan_runs_each_variant_at_its_sweeps_best_rate():
-    """bench/study.py's BEST_LR is what the kept sweep (bench/results/study-lr.json) chose, and the best-lr and
-    ablation plans train at those rates: a sweep rerun that moves a best rate fails here until the plans follow."""
-    import json
-
-    study = _bench("study")
-    runs = json.loads((ROOT / "bench" / "results" / "study-lr.json").read_text())["runs"]
-    assert study.best_rates(runs) == study.BEST_LR
-
-    def rate(sets):
-        return next((s.split("=")[1] for s in sets if s.startswith("train.lr=")), study.WORLD_LR)
-
-    best = dict(study.PLANS["best-lr"])
-    # beside the core variants, the best BranchGRPO recipe: the ablation's run at its base preset's rate
-    assert best.pop(study.BEST_BRANCH) == study.PLANS["ablation"][study.BEST_BRANCH]
-    assert len(best) == len(study.CORE)
-    for label in study.CORE:
-        bare = study.BEST_LR[label] == study.WORLD_LR
-        assert (label if bare else f"{label}@lr{study.BEST_LR[label]}") in best
-    assert all(rate(sets) == study.BEST_LR[label.split("@lr")[0]] for label, (_, sets) in best.items())
-    # the ablation varies one factor of branch or branch-mix, every variant at its base's best rate, but a variant
-    # swept on its own (the update schedule), which has a row at its own rate as well
-    ablation = study.PLANS["ablation"]
-    for label, (preset, sets) in ablation.items():
-        assert rate(sets) == study.BEST_LR.get(label.split("@lr")[0], study.BEST_LR[preset]), label
-    assert ablation["branch/one-step-mean"][1] == study.PAPER_SCHEDULE  # 1e-4: its sweep's rate, not branch's
-    assert rate(ablation["branch@lr3e-5/one-step-mean"][1]) == "3e-5"
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a markdown heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower().replace("`", "")).replace(" ", "-")
 
 
-def test_the_presets_train_the_world_at_the_sweeps_best_rates_and_the_study_pins_its_own():
-    """The swept presets' [for_model.tiny-shapes] rate is the sweep's choice, but for the default, tree-grpo-mean
-    (tree-grpo with one step of the mean), whose header says why it keeps the world's rate; the study's labels name
-    their rate, so a bare label trains at the world's 1e-4 whatever a preset's table says."""
-    from pathlib import Path
-
-    from treegrpo_cli.config import load_config
-
-    study = _bench("study")
-    variant = {
-        "dance-grpo": "dance-grpo",
-        "branch": "branch",
-        "branch-mix": "branch-mix",
-        "tree-grpo": "tree-grpo",
-    }
-    for preset, label in variant.items():
-        assert load_config(preset).train.lr == float(study.BEST_LR[label]), preset
-    assert study.BEST_LR["tree-grpo/one-step-mean"] != study.WORLD_LR  # the exception the header explains
-    assert load_config("tree-grpo-mean").train.lr == float(study.WORLD_LR)
-    assert "keeps the world's rate" in (ROOT / "presets" / "tree-grpo-mean.toml").read_text()
-    args = study.train_args("tree-grpo", (), 0, Path("nowhere"), 40.0)
-    assert f"train.lr={study.WORLD_LR}" in args
-    args = study.train_args("tree-grpo", ("train.lr=3e-4",), 0, Path("nowhere"), 40.0)
-    assert [a for a in args if a.startswith("train.lr=")] == ["train.lr=3e-4"]
+def test_every_anchor_in_a_markdown_link_names_a_heading():
+    """[text](page.md#anchor) and [text](#anchor) in README, CHANGELOG, bench/README and docs/ point at a heading."""
+    dead = []
+    for md in _markdown_files():
+        text = re.sub(r"^```.*?^```", "", md.read_text(), flags=re.S | re.M)
+        for target in re.findall(r"\]\(\s*<?([^)\s>]*#[^)\s>]+)>?\s*\)", text):
+            if re.match(r"(https?|mailto|ftp):", target):
+                continue
+            page, _, anchor = target.partition("#")
+            path = md if not page else md.parent / page
+            if not path.is_file() or path.suffix != ".md":
+                continue
+            body = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.S | re.M)
+            slugs = {_slug(h) for h in re.findall(r"^#+ (.+)$", body, re.M)}
+            if anchor not in slugs:
+                dead.append(f"{md.relative_to(ROOT)}: ({target})")
+    assert not dead, "anchors that name no heading:\n" + "\n".join(dead)
 
 
-def test_the_best_branchgrpo_preset_is_the_studys_variant():
-    """branch-mix-flow is what the study ran as branch-mix/flow-noise+window-0-9, name and description aside: its
-    figures (header, docs) are that variant's."""
-    from treegrpo_cli.config import load_config
-
-    study = _bench("study")
-    preset, sets = study.PLANS["ablation"]["branch-mix/flow-noise+window-0-9"]
-    ran = load_config(preset, sets=list(sets)).to_dict()
-    ours = load_config("branch-mix-flow").to_dict()
-    assert {k for k in ours if ours[k] != ran[k]} == {"name", "description"}
-
-
-def test_the_ablation_pairs_each_factor_with_its_base_seed_by_seed():
-    """bench/study.py's factor table: a BASE/FACTOR variant's final gain against BASE's on the same seeds only
-    (a seed the base lacks is left out), the mean and range of the differences, and the seeds it helps."""
-    study = _bench("study")
-
-    def row(label, seed, before, after):
-        return {"label": label, "seed": seed, "heldout": [{"reward_mean": before}, {"reward_mean": after}]}
-
-    rows = [
-        row("branch", 0, 0.5, 0.8),  # gain 0.3
-        row("branch", 1, 0.5, 0.7),  # 0.2
-        row("branch/late", 0, 0.5, 0.9),  # 0.4: +0.1
-        row("branch/late", 1, 0.6, 0.7),  # 0.1: -0.1
-        row("branch/late", 2, 0.5, 1.0),  # no base run at seed 2: left out
-        row("dance-grpo", 0, 0.5, 0.6),
-        row("mix/window", 0, 0.5, 0.6),  # no base at all: no row
-    ]
-    lines = [line for line in study.factor_table(rows).splitlines() if line.startswith("| branch")]
-    assert lines == ["| branch | late | 2 | +0.250 | +0.250 | +0.000 | -0.100 to +0.100 | 1 of 2 |"]
-
-
-def test_the_ablations_combinations_are_their_factors_together():
-    """A BASE/F1+F2 variant changes exactly what BASE/F1 and BASE/F2 change, and nothing else."""
-    study = _bench("study")
-    plan = study.PLANS["ablation"]
-    combos = [label for label in plan if "+" in label]
-    assert combos
-    for label in combos:
-        base, _, factors = label.partition("/")
-        preset, sets = plan[label]
-        parts = [plan[f"{base}/{name}"] for name in factors.split("+")]
-        assert {p for p, _ in parts} == {preset}
-        assert set(sets) == {s for _, part in parts for s in part}
-        assert len(sets) == len(set(sets))
-
-
-def test_the_ablation_reports_what_an_early_iteration_learns_from(tmp_path):
-    """signal_table: tied groups, within-group std and trained edges averaged over the first quarter of each
-    run's iterations (later, saturated rows left out), then over the variant's seeds."""
-    import json
-
-    study = _bench("study")
-
-    def run(name, early, late):
-        d = tmp_path / name
-        d.mkdir()
-        rows = [
-            dict(zip(("zero_std_ratio", "reward_group_std", "trained_edges"), v, strict=True)) for v in early + late
-        ]
-        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        return str(d)
-
-    late = [(1.0, 0.0, 0)] * 6
-    result = {
-        "runs": [
-            {"label": "mix", "run_dir": run("a", [(0.5, 0.1, 200), (0.3, 0.3, 400)], late)},
-            {"label": "mix", "run_dir": run("b", [(0.2, 0.2, 100), (0.2, 0.2, 100)], late)},
-        ]
-    }
-    lines = [line for line in study.signal_table(result).splitlines() if line.startswith("| mix")]
-    assert lines == ["| mix | 0.30 | 0.200 | 200 |"]
-
-
-def test_the_study_splits_a_flop_speedup_into_cost_per_iteration_and_iterations(tmp_path):
-    """bench/study.py's cost table: TFLOPs an iteration from each run's metrics (the runs of a label meaned),
-    the baseline's over the variant's as the cost ratio, and the iteration and FLOP axes' times to target."""
-    import json
-
-    study = _bench("study")
-    runs = []
-    for label, seed, per_iter, n in (
-        ("dance-grpo", 0, 0.4e12, 10),
-        ("dance-grpo", 1, 0.2e12, 10),
-        ("tree", 0, 0.1e12, 4),
-    ):
-        run = tmp_path / f"{label}-{seed}"
-        run.mkdir()
-        rows = [{"iteration": i, "flops_total": per_iter * (i + 1)} for i in range(n)]
-        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        runs.append({"label": label, "run_dir": str(run)})
-
-    def group(label, to, speedup):
-        return {"label": label, "curve_to_target": to, "speedup": speedup, "speedup_low": None, "speedup_high": None}
-
-    result = {
-        "runs": runs,
-        "baseline": "dance-grpo",
-        "flops": {"target": 0.2, "groups": [group("dance-grpo", 3.0, 1.0), group("tree", 0.5, 6.0)]},
-        "iterations": {"groups": [group("dance-grpo", 10, 1.0), group("tree", None, None)]},
-        "flops-raw": {"target": 0.4, "groups": [group("dance-grpo", 6.0, 1.0), group("tree", None, None)]},
-        "iterations-raw": {"groups": [group("dance-grpo", 20, 1.0), group("tree", 30, 0.67)]},
-    }
-
-    def lines(raw):
-        text = study.cost_table(result, raw=raw)
-        return text, {line.split(" | ")[0].strip("| "): line for line in text.splitlines() if "|" in line}
-
-    text, rows = lines(False)
-    assert "eval weights, gain +0.200" in text
-    assert rows["dance-grpo"] == "| dance-grpo | 0.300 | 1.00x | 10 | 1.00x | 3.0 | 1.00x |"
-    assert rows["tree"] == "| tree | 0.100 | 3.00x | never | never | 0.5 | 6.00x |"
-    text, rows = lines(True)  # the trained weights' target and times
-    assert "trained weights, gain +0.400" in text
-    assert rows["tree"] == "| tree | 0.100 | 3.00x | 30 | 0.67x | never | never |"
-
-
-def test_a_study_run_of_a_few_labels_reports_the_whole_plans_kept_runs(tmp_path, monkeypatch):
-    """`bench/study.py --plan P --labels X` trains X, then writes P's table from every kept run of P at those seeds
-    (a subset run used to overwrite the plan's results file with X and the baseline alone)."""
-    import json
-    import sys
-
-    study = _bench("study")
-    monkeypatch.setattr(study, "RESULTS", tmp_path)
-    plan = study.PLANS["ablation"]
-    already = ["dance-grpo", "branch-mix", "branch-mix/flow-noise"]
-    for label in already:
-        (tmp_path / "study-runs" / "w" / study.folder(label, 0)).mkdir(parents=True)
-        (study.kept(Path("w"), label, 0) / "summary.json").write_text(json.dumps({"label": label, "seed": 0}))
-    trained = []
-
-    def run_one(label, preset, sets, seed, work, tflops, log):
-        assert (preset, tuple(sets)) == plan[label]
-        trained.append(label)
-        study.kept(work, label, seed).mkdir(parents=True)
-        (study.kept(work, label, seed) / "summary.json").write_text(json.dumps({"label": label, "seed": seed}))
-
-    reported = []
-    monkeypatch.setattr(study, "run_one", run_one)
-    monkeypatch.setattr(study, "report", lambda rows, work, args: reported.extend(r["label"] for r in rows))
-    argv = ["study.py", "--plan", "ablation", "--labels", "branch/one-step-mean", "--seeds", "0"]
-    monkeypatch.setattr(sys, "argv", argv + ["--work", str(tmp_path / "w")])
-    study.main()
-    assert trained == ["branch/one-step-mean"]
-    assert sorted(reported) == sorted([*already, "branch/one-step-mean"])
+def test_no_dates_session_history_or_internal_issue_numbers_where_a_user_reads():
+    """README, docs/, CHANGELOG and the preset headers describe the tool as it is: no dates of runs, no sessions, no
+    issue numbers of this project (other projects' issues, `owner/repo#N` in code spans, are sources)."""
+    files = _markdown_files() + sorted((ROOT / "presets").glob("*.toml"))
+    bad = []
+    for f in files:
+        text = re.sub(r"`[^`\n]*`", "", f.read_text())  # code spans: commands, other projects' paths and issues
+        for pattern in (r"\b20\d\d-\d\d-\d\d\b", r"\bsessions?\b", r"\b[Ii]ssues? \d+", r"(?<![\w/])#\d+\b"):
+            bad += [f"{f.relative_to(ROOT)}: {m.group(0)!r}" for m in re.finditer(pattern, text)]
+    assert not bad, "\n".join(bad)

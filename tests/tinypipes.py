@@ -5,6 +5,14 @@ counts just large enough for the hidden layers each pipeline reads (FLUX.2 [dev]
 
 import torch
 from tokenizers.pre_tokenizers import ByteLevel
+from transformers import (
+    CLIPTextConfig,
+    CLIPTextModel,
+    CLIPTextModelWithProjection,
+    CLIPTokenizer,
+    T5Config,
+    T5EncoderModel,
+)
 
 W = 16  # text width of the tiny encoders
 # 2 blocks of an image VAE (vae_scale_factor 2: 16 px images have 8 x 8 latents of 4 channels)
@@ -213,3 +221,215 @@ def tiny_wan_i2v():
         image_processor=prep,
         image_encoder=CLIPVisionModel(vision),
     )
+
+
+# --- FLUX.1, SD3 and SD1.5 -------------------------------------------------------------------------
+
+H = 32  # text width of their tiny encoders
+
+
+def clip_tokenizer():
+    syms, vocab = sorted(ByteLevel.alphabet()), {}
+    for s in syms:
+        vocab.setdefault(s, len(vocab))
+    for s in syms:
+        vocab.setdefault(s + "</w>", len(vocab))
+    vocab["<|startoftext|>"], vocab["<|endoftext|>"] = len(vocab), len(vocab) + 1
+    return CLIPTokenizer(vocab=vocab, merges=[], model_max_length=77)
+
+
+def clip_config(tok, projection: bool = False):
+    return CLIPTextConfig(
+        vocab_size=len(tok),
+        hidden_size=H,
+        intermediate_size=37,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        projection_dim=H,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+
+
+def t5(tok, width: int):
+    return T5EncoderModel(
+        T5Config(
+            vocab_size=len(tok),
+            d_model=width,
+            d_kv=8,
+            d_ff=37,
+            num_layers=2,
+            num_heads=4,
+            relative_attention_num_buckets=8,
+            pad_token_id=tok.pad_token_id,
+            eos_token_id=tok.eos_token_id,
+        )
+    )
+
+
+def vae(scaling: float, shift: float | None):
+    from diffusers import AutoencoderKL
+
+    return AutoencoderKL(
+        **VAE_BLOCKS,
+        use_quant_conv=False,
+        use_post_quant_conv=False,
+        scaling_factor=scaling,
+        shift_factor=shift,
+    )
+
+
+def tiny_flux():
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+
+    ct, tt = clip_tokenizer(), t5_tokenizer()
+    tr = FluxTransformer2DModel(
+        patch_size=1,
+        in_channels=16,
+        num_layers=1,
+        num_single_layers=1,
+        attention_head_dim=16,
+        num_attention_heads=2,
+        joint_attention_dim=H,
+        pooled_projection_dim=H,
+        guidance_embeds=True,
+        axes_dims_rope=[4, 4, 8],
+    )
+    return FluxPipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=True),
+        vae=vae(1.5035, 0.0609),
+        text_encoder=CLIPTextModel(clip_config(ct)),
+        tokenizer=ct,
+        text_encoder_2=t5(tt, H),
+        tokenizer_2=tt,
+        transformer=tr,
+    )
+
+
+def tiny_sd3():
+    from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
+
+    ct, tt = clip_tokenizer(), t5_tokenizer()
+    # two CLIPs of width 32 concatenate to 64 = the T5 width = joint_attention_dim; pooled 2 x 32
+    tr = SD3Transformer2DModel(
+        sample_size=8,
+        patch_size=2,
+        in_channels=4,
+        num_layers=1,
+        attention_head_dim=8,
+        num_attention_heads=2,
+        joint_attention_dim=2 * H,
+        caption_projection_dim=16,
+        pooled_projection_dim=2 * H,
+        out_channels=4,
+        pos_embed_max_size=16,
+    )
+    return StableDiffusion3Pipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
+        vae=vae(1.5035, 0.0609),
+        transformer=tr,
+        text_encoder=CLIPTextModelWithProjection(clip_config(ct)),
+        tokenizer=ct,
+        text_encoder_2=CLIPTextModelWithProjection(clip_config(ct)),
+        tokenizer_2=clip_tokenizer(),
+        text_encoder_3=t5(tt, 2 * H),
+        tokenizer_3=tt,
+    )
+
+
+def tiny_sd():
+    from diffusers import PNDMScheduler, StableDiffusionPipeline, UNet2DConditionModel
+
+    ct = clip_tokenizer()
+    unet = UNet2DConditionModel(
+        block_out_channels=(8, 16),
+        layers_per_block=1,
+        sample_size=8,
+        in_channels=4,
+        out_channels=4,
+        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+        up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+        cross_attention_dim=H,
+        norm_num_groups=4,
+        attention_head_dim=4,
+    )
+    # the scheduler config SD1.5 ships (PNDM; the adapter samples with DDIM on its betas)
+    sched = PNDMScheduler(
+        beta_start=0.00085,
+        beta_end=0.012,
+        beta_schedule="scaled_linear",
+        set_alpha_to_one=False,
+        skip_prk_steps=True,
+        steps_offset=1,
+    )
+    return StableDiffusionPipeline(
+        vae=vae(0.18215, None),
+        text_encoder=CLIPTextModel(clip_config(ct)),
+        tokenizer=ct,
+        unet=unet,
+        scheduler=sched,
+        safety_checker=None,
+        feature_extractor=None,
+        requires_safety_checker=False,
+    )
+
+
+def saved(tmp_path_factory, builders) -> dict:
+    """{name: folder} of tiny pipelines, each built after seeding 0 and saved with save_pretrained."""
+    out = {}
+    for name, build in builders.items():
+        torch.manual_seed(0)
+        out[name] = tmp_path_factory.mktemp("models") / name
+        build().save_pretrained(out[name])
+    return out
+
+
+def policy_of(folder, **policy):
+    from treegrpo_cli.models.base import PolicyConfig
+    from treegrpo_cli.models.registry import load_policy
+
+    return load_policy(str(folder), "cpu", PolicyConfig(dtype="fp32", resolution=16, max_sequence_length=8, **policy))
+
+
+def outputs(policy, net, prompt="a red cat", seed=0):
+    """The adapter's model output with `net` as the denoiser, on fixed inputs [1, C, h, w]."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(1, *policy.latent_shape, generator=g)
+    sigma = torch.tensor([0.501])  # t/1000 = 0.501 for SD, sigma 0.501 for the flows
+    with torch.no_grad():
+        return policy.model_output(net, x, sigma, policy.encode([prompt]))
+
+
+def load_pipe(folder):
+    from diffusers import DiffusionPipeline
+
+    return DiffusionPipeline.from_pretrained(folder, local_files_only=True)
+
+
+def tiny_sd3_transformer(dual: tuple[int, ...]):
+    """An SD3 transformer of tiny_sd3's widths, two blocks with RMS-normed q and k: `dual` (0,) has SD3.5
+    Medium's dual-attention block first, () is SD3.5 Large's layout."""
+    from diffusers import SD3Transformer2DModel
+
+    return SD3Transformer2DModel(
+        sample_size=8,
+        patch_size=2,
+        in_channels=4,
+        num_layers=2,
+        attention_head_dim=8,
+        num_attention_heads=2,
+        joint_attention_dim=2 * H,
+        caption_projection_dim=16,
+        pooled_projection_dim=2 * H,
+        out_channels=4,
+        pos_embed_max_size=16,
+        qk_norm="rms_norm",
+        dual_attention_layers=dual,
+    )
+
+
+def sd3_large_shaped():
+    pipe = tiny_sd3()
+    pipe.transformer = tiny_sd3_transformer(())
+    return pipe

@@ -42,7 +42,8 @@ MAX_NAME_BYTES = 200  # a run name (the folder runs/<name>-<time>), in UTF-8 byt
 
 @dataclass(frozen=True)
 class RewardConfig:
-    names: tuple[str, ...] = ("jpeg-compressibility",)
+    names: tuple[str, ...] = ("jpeg-compressibility",)  # rewards scored on every leaf (`treegrpo eval --help`
+    # lists the names), or http://HOST:PORT of a `treegrpo serve-reward`
     weights: tuple[float, ...] = ()  # empty: 1 for each reward
     combine: str = "rewards"  # "rewards": weighted sum of scores; "advantages": of per-reward advantages (MixGRPO)
     options: tuple[str, ...] = ()  # "NAME.KEY=VALUE" reward options, e.g. "shapes.kind=soft"
@@ -562,11 +563,11 @@ PAPER_REWARDS: dict[str, list[str]] = {"flow-grpo": ["pick"], "mix-grpo": ["hps"
 def release_task(model: str, preset: str | None) -> dict[str, Any]:
     """What a released model (--model flux-dev, ...) trains on unless told: its preset's paper reward and the
     shipped general prompts, never the embedded world's."""
-    from .models import hub
+    from .models import catalog, hub
 
     if model not in hub.KNOWN:
         return {}
-    video = hub.KNOWN[model][1].startswith("wan")
+    video = catalog.entries()[hub.KNOWN[model][1]].card.video
     reward = ["videoalign"] if video else PAPER_REWARDS.get(preset or "", ["hps"])
     return {"reward.names": reward, "rollout.prompts": "general-train", "rollout.eval_prompts": "general-test"}
 

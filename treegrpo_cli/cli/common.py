@@ -33,11 +33,24 @@ from rich.text import Text
 
 from .. import __version__
 from ..errors import TreegrpoError, disk_full, no_space
+from ..models import catalog
 
 DEVICE_HELP = (
     "Torch device: auto (a GPU when torch sees one, each process of a distributed run on cuda:LOCAL_RANK; else MPS "
     "where it works; else the CPU), cpu, cuda, cuda:N or mps"
 )
+# the title of the model options' help panel and --model's help, from the diffusers adapters' cards (read from
+# their source: no torch)
+MODEL_PANEL = f"Model (diffusers: {', '.join(catalog.families())})"
+
+
+def model_help(default: str) -> str:
+    """--model's help: what it takes, the releases named from the adapters' cards."""
+    return (
+        f"Model (default: {default}): a built-in name, a release ({', '.join(catalog.known())}), a hub id "
+        "(org/name) or a local diffusers folder."
+    )
+
 
 # Plain text by default: paths, labels and names from files are printed as they are, never read as rich
 # markup ("r[/x]" is a folder name, not a closing tag); the few styled words are rich Text objects.

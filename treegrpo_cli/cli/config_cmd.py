@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from .common import guarded, out, print_json
+from .common import guarded, model_help, out, print_json
 
 config_app = typer.Typer(help="Show the resolved config and where each value comes from.", no_args_is_help=True)
 
@@ -17,7 +17,7 @@ config_app = typer.Typer(help="Show the resolved config and where each value com
 @config_app.command("show")
 def show(
     preset: Annotated[str | None, typer.Option(help="Method preset (default: train's).")] = None,
-    model: Annotated[str | None, typer.Option(help="Model name or path.")] = None,
+    model: Annotated[str | None, typer.Option(help=model_help("the preset's"))] = None,
     config: Annotated[Path | None, typer.Option("--config", help="A TOML config file layered over the preset.")] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="Override one key (repeatable).")] = None,
     explain: Annotated[bool, typer.Option("--explain", help="Name the layer each value comes from.")] = False,
@@ -51,6 +51,27 @@ def show(
         line = f"{k} = {toml(v)}"
         text = f"{line:<{width}}  # {origin.get(k, 'default')}" if explain else line
         out.print(text, markup=False, highlight=False, soft_wrap=True)
+
+
+@config_app.command("reference")
+def reference(
+    json_: Annotated[bool, typer.Option("--json", help="Print the keys as JSON rows.")] = False,
+) -> None:
+    """Print every config key with its type, default and what it does (docs/config.md is this page).
+
+    Examples:
+
+      treegrpo config reference > docs/config.md
+
+      treegrpo config reference --json
+    """
+    from ..config_doc import markdown
+    from ..config_doc import reference as rows
+
+    if json_:
+        print_json(rows())
+        return
+    out.print(markdown(), markup=False, highlight=False, soft_wrap=True, end="")
 
 
 def dotted(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:

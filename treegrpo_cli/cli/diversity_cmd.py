@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..errors import ConfigError
-from .common import DEVICE_HELP, command_line, err, guarded, print_json, progress_bar
+from .common import DEVICE_HELP, command_line, err, guarded, model_help, print_json, progress_bar
 from .common import out as stdout
 
 if TYPE_CHECKING:
@@ -94,9 +94,7 @@ def diversity(
         typer.Option("--set-b", help="--generate: key=value override of set B's config (repeatable)."),
     ] = None,
     num: Annotated[int, typer.Option(min=2, max=100_000, help="--generate: leaf images per set.")] = 4096,
-    model: Annotated[
-        str | None, typer.Option(help="--generate: model name or path (default: the embedded tiny-shapes).")
-    ] = None,
+    model: Annotated[str | None, typer.Option(help="--generate: " + model_help("the embedded tiny-shapes"))] = None,
     overwrite: Annotated[bool, typer.Option(help="--generate: replace existing tree folders.")] = False,
     out: Annotated[
         Path | None,

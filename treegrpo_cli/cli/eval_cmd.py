@@ -9,14 +9,14 @@ import typer
 from rich.table import Table
 
 from ..errors import ConfigError
-from .common import DEVICE_HELP, err, guarded, print_json, progress_bar
+from .common import DEVICE_HELP, err, guarded, model_help, print_json, progress_bar
 from .common import out as stdout
 
 
 def eval_(
     model: Annotated[
         str | None,
-        typer.Option(help="Model name or weights file (default: the config default, as for `treegrpo train`)."),
+        typer.Option(help=model_help("the config's, as for `treegrpo train`") + " Or a weights file."),
     ] = None,
     checkpoint: Annotated[
         Path | None,

@@ -33,7 +33,8 @@ def export(
     with guarded():
         device = resolve_device(device)
         check_writable_dir(out, "--out")
-        summary = export_checkpoint(ExportRequest(run, out, step, ema, overwrite, device))
+        say = (lambda m: None) if json_ else (lambda m: err.print(m, highlight=False, markup=False, soft_wrap=True))
+        summary = export_checkpoint(ExportRequest(run, out, step, ema, overwrite, device), say)
     if json_:
         print_json(summary)
     else:
@@ -42,4 +43,5 @@ def export(
             f"exported the {weights} of step {summary['step']} ({summary['finetune']}) to {summary['out']}: "
             f"{', '.join(summary['files'])}",
             highlight=False,
+            soft_wrap=True,
         )

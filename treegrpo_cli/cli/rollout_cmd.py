@@ -6,8 +6,18 @@ from typing import Annotated
 
 import typer
 
-from .common import DEVICE_HELP, command_line, err, guarded, one_line, print_json, progress_bar
-from .train_cmd import DEFAULT_PRESET, MODEL_PANEL, policy_sets
+from .common import (
+    DEVICE_HELP,
+    MODEL_PANEL,
+    command_line,
+    err,
+    guarded,
+    model_help,
+    one_line,
+    print_json,
+    progress_bar,
+)
+from .train_cmd import DEFAULT_PRESET, policy_sets
 
 
 def rollout(
@@ -41,7 +51,7 @@ def rollout(
         typer.Option(min=0, help="Write the trees `train` samples at this iteration: its prompts, schedule and noise."),
     ] = 0,
     seed: Annotated[int | None, typer.Option(help="Seed of every node's noise (default: the config's).")] = None,
-    model: Annotated[str | None, typer.Option(help="Model name or path (default: the preset's).")] = None,
+    model: Annotated[str | None, typer.Option(help=model_help("the preset's"))] = None,
     max_batch: Annotated[int | None, typer.Option("--max-batch", min=1, help="Rows per model forward.")] = None,
     prompts_per_shard: Annotated[int, typer.Option("--prompts-per-shard", min=1, help="Prompts per tree shard.")] = 8,
     save_images: Annotated[bool, typer.Option("--save-images", help="Also write every leaf image as a PNG.")] = False,

@@ -16,12 +16,14 @@ from rich.table import Table
 from ..errors import TreegrpoError
 from .common import (
     DEVICE_HELP,
+    MODEL_PANEL,
     command_line,
     device_notes,
     err,
     fail,
     guarded,
     internal_error,
+    model_help,
     on_stop_signals,
     one_line,
     out,
@@ -81,9 +83,6 @@ def _log_sets(log: str | None) -> list[str]:
     return ["train.log=[" + ", ".join(json.dumps(n) for n in names) + "]"]
 
 
-MODEL_PANEL = "Model (diffusers: FLUX.1, FLUX.2, SD3.5, SD1.5, Qwen-Image, Wan2.1)"
-
-
 def policy_sets(
     revision: str | None = None,
     finetune: str | None = None,
@@ -118,7 +117,7 @@ def train(
     set_: Annotated[
         list[str] | None, typer.Option("--set", help="Override one key, e.g. --set train.lr=1e-4 (repeatable).")
     ] = None,
-    model: Annotated[str | None, typer.Option(help="Model name or path (default: the preset's).")] = None,
+    model: Annotated[str | None, typer.Option(help=model_help("the preset's"))] = None,
     reward: Annotated[str | None, typer.Option(help="Reward name(s), comma separated.")] = None,
     weights: Annotated[str | None, typer.Option(help="Reward weights, comma separated.")] = None,
     reward_opt: Annotated[
@@ -166,7 +165,10 @@ def train(
     lora_rank: Annotated[
         int | None,
         typer.Option(
-            "--lora-rank", min=1, help="LoRA rank (default: FLUX 64, SD3 32, SD 4).", rich_help_panel=MODEL_PANEL
+            "--lora-rank",
+            min=1,
+            help="LoRA rank (default: the adapter's, docs/models.md).",
+            rich_help_panel=MODEL_PANEL,
         ),
     ] = None,
     lora_alpha: Annotated[
@@ -174,7 +176,7 @@ def train(
         typer.Option(
             "--lora-alpha",
             min=0,
-            help="LoRA alpha (default: twice the rank for FLUX and SD3, = rank for SD).",
+            help="LoRA alpha (default: the adapter's, docs/models.md).",
             rich_help_panel=MODEL_PANEL,
         ),
     ] = None,
@@ -382,7 +384,7 @@ def _train_rank(req, train_loop, d, cfg, run, stop: dict, header: list[str]) -> 
     if not d.main:  # rank 0 speaks for the run; a signal to any rank stops them all after the iteration
         with graceful_stop(stop, quiet=True) as flag:
             return train_loop(req, Hooks(should_stop=lambda: flag["stop"]))
-    with graceful_stop(stop) as flag, progress_bar(quiet=("rollout", "iterations", "eval")) as bar:
+    with graceful_stop(stop) as flag, progress_bar(quiet=("rollout", "score", "update", "iterations", "eval")) as bar:
 
         def note(message: str) -> None:
             err.print(one_line(message), highlight=False, markup=False, soft_wrap=True)

@@ -40,12 +40,12 @@ TRACKERS = ("tensorboard", "wandb")
 @dataclass(frozen=True)
 class TrainConfig:
     iterations: int = 100  # online iterations (rollout, score, update)
-    lr: float = 1e-5  # AdamW
-    weight_decay: float = 1e-4
-    beta1: float = 0.9
-    beta2: float = 0.999
+    lr: float = 1e-5  # AdamW's learning rate
+    weight_decay: float = 1e-4  # AdamW's decoupled weight decay
+    beta1: float = 0.9  # AdamW's first-moment decay
+    beta2: float = 0.999  # AdamW's second-moment decay
     clip_range: float = 1e-3  # eps of the ratio clip (BranchGRPO 1e-3; DanceGRPO, Flow-GRPO 1e-4)
-    max_grad_norm: float = 1.0
+    max_grad_norm: float = 1.0  # the gradient's global norm is clipped to this before each optimizer step
     minibatches: int = 1  # optimizer steps per iteration: parents split at random into this many parts
     loss_norm: str = "mean"  # "mean" over the trained edges (paper) | "node-sum": a parent's children's losses summed,
     # mean over parents (TreeGRPO's code) | "per-transition": a step every accum_edges edges (BranchGRPO's code)
@@ -242,12 +242,16 @@ def grpo_update(
     ref: Policy | None = None,
     after_step: UpdateHook | None = None,
     parallel: Parallel | None = None,
+    *,
+    progress: Callable[[str, int, int], None] | None = None,
 ) -> dict[str, float]:
-    """One iteration's GRPO update; returns metrics (ratios before each step, grad norms, model evaluations)."""
+    """One iteration's GRPO update; returns metrics (ratios before each step, grad norms, model evaluations).
+    progress("update", edges done, edges in all) after each chunk's backward."""
     params = list(policy.trainable_parameters())
     ratios, losses, norms, kls, evals, first, pads = [], [], [], [], 0, [], 0
     plan = parallel.minibatches if parallel else minibatches(b, cfg, gen)
     denoms = parallel.denominators if parallel else loss_denominators(b, cfg, plan)
+    edges, done = sum(len(mb) for mb in plan), 0
     for k, (mb, denom) in enumerate(zip(plan, denoms, strict=True)):
         opt.zero_grad(set_to_none=True)
         chunks = _parent_chunks(b.tree.parent, mb, max_batch)
@@ -264,6 +268,9 @@ def grpo_update(
                 first.append(ratio.detach().cpu())
             losses.append(loss_e.detach().cpu())
             evals += n
+            done += len(chunk)
+            if progress:
+                progress("update", done, edges)
         for _ in range((parallel.chunks[k] if parallel and parallel.chunks else 0) - len(chunks)):
             _pad_chunk(policy, sde, b, ref, cfg.kl_form)
             pads += 1

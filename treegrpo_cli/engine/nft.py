@@ -165,13 +165,17 @@ def nft_update(
     after_step: Callable[[], None] | None = None,
     sync: Callable[[list[nn.Parameter]], None] | None = None,
     gather: Callable[[Tensor], Tensor] | None = None,
+    *,
+    progress: Callable[[str, int, int], None] | None = None,
 ) -> dict[str, float]:
     """One iteration's NFT update: per optimizer step, every sample of the step at int(T x fraction) noise
     levels, gradients averaged over samples and levels (over every process with `sync`: a gradient sum;
-    `gather` concatenates a per-row tensor over the processes, for the metrics)."""
+    `gather` concatenates a per-row tensor over the processes, for the metrics; progress("update", samples done,
+    samples in all) after each chunk's backward)."""
     params = list(policy.trainable_parameters())
     levels = cfg.trained_levels(len(sigmas) - 1)
     losses, kls, norms, evals = [], [], [], 0
+    rows, done = sum(len(g) for g in b.groups), 0
     for group, denom in zip(b.groups, b.denominators, strict=True):
         opt.zero_grad(set_to_none=True)
         for chunk in torch.split(group, max_batch):
@@ -180,6 +184,9 @@ def nft_update(
             losses.append(loss.detach().cpu())
             kls += [kl.detach().cpu()] if kl is not None else []
             evals += len(chunk) * levels
+            done += len(chunk)
+            if progress:
+                progress("update", done, rows)
         if sync:
             sync(params)
         norms.append(float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm)))

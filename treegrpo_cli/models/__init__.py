@@ -1,2 +1,2 @@
 """Policies the engine trains: the embedded pixel and latent shapes models and the diffusers adapters
-(FLUX, SD3, SD1.5)."""
+(one file each, its card naming what it serves: models/catalog.py)."""

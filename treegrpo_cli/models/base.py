@@ -24,7 +24,7 @@ SIZES = ("full", "tiny")
 
 @dataclass(frozen=True)
 class PolicyConfig:
-    """How a diffusers model (FLUX, SD3, SD1.5) is loaded and trained: the `[policy]` config section.
+    """How a diffusers model is loaded and trained: the `[policy]` config section.
 
     The built-in pixel and tiny-shapes models ignore it. None means "the adapter's default"
     (docs/models.md lists them)."""
@@ -32,16 +32,16 @@ class PolicyConfig:
     revision: str | None = None  # hub revision (branch, tag or commit) of --model
     download: bool = False  # allow fetching --model from the hub when it is not in the local cache
     finetune: str = "lora"  # "lora": a peft adapter on the denoiser | "full": every denoiser weight
-    lora_rank: int | None = None  # None: FLUX 64, SD3 32, SD 4 (the GRPO/DDPO references)
-    lora_alpha: float | None = None  # None: FLUX 128, SD3 64, SD 4
+    lora_rank: int | None = None  # None: the adapter's (docs/models.md lists them)
+    lora_alpha: float | None = None  # None: the adapter's
     lora_targets: tuple[str, ...] = ()  # module-name suffixes (peft target_modules); empty: the adapter's
     dtype: str = "auto"  # weights: "auto" = bf16 on CUDA, fp32 elsewhere; sampler math is always fp32
-    gradient_checkpointing: bool = False
-    guidance: float | None = None  # FLUX distilled guidance (3.5); SD3 / SD true CFG scale (4.5 / 5.0)
+    gradient_checkpointing: bool = False  # recompute the denoiser's activations in the backward (less memory)
+    guidance: float | None = None  # distilled guidance (FLUX) or true CFG scale; None: the adapter's
     cfg_uncond: str = "grad"  # true CFG in training: "grad" backpropagates through the unconditional half
     # (the guided policy's exact gradient) | "detach": Flow-GRPO's released code
-    resolution: int | None = None  # square image side in pixels; None: FLUX 720, SD3 512, SD 512
-    max_sequence_length: int | None = None  # T5 tokens; None: FLUX 512 (schnell 256), SD3 256
+    resolution: int | None = None  # square image side in pixels; None: the adapter's
+    max_sequence_length: int | None = None  # text tokens; None: the adapter's
     frames: int | None = None  # video models: frames of a clip; None: the adapter's (Wan 33)
     images: str = ""  # image-to-video: a .jsonl of {"prompt", "image"} rows, each prompt's first frame
     ddim_eta: float = 1.0  # SD only: eta of the stochastic DDIM steps (DDPO: 1.0)

@@ -1,10 +1,11 @@
-"""Shared plumbing of the diffusers adapters (flux.py, sd3.py, sd.py).
+"""Shared plumbing of the diffusers adapters (flux.py, flux2.py, sd3.py, sd.py, qwenimage.py, wan.py).
 
 Loading a pipeline from a local folder, weights in bf16 (or fp32) with fp32 sampler math, LoRA through
 peft or full fine-tuning of the denoiser, gradient checkpointing, the prompt-embedding cache (memory,
 optionally disk) with freeable text encoders, the KL reference (the adapter disabled, no copy) and
-export in diffusers' own format. An adapter subclass adds its conditioning, latent layout, forward and
-VAE scaling.
+export in diffusers' own format, and the one guided forward (`model_output`: classifier-free guidance's batch
+doubling and combine). An adapter subclass declares its card (models/catalog.py) and adds its conditioning,
+latent layout, one batched denoiser call (`denoise`) and VAE scaling.
 """
 
 from __future__ import annotations
@@ -13,11 +14,8 @@ import copy
 import gc
 import hashlib
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -25,8 +23,10 @@ from torch import Tensor, nn
 from ..compat import ensure_torchvision
 from ..errors import ConfigError, TreegrpoError
 from .base import Conditions, PolicyConfig
+from .catalog import AdapterCard
 from .flops import Formula
 from .hub import TEXT_PARTS
+from .lora import LoraDefaults, adapters_disabled, config_targets, lora_config
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 ENCODE_BATCH = 16  # prompts per text-encoder call
@@ -70,41 +70,6 @@ def load_pipeline(folder: Path, pipeline_cls: Any, dtype: torch.dtype, text_enco
         raise TreegrpoError(f"{folder}: could not load the {pipeline_cls.__name__} ({first})") from None
 
 
-@dataclass(frozen=True)
-class LoraDefaults:
-    rank: int
-    alpha: float
-    targets: tuple[str, ...] | str  # module names (peft matches their suffixes) or one regex of full names
-
-
-def _targets(targets: tuple[str, ...] | str) -> list[str] | str:
-    return targets if isinstance(targets, str) else list(targets)
-
-
-def _lora_targets(config: Any) -> tuple[str, ...] | str:
-    """A peft LoraConfig's target_modules as the FLOP formulas take them: a regex string or a tuple of names."""
-    t = config.target_modules
-    return t if isinstance(t, str) else tuple(t)
-
-
-class _WithAdapters(Protocol):
-    """A diffusers model with peft's adapter mixin."""
-
-    def disable_adapters(self) -> None: ...
-
-    def enable_adapters(self) -> None: ...
-
-
-@contextmanager
-def adapters_disabled(net: _WithAdapters) -> Iterator[None]:
-    """The denoiser without its LoRA adapter for the duration (peft layers bypassed, nothing copied)."""
-    net.disable_adapters()
-    try:
-        yield
-    finally:
-        net.enable_adapters()
-
-
 def cuda_backends(opts: PolicyConfig) -> None:
     """Process-wide CUDA settings of a diffusers policy: fp32 matmuls that remain (sampler math) on TF32, and
     SDPA without cuDNN's attention unless policy.cudnn_attention (its backward failed on an H100, docs/models.md)."""
@@ -114,10 +79,10 @@ def cuda_backends(opts: PolicyConfig) -> None:
 
 
 class DiffusersPolicy(ABC):
-    """A Policy over a diffusers pipeline. Subclasses set the class attributes and implement
-    _encode_text, model_output, _latent_shape and _vae_in."""
+    """A Policy over a diffusers pipeline. Subclasses declare their `card` (what they serve and their config
+    defaults), set the class attributes and implement _encode_text, denoise, _latent_shape and _vae_in."""
 
-    adapter = ""
+    card: AdapterCard  # each adapter class its own, in its class body (models/catalog.py reads it from the source)
     denoiser_attr = "transformer"
     text_encoder_attrs: tuple[str, ...] = ("text_encoder", "text_encoder_2")
     lora_defaults = LoraDefaults(32, 64.0, ("to_k", "to_q", "to_v", "to_out.0"))
@@ -147,6 +112,10 @@ class DiffusersPolicy(ABC):
         self._setup_training()
         self.latent_shape: tuple[int, ...] = self._latent_shape()
 
+    @property
+    def adapter(self) -> str:
+        return self.card.name
+
     # -- set-up ------------------------------------------------------------------------------
     def _place(self) -> None:
         """Every module in the compute dtype, except a fully fine-tuned denoiser: its weights are the fp32
@@ -165,17 +134,7 @@ class DiffusersPolicy(ABC):
         return torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32)
 
     def _lora_config(self) -> Any:
-        from peft import LoraConfig
-
-        d, o = self.lora_defaults, self.opts
-        alpha = float(o.lora_alpha or d.alpha)
-        return LoraConfig(
-            r=int(o.lora_rank or d.rank),
-            # peft annotates lora_alpha as int but scales by lora_alpha / r: a float alpha is honoured
-            lora_alpha=int(alpha) if alpha.is_integer() else alpha,  # type: ignore[arg-type]
-            init_lora_weights="gaussian",
-            target_modules=list(o.lora_targets) if o.lora_targets else _targets(d.targets),
-        )
+        return lora_config(self.lora_defaults, self.opts)
 
     def _setup_training(self) -> None:
         """LoRA: a peft adapter (B = 0, so the policy starts as the model), trained in fp32 over the frozen
@@ -227,17 +186,38 @@ class DiffusersPolicy(ABC):
         return self.latent_shape[-2] * self.latent_shape[-1] // 4
 
     @property
+    def true_cfg(self) -> bool:
+        """Whether a row is classifier-free guided: a negative prompt and a guidance scale other than 1."""
+        return self.uses_negative and self.guidance != 1.0
+
+    @property
     def evals_per_row(self) -> int:
-        return 2 if self.uses_negative and self.guidance != 1.0 else 1
+        return 2 if self.true_cfg else 1
 
     def velocity(self, x: Tensor, sigma: Tensor, cond: Conditions) -> Tensor:
         with self.autocast():
             return self.model_output(self.denoiser, x, sigma, cond).float()
 
-    @abstractmethod
     def model_output(self, net: Any, x: Tensor, sigma: Tensor, cond: Conditions) -> Tensor:
-        """The prediction (velocity or epsilon) of the denoiser `net` (self.denoiser or a frozen copy of it)
-        for sampler latents x [B, ...] at sigma [B]."""
+        """The prediction (velocity or epsilon) [B, ...] fp32 of the denoiser `net` (self.denoiser or a frozen copy
+        of it) for sampler latents x [B, ...] at sigma [B]: one denoise of the B rows, or under true CFG one
+        batched denoise of 2B rows (the conditional ones, then the same latents and sigmas with the negative
+        prompt's conditions) combined by guide(conditional, unconditional)."""
+        if not self.true_cfg:
+            return self.denoise(net, x, sigma, cond)
+        both = self.with_negative(cond, self.negative(x.shape[0]))
+        out = self.denoise(net, torch.cat([x, x]), torch.cat([sigma, sigma]), both)  # [2B, ...]
+        return self.guide(*out.chunk(2))
+
+    @abstractmethod
+    def denoise(self, net: Any, x: Tensor, sigma: Tensor, cond: Conditions) -> Tensor:
+        """One batched call of the denoiser `net`: x [R, ...] fp32, sigma [R], cond {key: [R, ...]} -> the
+        unguided prediction [R, ...] fp32 of each row."""
+
+    def with_negative(self, cond: Conditions, neg: Conditions) -> Conditions:
+        """[2B, ...] conditions of CFG's batched forward: each of cond's tensors [B, ...] followed by the negative
+        prompt's; a condition the negative prompt has none of (an image-to-video first frame) is repeated."""
+        return {k: torch.cat([v, neg.get(k, v)]) for k, v in cond.items()}
 
     def flop_formula(self) -> Formula | None:
         """The denoiser's FLOP formula (models/flops.py `formula`), or None: flops_per_row() measures instead."""
@@ -259,7 +239,7 @@ class DiffusersPolicy(ABC):
         count = self.flop_formula()
         if count is not None:
             lora = self._lora_config() if self.opts.finetune == "lora" else None
-            rank, targets = (lora.r, _lora_targets(lora)) if lora else (None, None)
+            rank, targets = (lora.r, config_targets(lora)) if lora else (None, None)
             return count(self.denoiser.config, *self.flop_tokens(), rank, targets, self.opts.gradient_checkpointing)
         if self._flops_row is None:
             from .flops import measure_policy_flops

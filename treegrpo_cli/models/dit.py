@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .base import Conditions, PixelNetPolicy
+from .flops import Ledger
 from .pixel import sigma_embedding
 
 VOCAB = (
@@ -252,9 +253,7 @@ class DiTPolicy(PixelNetPolicy):
 
     def flops_per_row(self) -> tuple[int, int] | None:
         """(forward, backward) FLOPs of one network row (one CFG half), derived from the config
-        (models/flops.py): prompts are padded to max_words text tokens."""
-        from .flops import dit_flops
-
+        (dit_flops): prompts are padded to max_words text tokens."""
         return dit_flops(self.cfg, self.cfg.max_words)
 
     def encode(self, prompts: list[str]) -> Conditions:
@@ -285,3 +284,46 @@ def _check_sizes(cfg: DiTConfig) -> None:
         raise ValueError(f"image_size must be a multiple of patch, dim of heads and of 4: {cfg}")
     if cfg.pos not in ("sincos", "learned"):
         raise ValueError(f"pos must be 'sincos' or 'learned', got {cfg.pos!r}")
+
+
+# -- FLOPs (models/flops.py) ---------------------------------------------------------------------
+def dit_flops(cfg: DiTConfig, text_tokens: int) -> tuple[int, int]:
+    """(forward, backward) FLOPs of one row of TinyDiT(cfg), every weight trained; text_tokens: the
+    prompt's padded length (DiTPolicy pads every prompt to cfg.max_words)."""
+    led, D, p, W = Ledger(), cfg.dim, cfg.patch, text_tokens
+    N = (cfg.image_size // p) ** 2  # image tokens
+    hidden = int(D * cfg.mlp_ratio)
+    led.linear("patch_in", N, cfg.channels * p * p, D, x_grad=False)  # patches [N, C p p] -> [N, D]
+    c = led.linear("time.2", 1, D, D, led.linear("time.0", 1, D, D, x_grad=False))  # sigma features [1, D]
+    for _ in range(cfg.text_layers):  # words [W, D], trained embeddings
+        _dit_text_block(led, W, D, hidden)
+    if cfg.text_ada:  # mean word embedding [1, D] -> + c
+        led.linear("text_pool.2", 1, D, D, led.linear("text_pool.0", 1, D, D, x_grad=True))
+    for _ in range(cfg.depth):  # text and image tokens [W + N, D]
+        _dit_block(led, W + N, D, hidden, c)
+    led.linear("ada_out", 1, D, 2 * D, c)  # silu(c) [1, D] -> shift, scale
+    feats = cfg.refine_feats if cfg.refine else 0
+    led.linear("patch_out", N, D, (cfg.channels + feats) * p * p, x_grad=True)  # -> [N, (C+F) p p]
+    if cfg.refine:  # three 3x3 convolutions on [H*W] pixels: (x, patch output) -> R -> R -> C channels
+        px, R = cfg.image_size**2, cfg.refine
+        led.linear("refiner.net.0", px, 9 * (2 * cfg.channels + feats), R, x_grad=True)
+        led.linear("refiner.net.2", px, 9 * R, R, x_grad=True)
+        led.linear("refiner.net.4", px, 9 * R, cfg.channels, x_grad=True)
+    return led.fwd, led.bwd
+
+
+def _dit_block(led: Ledger, S: int, D: int, hidden: int, c: bool) -> None:
+    """Block: adaLN-zero on c [1, D], attention and MLP over h [S, D]."""
+    led.linear("ada", 1, D, 6 * D, c)  # [1, D] -> 6 modulations
+    led.linear("qkv", S, D, 3 * D, x_grad=True)
+    led.attention(S, D, grad=True)
+    led.linear("proj", S, D, D, x_grad=True)
+    led.linear("mlp.2", S, hidden, D, led.linear("mlp.0", S, D, hidden, x_grad=True))
+
+
+def _dit_text_block(led: Ledger, W: int, D: int, hidden: int) -> None:
+    """TextBlock: attention and MLP over the words t [W, D]."""
+    led.linear("qkv", W, D, 3 * D, x_grad=True)
+    led.attention(W, D, grad=True)
+    led.linear("proj", W, D, D, x_grad=True)
+    led.linear("mlp.2", W, hidden, D, led.linear("mlp.0", W, D, hidden, x_grad=True))

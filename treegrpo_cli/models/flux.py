@@ -21,8 +21,10 @@ import torch
 from torch import Tensor
 
 from .base import Conditions
-from .diffusers_base import DiffusersPolicy, LoraDefaults
-from .flops import Formula
+from .catalog import AdapterCard
+from .diffusers_base import DiffusersPolicy
+from .flops import TIME_FEATURES, Formula, Ledger, formula
+from .lora import LoraDefaults
 
 # flow_grpo scripts/train_flux.py: r 64, alpha 128, Gaussian init, attention and feed-forward projections
 FLUX_LORA = LoraDefaults(
@@ -68,7 +70,13 @@ def image_ids(h2: int, w2: int, device: torch.device, dtype: torch.dtype) -> Ten
 
 
 class FluxPolicy(DiffusersPolicy):
-    adapter = "flux"
+    card = AdapterCard(
+        name="flux",
+        family="FLUX.1",
+        pipelines=("FluxPipeline",),
+        releases={"flux-dev": "black-forest-labs/FLUX.1-dev", "flux-schnell": "black-forest-labs/FLUX.1-schnell"},
+        defaults={"rollout.max_batch": 8, "policy.gradient_checkpointing": True},
+    )
     denoiser_attr = "transformer"
     text_encoder_attrs = ("text_encoder", "text_encoder_2")
     lora_defaults = FLUX_LORA
@@ -88,8 +96,6 @@ class FluxPolicy(DiffusersPolicy):
         return self.opts.max_sequence_length or (512 if self.distilled_guidance else 256)
 
     def flop_formula(self) -> Formula:
-        from .flops import flux_flops
-
         return flux_flops
 
     def _encode_text(self, prompts: list[str]) -> dict[str, Tensor]:
@@ -98,8 +104,8 @@ class FluxPolicy(DiffusersPolicy):
         )
         return {"prompt_embeds": embeds, "pooled": pooled}  # [n, L, 4096], [n, 768]
 
-    def model_output(self, net: Any, x: Tensor, sigma: Tensor, cond: Conditions) -> Tensor:
-        """x [B, C, h, w] fp32, sigma [B] -> velocity [B, C, h, w] fp32."""
+    def denoise(self, net: Any, x: Tensor, sigma: Tensor, cond: Conditions) -> Tensor:
+        """x [B, C, h, w] fp32, sigma [B] -> velocity [B, C, h, w] fp32 (distilled guidance: no negative rows)."""
         B, _, h, w = x.shape
         dt = self.dtype
         emb = cond["prompt_embeds"]  # [B, L, D]
@@ -130,3 +136,83 @@ class FluxPolicy(DiffusersPolicy):
             "distilled_guidance": self.distilled_guidance,
             "max_sequence_length": self.max_sequence_length(),
         }
+
+
+# -- FLOPs (models/flops.py) ---------------------------------------------------------------------
+FLUX_DEFAULTS: dict[str, Any] = {  # FluxTransformer2DModel's constructor defaults (FLUX.1)
+    "patch_size": 1,
+    "in_channels": 64,
+    "out_channels": None,
+    "num_layers": 19,
+    "num_single_layers": 38,
+    "attention_head_dim": 128,
+    "num_attention_heads": 24,
+    "joint_attention_dim": 4096,
+    "pooled_projection_dim": 768,
+    "guidance_embeds": False,
+}
+
+
+def _flux(led: Ledger, cfg: dict[str, Any], N: int, T: int) -> int:
+    """FluxTransformer2DModel: N packed latent tokens, T T5 tokens."""
+    D = cfg["num_attention_heads"] * cfg["attention_head_dim"]
+    M = int(D * 4.0)  # mlp ratio 4
+    img = led.linear("x_embedder", N, cfg["in_channels"], D, x_grad=False)  # packed latents [N, 64] -> [N, D]
+    temb = _flux_time_text(led, D, cfg["pooled_projection_dim"], cfg["guidance_embeds"])  # [1, D]
+    txt = led.linear("context_embedder", T, cfg["joint_attention_dim"], D, x_grad=False)  # T5 [T, 4096] -> [T, D]
+    blocks = led.fwd
+    for i in range(cfg["num_layers"]):
+        img, txt = _flux_double(led, f"transformer_blocks.{i}.", N, T, D, M, img, txt, temb)
+    h = img or txt  # single-stream blocks over cat(text, image) [T + N, D]
+    for i in range(cfg["num_single_layers"]):
+        h = _flux_single(led, f"single_transformer_blocks.{i}.", T + N, D, M, h, temb)
+    blocks = led.fwd - blocks
+    led.linear("norm_out.linear", 1, D, 2 * D, temb)  # AdaLayerNormContinuous: [1, D] -> scale, shift
+    out = cfg["out_channels"] or cfg["in_channels"]
+    led.linear("proj_out", N, D, cfg["patch_size"] ** 2 * out, h)  # image tokens [N, D] -> [N, 64]
+    return blocks
+
+
+def _flux_time_text(led: Ledger, D: int, pooled: int, guidance: bool) -> bool:
+    """temb [1, D] = MLP(time features [1, 256]) (+ MLP(guidance features)) + MLP(pooled CLIP [1, pooled])."""
+    pre = "time_text_embed."
+    g = led.linear(pre + "timestep_embedder.linear_1", 1, TIME_FEATURES, D, x_grad=False)
+    g = led.linear(pre + "timestep_embedder.linear_2", 1, D, D, g)
+    if guidance:
+        gg = led.linear(pre + "guidance_embedder.linear_1", 1, TIME_FEATURES, D, x_grad=False)
+        g = led.linear(pre + "guidance_embedder.linear_2", 1, D, D, gg) or g
+    y = led.linear(pre + "text_embedder.linear_1", 1, pooled, D, x_grad=False)
+    return led.linear(pre + "text_embedder.linear_2", 1, D, D, y) or g
+
+
+def _flux_double(
+    led: Ledger, pre: str, N: int, T: int, D: int, M: int, img: bool, txt: bool, c: bool
+) -> tuple[bool, bool]:
+    """FluxTransformerBlock: image [N, D] and text [T, D] streams, each with its adaLN-zero, q/k/v, output
+    projection and feed-forward; joint attention over [T + N, D]. Returns the streams' requires-grad."""
+    mod = led.linear(pre + "norm1.linear", 1, D, 6 * D, c)  # [1, D] -> 6 modulations of the image stream
+    cmod = led.linear(pre + "norm1_context.linear", 1, D, 6 * D, c)  # ... of the text stream
+    x, y = img or mod, txt or cmod  # the modulated streams
+    qkv = [led.linear(pre + f"attn.to_{n}", N, D, D, x) for n in "qkv"]
+    qkv += [led.linear(pre + f"attn.add_{n}_proj", T, D, D, y) for n in "qkv"]
+    led.attention(T + N, D, any(qkv))
+    img = led.linear(pre + "attn.to_out.0", N, D, D, any(qkv)) or x
+    txt = led.linear(pre + "attn.to_add_out", T, D, D, any(qkv)) or y
+    img = led.linear(pre + "ff.net.2", N, M, D, led.linear(pre + "ff.net.0.proj", N, D, M, img)) or img
+    txt = led.linear(pre + "ff_context.net.2", T, M, D, led.linear(pre + "ff_context.net.0.proj", T, D, M, txt)) or txt
+    return img, txt
+
+
+def _flux_single(led: Ledger, pre: str, S: int, D: int, M: int, h: bool, c: bool) -> bool:
+    """FluxSingleTransformerBlock over h [S, D]: adaLN, q/k/v and attention in parallel with proj_mlp
+    [S, D] -> [S, 4D], then proj_out on cat(attention, mlp) [S, 5D] -> [S, D]."""
+    x = led.linear(pre + "norm.linear", 1, D, 3 * D, c) or h  # [1, D] -> shift, scale, gate
+    mlp = led.linear(pre + "proj_mlp", S, D, M, x)
+    qkv = [led.linear(pre + f"attn.to_{n}", S, D, D, x) for n in "qkv"]
+    led.attention(S, D, any(qkv))
+    return led.linear(pre + "proj_out", S, D + M, D, any(qkv) or mlp) or x
+
+
+# count(config, image_tokens, text_tokens, rank=None, targets=None, recompute=False) -> (forward, backward) of one
+# row of FLUX.1 (dev, schnell); LoRA on FLUX_LORA's targets unless told
+flux_flops = formula(FLUX_DEFAULTS, FLUX_LORA.targets, _flux)

@@ -23,8 +23,10 @@ import torch
 from torch import Tensor
 
 from .base import Conditions
-from .diffusers_base import DiffusersPolicy, LoraDefaults
-from .flops import Formula
+from .catalog import AdapterCard
+from .diffusers_base import DiffusersPolicy
+from .flops import Formula, Ledger, formula
+from .lora import LoraDefaults
 
 # DiffSynth-Studio's FLUX.2 LoRA recipe (examples/flux2/model_training/lora): rank 32, alpha = rank, every
 # attention projection and feed-forward layer of the double-stream blocks, and the single-stream blocks' fused
@@ -68,7 +70,20 @@ def empirical_mu(tokens: int, steps: int) -> float:
 
 
 class Flux2Policy(DiffusersPolicy):
-    adapter = "flux2"
+    card = AdapterCard(
+        name="flux2",
+        family="FLUX.2",
+        pipelines=("Flux2Pipeline", "Flux2KleinPipeline"),
+        releases={
+            "flux2-dev": "black-forest-labs/FLUX.2-dev",
+            "flux2-klein-4b": "black-forest-labs/FLUX.2-klein-4B",
+            "flux2-klein-9b": "black-forest-labs/FLUX.2-klein-9B",
+            "flux2-klein-base-4b": "black-forest-labs/FLUX.2-klein-base-4B",
+            "flux2-klein-base-9b": "black-forest-labs/FLUX.2-klein-base-9B",
+        },
+        defaults={"rollout.max_batch": 8, "policy.gradient_checkpointing": True},
+        grid="model",
+    )
     text_encoder_attrs = ("text_encoder",)
     lora_defaults = FLUX2_LORA
     default_guidance = 4.0
@@ -98,8 +113,6 @@ class Flux2Policy(DiffusersPolicy):
         return empirical_mu(self.image_tokens(), steps)
 
     def flop_formula(self) -> Formula:
-        from .flops_models import flux2_flops
-
         return flux2_flops
 
     def _encode_text(self, prompts: list[str]) -> dict[str, Tensor]:
@@ -108,20 +121,12 @@ class Flux2Policy(DiffusersPolicy):
         )
         return {"prompt_embeds": embeds}  # [n, L, 3 x width]
 
-    def model_output(self, net: Any, x: Tensor, sigma: Tensor, cond: Conditions) -> Tensor:
-        """x [B, C, h, w] fp32, sigma [B] -> velocity [B, C, h, w] fp32 (guided where the model is)."""
+    def denoise(self, net: Any, x: Tensor, sigma: Tensor, cond: Conditions) -> Tensor:
+        """x [B, C, h, w] fp32, sigma [B] -> velocity [B, C, h, w] fp32."""
         B, _, h, w = x.shape
         emb = cond["prompt_embeds"]
-        cfg = self.uses_negative and self.guidance != 1.0
-        if cfg:
-            emb, x, sigma = (
-                torch.cat([emb, self.negative(B)["prompt_embeds"]]),
-                torch.cat([x, x]),
-                torch.cat([sigma] * 2),
-            )
-        rows = x.shape[0]
-        img_ids, txt_ids = positions(rows, h, w, emb.shape[1], x.device)
-        guidance = torch.full((rows,), self.guidance, device=x.device) if self.distilled_guidance else None
+        img_ids, txt_ids = positions(B, h, w, emb.shape[1], x.device)
+        guidance = torch.full((B,), self.guidance, device=x.device) if self.distilled_guidance else None
         out = net(
             hidden_states=flatten(x).to(self.dtype),
             timestep=sigma.to(self.dtype),
@@ -131,8 +136,7 @@ class Flux2Policy(DiffusersPolicy):
             img_ids=img_ids,
             return_dict=False,
         )[0]
-        v = unflatten(out.float(), h, w)
-        return self.guide(*v.chunk(2)) if cfg else v
+        return unflatten(out.float(), h, w)
 
     def _vae_in(self, latents: Tensor) -> Tensor:
         """Normalised patchified latents [B, 4C, h, w] -> the VAE's [B, C, 2h, 2w]."""
@@ -150,3 +154,66 @@ class Flux2Policy(DiffusersPolicy):
             "step_distilled": self.step_distilled,
             "max_sequence_length": self.max_sequence_length(),
         }
+
+
+# -- FLOPs (models/flops.py) ---------------------------------------------------------------------
+FLUX2_DEFAULTS: dict[str, Any] = {  # Flux2Transformer2DModel's constructor defaults (FLUX.2 [dev])
+    "patch_size": 1,
+    "in_channels": 128,
+    "out_channels": None,
+    "num_layers": 8,
+    "num_single_layers": 48,
+    "attention_head_dim": 128,
+    "num_attention_heads": 48,
+    "joint_attention_dim": 15360,
+    "timestep_guidance_channels": 256,
+    "mlp_ratio": 3.0,
+    "guidance_embeds": True,
+}
+
+
+def _flux2(led: Ledger, cfg: dict[str, Any], N: int, T: int) -> int:
+    """Flux2Transformer2DModel (FLUX.2 [dev], [klein]): N patchified latent tokens, T text tokens."""
+    D = cfg["num_attention_heads"] * cfg["attention_head_dim"]
+    M, F = int(D * cfg["mlp_ratio"]), cfg["timestep_guidance_channels"]  # SwiGLU width; time features
+    img = led.linear("x_embedder", N, cfg["in_channels"], D, x_grad=False)
+    txt = led.linear("context_embedder", T, cfg["joint_attention_dim"], D, x_grad=False)
+    pre = "time_guidance_embed."
+    temb = led.linear(
+        pre + "timestep_embedder.linear_2", 1, D, D, led.linear(pre + "timestep_embedder.linear_1", 1, F, D, False)
+    )
+    if cfg["guidance_embeds"]:
+        g = led.linear(pre + "guidance_embedder.linear_1", 1, F, D, x_grad=False)
+        temb = led.linear(pre + "guidance_embedder.linear_2", 1, D, D, g) or temb
+    # the modulations are computed once and shared by every block of a kind
+    mod_img = led.linear("double_stream_modulation_img.linear", 1, D, 6 * D, temb)
+    mod_txt = led.linear("double_stream_modulation_txt.linear", 1, D, 6 * D, temb)
+    mod_single = led.linear("single_stream_modulation.linear", 1, D, 3 * D, temb)
+    start = led.fwd
+    for i in range(cfg["num_layers"]):
+        pre = f"transformer_blocks.{i}."
+        x, y = img or mod_img, txt or mod_txt
+        qkv = [led.linear(pre + f"attn.to_{n}", N, D, D, x) for n in "qkv"]
+        qkv += [led.linear(pre + f"attn.add_{n}_proj", T, D, D, y) for n in "qkv"]
+        led.attention(T + N, D, any(qkv))
+        img = led.linear(pre + "attn.to_out.0", N, D, D, any(qkv)) or x
+        txt = led.linear(pre + "attn.to_add_out", T, D, D, any(qkv)) or y
+        img = led.linear(pre + "ff.linear_out", N, M, D, led.linear(pre + "ff.linear_in", N, D, 2 * M, img)) or img
+        ctx = led.linear(pre + "ff_context.linear_in", T, D, 2 * M, txt)
+        txt = led.linear(pre + "ff_context.linear_out", T, M, D, ctx) or txt
+    h = img or txt
+    for i in range(cfg["num_single_layers"]):  # over cat(text, image) [T + N, D]
+        pre = f"single_transformer_blocks.{i}.attn."
+        x = h or mod_single
+        fused = led.linear(pre + "to_qkv_mlp_proj", T + N, D, 3 * D + 2 * M, x)  # q, k, v and the SwiGLU input
+        led.attention(T + N, D, fused)
+        h = led.linear(pre + "to_out", T + N, D + M, D, fused) or x
+    blocks = led.fwd - start
+    led.linear("norm_out.linear", 1, D, 2 * D, temb)
+    led.linear("proj_out", N, D, cfg["patch_size"] ** 2 * (cfg["out_channels"] or cfg["in_channels"]), h)
+    return blocks
+
+
+# count(config, image_tokens, text_tokens, rank=None, targets=None, recompute=False) -> (forward, backward) of one
+# row of FLUX.2 ([dev], [klein]); LoRA on FLUX2_LORA's targets unless told
+flux2_flops = formula(FLUX2_DEFAULTS, FLUX2_LORA.targets, _flux2)

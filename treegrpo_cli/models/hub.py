@@ -1,10 +1,11 @@
 """Where a diffusers model's files are: a local folder, or the local Hugging Face cache; never the network
 unless `policy.download = true`.
 
-`--model` takes a known name (KNOWN), a hub id ("org/name", with `policy.revision`) or a local folder
-holding a diffusers pipeline (model_index.json and one folder per component). The adapter follows
-from model_index.json's `_class_name`. This module imports neither torch nor diffusers, so the
-config layer can ask for an adapter's defaults cheaply.
+`--model` takes a known name (KNOWN: a release an adapter's card names), a hub id ("org/name", with
+`policy.revision`) or a local folder holding a diffusers pipeline (model_index.json and one folder per component).
+The adapter follows from model_index.json's `_class_name`. This module imports neither torch nor diffusers (the
+adapters' cards are read from their source, models/catalog.py), so the config layer can ask for an adapter's
+defaults cheaply.
 """
 
 from __future__ import annotations
@@ -15,43 +16,13 @@ from pathlib import Path
 
 from ..errors import ConfigError, TreegrpoError
 from ..store.safeio import loads_json, shown
+from . import catalog
 
-# name -> (hub id, adapter)
-KNOWN: dict[str, tuple[str, str]] = {
-    "flux-dev": ("black-forest-labs/FLUX.1-dev", "flux"),
-    "flux-schnell": ("black-forest-labs/FLUX.1-schnell", "flux"),
-    "sd3.5-medium": ("stabilityai/stable-diffusion-3.5-medium", "sd3"),
-    "sd3.5-large": ("stabilityai/stable-diffusion-3.5-large", "sd3"),
-    "sd1.5": ("stable-diffusion-v1-5/stable-diffusion-v1-5", "sd"),
-    "qwen-image": ("Qwen/Qwen-Image", "qwenimage"),
-    "flux2-dev": ("black-forest-labs/FLUX.2-dev", "flux2"),
-    "flux2-klein-4b": ("black-forest-labs/FLUX.2-klein-4B", "flux2"),
-    "flux2-klein-9b": ("black-forest-labs/FLUX.2-klein-9B", "flux2"),
-    "flux2-klein-base-4b": ("black-forest-labs/FLUX.2-klein-base-4B", "flux2"),
-    "flux2-klein-base-9b": ("black-forest-labs/FLUX.2-klein-base-9B", "flux2"),
-    "wan2.1-t2v-1.3b": ("Wan-AI/Wan2.1-T2V-1.3B-Diffusers", "wan"),
-    "wan2.1-t2v-14b": ("Wan-AI/Wan2.1-T2V-14B-Diffusers", "wan"),
-    "wan2.1-i2v-14b-480p": ("Wan-AI/Wan2.1-I2V-14B-480P-Diffusers", "wan-i2v"),
-    "wan2.1-i2v-14b-720p": ("Wan-AI/Wan2.1-I2V-14B-720P-Diffusers", "wan-i2v"),
-}
-# settings of one released model beyond its adapter's (by hub id): SD3.5 Large's card samples at guidance 3.5
-# (Medium 4.5, the adapter's default, as Flow-GRPO trains it)
-RELEASE_DEFAULTS: dict[str, dict[str, object]] = {
-    "stabilityai/stable-diffusion-3.5-large": {"policy.guidance": 3.5},
-    "Wan-AI/Wan2.1-I2V-14B-720P-Diffusers": {"policy.resolution": 720},
-}
-PIPELINES = {
-    "FluxPipeline": "flux",
-    "StableDiffusion3Pipeline": "sd3",
-    "StableDiffusionPipeline": "sd",
-    "QwenImagePipeline": "qwenimage",
-    "Flux2Pipeline": "flux2",
-    "Flux2KleinPipeline": "flux2",
-    "WanPipeline": "wan",
-    "WanImageToVideoPipeline": "wan-i2v",
-}
-# flow models whose pipelines shift their grid by the image's token count: they sample on it (sampler.grid = "model")
-DYNAMIC_GRID = ("qwenimage", "flux2")
+# derived from the adapters' cards (models/catalog.py): release name -> (hub id, adapter); pipeline class -> adapter;
+# hub id -> the settings of one release beyond its adapter's
+KNOWN: dict[str, tuple[str, str]] = catalog.known()
+PIPELINES: dict[str, str] = catalog.pipelines()
+RELEASE_DEFAULTS: dict[str, dict[str, object]] = catalog.release_defaults()
 TEXT_PARTS = ("text_encoder", "text_encoder_2", "text_encoder_3", "tokenizer", "tokenizer_2", "tokenizer_3")
 OPTIONAL_PARTS = ("safety_checker", "feature_extractor", "image_encoder")
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -157,7 +128,7 @@ def scheduler_number(sched: dict, key: str, default: float, folder: Path | None,
 
 
 def pipeline_kind(folder: Path) -> str:
-    """The adapter ('flux', 'sd3', 'sd', 'qwenimage', 'flux2', 'wan') from model_index.json's _class_name."""
+    """The adapter's name (its card's: 'flux', 'sd3', ...) from model_index.json's _class_name."""
     cls = model_index(folder).get("_class_name", "?")
     if cls not in PIPELINES:  # a string: checked_index
         raise TreegrpoError(f"{folder}: pipeline {cls} is not supported (supported: {', '.join(PIPELINES)})")
@@ -237,33 +208,32 @@ def _scheduler_config(folder: Path | None) -> dict:
 
 
 def adapter_defaults(name: str) -> dict[str, object]:
-    """Settings a diffusers adapter layers over a method preset (preset < these < --config < --set).
-
-    SD3 samples on its scheduler's FlowMatchEuler grid with the scheduler's shift (Flow-GRPO, TreeGRPO);
-    FLUX keeps the presets' shifted grid (s = 3, the DanceGRPO / BranchGRPO FLUX setting). Large
-    denoisers get small forward batches and gradient checkpointing."""
+    """Settings a diffusers adapter layers over a method preset (preset < these < --config < --set): its card's
+    defaults, its sampling grid, the settings it reads from the model folder's scheduler config (SD3's
+    FlowMatchEuler shift, Wan's flow shift) and the release's own (models/catalog.py AdapterCard)."""
     if not is_diffusers_name(name):
         return {}
     kind, folder = _kind_and_folder(name)
+    entry = catalog.entries().get(kind or "")
     out: dict[str, object] = {}
-    if kind in ("flux", "sd3", *DYNAMIC_GRID):
-        out.update({"rollout.max_batch": 8, "policy.gradient_checkpointing": True})
-    if kind in DYNAMIC_GRID:
-        out["sampler.grid"] = "model"
-    if kind == "sd3":
-        sched = _scheduler_config(folder)
-        out.update(
-            {
-                "sampler.grid": "flow-match-euler",
-                "sampler.shift": scheduler_number(sched, "shift", 3.0, folder),
-                "sampler.num_train_timesteps": int(scheduler_number(sched, "num_train_timesteps", 1000, folder, True)),
-            }
-        )
-    if kind in ("wan", "wan-i2v"):  # the presets' shifted grid at the model's flow shift (UniPC's flow_shift, or shift)
-        sched = _scheduler_config(folder)
-        shift = scheduler_number(sched, "flow_shift", scheduler_number(sched, "shift", 3.0, folder), folder)
-        out.update({"rollout.max_batch": 4, "policy.gradient_checkpointing": True, "sampler.shift": shift})
-    if kind == "sd":
-        out.update({"rollout.max_batch": 16})
+    if entry is not None:
+        card = entry.card
+        out.update(card.defaults)
+        if card.grid != "preset":
+            out["sampler.grid"] = card.grid
+        sched = _scheduler_config(folder) if card.scheduler else {}
+        out.update({key: _from_scheduler(sched, *how, folder=folder) for key, how in card.scheduler.items()})
     out.update(RELEASE_DEFAULTS.get(repo_id(name), {}))
     return out
+
+
+def _from_scheduler(sched: dict, *names_then_default: object, folder: Path | None) -> float:
+    """The first of the names the scheduler config sets (every one it sets is checked), else the default (an int
+    default asks for a whole number)."""
+    *names, default = names_then_default
+    if not isinstance(default, (int, float)):
+        raise TypeError(f"a card's scheduler default must be a number, got {default!r}")
+    value = default
+    for key in reversed(names):
+        value = scheduler_number(sched, str(key), value, folder, whole=isinstance(default, int))
+    return value

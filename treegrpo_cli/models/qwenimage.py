@@ -25,9 +25,11 @@ from torch import Tensor
 
 from ..errors import TreegrpoError
 from .base import Conditions
-from .diffusers_base import DiffusersPolicy, LoraDefaults
-from .flops import Formula
+from .catalog import AdapterCard
+from .diffusers_base import DiffusersPolicy
+from .flops import TIME_FEATURES, Formula, Ledger, formula
 from .flux import pack, unpack
+from .lora import LoraDefaults
 
 # VeRL's Qwen-Image Flow-GRPO recipe (examples/flowgrpo_trainer): r 64, alpha 128, the joint attention's
 # projections and both streams' feed-forward layers
@@ -60,7 +62,14 @@ def pad_rows(embeds: list[Tensor]) -> tuple[Tensor, Tensor]:
 
 
 class QwenImagePolicy(DiffusersPolicy):
-    adapter = "qwenimage"
+    card = AdapterCard(
+        name="qwenimage",
+        family="Qwen-Image",
+        pipelines=("QwenImagePipeline",),
+        releases={"qwen-image": "Qwen/Qwen-Image"},
+        defaults={"rollout.max_batch": 8, "policy.gradient_checkpointing": True},
+        grid="model",
+    )
     uses_negative = True  # true CFG against the model card's negative prompt
     negative_prompt = " "
     default_guidance = 4.0
@@ -74,8 +83,6 @@ class QwenImagePolicy(DiffusersPolicy):
         return (self.denoiser.config.in_channels // 4, side, side)
 
     def flop_formula(self) -> Formula:
-        from .flops_models import qwen_image_flops
-
         return qwen_image_flops
 
     def flop_tokens(self) -> tuple[int, int]:
@@ -110,28 +117,31 @@ class QwenImagePolicy(DiffusersPolicy):
         e = self._cache[self.negative_prompt]["prompt_embeds"].to(self.device)  # [1, L, D]
         return {"prompt_embeds": e.expand(rows, *e.shape[1:]), "prompt_mask": torch.ones(rows, e.shape[1]).long()}
 
-    def model_output(self, net: Any, x: Tensor, sigma: Tensor, cond: Conditions) -> Tensor:
-        """x [B, C, h, w] fp32, sigma [B] -> guided velocity [B, C, h, w] fp32."""
+    def denoise(self, net: Any, x: Tensor, sigma: Tensor, cond: Conditions) -> Tensor:
+        """x [B, C, h, w] fp32, sigma [B] -> velocity [B, C, h, w] fp32."""
         B, _, h, w = x.shape
         emb, mask = cond["prompt_embeds"], cond["prompt_mask"]
-        cfg = self.guidance != 1.0
-        if cfg:
-            neg = self.negative(B)
-            emb, mask = _join(emb, mask, neg)
-        rows = emb.shape[0]
         out = net(
-            hidden_states=pack(torch.cat([x, x]) if cfg else x).to(self.dtype),
-            timestep=(torch.cat([sigma, sigma]) if cfg else sigma).to(self.dtype),
+            hidden_states=pack(x).to(self.dtype),
+            timestep=sigma.to(self.dtype),
             encoder_hidden_states=emb.to(self.dtype),
             encoder_hidden_states_mask=None if bool(mask.all()) else mask.to(x.device),
-            img_shapes=[[(1, h // 2, w // 2)]] * rows,
+            img_shapes=[[(1, h // 2, w // 2)]] * B,
             return_dict=False,
-        )[0].float()  # [rows, (h/2)(w/2), 4C]
-        if cfg:
-            v_c, v_u = out.chunk(2)
-            guided = self.guide(v_c, v_u)
-            out = guided * (v_c.norm(dim=-1, keepdim=True) / guided.norm(dim=-1, keepdim=True))
+        )[0].float()  # [B, (h/2)(w/2), 4C]
         return unpack(out, h, w)
+
+    def with_negative(self, cond: Conditions, neg: Conditions) -> Conditions:
+        """The conditional rows then the negative prompt's, padded to a common text length."""
+        emb, mask = _join(cond["prompt_embeds"], cond["prompt_mask"], neg)
+        return {"prompt_embeds": emb, "prompt_mask": mask}
+
+    def guide(self, cond_out: Tensor, uncond_out: Tensor) -> Tensor:
+        """True CFG, then QwenImagePipeline's renormalisation: each packed token's guided velocity rescaled to
+        the conditional velocity's norm ([B, C, h, w] in and out)."""
+        h, w = cond_out.shape[-2:]
+        guided, c = pack(super().guide(cond_out, uncond_out)), pack(cond_out)  # [B, (h/2)(w/2), 4C]
+        return unpack(guided * (c.norm(dim=-1, keepdim=True) / guided.norm(dim=-1, keepdim=True)), h, w)
 
     def _vae_in(self, latents: Tensor) -> Tensor:
         c = self.pipe.vae.config
@@ -152,3 +162,56 @@ def _join(emb: Tensor, mask: Tensor, neg: Conditions) -> tuple[Tensor, Tensor]:
     L = max(emb.shape[1], ne.shape[1])
     pad = lambda t, n: torch.nn.functional.pad(t, (0, 0, 0, n - t.shape[1]) if t.dim() == 3 else (0, n - t.shape[1]))  # noqa: E731
     return torch.cat([pad(emb, L), pad(ne, L)]), torch.cat([pad(mask, L), pad(nm, L)])
+
+
+# -- FLOPs (models/flops.py) ---------------------------------------------------------------------
+QWEN_DEFAULTS: dict[str, Any] = {  # QwenImageTransformer2DModel's constructor defaults (Qwen-Image)
+    "patch_size": 2,
+    "in_channels": 64,
+    "out_channels": 16,
+    "num_layers": 60,
+    "attention_head_dim": 128,
+    "num_attention_heads": 24,
+    "joint_attention_dim": 3584,
+}
+
+
+def _qwen(led: Ledger, cfg: dict[str, Any], N: int, T: int) -> int:
+    """QwenImageTransformer2DModel: N packed 2x2 patches, T Qwen2.5-VL tokens."""
+    D, L = cfg["num_attention_heads"] * cfg["attention_head_dim"], cfg["num_layers"]
+    img = led.linear("img_in", N, cfg["in_channels"], D, x_grad=False)  # packed latents [N, 4C] -> [N, D]
+    t = led.linear("time_text_embed.timestep_embedder.linear_1", 1, TIME_FEATURES, D, x_grad=False)
+    temb = led.linear("time_text_embed.timestep_embedder.linear_2", 1, D, D, t)  # [1, D]
+    # the text [T, 3584] through txt_norm (an RMSNorm whose weight full fine-tuning trains) -> [T, D]
+    txt = led.linear("txt_in", T, cfg["joint_attention_dim"], D, x_grad=led.rank is None)
+    start = led.fwd
+    for i in range(L):
+        pre = f"transformer_blocks.{i}."
+        x = led.linear(pre + "img_mod.1", 1, D, 6 * D, temb) or img  # adaLN-zero of each stream
+        y = led.linear(pre + "txt_mod.1", 1, D, 6 * D, temb) or txt
+        qkv = [led.linear(pre + f"attn.to_{n}", N, D, D, x) for n in "qkv"]
+        qkv += [led.linear(pre + f"attn.add_{n}_proj", T, D, D, y) for n in "qkv"]
+        led.attention(T + N, D, any(qkv))  # joint attention over [T + N, D]
+        img = led.linear(pre + "attn.to_out.0", N, D, D, any(qkv)) or x
+        img = led.linear(pre + "img_mlp.net.2", N, 4 * D, D, led.linear(pre + "img_mlp.net.0.proj", N, D, 4 * D, img))
+        img = img or x
+        if i == L - 1:  # the last block's text stream feeds nothing: forward only
+            for name, k, n in (
+                ("attn.to_add_out", D, D),
+                ("txt_mlp.net.0.proj", D, 4 * D),
+                ("txt_mlp.net.2", 4 * D, D),
+            ):
+                led.dead(pre + name, T, k, n)
+            continue
+        txt = led.linear(pre + "attn.to_add_out", T, D, D, any(qkv)) or y
+        txt = led.linear(pre + "txt_mlp.net.2", T, 4 * D, D, led.linear(pre + "txt_mlp.net.0.proj", T, D, 4 * D, txt))
+        txt = txt or y
+    blocks = led.fwd - start
+    led.linear("norm_out.linear", 1, D, 2 * D, temb)  # AdaLayerNormContinuous: [1, D] -> scale, shift
+    led.linear("proj_out", N, D, cfg["patch_size"] ** 2 * cfg["out_channels"], img)
+    return blocks
+
+
+# count(config, image_tokens, text_tokens, rank=None, targets=None, recompute=False) -> (forward, backward) of one
+# row of Qwen-Image; LoRA on QWEN_LORA's targets unless told
+qwen_image_flops = formula(QWEN_DEFAULTS, QWEN_LORA.targets, _qwen)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..errors import ConfigError, TreegrpoError
-from . import hub
+from . import catalog, hub
 from .base import Policy, PolicyConfig
 from .pixel import PixelConfig, PixelPolicy
 
@@ -76,7 +76,7 @@ MODEL_DEFAULTS: dict[str, dict[str, object]] = {
 def model_defaults(name: str) -> dict[str, object]:
     if name in MODEL_DEFAULTS:
         return dict(MODEL_DEFAULTS[name])
-    return hub.adapter_defaults(name)  # diffusers models (FLUX, SD3, SD): models/hub.py
+    return hub.adapter_defaults(name)  # the diffusers adapters' (their cards): models/hub.py
 
 
 def load_policy(
@@ -111,8 +111,7 @@ def _load_diffusers(name: str, device: str | torch.device, opts: PolicyConfig, t
 
     quiet_diffusers()  # the torchvision guard first: transformers imports it
     pipeline_cls = getattr(importlib.import_module("diffusers"), _class_name(folder))  # checked by pipeline_kind
-    module, cls_name = ADAPTERS[kind]
-    adapter: type[DiffusersPolicy] = getattr(importlib.import_module(f".{module}", __package__), cls_name)
+    adapter = adapter_class(kind)
     pipe = load_pipeline(folder, pipeline_cls, torch_dtype(opts.dtype, device), text_encoders)
     shown = name if name in hub.KNOWN or hub.local_dir(name) is None else Path(name).expanduser().name
     return adapter(pipe, opts, name=shown, source=str(folder), device=device)
@@ -143,8 +142,7 @@ def _load_random(name: str, device: str | torch.device, opts: PolicyConfig) -> P
 
     quiet_diffusers()
     pipe = releases.random_pipeline(spec, tiny, torch.device(device), torch_dtype(opts.dtype, device))
-    module, cls_name = ADAPTERS[spec.adapter]
-    adapter: type[DiffusersPolicy] = getattr(importlib.import_module(f".{module}", __package__), cls_name)
+    adapter = adapter_class(spec.adapter)
     source = f"random weights (seed {releases.SEED}, {opts.size} size, no download)"
     policy = adapter(pipe, opts, name=name, source=source, device=device)
     policy.text_stand_in = releases.RandomText(releases.text_shapes(spec, tiny, opts.max_sequence_length))
@@ -152,16 +150,14 @@ def _load_random(name: str, device: str | torch.device, opts: PolicyConfig) -> P
     return policy
 
 
-# adapter kind (models/hub.py PIPELINES) -> (module, class) of its Policy
-ADAPTERS = {
-    "flux": ("flux", "FluxPolicy"),
-    "sd3": ("sd3", "SD3Policy"),
-    "sd": ("sd", "SDPolicy"),
-    "qwenimage": ("qwenimage", "QwenImagePolicy"),
-    "flux2": ("flux2", "Flux2Policy"),
-    "wan": ("wan", "WanPolicy"),
-    "wan-i2v": ("wan", "WanI2VPolicy"),
-}
+# adapter name -> (module, class) of its Policy: every adapter class in models/ with a card (models/catalog.py)
+ADAPTERS: dict[str, tuple[str, str]] = {name: (e.module, e.cls) for name, e in catalog.entries().items()}
+
+
+def adapter_class(name: str) -> type[DiffusersPolicy]:
+    """The adapter class of an adapter name (a card's), imported."""
+    module, cls_name = ADAPTERS[name]
+    return getattr(importlib.import_module(f".{module}", __package__), cls_name)
 
 
 def _class_name(folder: Path) -> str:

@@ -1,13 +1,14 @@
 """The released models at their real sizes with seeded random weights: `policy.weights = "random"`.
 
-Each release in releases.json carries its denoiser's config (transformer/config.json or unet/config.json), its
-autoencoder's and scheduler's, its pipeline class, the shapes of its cached text embeddings and a tiny variant of
-the same architectures (`policy.size = "tiny"`, what the adapter tests run on the CPU). From these a real
-diffusers pipeline is assembled with no text encoder and nothing downloaded: the denoiser and the autoencoder
-are built on the meta device, then filled on the target device from a seeded normal, and each prompt gets a
-deterministic random embedding of the text encoder's real shape (a hash of the prompt seeds it). The whole CLI
-path (train, resume, rollout, eval, export) then runs at the release's size: the GPU check uses it, and users can
-size memory and time before fetching any weights.
+Each release an adapter's card names (models/catalog.py: its --model name and hub id) has an entry in releases.json
+with its denoiser's config (transformer/config.json or unet/config.json), its autoencoder's and scheduler's, its
+pipeline class, the shapes of its cached text embeddings and a tiny variant of the same architectures
+(`policy.size = "tiny"`, what the adapter tests run on the CPU). From these a real diffusers pipeline is assembled
+with no text encoder and nothing downloaded: the denoiser and the autoencoder are built on the meta device, then
+filled on the target device from a seeded normal, and each prompt gets a deterministic random embedding of the
+text encoder's real shape (a hash of the prompt seeds it). The whole CLI path (train, resume, rollout, eval,
+export) then runs at the release's size: the GPU check uses it, and users can size memory and time before
+fetching any weights.
 
 Random weights are the same for the same seed, release, size, dtype and device type (CUDA's and the CPU's
 random streams differ).
@@ -27,6 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import ConfigError
+from . import catalog
 
 SPECS = Path(__file__).with_name("releases.json")
 SEED = 0  # of the random weights (the run's seed drives sampling, not the weights)
@@ -36,8 +38,8 @@ TINY_FRAMES = 5  # video frames at the tiny size (2 latent frames)
 
 @dataclass(frozen=True)
 class Release:
-    hub_id: str
-    adapter: str
+    hub_id: str  # from the card of the adapter that serves it
+    adapter: str  # that adapter's name
     transformer: str  # the denoiser's diffusers class
     config: dict[str, Any]  # its release config
     tiny: dict[str, Any]  # the same architecture at test sizes (empty: none)
@@ -55,8 +57,10 @@ class Release:
 
 @cache
 def releases() -> dict[str, Release]:
+    """Every release's spec, in releases.json's order (tests/test_models_catalog.py: the names the cards serve)."""
     models = json.loads(SPECS.read_text())["models"]
-    return {k: Release(**v) for k, v in models.items()}
+    served = catalog.known()
+    return {k: Release(*served[k], **v) for k, v in models.items()}
 
 
 def release(name: str) -> Release:
@@ -166,7 +170,7 @@ class RandomText:
 def tiny_options(opts: Any, spec: Release) -> Any:
     """The [policy] settings a tiny build needs where the user left them unset: a small image, few text tokens,
     a short clip."""
-    video = spec.adapter.startswith("wan")
+    video = catalog.entries()[spec.adapter].card.video
     return dataclasses.replace(
         opts,
         resolution=opts.resolution or spec.tiny_resolution,

@@ -16,19 +16,26 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from ..engine.sde import DDIMKernel, SamplerConfig
 from .base import Conditions
-from .diffusers_base import DiffusersPolicy, LoraDefaults
+from .catalog import AdapterCard
+from .diffusers_base import DiffusersPolicy
+from .lora import LoraDefaults
 
 # TRL's DDPO Stable Diffusion pipeline (use_lora): r 4, alpha 4, Gaussian init, the attention projections
 SD_LORA = LoraDefaults(4, 4.0, ("to_k", "to_q", "to_v", "to_out.0"))
 
 
 class SDPolicy(DiffusersPolicy):
-    adapter = "sd"
+    card = AdapterCard(
+        name="sd",
+        family="SD1.5",
+        pipelines=("StableDiffusionPipeline",),
+        releases={"sd1.5": "stable-diffusion-v1-5/stable-diffusion-v1-5"},
+        defaults={"rollout.max_batch": 16},
+    )
     denoiser_attr = "unet"
     text_encoder_attrs = ("text_encoder",)
     lora_defaults = SD_LORA
@@ -67,17 +74,11 @@ class SDPolicy(DiffusersPolicy):
         embeds, _ = self.pipe.encode_prompt(prompts, self.device, 1, False)
         return {"prompt_embeds": embeds}  # [n, 77, 768]
 
-    def model_output(self, net: Any, x: Tensor, sigma: Tensor, cond: Conditions) -> Tensor:
-        """x [B, C, h, w] fp32, sigma [B] = t/1000 -> guided noise prediction [B, C, h, w] fp32."""
-        B, dt = x.shape[0], self.dtype
+    def denoise(self, net: Any, x: Tensor, sigma: Tensor, cond: Conditions) -> Tensor:
+        """x [B, C, h, w] fp32, sigma [B] = t/1000 -> noise prediction [B, C, h, w] fp32."""
         t = (sigma.double() * self.num_train_timesteps).round().long()  # [B]
-        emb = cond["prompt_embeds"]
-        if self.guidance == 1.0:
-            return net(x.to(dt), t, encoder_hidden_states=emb.to(dt), return_dict=False)[0].float()
-        emb2 = torch.cat([emb, self.negative(B)["prompt_embeds"]]).to(dt)
-        out = net(torch.cat([x, x]).to(dt), torch.cat([t, t]), encoder_hidden_states=emb2, return_dict=False)[0]
-        e_c, e_u = out.float().chunk(2)
-        return self.guide(e_c, e_u)
+        emb = cond["prompt_embeds"].to(self.dtype)
+        return net(x.to(self.dtype), t, encoder_hidden_states=emb, return_dict=False)[0].float()
 
     def _vae_in(self, latents: Tensor) -> Tensor:
         return latents / self.pipe.vae.config.scaling_factor

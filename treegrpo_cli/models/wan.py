@@ -9,8 +9,9 @@
 * Text: UMT5-XXL last hidden states [L, 4096], each prompt's tokens then zeros up to max_sequence_length (226),
   as WanPipeline pads them; encoded once per prompt and shared by every node of a tree.
 * Time grid: the presets' shifted grid with the model's flow shift (the scheduler's `flow_shift` or `shift`:
-  3.0 for 480p, 5.0 for 720p; models/hub.py adapter_defaults), FlowSDE; Wan's own UniPC multistep sampler is
-  not a one-step kernel, so the grid is the flow-matching Euler one DanceGRPO and BranchGRPO train Wan with.
+  3.0 for 480p, 5.0 for 720p; the card's scheduler settings, models/hub.py adapter_defaults), FlowSDE; Wan's own
+  UniPC multistep sampler is not a one-step kernel, so the grid is the flow-matching Euler one DanceGRPO and
+  BranchGRPO train Wan with.
 * Decode: z * latents_std + latents_mean (the VAE config's per-channel statistics), the causal video VAE:
   videos [B, 3, frames, H, W] in [0, 1].
 * Image-to-video (WanImageToVideoPipeline, Wan2.1 I2V): each prompt's first frame (policy.images: a .jsonl of
@@ -32,8 +33,10 @@ from ..errors import ConfigError, TreegrpoError
 from ..preflight import check_image
 from ..store.safeio import contained, loads_json
 from .base import Conditions
-from .diffusers_base import DiffusersPolicy, LoraDefaults
-from .flops import Formula
+from .catalog import AdapterCard
+from .diffusers_base import DiffusersPolicy
+from .flops import Formula, Ledger, formula
+from .lora import LoraDefaults
 
 # DiffSynth-Studio's Wan LoRA recipe (q, k, v, o and the feed-forward of every block): rank 32, alpha = rank,
 # the self- and cross-attention projections and both feed-forward layers
@@ -41,7 +44,19 @@ WAN_LORA = LoraDefaults(32, 32.0, ("to_q", "to_k", "to_v", "to_out.0", "ffn.net.
 
 
 class WanPolicy(DiffusersPolicy):
-    adapter = "wan"
+    card = AdapterCard(
+        name="wan",
+        family="Wan2.1",
+        pipelines=("WanPipeline",),
+        releases={
+            "wan2.1-t2v-1.3b": "Wan-AI/Wan2.1-T2V-1.3B-Diffusers",
+            "wan2.1-t2v-14b": "Wan-AI/Wan2.1-T2V-14B-Diffusers",
+        },
+        defaults={"rollout.max_batch": 4, "policy.gradient_checkpointing": True},
+        # the presets' shifted grid at the model's flow shift (UniPC's flow_shift, else shift)
+        scheduler={"sampler.shift": ("flow_shift", "shift", 3.0)},
+        video=True,
+    )
     uses_negative = True
     default_guidance = 5.0
     text_encoder_attrs: tuple[str, ...] = ("text_encoder",)
@@ -75,26 +90,17 @@ class WanPolicy(DiffusersPolicy):
         )
         return {"prompt_embeds": embeds}  # [n, L, 4096]
 
-    def model_output(self, net: Any, x: Tensor, sigma: Tensor, cond: Conditions) -> Tensor:
-        """x [B, C, F, h, w] fp32, sigma [B] -> guided velocity [B, C, F, h, w] fp32."""
-        B, emb = x.shape[0], cond["prompt_embeds"]
+    def denoise(self, net: Any, x: Tensor, sigma: Tensor, cond: Conditions) -> Tensor:
+        """x [B, C, F, h, w] fp32, sigma [B] -> velocity [B, C, F, h, w] fp32. Under CFG the negative prompt's
+        rows share everything but the text (model_output repeats the other conditions)."""
         x, extra = self._conditioned(x, cond)
-        cfg = self.guidance != 1.0
-        if cfg:  # one batched forward: the negative prompt's half shares everything but the text
-            emb, x, sigma = (
-                torch.cat([emb, self.negative(B)["prompt_embeds"]]),
-                torch.cat([x, x]),
-                torch.cat([sigma] * 2),
-            )
-            extra = {k: torch.cat([v, v]) for k, v in extra.items()}
-        out = net(
+        return net(
             hidden_states=x.to(self.dtype),
             timestep=sigma.float() * 1000,
-            encoder_hidden_states=emb.to(self.dtype),
+            encoder_hidden_states=cond["prompt_embeds"].to(self.dtype),
             return_dict=False,
             **{k: v.to(self.dtype) for k, v in extra.items()},
         )[0].float()
-        return self.guide(*out.chunk(2)) if cfg else out
 
     def _conditioned(self, x: Tensor, cond: Conditions) -> tuple[Tensor, dict[str, Tensor]]:
         """The transformer's input latent and its other conditioning (text-to-video: x itself, nothing)."""
@@ -106,8 +112,6 @@ class WanPolicy(DiffusersPolicy):
         return (f // pt) * (h // ph) * (w // pw)
 
     def flop_formula(self) -> Formula:
-        from .flops_models import wan_flops
-
         return wan_flops
 
     def _vae_in(self, latents: Tensor) -> Tensor:
@@ -128,7 +132,19 @@ def raise_frames(frames: int, stride: int, name: str) -> None:
 class WanI2VPolicy(WanPolicy):
     """Wan2.1 image-to-video: WanImageToVideoPipeline's conditioning on each prompt's first frame."""
 
-    adapter = "wan-i2v"
+    card = AdapterCard(
+        name="wan-i2v",
+        family="Wan2.1",
+        pipelines=("WanImageToVideoPipeline",),
+        releases={
+            "wan2.1-i2v-14b-480p": "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers",
+            "wan2.1-i2v-14b-720p": "Wan-AI/Wan2.1-I2V-14B-720P-Diffusers",
+        },
+        defaults={"rollout.max_batch": 4, "policy.gradient_checkpointing": True},
+        scheduler={"sampler.shift": ("flow_shift", "shift", 3.0)},
+        release_defaults={"wan2.1-i2v-14b-720p": {"policy.resolution": 720}},
+        video=True,
+    )
     text_encoder_attrs = ("text_encoder", "image_encoder")
     default_text_tokens = 512  # the I2V transformer tells image from text tokens by counting 512 text ones
 
@@ -188,8 +204,6 @@ class WanI2VPolicy(WanPolicy):
         return x, {"encoder_hidden_states_image": cond["image_embeds"]}
 
     def flop_formula(self) -> Formula:
-        from .flops_models import wan_flops
-
         vision = self.pipe.image_encoder.config if self.pipe.image_encoder is not None else None
         tokens = (vision.image_size // vision.patch_size) ** 2 + 1 if vision else 257  # CLIP's patches + class
 
@@ -232,3 +246,77 @@ def first_frames(path: str, name: str) -> dict[str, Path]:
         check_image(image)  # its size from its header, before any is decoded
         out[prompt] = image
     return out
+
+
+# -- FLOPs (models/flops.py) ---------------------------------------------------------------------
+WAN_DEFAULTS: dict[str, Any] = {  # WanTransformer3DModel's constructor defaults (Wan2.1 14B)
+    "patch_size": (1, 2, 2),
+    "num_attention_heads": 40,
+    "attention_head_dim": 128,
+    "in_channels": 16,
+    "out_channels": 16,
+    "text_dim": 4096,
+    "freq_dim": 256,
+    "ffn_dim": 13824,
+    "num_layers": 40,
+    "cross_attn_norm": True,
+    "image_dim": None,  # Wan2.1 I2V: 1280, CLIP ViT-H's width
+    "added_kv_proj_dim": None,
+    "image_context_tokens": 257,  # not a config field: CLIP's tokens of the first frame (the I2V adapter's)
+}
+
+
+def _wan(led: Ledger, cfg: dict[str, Any], N: int, T: int) -> int:
+    """WanTransformer3DModel (text- and image-to-video): N patches of the video latent, T UMT5 tokens. Full
+    fine-tuning trains the blocks' modulation tables and the cross-attention norm, so every block's input requires
+    grad there."""
+    D, Ff, full = cfg["num_attention_heads"] * cfg["attention_head_dim"], cfg["ffn_dim"], led.rank is None
+    pt, ph, pw = cfg["patch_size"]
+    x = led.linear("patch_embedding", N, cfg["in_channels"] * pt * ph * pw, D, x_grad=False)  # a conv as patches
+    pre = "condition_embedder."
+    t = led.linear(pre + "time_embedder.linear_1", 1, cfg["freq_dim"], D, x_grad=False)
+    temb = led.linear(pre + "time_embedder.linear_2", 1, D, D, t)
+    mod = led.linear(pre + "time_proj", 1, D, 6 * D, temb) or full  # + each block's scale_shift_table
+    txt = led.linear(
+        pre + "text_embedder.linear_2",
+        T,
+        D,
+        D,
+        led.linear(pre + "text_embedder.linear_1", T, cfg["text_dim"], D, False),
+    )
+    img = _wan_image_tokens(led, cfg, D, full)
+    start = led.fwd
+    for i in range(cfg["num_layers"]):
+        b = f"blocks.{i}."
+        h = x or mod  # adaLN-modulated input of the self-attention
+        qkv = [led.linear(b + f"attn1.to_{n}", N, D, D, h) for n in "qkv"]
+        led.attention(N, D, any(qkv))
+        x = led.linear(b + "attn1.to_out.0", N, D, D, any(qkv)) or h
+        h = x or (full and cfg["cross_attn_norm"])  # norm2's affine weights
+        q = led.linear(b + "attn2.to_q", N, D, D, h)
+        kv = [led.linear(b + f"attn2.to_{n}", T, D, D, txt) for n in "kv"]
+        led.attention(N, D, q or any(kv), keys=T)
+        if img is not None:  # I2V: the same queries attend to the image tokens too; the two outputs add
+            kv += [led.linear(b + f"attn2.add_{n}_proj", cfg["image_context_tokens"], D, D, img) for n in "kv"]
+            led.attention(N, D, q or any(kv[2:]), keys=cfg["image_context_tokens"])
+        x = led.linear(b + "attn2.to_out.0", N, D, D, q or any(kv)) or x
+        h = x or mod
+        x = led.linear(b + "ffn.net.2", N, Ff, D, led.linear(b + "ffn.net.0.proj", N, D, Ff, h)) or h
+    blocks = led.fwd - start
+    out = cfg["out_channels"] * pt * ph * pw
+    led.linear("proj_out", N, D, out, x or full)  # norm_out modulated by temb and the model's scale_shift_table
+    return blocks
+
+
+def _wan_image_tokens(led: Ledger, cfg: dict[str, Any], D: int, full: bool) -> bool | None:
+    """I2V's image embedder (LayerNorm, a GELU MLP of width image_dim, LayerNorm) on the CLIP tokens: whether its
+    output requires grad (full fine-tuning trains it), or None for text-to-video."""
+    if cfg["image_dim"] is None:
+        return None
+    n, d, pre = cfg["image_context_tokens"], cfg["image_dim"], "condition_embedder.image_embedder.ff.net."
+    return led.linear(pre + "2", n, d, D, led.linear(pre + "0.proj", n, d, d, full)) or full
+
+
+# count(config, image_tokens, text_tokens, rank=None, targets=None, recompute=False) -> (forward, backward) of one
+# row of Wan2.1 (text- and image-to-video); LoRA on WAN_LORA's targets unless told
+wan_flops = formula(WAN_DEFAULTS, WAN_LORA.targets, _wan)

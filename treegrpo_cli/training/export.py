@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,22 +47,27 @@ def pick_checkpoint(run_dir: Path, step: int | None) -> Path:
     raise TreegrpoError(f"{run_dir}: no checkpoint of step {step} (have: {', '.join(p.name[5:] for p in done)})")
 
 
-def export_checkpoint(req: ExportRequest) -> dict[str, Any]:
-    """Write one checkpoint's weights as a diffusers LoRA file or model folder under req.out."""
+def export_checkpoint(req: ExportRequest, note: Callable[[str], None] = lambda message: None) -> dict[str, Any]:
+    """Write one checkpoint's weights as a diffusers LoRA file or model folder under req.out; `note` hears
+    each stage (reading the checkpoint, loading the model, writing)."""
     cfg = rundir.load_config(req.run_dir)
     if req.out.exists() and not req.out.is_dir():
         raise TreegrpoError(f"{req.out} exists and is not a folder")
     if req.out.exists() and any(req.out.iterdir()) and not req.overwrite:
         raise TreegrpoError(f"{req.out} is not empty; pass --overwrite or choose another --out")
     path = pick_checkpoint(req.run_dir, req.step)
+    note(f"reading {path}")
     ck = load_checkpoint(path)
     use_ema = req.ema and ck.ema is not None
+    note(f"loading {cfg.model} on {req.device} (no text encoders) ...")
     policy = load_policy(cfg.model, req.device, cfg.policy, text_encoders=False)
     if not hasattr(policy, "export"):
         raise TreegrpoError(
             f"model {cfg.model!r} has no diffusers format; its weights are the model-*.safetensors shards of {path}"
         )
     weights = ck.ema if use_ema else ck.model
+    what = "LoRA" if cfg.policy.finetune == "lora" else "full"
+    note(f"writing the {'EMA ' if use_ema else ''}{what} weights of step {ck.step} to {req.out} ...")
     try:
         files = policy.export(req.out, weights)
     except Exception as e:  # a full disk, however the library that wrote said it

@@ -148,7 +148,9 @@ class Trainer:
         if every and (self.opt_steps + 1) % every == 0:
             self.update_ema()
 
-    def update(self, batch: Batch, gen: torch.Generator, parallel: Parallel | None = None) -> dict[str, Any]:
+    def update(
+        self, batch: Batch, gen: torch.Generator, parallel: Parallel | None = None, progress: Progress | None = None
+    ) -> dict[str, Any]:
         """One iteration's GRPO update, with the EMA updates its schedule asks for (train.ema_every)."""
         self.ema_updates = 0
         out = grpo_update(
@@ -162,6 +164,7 @@ class Trainer:
             self.ref,
             self.after_step,
             parallel,
+            progress=progress,
         )
         if self.cfg.train.ema_every == 0:  # once per iteration (DanceGRPO's code)
             self.update_ema()
@@ -171,7 +174,7 @@ class Trainer:
         """The weights rollouts sample with: NFT's old policy, else the trained one."""
         return self.old.swapped(list(self.policy.trainable_parameters())) if self.old is not None else nullcontext()
 
-    def update_nft(self, b: NFTBatch) -> dict[str, Any]:
+    def update_nft(self, b: NFTBatch, progress: Progress | None = None) -> dict[str, Any]:
         """One iteration's NFT update; then the old policy trails the trained one (nft.decay)."""
         self.ema_updates = 0
         cfg, params = self.cfg, list(self.policy.trainable_parameters())
@@ -192,6 +195,7 @@ class Trainer:
             self.after_step,
             sync,
             gather,
+            progress=progress,
         )
         if cfg.train.ema_every == 0:
             self.update_ema()
@@ -284,7 +288,7 @@ class Trainer:
         t2 = time.perf_counter()
         cond = self.policy.encode([prompts[int(p)] for p in tree.tree_prompt])
         if self.old is not None:
-            upd = self.update_nft(nft_batch(cfg, it, tree, whole, adv.leaf, starts, d.rank, cond))
+            upd = self.update_nft(nft_batch(cfg, it, tree, whole, adv.leaf, starts, d.rank, cond), progress)
             trained = whole.is_leaf()  # NFT trains every leaf, on its advantage
             credited = adv.leaf[trained]
         else:
@@ -292,7 +296,7 @@ class Trainer:
             batch = Batch(tree, trained[own], adv.edge[own], cond)
             whole_plan = Batch(whole, trained, adv.edge, {})
             par = parallel_plan(whole_plan, cfg, it, starts, d, self.sharded) if d.active else None
-            upd = self.update(batch, update_generator(cfg, it), par)
+            upd = self.update(batch, update_generator(cfg, it), par, progress)
             credited = adv.edge[trained]
         t3 = time.perf_counter()
         self.step += 1
@@ -362,7 +366,7 @@ def _train(req: TrainRequest, hooks: Hooks, held: ExitStack) -> dict[str, Any]:
     finished = trainer.step >= cfg.train.iterations or bool(budget and wall >= budget) or spent()
     stopped, stall = False, 0
     while not finished:
-        row = trainer.iteration(req.prompts, lambda ph, dn, t: hooks.progress("rollout", dn, t))
+        row = trainer.iteration(req.prompts, hooks.progress)  # phases rollout, score, update
         row["wall"], last_wall = time.perf_counter() - wall0, wall
         last_tflops = trainer.totals["flops_total"] / 1e12
         row.update(trainer.add_to_totals(row))
@@ -513,6 +517,9 @@ def _heldout(trainer: Trainer, req: TrainRequest, hooks: Hooks, wall: float) -> 
     """The held-out evaluation of the weights `eval` and `export` use (heldout.py) -> eval.jsonl, with the
     seconds of training so far."""
     cfg = trainer.cfg
+    if req.dist.main:
+        n = f"{len(req.eval_prompts)} prompts x {cfg.train.eval_samples}"
+        hooks.note(f"held-out evaluation at iteration {trainer.step}: {n}, ODE samples ...")
     row = heldout_row(
         trainer.policy,
         trainer.sde,

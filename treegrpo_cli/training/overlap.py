@@ -10,10 +10,11 @@ chunk, so a run keeps its chunk count for life (it is part of the config).
 
 from __future__ import annotations
 
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -42,9 +43,35 @@ def chunk_count(setting: int, reward_names: list[str]) -> int:
     return 4 if any(n.startswith(("http://", "https://")) for n in reward_names) else 1
 
 
-def _timed_score(rewards: dict[str, Any], images: torch.Tensor, prompts: list[str]) -> tuple[dict, float]:
+class ScoreTicks:
+    """The score phase's progress over the chunks of an iteration: ("score", leaf scores done, leaf scores of the
+    chunks rolled out so far), one leaf score being one leaf by one reward; safe from the scoring thread."""
+
+    def __init__(self, progress: Progress | None):
+        self.progress, self.done, self.total, self.lock = progress, 0, 0, threading.Lock()
+
+    def chunk(self, leaves: int, rewards: int) -> Progress | None:
+        """A chunk's own callback for score_leaves (cumulative per reward name), counted into the phase."""
+        if self.progress is None:
+            return None
+        with self.lock:
+            self.total += leaves * rewards
+        last: dict[str, int] = {}
+
+        def tick(phase: str, done: int, total: int) -> None:
+            with self.lock:
+                self.done += done - last.get(phase, 0)
+                last[phase] = done
+                cast(Progress, self.progress)("score", self.done, self.total)
+
+        return tick
+
+
+def _timed_score(
+    rewards: dict[str, Any], images: torch.Tensor, prompts: list[str], progress: Progress | None = None
+) -> tuple[dict, float]:
     t = time.perf_counter()
-    out = score_leaves(rewards, images, prompts)
+    out = score_leaves(rewards, images, prompts, progress=progress)
     return out, time.perf_counter() - t
 
 
@@ -71,6 +98,7 @@ def rollout_and_score(
     nfe, stats = 0, dict[str, int]()
     t0 = time.perf_counter()
     pool = ThreadPoolExecutor(1, thread_name_prefix="treegrpo-score")
+    ticks = ScoreTicks(progress)
     try:
         for a in starts:
             _raise_failed(pending)  # a chunk whose scoring failed stops the next ones' rollout and scoring
@@ -93,11 +121,12 @@ def rollout_and_score(
             nfe += n
             leaf_prompts = [prompts[int(p)] for p in tree.tree_prompt[tree.tree[tree.leaves()]]]
             images = leaf_images(policy, tree)
+            tick = ticks.chunk(len(leaf_prompts), len(rewards))
             if len(starts) == 1:  # no overlap: score here, as the plain sequence does
-                pending.append(_done(_timed_score(rewards, images, leaf_prompts)))
+                pending.append(_done(_timed_score(rewards, images, leaf_prompts, tick)))
             else:
                 _raise_failed(pending)
-                pending.append(pool.submit(_timed_score, rewards, images, leaf_prompts))
+                pending.append(pool.submit(_timed_score, rewards, images, leaf_prompts, tick))
         t1 = time.perf_counter()
         results = [f.result() for f in pending]  # in order; the first error surfaces here
     finally:

@@ -1,0 +1,55 @@
+"""docs/results.md, its plots and README's results block are bench/results_page.py's output from bench/results/."""
+
+import importlib.util
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _results_page():
+    spec = importlib.util.spec_from_file_location("results_page", ROOT / "bench" / "results_page.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_results_page_is_what_the_results_files_give():
+    mod = _results_page()
+    text, images, _ = mod.page()
+    assert (ROOT / "docs" / "results.md").read_text() == text, "run python bench/results_page.py"
+    missing = [name for name in images if not (ROOT / "docs" / "results" / name).is_file()]
+    assert not missing, f"plots not drawn: {missing}; run python bench/results_page.py"
+    assert not re.search(r"\b20\d\d-\d\d-\d\d", text)  # no dates: the page says what was measured, not when
+
+
+def test_readmes_results_table_and_plot_are_generated():
+    mod = _results_page()
+    readme = (ROOT / "README.md").read_text()
+    assert mod.splice(readme, mod.readme_block()) == readme, "run python bench/results_page.py"
+    assert f"(docs/results/{mod.README_PLOT})" in readme and mod.README_PLOT in mod.page()[1]
+
+
+def test_every_results_file_has_a_reader():
+    """Each file in bench/results/ is read by the page, or is a bench script's own table of a file the page reads
+    (study-PLAN.md beside study-PLAN.json.gz), or the source of one it reads, or one of the few read elsewhere."""
+    mod = _results_page()
+    read = mod.page()[2]
+    files = {p.name for p in (ROOT / "bench" / "results").iterdir() if p.is_file()}
+    tables_of_read = {n for n in files if n.endswith(".md") and {n[:-3] + ".json", n[:-3] + ".json.gz"} & read}
+    sources_of_read = {n for n in files if n.endswith(".json") and n[:-5] + ".md" in read}
+    elsewhere = {
+        "study-runs.tsv",  # bench/check_runs.py: the raw runs' hashes
+        "model_memory.md",  # docs/models.md's memory table (tests/test_repo.py)
+        "model_memory.json",  # its source
+    }
+    device_checks = {n for n in files if n.startswith("gpu_check-")}  # bench/gpu_check.py's record of a machine
+    assert files - read - tables_of_read - sources_of_read - elsewhere - device_checks == set()
+
+
+def test_every_method_of_the_wall_clock_table_has_its_papers_figures():
+    import json
+
+    mod = _results_page()
+    result = json.loads((ROOT / "bench" / "results" / "methods.json").read_text())
+    assert {g["label"] for g in result["compare"]["groups"]} == set(mod.PAPERS)
