@@ -251,7 +251,7 @@ for _video, _name in ((False, "adaptive"), (True, "adaptive-video")):
         if _video or label not in FIXED_RATES and label != "dance-grpo"
         for lr in ADAPTIVE_RATES
     }
-# each adaptive plan's baseline and target gain (trained weights): study-adaptive.{json.gz,md}, study-adaptive-video.{json.gz,md}
+# each adaptive plan's baseline and target gain (trained weights), in bench/results/study-adaptive[-video].{json.gz,md}
 PLAN_DEFAULTS = {"adaptive": ("branch-mix-flow", 0.25), "adaptive-video": ("tree-grpo", 0.10)}
 
 
