@@ -303,7 +303,11 @@ def _verdicts(cfg, step, lvl: _Level, x0: Tensor, trees: _Trees, at: dict[int, l
     if cfg.dynamic == "reward":
         if judge is None:
             raise ConfigError("tree.dynamic = 'reward' scores x0-predictions with the run's reward: no judge given")
-        values = judge(x0[idx], [trees.prompts[lvl.tree[f]] for f in nodes]).double().cpu()
+        parts = []  # one call per tree: its scores cannot depend on which other trees share the batch
+        for t in dict.fromkeys(lvl.tree[f] for f in nodes):
+            mine = [f for f in nodes if lvl.tree[f] == t]
+            parts.append(judge(x0[torch.tensor(mine, device=x0.device)], [trees.prompts[t]] * len(mine)).double().cpu())
+        values = torch.cat(parts)
         trees.stats["judged_images"] = trees.stats.get("judged_images", 0) + len(nodes)
     else:  # each tree's x0-predictions over their RMS: the tolerance is relative, whatever the latents' scale
         values = x0[idx].flatten(1).double().cpu()
