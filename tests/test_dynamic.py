@@ -308,3 +308,28 @@ def test_estimators_keep_their_invariants_on_dynamic_rollouts(policy, estimator)
             count[p] += 1
             p = int(tree.parent[p])
     assert torch.allclose(adv.fused.double(), below / count, atol=1e-5)
+
+
+@pytest.mark.parametrize("heuristic", ["distance", "reward"])
+def test_stops_do_not_depend_on_the_batch(policy, heuristic):
+    """A prompt's dynamic tree is the same rolled out with the others or alone (chunks, shards, processes)."""
+    calls = []
+
+    def judge(x0, prompts):
+        calls.append(len(set(prompts)))
+        return x0.flatten(1).mean(1).round(decimals=1)
+
+    cfg = load_config("branch-mix-flow", sets=[*MIX, f'tree.dynamic="{heuristic}"', f"tree.stop_tol={TOL}"])
+    sde = make_kernel(policy, cfg.sampler)
+    whole, _ = rollout(policy, PROMPTS, [0, 1, 2], sde, cfg.tree, 7, 64, judge=judge)
+    first, _ = rollout(policy, PROMPTS[:1], [0], sde, cfg.tree, 7, 64, judge=judge)
+    rest, _ = rollout(policy, PROMPTS[1:], [1, 2], sde, cfg.tree, 7, 64, earlier_ids=[0], judge=judge)
+    for part, trees in ((first, [0]), (rest, [1, 2])):
+        for j, t in enumerate(trees):
+            a = {
+                k: v[whole.tree == t] for k, v in whole.tensors().items() if k in ("parent", "child", "seed", "latent")
+            }
+            b = {k: v[part.tree == j] for k, v in part.tensors().items() if k in ("parent", "child", "seed", "latent")}
+            assert torch.equal(a["child"], b["child"]) and torch.equal(a["seed"], b["seed"])
+            torch.testing.assert_close(a["latent"], b["latent"], rtol=0, atol=1e-6)
+    assert heuristic == "distance" or (calls and set(calls) == {1})  # the judge sees one tree (prompt) at a time

@@ -17,7 +17,9 @@ x0-prediction (the forward of this step made it). A heuristic reads it, per tree
     distance  the RMS distance between x0-predictions, over the RMS of the tree's x0-predictions (no reward
               call, the same tolerance whatever the latents' scale): a proxy for a tie
 
-and clusters the nodes greedily: a node within tree.stop_tol of an earlier active node of its tree is a
+(the judge scores one tree's nodes at a time, so a tree's stops do not depend on the other trees of its batch,
+only, as every forward does, on the last bits a batched forward may move: a value exactly at the tolerance could
+fall either side) and clusters the nodes greedily: a node within tree.stop_tol of an earlier active node of its tree is a
 predicted tie (its subtree would repeat that node's outcome) and stops branching: it goes on as a chain and
 ends as one leaf. A tree whose frontier is one cluster is predicted to tie as a whole: every node stops.
 Stopped paths hand their spare budget (b - 1 each) to the tree's active nodes, evenly, the first ones one
