@@ -202,6 +202,9 @@ ADAPTIVE_FACTORS: dict[str, tuple[str, ...]] = {
     "splits-adaptive": ('splits.kind="adaptive"', "splits.kappa=4.0"),  # per prompt: low reward splits earlier
 }
 ADAPTIVE_RATES = ("3e-5", WORLD_LR, "3e-4")
+# TreePO's "repetitive branch" stop on treepo's low-noise tree: siblings whose x0-predictions lie within a tenth of
+# their RMS (at 0.2 nearly every split-3 pair of the embedded world counts as one)
+TREEPO_DYNAMIC = ('tree.dynamic="distance"', "tree.stop_tol=0.1")
 
 
 def adaptive_variants(video: bool) -> dict[str, tuple[str, tuple[str, ...]]]:
@@ -215,6 +218,8 @@ def adaptive_variants(video: bool) -> dict[str, tuple[str, tuple[str, ...]]]:
     }
     out |= {f"branch-mix-flow/{k}": ("branch-mix-flow", (*world, *v)) for k, v in ADAPTIVE_FACTORS.items()}
     combos = [("budget", "dynamic-reward"), ("budget", "splits-progress")]
+    if not video:  # TreePO's whole method against its preset (sub-group advantages alone): treepo's default
+        out |= {"treepo": ("treepo", ()), "treepo/dynamic": ("treepo", TREEPO_DYNAMIC)}
     if video:  # tree-grpo leads the video world; its window schedule owns the split steps (no [splits] there)
         out |= {f"tree-grpo/{k}": ("tree-grpo", (*world, *ADAPTIVE_FACTORS[k])) for k in ("dynamic-reward", "budget")}
         combos = [("budget", "dynamic-reward")]

@@ -24,7 +24,8 @@ predicted tie (its subtree would repeat that node's outcome) and stops branching
 ends as one leaf. A tree whose frontier is one cluster is predicted to tie as a whole: every node stops.
 Stopped paths hand their spare budget (b - 1 each) to the tree's active nodes, evenly, the first ones one
 more (TreePO's "fixed_avg" divergence); a tree left without an active node re-activates its first stopped
-node (the fallback: branching resumes from a surviving node), so every tree keeps its w leaves. Without
+node (the fallback: branching resumes from a surviving node), so every tree keeps its w leaves as far as the cap
+below allows (a stopped chain shares no prefix with the rest, so the cap may take a unit or two back). Without
 tree.transfer the spare budget is not spent (fewer leaves, fewer forwards); without tree.fallback a tree
 predicted to tie keeps only its chains. A cap on the forwards of a tree (tree.max_evals; by default those of
 the undisturbed tree of width w) is never exceeded: the transferred units are taken back, last given first,
