@@ -20,6 +20,7 @@ ALL = [
     "tree-grpo-mean",
     "tree-nft",
     "treepo",
+    "treepo-dynamic",
 ]
 
 
