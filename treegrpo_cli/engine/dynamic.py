@@ -19,8 +19,8 @@ x0-prediction (the forward of this step made it). A heuristic reads it, per tree
 
 (the judge scores one tree's nodes at a time, so a tree's stops do not depend on the other trees of its batch,
 only, as every forward does, on the last bits a batched forward may move: a value exactly at the tolerance could
-fall either side) and clusters the nodes greedily: a node within tree.stop_tol of an earlier active node of its tree is a
-predicted tie (its subtree would repeat that node's outcome) and stops branching: it goes on as a chain and
+fall either side) and clusters the nodes greedily: a node within tree.stop_tol of an earlier active node of its
+tree is a predicted tie (its subtree would repeat that node's outcome) and stops branching: it goes on as a chain and
 ends as one leaf. A tree whose frontier is one cluster is predicted to tie as a whole: every node stops.
 Stopped paths hand their spare budget (b - 1 each) to the tree's active nodes, evenly, the first ones one
 more (TreePO's "fixed_avg" divergence); a tree left without an active node re-activates its first stopped
@@ -51,10 +51,13 @@ value changes. The metrics row reports the stops (early_stops), fallbacks and fo
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Any
 
+import torch
 from torch import Tensor
 
 from ..errors import ConfigError
@@ -178,3 +181,96 @@ def plan_split(
     if total > room:
         raise ValueError(f"a split plan needs {total} forwards with only {room} left under the cap")
     return SplitPlan(new, [children(b, branch, later) for b in new], sum(stopped), fell, back)
+
+
+# --- a rollout's splits ---------------------------------------------------------------------------
+
+
+@dataclass
+class TreeBudgets:
+    """Per tree of a rollout batch: its shape, its cap on forwards, the forwards so far and its prompt; what the
+    dynamic rollout did (early_stops, fallbacks, judged_images, taken_back)."""
+
+    shapes: list[Shape]
+    cap: list[int]
+    spent: list[int]
+    prompts: list[str]
+    stats: dict[str, int] = field(default_factory=dict)  # early_stops, fallbacks, judged_images, taken_back
+
+
+def split_counts(
+    cfg: Any,
+    step: int,
+    steps: int,
+    node_tree: list[int],
+    node_budget: list[int],
+    x0: Tensor,
+    trees: TreeBudgets,
+    judge: Judge | None,
+) -> tuple[list[int], list[list[int]]]:
+    """Children of every frontier node (its tree node_tree[f], budget node_budget[f]; x0 [F, ...] the step's
+    x0-predictions) and their budgets: c(b) at a tree's split steps, after the heuristic's stops from its second
+    split on; one child elsewhere. cfg: the TreeConfig (branch, dynamic, stop_tol, transfer, fallback)."""
+    n, T = len(node_tree), steps
+    counts, budgets = [1] * n, [[b] for b in node_budget]
+    at: dict[int, list[int]] = {}  # tree -> its frontier nodes, when this step is one of its splits
+    for f, t in enumerate(node_tree):
+        if step in trees.shapes[t].split_steps:
+            at.setdefault(t, []).append(f)
+    if not at:
+        return counts, budgets
+    stop = _verdicts(cfg, step, node_tree, x0, trees, at, judge)
+    for t, nodes in at.items():
+        splits = trees.shapes[t].split_steps
+        j = splits.index(step)
+        plan = plan_split(
+            [node_budget[f] for f in nodes],
+            [stop.get(f, False) for f in nodes],
+            functools.partial(_below, j=j, splits=splits, steps=T, branch=cfg.branch),
+            cfg.branch,
+            len(splits) - 1 - j,
+            trees.cap[t] - trees.spent[t],
+            cfg.transfer,
+            cfg.fallback,
+        )
+        for f, b, c in zip(nodes, plan.budget, plan.counts, strict=True):
+            counts[f], budgets[f] = c, share(b, c)
+        for key, value in (
+            ("early_stops", plan.stopped),
+            ("fallbacks", int(plan.fallback)),
+            ("taken_back", plan.taken_back),
+        ):
+            trees.stats[key] = trees.stats.get(key, 0) + value
+    return counts, budgets
+
+
+def _below(b: int, j: int, splits: tuple[int, ...], steps: int, branch: int) -> int:
+    return subtree_evals(b, j, splits, steps, branch)
+
+
+def _verdicts(
+    cfg: Any, step: int, node_tree: list[int], x0: Tensor, trees: TreeBudgets, at: dict[int, list[int]], judge
+) -> dict[int, bool]:
+    """The heuristic's stop verdict of every node at a split after its tree's first (engine/dynamic.py)."""
+    nodes = [f for t, fs in at.items() if trees.shapes[t].split_steps[0] != step for f in fs]
+    if cfg.dynamic == "off" or not nodes:
+        return {}
+    idx = torch.tensor(nodes, device=x0.device)
+    if cfg.dynamic == "reward":
+        if judge is None:
+            raise ConfigError("tree.dynamic = 'reward' scores x0-predictions with the run's reward: no judge given")
+        parts = []  # one call per tree: its scores cannot depend on which other trees share the batch
+        for t in dict.fromkeys(node_tree[f] for f in nodes):
+            mine = [f for f in nodes if node_tree[f] == t]
+            parts.append(judge(x0[torch.tensor(mine, device=x0.device)], [trees.prompts[t]] * len(mine)).double().cpu())
+        values = torch.cat(parts)
+        trees.stats["judged_images"] = trees.stats.get("judged_images", 0) + len(nodes)
+    else:  # each tree's x0-predictions over their RMS: the tolerance is relative, whatever the latents' scale
+        values = x0[idx].flatten(1).double().cpu()
+        tree = torch.tensor([node_tree[f] for f in nodes])
+        _, inv = torch.unique(tree, return_inverse=True)
+        sq = torch.zeros(int(inv.max()) + 1, dtype=torch.float64).index_add_(0, inv, values.pow(2).mean(1))
+        size = torch.bincount(inv).double()
+        values = values / (sq / size).sqrt().clamp(min=1e-12)[inv].unsqueeze(1)
+    stop = tie_verdicts(values, [node_tree[f] for f in nodes], cfg.stop_tol)
+    return dict(zip(nodes, stop, strict=True))

@@ -17,7 +17,6 @@ so each child has exactly the one-step SDE marginal and siblings correlate by 1/
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,7 +25,7 @@ import torch
 from torch import Tensor
 
 from ..errors import ConfigError
-from .dynamic import HEURISTICS, Judge, Shape, check_shape, plan_split, share, subtree_evals, tie_verdicts, tree_evals
+from .dynamic import HEURISTICS, Judge, Shape, TreeBudgets, check_shape, split_counts, tree_evals
 from .protocols import Kernel, Policy, select
 from .tree import Tree
 
@@ -203,17 +202,6 @@ class _Level:
     prev_x0: Tensor | None = None  # [F, ...] the parents' x0-predictions (a multistep solver's history), on device
 
 
-@dataclass
-class _Trees:
-    """Per tree of the batch: its shape, its cap on forwards and the forwards so far; and the prompt of each."""
-
-    shapes: list[Shape]
-    cap: list[int]
-    spent: list[int]
-    prompts: list[str]
-    stats: dict[str, int] = field(default_factory=dict)  # early_stops, fallbacks, judged_images, taken_back
-
-
 def _roots(
     cfg: TreeConfig,
     prompt_ids: list[int],
@@ -254,72 +242,6 @@ def _forward(policy: Policy, x: Tensor, sigma: Tensor, cond, rows: Tensor, max_b
     return torch.cat(out)
 
 
-def _split(cfg: TreeConfig, sde: Kernel, step: int, lvl: _Level, x0: Tensor, trees: _Trees, judge: Judge | None):
-    """Children per frontier node and their budgets: K-ary (or as the budget asks) at a tree's split steps, the
-    dynamic heuristic's stops after its first split, one child elsewhere."""
-    n, T = len(lvl.tree), sde.cfg.steps
-    counts, budgets = [1] * n, [[b] for b in lvl.budget]
-    at: dict[int, list[int]] = {}  # tree -> its frontier nodes, when this step is one of its splits
-    for f, t in enumerate(lvl.tree):
-        if step in trees.shapes[t].split_steps:
-            at.setdefault(t, []).append(f)
-    if not at:
-        return counts, budgets
-    stop = _verdicts(cfg, step, lvl, x0, trees, at, judge)
-    for t, nodes in at.items():
-        splits = trees.shapes[t].split_steps
-        j = splits.index(step)
-        plan = plan_split(
-            [lvl.budget[f] for f in nodes],
-            [stop.get(f, False) for f in nodes],
-            functools.partial(_below, j=j, splits=splits, steps=T, branch=cfg.branch),
-            cfg.branch,
-            len(splits) - 1 - j,
-            trees.cap[t] - trees.spent[t],
-            cfg.transfer,
-            cfg.fallback,
-        )
-        for f, b, c in zip(nodes, plan.budget, plan.counts, strict=True):
-            counts[f], budgets[f] = c, share(b, c)
-        for key, value in (
-            ("early_stops", plan.stopped),
-            ("fallbacks", int(plan.fallback)),
-            ("taken_back", plan.taken_back),
-        ):
-            trees.stats[key] = trees.stats.get(key, 0) + value
-    return counts, budgets
-
-
-def _below(b: int, j: int, splits: tuple[int, ...], steps: int, branch: int) -> int:
-    return subtree_evals(b, j, splits, steps, branch)
-
-
-def _verdicts(cfg, step, lvl: _Level, x0: Tensor, trees: _Trees, at: dict[int, list[int]], judge) -> dict[int, bool]:
-    """The heuristic's stop verdict of every node at a split after its tree's first (engine/dynamic.py)."""
-    nodes = [f for t, fs in at.items() if trees.shapes[t].split_steps[0] != step for f in fs]
-    if cfg.dynamic == "off" or not nodes:
-        return {}
-    idx = torch.tensor(nodes, device=x0.device)
-    if cfg.dynamic == "reward":
-        if judge is None:
-            raise ConfigError("tree.dynamic = 'reward' scores x0-predictions with the run's reward: no judge given")
-        parts = []  # one call per tree: its scores cannot depend on which other trees share the batch
-        for t in dict.fromkeys(lvl.tree[f] for f in nodes):
-            mine = [f for f in nodes if lvl.tree[f] == t]
-            parts.append(judge(x0[torch.tensor(mine, device=x0.device)], [trees.prompts[t]] * len(mine)).double().cpu())
-        values = torch.cat(parts)
-        trees.stats["judged_images"] = trees.stats.get("judged_images", 0) + len(nodes)
-    else:  # each tree's x0-predictions over their RMS: the tolerance is relative, whatever the latents' scale
-        values = x0[idx].flatten(1).double().cpu()
-        tree = torch.tensor([lvl.tree[f] for f in nodes])
-        _, inv = torch.unique(tree, return_inverse=True)
-        sq = torch.zeros(int(inv.max()) + 1, dtype=torch.float64).index_add_(0, inv, values.pow(2).mean(1))
-        size = torch.bincount(inv).double()
-        values = values / (sq / size).sqrt().clamp(min=1e-12)[inv].unsqueeze(1)
-    stop = tie_verdicts(values, [lvl.tree[f] for f in nodes], cfg.stop_tol)
-    return dict(zip(nodes, stop, strict=True))
-
-
 def _noised(cfg, sde: Kernel, lvl: _Level, kids, noisy: list[bool], kid_sde: list[bool], std0, reps, mean, shape):
     """The children's latents and log-probs [sum(counts)]: each SDE node's children get noise from their own seeds
     (correlated siblings) and one batched Gaussian step; an ODE node's children are its mean (log-prob NaN)."""
@@ -348,7 +270,7 @@ def _expand(
     first_id: int,
     v: Tensor,
     x: Tensor,
-    trees: _Trees,
+    trees: TreeBudgets,
     judge: Judge | None = None,
 ) -> _Level:
     """Children of every node of one frontier, from the batched velocity v [F, C, H, W]. Everything stays
@@ -362,7 +284,7 @@ def _expand(
     if mixed and sde.cfg.solver != "euler":
         raise ConfigError("trees of one batch with different split steps need sampler.solver = 'euler'")
     res = sde.step(x, v, torch.full((n,), step, dtype=torch.long), torch.tensor(noisy), lvl.prev_x0)
-    counts, budgets = _split(cfg, sde, step, lvl, res.x0, trees, judge)
+    counts, budgets = split_counts(cfg, step, sde.cfg.steps, lvl.tree, lvl.budget, res.x0, trees, judge)
     reps = torch.tensor(counts, device=dev)
     mean = res.mean.repeat_interleave(reps, dim=0)  # [sum(counts), C, H, W]
     kids = [[mix_seed(s, c) for c in range(k)] for s, k in zip(lvl.seed, counts, strict=True)]  # child seeds
@@ -410,7 +332,7 @@ def _offload(lvl: _Level) -> _Level:
     )
 
 
-def _trees(cfg: TreeConfig, prompts: list[str], steps: int, decode: str, shapes: list[Shape] | None) -> _Trees:
+def _trees(cfg: TreeConfig, prompts: list[str], steps: int, decode: str, shapes: list[Shape] | None) -> TreeBudgets:
     """Each tree's shape (one per prompt, its trees alike; None: the config's), cap on forwards and prompt."""
     shapes = shapes or [cfg.shape(steps)] * len(prompts)
     if len(shapes) != len(prompts):
@@ -424,7 +346,7 @@ def _trees(cfg: TreeConfig, prompts: list[str], steps: int, decode: str, shapes:
     cap = [cfg.max_evals or e for e in own]
     if any(e > c for e, c in zip(own, cap, strict=True)):
         raise ConfigError(f"a tree of {max(own)} forwards is over tree.max_evals = {cfg.max_evals}")
-    return _Trees(per_tree, cap, [0] * len(per_tree), [p for p in prompts for _ in range(cfg.trees_per_prompt)])
+    return TreeBudgets(per_tree, cap, [0] * len(per_tree), [p for p in prompts for _ in range(cfg.trees_per_prompt)])
 
 
 def rollout(
@@ -482,7 +404,7 @@ def rollout(
     return _assemble(levels, cfg, sde, prompt_ids), nfe
 
 
-def _add_stats(stats: dict[str, int], trees: _Trees, steps: int, branch: int, per_row: int, nfe: int) -> None:
+def _add_stats(stats: dict[str, int], trees: TreeBudgets, steps: int, branch: int, per_row: int, nfe: int) -> None:
     """What the dynamic rollout did, added to `stats` (a batch may be rolled out in several calls: chunks, shards)."""
     fixed = sum(tree_evals(sh, steps, branch) for sh in trees.shapes) * per_row
     for key, n in {**trees.stats, "evals_fixed": fixed, "evals_saved": fixed - nfe}.items():
