@@ -11,6 +11,8 @@ ALL = [
     "branch-late",
     "branch-mix",
     "branch-mix-flow",
+    "branch-mix-flow-budget",
+    "branch-mix-flow-moving-splits",
     "branch-widpru",
     "dance-grpo",
     "flow-grpo",
