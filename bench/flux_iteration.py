@@ -143,30 +143,27 @@ def iteration(policy, kernel, opt, cfg, it: int, args: argparse.Namespace, devic
     prompts, ids, T = [f"prompt {k}" for k in range(args.prompts)], list(range(args.prompts)), cfg.sampler.steps
     tree_cfg = tree_for_iteration(cfg.tree, cfg.schedule, T, it, cfg.seed, cfg.sampler.decode)
     with Clock(device) as roll:
-        tree, nfe = rollout(policy, prompts, ids, kernel, tree_cfg, mix_seed(cfg.seed, it), args.max_batch)
+        tree, nfe = rollout(policy, prompts, ids, kernel, tree_cfg, mix_seed(cfg.seed, it), max_batch=args.max_batch)
     leaves = tree.leaves()
     reward = torch.full((tree.num_nodes,), float("nan"))
     reward[leaves] = torch.rand(len(leaves), generator=torch.Generator().manual_seed(it))
     adv, trained = assign_credit(
-        tree.parent,
-        tree.depth,
-        tree.tree,
-        tree.group(),
-        tree.sde,
-        tree.log_prob,
+        tree,
         {"random": reward},
-        {"random": 1.0},
-        "rewards",
-        cfg.advantage,
-        cfg.pruning,
-        T,
-        cfg.sampler.decode,
-        it,
-        cfg.train.iterations,
+        weights={"random": 1.0},
+        combine_mode="rewards",
+        advantage=cfg.advantage,
+        pruning=cfg.pruning,
+        steps=T,
+        decode=cfg.sampler.decode,
+        iteration=it,
+        max_iterations=cfg.train.iterations,
     )
     batch = Batch(tree, trained, adv.edge, policy.encode([prompts[int(p)] for p in tree.tree_prompt]))
     with Clock(device) as upd:
-        metrics = grpo_update(policy, opt, kernel, batch, cfg.train, torch.Generator().manual_seed(it), args.max_batch)
+        metrics = grpo_update(
+            policy, opt, kernel, batch, cfg.train, torch.Generator().manual_seed(it), max_batch=args.max_batch
+        )
     fwd, bwd = model_flops(policy)  # nfe and train_evals count network rows (2 per latent row under true CFG)
     rollout_flops, train_flops = nfe * fwd, metrics.get("train_evals", 0) * (fwd + bwd)
     peak = peak_flops(args, device)

@@ -30,8 +30,9 @@ from treegrpo_cli.engine.grpo import Batch, grpo_update
 from treegrpo_cli.engine.rollout import mix_seed, rollout
 from treegrpo_cli.rewards.base import register, score_leaves
 from treegrpo_cli.training.heldout import heldout_reward
-from treegrpo_cli.training.loop import Trainer
-from treegrpo_cli.training.steps import credit, leaf_images
+from treegrpo_cli.training.sampling import leaf_images
+from treegrpo_cli.training.steps import credit
+from treegrpo_cli.training.trainer import Trainer
 from treegrpo_cli.world.shapes import load_split
 
 
@@ -61,7 +62,9 @@ class Capture:
 def batch_gradients(tr: Trainer, prompts: list[str], seed: int, buckets: list[tuple[int, int]]) -> tuple[list, float]:
     """Summed edge gradients [params] per depth bucket of one scored tree batch, and its mean reward."""
     cfg = tr.cfg
-    tree, _ = rollout(tr.policy, prompts, list(range(len(prompts))), tr.sde, cfg.tree, seed, cfg.rollout.max_batch)
+    tree, _ = rollout(
+        tr.policy, prompts, list(range(len(prompts))), tr.sde, cfg.tree, seed, max_batch=cfg.rollout.max_batch
+    )
     leaf_prompts = [prompts[int(p)] for p in tree.tree_prompt[tree.tree[tree.leaves()]]]
     scores = score_leaves(tr.rewards, leaf_images(tr.policy, tree), leaf_prompts)
     adv, trained = credit(cfg, tree, scores, 0)
@@ -80,7 +83,7 @@ def batch_gradients(tr: Trainer, prompts: list[str], seed: int, buckets: list[tu
             Batch(tree, mask, adv.edge, tr.policy.encode(prompts)),
             cfg.train,
             torch.Generator().manual_seed(seed),
-            cfg.rollout.max_batch,
+            max_batch=cfg.rollout.max_batch,
         )
         out.append(cap.grad * n)  # undo the mean over the bucket's edges
     return out, float(sum(scores.values()).mean())
@@ -132,7 +135,7 @@ def line_search(
         units["sign-ascent"] = -torch.sign(grad) / torch.sign(grad).pow(2).mean().sqrt()
 
     def ev(ps: list[str], samples: int) -> float:
-        return heldout_reward(tr.policy, tr.sde, ps, tr.rewards, tr.weights, samples, 777)["reward_mean"]
+        return heldout_reward(tr.policy, tr.sde, ps, tr.rewards, tr.weights, samples=samples, seed=777)["reward_mean"]
 
     def rewards() -> dict[str, float]:
         return {"train_prompts": ev(prompts, 16), "test_prompts": ev(load_split("test")[::4], 2)}

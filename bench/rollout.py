@@ -47,7 +47,7 @@ def make_case(policy, prompts: list[str], sets: list[str], max_batch: int):
     sde, ids, T = FlowSDE(cfg.sampler), list(range(len(prompts))), cfg.sampler.steps
 
     def run():
-        return rollout(policy, prompts, ids, sde, cfg.tree, cfg.seed, max_batch)
+        return rollout(policy, prompts, ids, sde, cfg.tree, cfg.seed, max_batch=max_batch)
 
     tree, nfe = run()  # warm-up
     leaves = int(tree.leaves().numel())  # P * trees_per_prompt * leaves per tree

@@ -49,8 +49,8 @@ def test_reward(policy, model: str, samples: int, steps: int, seed: int = 777) -
         load_prompts(prompts),
         {reward: get_reward(reward)},
         {reward: 1.0},
-        samples,
-        seed,
+        samples=samples,
+        seed=seed,
     )
     return {"mean": r["reward_mean"], "sem": r["reward_sem"], "n": r["prompts"] * samples}
 

@@ -54,7 +54,7 @@ def per_prompt(policy, prompts: list[str], sets: list[str], seed: int) -> dict[s
     """{stat: [P]} means over each prompt's 16 leaves."""
     cfg = load_config("branch", sets=[*sets, "tree.init_same_noise=false"])
     n = len(prompts)
-    tree, _ = rollout(policy, prompts, list(range(n)), FlowSDE(cfg.sampler), cfg.tree, seed, 64)
+    tree, _ = rollout(policy, prompts, list(range(n)), FlowSDE(cfg.sampler), cfg.tree, seed, max_batch=64)
     with torch.no_grad():
         im = policy.decode(tree.image_latent)
     pid = tree.tree_prompt[tree.tree[tree.leaves()]]

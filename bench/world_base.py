@@ -36,8 +36,9 @@ from treegrpo_cli.world.shapes import NOISY_COLOURS, Prompt, is_noisy, load_spli
 
 
 def sample(policy, prompts: list[str], samples: int, seed: int) -> tuple[list[str], torch.Tensor]:
-    """samples ODE draws of every prompt, as `treegrpo eval` makes them (sample j from mix_seed(seed, j))."""
-    chunks = list(generate(policy, FlowSDE(SamplerConfig(steps=10)), prompts, samples, seed, False, len(prompts), 64))
+    """samples ODE draws of every prompt, as `treegrpo eval --seed seed` makes them."""
+    sde = FlowSDE(SamplerConfig(steps=10))
+    chunks = list(generate(policy, sde, prompts, num_images=samples, seed=seed, batch=len(prompts)))
     return [t for c in chunks for t in c.prompts], torch.cat([c.images for c in chunks])
 
 

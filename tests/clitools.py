@@ -107,3 +107,12 @@ def noise_pngs(folder: Path, n: int, seed: int, size=(8, 8), lo: int = 0, hi: in
     for i in range(n):
         Image.fromarray(rng.integers(lo, hi, (*size[::-1], 3), dtype=np.uint8)).save(folder / f"img{i:03d}.png")
     return folder
+
+
+def undeclared(row, row_type):
+    """The keys of a run-log row that its TypedDict (runlog.MetricsRow, runlog.EvalRow) does not declare, per-name
+    numbers (runlog.NUMBER_PREFIXES) aside: what the report and tracking code would read untyped."""
+    from treegrpo_cli.training.runlog import NUMBER_PREFIXES
+
+    declared = row_type.__required_keys__ | row_type.__optional_keys__
+    return [k for k in row if k not in declared and not k.startswith(NUMBER_PREFIXES)]

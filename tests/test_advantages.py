@@ -258,14 +258,14 @@ def test_combine_rewards_mode_is_estimate_on_weighted_sum():
     r2 = torch.tensor([NAN, NAN, NAN, 4.0, 1.0, 1.0, 0.0])
     got = combine(
         cfg,
-        EX_PARENT,
-        EX_DEPTH,
-        EX_TREE,
-        EX_GROUP,
-        {"hps": EX_REWARD, "clip": r2},
-        {"hps": 0.8, "clip": 0.2},
-        EX_LOGP,
-        "rewards",
+        parent=EX_PARENT,
+        depth=EX_DEPTH,
+        tree=EX_TREE,
+        group=EX_GROUP,
+        rewards={"hps": EX_REWARD, "clip": r2},
+        weights={"hps": 0.8, "clip": 0.2},
+        log_prob=EX_LOGP,
+        mode="rewards",
     )
     want = example(cfg, 0.8 * EX_REWARD + 0.2 * r2)
     close(got.edge, want.edge.tolist(), tol=1e-6)
@@ -277,14 +277,14 @@ def test_combine_advantages_mode_is_weighted_sum_of_advantages():
     r2 = torch.tensor([NAN, NAN, NAN, 4.0, 1.0, 1.0, 0.0])
     got = combine(
         cfg,
-        EX_PARENT,
-        EX_DEPTH,
-        EX_TREE,
-        EX_GROUP,
-        {"hps": EX_REWARD, "clip": r2},
-        {"hps": 0.8, "clip": 0.2},
-        EX_LOGP,
-        "advantages",
+        parent=EX_PARENT,
+        depth=EX_DEPTH,
+        tree=EX_TREE,
+        group=EX_GROUP,
+        rewards={"hps": EX_REWARD, "clip": r2},
+        weights={"hps": 0.8, "clip": 0.2},
+        log_prob=EX_LOGP,
+        mode="advantages",
     )
     a1, a2 = example(cfg), example(cfg, r2)
     close(got.edge, (0.8 * a1.edge + 0.2 * a2.edge).tolist(), tol=1e-6)
@@ -295,26 +295,26 @@ def test_combine_advantages_mode_is_weighted_sum_of_advantages():
     # the clamp applies after summing: each part (|A| <= 1.342) fits, the sum does not
     big = combine(
         AdvantageConfig("treegrpo", ddof=0, clamp=2.0),
-        EX_PARENT,
-        EX_DEPTH,
-        EX_TREE,
-        EX_GROUP,
-        {"a": EX_REWARD, "b": EX_REWARD},
-        {"a": 1.0, "b": 1.0},
-        EX_LOGP,
-        "advantages",
+        parent=EX_PARENT,
+        depth=EX_DEPTH,
+        tree=EX_TREE,
+        group=EX_GROUP,
+        rewards={"a": EX_REWARD, "b": EX_REWARD},
+        weights={"a": 1.0, "b": 1.0},
+        log_prob=EX_LOGP,
+        mode="advantages",
     )
     close(big.edge[[A1, A2, B2]], [-2.0, -0.894, 2.0])
 
 
 def test_combine_errors():
-    args = (AdvantageConfig(), EX_PARENT, EX_DEPTH, EX_TREE, EX_GROUP)
+    tree = {"parent": EX_PARENT, "depth": EX_DEPTH, "tree": EX_TREE, "group": EX_GROUP, "log_prob": EX_LOGP}
     with pytest.raises(ConfigError, match="rewards, advantages"):
-        combine(*args, {"a": EX_REWARD}, {"a": 1.0}, EX_LOGP, "mix")
+        combine(AdvantageConfig(), **tree, rewards={"a": EX_REWARD}, weights={"a": 1.0}, mode="mix")
     with pytest.raises(ConfigError):
-        combine(*args, {"a": EX_REWARD}, {"b": 1.0}, EX_LOGP, "rewards")
+        combine(AdvantageConfig(), **tree, rewards={"a": EX_REWARD}, weights={"b": 1.0}, mode="rewards")
     with pytest.raises(ConfigError):
-        combine(*args, {}, {}, EX_LOGP, "rewards")
+        combine(AdvantageConfig(), **tree, rewards={}, weights={}, mode="rewards")
 
 
 def test_clamp():

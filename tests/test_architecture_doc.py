@@ -6,6 +6,8 @@ import inspect
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "treegrpo_cli"
 ROOMS = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()} | {p.stem for p in PACKAGE.glob("*.py")}
@@ -69,12 +71,14 @@ def missing_names(text: str) -> list[str]:
     return missing
 
 
+@pytest.mark.slow
 def test_every_code_name_in_architecture_md_exists():
     text = (ROOT / "docs" / "architecture.md").read_text()
     assert len(re.findall(r"`[^`\n]+`", text)) > 100  # the reader sees the spans
     assert not missing_names(text), missing_names(text)
 
 
+@pytest.mark.slow
 def test_a_stale_name_is_caught():
     """The check can fail: a function moved out of the loop, a file that is gone, a class nobody defines; config
     keys, commands and model names pass as prose."""

@@ -6,6 +6,8 @@ from pathlib import Path
 import pytest
 from clitools import PIXEL, one_line_error, run, snapshot
 
+pytestmark = pytest.mark.slow  # end-to-end: `pytest -m "not slow"` leaves this file out
+
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):

@@ -21,6 +21,8 @@ import pytest
 from clitools import PIXEL, one_line_error, run, write_pngs
 from PIL import Image
 
+pytestmark = pytest.mark.slow  # end-to-end: `pytest -m "not slow"` leaves this file out
+
 DIV = ["--features", "pixels", "--kid-subsets", 2, "--permutations", 0, "--by-image"]
 
 
@@ -381,12 +383,12 @@ CHECKPOINT_DAMAGE = {
 
 @pytest.mark.parametrize("damage", list(CHECKPOINT_DAMAGE))
 def test_a_damaged_checkpoint_is_one_line(world, tmp_path, damage, monkeypatch):
-    from treegrpo_cli.report import evaluate
+    from treegrpo_cli.training import sampling
 
     run_dir, step = _step(world, tmp_path)
     edit, needles = CHECKPOINT_DAMAGE[damage]
     edit(step, tmp_path, False)
-    monkeypatch.setattr(evaluate, "rollout", lambda *a, **k: pytest.fail("generated from a damaged checkpoint"))
+    monkeypatch.setattr(sampling, "rollout", lambda *a, **k: pytest.fail("generated from a damaged checkpoint"))
     refused(["eval", "--checkpoint", run_dir, "--metric", "jpeg-compressibility"], needles, tmp_path)
     # as a baseline it is refused before the model is generated
     args = ["eval", "--model", "pixel-tiny", "--baseline", run_dir, "--metric", "jpeg-compressibility"]
@@ -550,12 +552,12 @@ def test_diversity_generate_refuses_one_folder_for_both_sets(tmp_path, monkeypat
 
 @pytest.mark.parametrize("baseline", ["nope", "{t}/missing.safetensors", "{t}/not-a-run", "{t}/empty"])
 def test_eval_checks_the_baseline_model_before_generating(tmp_path, monkeypatch, baseline):
-    from treegrpo_cli.report import evaluate
+    from treegrpo_cli.training import sampling
 
     (tmp_path / "not-a-run").mkdir()
     (tmp_path / "not-a-run" / "notes.txt").write_text("mine")
     (tmp_path / "empty").mkdir()
-    monkeypatch.setattr(evaluate, "rollout", lambda *a, **k: pytest.fail("generated before checking the baseline"))
+    monkeypatch.setattr(sampling, "rollout", lambda *a, **k: pytest.fail("generated before checking the baseline"))
     name = baseline.replace("{t}", str(tmp_path))
     needle = Path(name).name
     args = ["eval", "--model", "pixel-tiny", "--baseline", name, "--metric", "jpeg-compressibility"]
@@ -565,8 +567,9 @@ def test_eval_checks_the_baseline_model_before_generating(tmp_path, monkeypatch,
 @pytest.mark.parametrize("where", ["model", "images"])
 def test_eval_refuses_an_unknown_reward_dtype(world, tmp_path, monkeypatch, where):
     from treegrpo_cli.report import evaluate
+    from treegrpo_cli.training import sampling
 
-    monkeypatch.setattr(evaluate, "rollout", lambda *a, **k: pytest.fail("generated before checking the dtype"))
+    monkeypatch.setattr(sampling, "rollout", lambda *a, **k: pytest.fail("generated before checking the dtype"))
     monkeypatch.setattr(evaluate, "score_source", lambda *a, **k: pytest.fail("scored before checking the dtype"))
     source = ["--model", "pixel-tiny"] if where == "model" else ["--images", world / "imgs"]
     args = ["eval", *source, "--metric", "jpeg-compressibility", "--reward-dtype", "banana"]
@@ -601,10 +604,10 @@ def test_rollout_writes_into_an_empty_folder_and_overwrites_its_own(tmp_path):
 
 
 def test_eval_refuses_a_foreign_non_empty_out(tmp_path, monkeypatch):
-    from treegrpo_cli.report import evaluate
+    from treegrpo_cli.training import sampling
 
     folder = _foreign(tmp_path)
-    monkeypatch.setattr(evaluate, "rollout", lambda *a, **k: pytest.fail("generated before checking --out"))
+    monkeypatch.setattr(sampling, "rollout", lambda *a, **k: pytest.fail("generated before checking --out"))
     args = ["eval", "--model", "pixel-tiny", "--metric", "jpeg-compressibility", "--out", folder]
     refused(args, ["--out", "mine", "not empty"], tmp_path)
 

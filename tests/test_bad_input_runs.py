@@ -20,6 +20,8 @@ from treegrpo_cli.store.checkpoint import list_checkpoints
 from treegrpo_cli.training import rundir, runlock
 from treegrpo_cli.training.runlog import read_metrics, without_timings
 
+pytestmark = pytest.mark.slow  # end-to-end: `pytest -m "not slow"` leaves this file out
+
 FAST = [
     "--preset",
     "tree-grpo",

@@ -16,6 +16,8 @@ from treegrpo_cli.engine.sde import MAX_STEPS
 from treegrpo_cli.errors import ConfigError, TreegrpoError
 from treegrpo_cli.prompts import load_prompts
 
+pytestmark = pytest.mark.slow  # end-to-end: `pytest -m "not slow"` leaves this file out
+
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):

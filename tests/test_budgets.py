@@ -178,6 +178,7 @@ def _train(tmp_path, name, iterations, *extra):
     assert r.exit_code == 0, r.output
 
 
+@pytest.mark.slow
 def test_a_resumed_run_plans_as_the_uninterrupted_one(tmp_path):
     _train(tmp_path, "a", 5)
     _train(tmp_path, "b", 2)

@@ -17,6 +17,7 @@ def branch_dir(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_dense_branch_inspect_json(branch_dir):
     r = run("inspect", branch_dir, "--json")
     assert r.exit_code == 0, r.output
@@ -44,6 +45,7 @@ def test_dense_branch_inspect_json(branch_dir):
     assert data["groups"]["reward_group_std"] == pytest.approx(sum(spread) / 2, rel=1e-5)
 
 
+@pytest.mark.slow
 def test_inspect_ids_are_dense_per_tree(branch_dir):
     data = json.loads(run("inspect", branch_dir, "--json").stdout)
     for tree in data["trees"]:
@@ -52,6 +54,7 @@ def test_inspect_ids_are_dense_per_tree(branch_dir):
         assert all(n["parent"] is None or n["parent"] < n["id"] for n in tree["nodes"])
 
 
+@pytest.mark.slow
 def test_overwrite_removes_old_shards(tmp_path):
     out = tmp_path / "t"
     args = ("rollout", *PIXEL, "--preset", "flow-grpo", "--set", "tree.trees_per_prompt=2", "--out", out)
@@ -67,6 +70,7 @@ def test_inspect_table(branch_dir):
     assert "0% with tied rewards" in r.stdout
 
 
+@pytest.mark.slow
 def test_treegrpo_preset_counts(tmp_path):
     r = run("rollout", *PIXEL, "--preset", "tree-grpo", "-n", 1, "--out", tmp_path / "t", "--json")
     assert r.exit_code == 0, r.output
@@ -78,6 +82,7 @@ def test_treegrpo_preset_counts(tmp_path):
     assert all(n["log_prob"] is None for n in nodes if not n["sde"])
 
 
+@pytest.mark.slow
 def test_same_seed_same_shards(tmp_path, branch_dir):
     out = tmp_path / "again"
     assert run("rollout", *PIXEL, "--preset", "branch", "-n", 2, "--seed", 5, "--out", out).exit_code == 0
@@ -111,6 +116,7 @@ def test_save_images_and_jsonl_prompts(tmp_path):
     assert len(list((out / "images").glob("p0[01]-a-*-leaf0[0-2].png"))) == 6
 
 
+@pytest.mark.slow
 def test_flipped_byte_fails_score_and_inspect(tmp_path):
     out = tmp_path / "t"
     assert (
@@ -127,6 +133,7 @@ def test_flipped_byte_fails_score_and_inspect(tmp_path):
     one_line_error(run("inspect", out), "trees-00000.safetensors", "corrupt")
 
 
+@pytest.mark.slow
 def test_bad_inputs_are_one_line(tmp_path):
     one_line_error(run("rollout", *PIXEL, "--out", tmp_path / "a", "--prompts", tmp_path / "none.txt"), "not found")
     empty = tmp_path / "empty.txt"
@@ -138,6 +145,7 @@ def test_bad_inputs_are_one_line(tmp_path):
     one_line_error(run("inspect", tmp_path / "missing"), "no such folder")
 
 
+@pytest.mark.slow
 def test_unknown_reward_and_refuse_overwrite(tmp_path):
     out = tmp_path / "t"
     assert (
@@ -190,6 +198,7 @@ def test_readme_preset_table_agrees_with_presets():
     assert table == rows
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "command", ["", "rollout", "score", "train", "eval", "diversity", "export", "inspect", "presets", "compare"]
 )

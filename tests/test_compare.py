@@ -335,6 +335,7 @@ def test_cli_bad_input(runs, tmp_path):
     assert not (tmp_path / "c").exists()
 
 
+@pytest.mark.slow
 def test_two_real_tiny_runs(tmp_path):
     for preset in ("flow-grpo", "tree-grpo"):
         r = run("train", "--preset", preset, *TINY, "--run-dir", tmp_path / preset)
@@ -388,6 +389,7 @@ def test_two_real_tiny_runs(tmp_path):
 # --- the page in a browser ---------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_page_draws_its_plots_in_a_headless_browser(runs, tmp_path):
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:

@@ -3,11 +3,12 @@
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 from clitools import run
 
 from treegrpo_cli.cli.config_cmd import dotted
+from treegrpo_cli.cli.config_doc import SECTION_DOCS, field_docs, markdown, reference
 from treegrpo_cli.config import SECTIONS, Config
-from treegrpo_cli.config_doc import SECTION_DOCS, field_docs, markdown, reference
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "config.md"
 
@@ -46,11 +47,13 @@ def test_every_key_a_config_takes_is_documented():
     assert set(SECTION_DOCS) == set(SECTIONS)
 
 
+@pytest.mark.slow
 def test_the_page_is_current():
     assert PAGE.read_text() == markdown(), "run: treegrpo config reference > docs/config.md"
     assert "`rollout.max_tree_gib`" in PAGE.read_text()
 
 
+@pytest.mark.slow
 def test_the_command_prints_the_page_and_json():
     r = run("config", "reference")
     assert r.exit_code == 0 and r.stdout == markdown()

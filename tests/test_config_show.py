@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 from clitools import one_line_error, run
 
 from treegrpo_cli.config import load_config, preset_names
@@ -9,6 +10,7 @@ from treegrpo_cli.models.hub import KNOWN
 from treegrpo_cli.models.registry import MODELS
 
 
+@pytest.mark.slow
 def test_every_preset_and_model_resolves_and_explains():
     for preset in preset_names():
         for model in [*MODELS, *KNOWN]:
@@ -38,6 +40,7 @@ def test_a_bad_key_is_one_line():
     one_line_error(run("config", "show", "--set", "train.learning_rate=1"), "did you mean 'train.lr'")
 
 
+@pytest.mark.slow
 def test_a_schedule_that_overrides_the_users_tree_is_warned_about(tmp_path):
     args = [
         "train",

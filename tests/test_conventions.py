@@ -4,6 +4,7 @@ that lists the environment variables, and a rollout that says when it repeats pr
 import re
 from pathlib import Path
 
+import pytest
 import torch
 from clitools import run
 
@@ -27,6 +28,7 @@ def test_version_names_the_commit_torch_cuda_and_device():
     assert lines[2] == "--device auto: " + ("cuda:0" if torch.cuda.is_available() else "cpu")
 
 
+@pytest.mark.slow
 def test_shell_completion_prints_a_script():
     r = run("--show-completion", "bash")
     assert r.exit_code == 0, r.output
@@ -68,6 +70,7 @@ def test_leaf_image_names():
     assert len(long) <= len("p01--leaf00.png") + stages.SLUG_CHARS and not long.startswith("p01--")
 
 
+@pytest.mark.slow
 def test_rollout_names_leaves_by_prompt_and_says_when_it_repeats_prompts(tmp_path):
     p = tmp_path / "two.jsonl"
     p.write_text('{"prompt": "a red circle"}\n{"prompt": "a blue square"}\n')

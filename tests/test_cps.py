@@ -103,6 +103,7 @@ def test_cps_keeps_the_forward_coefficients_of_a_known_image(eta):
         assert corr == pytest.approx(math.cos(eta * math.pi / 2), abs=0.01), (i, corr)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("eta", [0.3, 0.7])
 def test_cps_with_spread_data_keeps_the_mean_and_never_adds_variance(eta):
     """With Gaussian data of spread S (the marginal test of the other noise forms, test_sde.py) each CPS step keeps

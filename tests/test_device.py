@@ -13,6 +13,7 @@ from treegrpo_cli.preflight import resolve_device
 COMPUTING = ("train", "rollout", "score", "eval", "diversity", "export", "serve-reward")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", COMPUTING)
 def test_every_computing_command_defaults_to_auto(command):
     result = run(command, "--help")

@@ -33,19 +33,20 @@ def _worker(rank: int, port: int, out: str) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     from treegrpo_cli.config import load_config
-    from treegrpo_cli.training import dist, loop
+    from treegrpo_cli.training import dist
+    from treegrpo_cli.training import trainer as trainer_module
 
     d = dist.from_env()
     cfg = load_config("branch", sets=['model="pixel-tiny"', "rollout.num_prompts=4", "seed=5"])
-    trainer = loop.Trainer(cfg, "cpu", d)
+    trainer = trainer_module.Trainer(cfg, "cpu", d)
     seen = {}
-    real = loop.grpo_update
+    real = trainer_module.grpo_update
 
     def spy(policy, opt, sde, batch, *a, **k):
         seen["tree"] = batch.tree
         return real(policy, opt, sde, batch, *a, **k)
 
-    loop.grpo_update = spy
+    trainer_module.grpo_update = spy
     trainer.iteration(
         ["a red circle", "two blue squares", "a green triangle", "a big yellow square", "a purple circle"],
         lambda *a: None,
@@ -57,18 +58,20 @@ def _worker(rank: int, port: int, out: str) -> None:
     dist.shutdown()
 
 
+@pytest.mark.slow
 def test_one_step_leaves_the_same_weights_on_both_ranks_and_the_trees_of_one_process(tmp_path):
     from treegrpo_cli.cli.launch import free_port
     from treegrpo_cli.config import load_config
     from treegrpo_cli.engine.rollout import rollout
-    from treegrpo_cli.training import loop, steps
+    from treegrpo_cli.training import steps
+    from treegrpo_cli.training.trainer import Trainer
 
     mp.spawn(_worker, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
     for k in r0["weights"]:
         assert torch.equal(r0["weights"][k], r1["weights"][k]), k
     cfg = load_config("branch", sets=['model="pixel-tiny"', "rollout.num_prompts=4", "seed=5"])
-    trainer = loop.Trainer(cfg, "cpu")
+    trainer = Trainer(cfg, "cpu")
     prompts = ["a red circle", "two blue squares", "a green triangle", "a big yellow square", "a purple circle"]
     plan = steps.plan_iteration(cfg, len(prompts), 0)
     for rank, ids in ((0, plan.prompt_ids[:2]), (1, plan.prompt_ids[2:])):  # each rank's half, rolled out alone
@@ -78,6 +81,7 @@ def test_one_step_leaves_the_same_weights_on_both_ranks_and_the_trees_of_one_pro
             torch.testing.assert_close(got[name], value, rtol=0, atol=0, equal_nan=True, msg=name)
 
 
+@pytest.mark.slow
 def test_two_processes_match_one_over_the_same_global_batch_and_resume_on_one(tmp_path):
     """Weights within 1e-6 after 3 iterations of one optimizer step each (the preset's code schedule takes 2
     steps of a node-sum an iteration: Adam then turns the ranks' float-order differences of near-zero
@@ -99,6 +103,7 @@ def test_two_processes_match_one_over_the_same_global_batch_and_resume_on_one(tm
     assert json.loads((tmp_path / "two" / "run.json").read_text())["config"]["rollout"]["num_prompts"] == 4
 
 
+@pytest.mark.slow
 def test_a_failure_in_one_process_stops_both_with_one_line(tmp_path):
     """Process 1 raises in its second iteration (injected by a sitecustomize on its path only)."""
     hook = tmp_path / "hook"
@@ -137,12 +142,14 @@ def test_the_launcher_reports_a_process_s_own_error_over_the_teardown_noise_afte
     assert _last_line("\n", proc) == "exit code -6"
 
 
+@pytest.mark.slow
 def test_prompts_that_do_not_split_evenly_are_refused_before_anything_is_written(tmp_path):
     r = treegrpo(*SETS, "--set", "rollout.num_prompts=3", "--run-dir", tmp_path / "r", nproc=2, timeout=120)
     assert r.returncode != 0 and "divisible by the 2 processes" in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "r").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("nproc", [2])
 def test_nproc_is_not_passed_on_to_the_workers(nproc, tmp_path):
     r = treegrpo(*SETS, "--iterations", 1, "--run-dir", tmp_path / "r", f"--nproc-per-node={nproc}")
@@ -150,6 +157,7 @@ def test_nproc_is_not_passed_on_to_the_workers(nproc, tmp_path):
     assert "--nproc-per-node" not in json.loads((tmp_path / "r" / "run.json").read_text())["command"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", ["branch-widpru", "flow-grpo", "treepo", "tree-grpo"])
 def test_batch_wide_statistics_match_one_process(preset, tmp_path):
     """Width pruning over the whole batch, Flow-GRPO's global std with 2 minibatches, TreePO's global whitening:
@@ -173,14 +181,15 @@ def _shard_worker(rank: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
     from treegrpo_cli.config import load_config
     from treegrpo_cli.store.checkpoint import follow_checkpoint_gathers, save_checkpoint
-    from treegrpo_cli.training import dist, loop
+    from treegrpo_cli.training import dist
+    from treegrpo_cli.training.trainer import Trainer
 
     d = dist.from_env()
     cfg = load_config(
         "branch",
         sets=['model="pixel-tiny"', "rollout.num_prompts=4", "seed=5", 'train.parallel="fsdp"', "train.ema_decay=0.9"],
     )
-    trainer = loop.Trainer(cfg, "cpu", d)
+    trainer = Trainer(cfg, "cpu", d)
     local = {k: tuple(p.to_local().shape) for k, p in trainer.policy.net.named_parameters()}
     trainer.iteration(["a red circle", "two blue squares", "a green triangle", "a big yellow square"], lambda *a: None)
     ck = trainer.checkpoint({})
@@ -193,6 +202,7 @@ def _shard_worker(rank: int, port: int, out: str) -> None:
     dist.shutdown()
 
 
+@pytest.mark.slow
 def test_fsdp_keeps_a_shard_of_every_weight_on_each_rank(tmp_path):
     from treegrpo_cli.cli.launch import free_port
 
@@ -208,6 +218,7 @@ def test_fsdp_keeps_a_shard_of_every_weight_on_each_rank(tmp_path):
     assert sum(v[0] for v in l0.values()) < sum(w.shape[0] for w in ck.model.values())
 
 
+@pytest.mark.slow
 def test_fsdp_matches_one_process_and_its_checkpoint_resumes_on_one(tmp_path):
     # 2 optimizer steps of randomly split parents, chunks of 3: the ranks need different numbers of chunks in a
     # step, and the zero-weight padding keeps FSDP's collectives in step (without it: a hang)

@@ -28,6 +28,7 @@ SETS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", ["branch", "branch-mix", "tree-grpo", "dance-grpo"])
 def test_two_processes_match_one_on_the_default_model(preset, tmp_path):
     """Every metrics value within 1e-5 (relative above 1) over 3 iterations; `branch` takes an optimizer

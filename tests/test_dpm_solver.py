@@ -45,6 +45,7 @@ def test_dpm2_equals_the_released_solver():
     assert (euler - final).abs().max() > 1e-3  # a different solver, not Euler under another name
 
 
+@pytest.mark.slow
 def test_dpm2_converges_faster_than_euler():
     """Against a 1000-step solution of the same ODE (no shift): DPM2's error is a tenth of Euler's or less, and
     halving the step size cuts it by more than first order (measured: 2.8x for 10 -> 20 steps, Euler 2.0x;

@@ -42,7 +42,7 @@ def _roll(policy, sets=(), seed=7, judge=None, shapes=None, preset="branch-mix-f
     cfg = load_config(preset, sets=[*MIX, *sets])
     stats: dict = {}
     tree, nfe = rollout(
-        policy, PROMPTS, [0, 1, 2], make_kernel(policy, cfg.sampler), cfg.tree, seed, 64,
+        policy, PROMPTS, [0, 1, 2], make_kernel(policy, cfg.sampler), cfg.tree, seed,
         shapes=shapes, judge=judge, stats=stats,
     )  # fmt: skip
     return cfg, tree, nfe, stats
@@ -282,8 +282,8 @@ def test_estimators_keep_their_invariants_on_dynamic_rollouts(policy, estimator)
     reward = torch.full((tree.num_nodes,), math.nan).index_put_((leaves,), torch.rand(len(leaves), generator=g))
     cfg = AdvantageConfig(estimator, ddof=0, clamp=None, backup="mean")
     adv, trained = assign_credit(
-        tree.parent, tree.depth, tree.tree, tree.group(), tree.sde, tree.log_prob, {"r": reward}, {"r": 1.0},
-        "rewards", cfg, PruneConfig(), 20, "x0",
+        tree, {"r": reward}, weights={"r": 1.0}, combine_mode="rewards", advantage=cfg, pruning=PruneConfig(),
+        steps=20, decode="x0",
     )  # fmt: skip
     assert torch.isfinite(adv.edge).all() and bool(trained.any())
     leaf = adv.leaf[leaves].double()
@@ -321,9 +321,9 @@ def test_stops_do_not_depend_on_the_batch(policy, heuristic):
 
     cfg = load_config("branch-mix-flow", sets=[*MIX, f'tree.dynamic="{heuristic}"', f"tree.stop_tol={TOL}"])
     sde = make_kernel(policy, cfg.sampler)
-    whole, _ = rollout(policy, PROMPTS, [0, 1, 2], sde, cfg.tree, 7, 64, judge=judge)
-    first, _ = rollout(policy, PROMPTS[:1], [0], sde, cfg.tree, 7, 64, judge=judge)
-    rest, _ = rollout(policy, PROMPTS[1:], [1, 2], sde, cfg.tree, 7, 64, earlier_ids=[0], judge=judge)
+    whole, _ = rollout(policy, PROMPTS, [0, 1, 2], sde, cfg.tree, 7, judge=judge)
+    first, _ = rollout(policy, PROMPTS[:1], [0], sde, cfg.tree, 7, judge=judge)
+    rest, _ = rollout(policy, PROMPTS[1:], [1, 2], sde, cfg.tree, 7, earlier_ids=[0], judge=judge)
     for part, trees in ((first, [0]), (rest, [1, 2])):
         for j, t in enumerate(trees):
             a = {

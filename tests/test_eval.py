@@ -10,10 +10,11 @@ from PIL import Image
 
 from treegrpo_cli.config import load_config
 from treegrpo_cli.models.registry import load_policy
-from treegrpo_cli.report import evaluate
 from treegrpo_cli.report.evaluate import EvalRequest, run_eval
 from treegrpo_cli.rewards import base
 from treegrpo_cli.store.checkpoint import Checkpoint, save_checkpoint
+from treegrpo_cli.training import sampling
+from treegrpo_cli.training.runlog import read_evals
 
 SHAPES = ("--model", "tiny-shapes", "--num-prompts", 3)
 
@@ -24,6 +25,7 @@ def _no_weights(monkeypatch, tmp_path_factory):
     monkeypatch.delenv("TREEGRPO_HPS_CHECKPOINT", raising=False)
 
 
+@pytest.mark.slow
 def test_eval_shapes_prints_the_table_and_writes_the_files(tmp_path):
     out = tmp_path / "ev"
     r = run("eval", *SHAPES, "--num-images", 2, "--batch", 4, "--metric", "shapes", "--out", out)
@@ -40,6 +42,7 @@ def test_eval_shapes_prints_the_table_and_writes_the_files(tmp_path):
         assert im.width >= 3 * 32 * 4  # 6 captioned images, 3 per row, scaled 4x
 
 
+@pytest.mark.slow
 def test_eval_json_is_independent_of_the_batch_size():
     args = ("eval", *SHAPES, "--num-images", 2, "--steps", 8, "--metric", "shapes,jpeg-compressibility", "--json")
     one, big = run(*args, "--batch", 1), run(*args, "--batch", 64)
@@ -55,12 +58,13 @@ def test_eval_json_is_independent_of_the_batch_size():
 
 
 def test_eval_hps_without_weights_is_one_line(monkeypatch):
-    monkeypatch.setattr(evaluate, "rollout", lambda *a, **k: pytest.fail("generated before checking the weights"))
+    monkeypatch.setattr(sampling, "rollout", lambda *a, **k: pytest.fail("generated before checking the weights"))
     r = run("eval", *SHAPES, "--metric", "shapes,hps")
     one_line_error(r, "HPS_v2.1_compressed.pt", "TREEGRPO_HPS_CHECKPOINT", "--reward-opt hps.checkpoint")
     assert "Traceback" not in r.output
 
 
+@pytest.mark.slow
 def test_eval_hps_with_tiny_weights_through_reward_opt(tmp_path):
     open_clip = pytest.importorskip("open_clip")
     cfg = {
@@ -105,9 +109,9 @@ def test_256_images_stream_in_batches_with_progress(monkeypatch):
     base.register(Probe.name, Probe)
     Probe.seen = []
     trees: list[int] = []
-    real = evaluate.rollout
+    real = sampling.rollout
     monkeypatch.setattr(
-        evaluate,
+        sampling,
         "rollout",
         lambda policy, prompts, *a, **k: trees.append(len(prompts)) or real(policy, prompts, *a, **k),
     )
@@ -149,6 +153,7 @@ def _checkpoint(run_dir, shift_model: float, shift_ema: float):
     return save_checkpoint(run_dir / "checkpoints", ck, keep_last=2)
 
 
+@pytest.mark.slow
 def test_eval_checkpoint_uses_ema_and_pairs_with_the_baseline(tmp_path):
     _checkpoint(tmp_path / "run", 0.0, 0.05)
     args = (
@@ -221,6 +226,7 @@ def test_eval_scores_an_image_folder(tmp_path):
     one_line_error(run("eval", "--images", tmp_path / "a"), "prompts.json")
 
 
+@pytest.mark.slow
 def test_eval_usage_errors(tmp_path, monkeypatch):
     one_line_error(run("eval", "--model", "pixel", "--checkpoint", "x"), "not both")
     r = run("eval", "--metric", "hsp")
@@ -230,5 +236,50 @@ def test_eval_usage_errors(tmp_path, monkeypatch):
     one_line_error(run("eval", "--reward-opt", "hps.nope=1"), "no option 'nope'")
     one_line_error(run("eval", "--checkpoint", "/nonexistent/run"), "no training checkpoint")
     (tmp_path / "a-file").write_text("")
-    monkeypatch.setattr(evaluate, "rollout", lambda *a, **k: pytest.fail("generated before checking --out"))
+    monkeypatch.setattr(sampling, "rollout", lambda *a, **k: pytest.fail("generated before checking --out"))
     one_line_error(run("eval", *SHAPES, "--out", tmp_path / "a-file"), "exists and is not a folder")
+
+
+@pytest.mark.slow
+def test_eval_of_a_run_repeats_its_last_held_out_evaluation(tmp_path):
+    """`eval --checkpoint RUN --seed S` with the run's defaults (held-out prompts, samples per prompt, sampler,
+    rewards) draws the images of the run's own held-out evaluation: the EMA's by default (the row's reward_mean),
+    the trained weights' with --no-ema (its raw/ fields); another seed draws others."""
+    (tmp_path / "held-out.txt").write_text("a red circle\ntwo blue squares\na green triangle\n")
+    r = run(
+        "train",
+        "--iterations",
+        2,
+        "--seed",
+        3,
+        "--reward",
+        "jpeg-compressibility,shapes",
+        "--weights",
+        "0.7,0.3",
+        "--run-dir",
+        tmp_path / "r",
+        *("--set", "rollout.num_prompts=2", "--set", f'rollout.eval_prompts="{tmp_path / "held-out.txt"}"'),
+        *("--set", "train.eval_samples=2", "--set", "train.sample_every=0", "--set", "sampler.steps=4"),
+        *("--set", "train.ema_decay=0.5", "--set", "train.ema_every=0"),  # an EMA apart from the trained weights
+    )
+    assert r.exit_code == 0, r.output
+    last = read_evals(tmp_path / "r")[-1]
+    assert last["iteration"] == 2 and last["samples"] == 2 and last["prompts"] == 3 and last["weights"] == "ema"
+    assert last["raw/reward_mean"] != last["reward_mean"]
+
+    def eval_(seed, *extra):
+        r = run("eval", "--checkpoint", tmp_path / "r", "--seed", seed, "--json", *extra)
+        assert r.exit_code == 0, r.output
+        return json.loads(r.stdout)
+
+    weights = {"jpeg-compressibility": 0.7, "shapes": 0.3}
+    for extra, prefix, said in (((), "", "ema"), (("--no-ema",), "raw/", "trained")):
+        s = eval_(3, *extra)
+        assert s["source"]["weights"] == said and s["source"]["step"] == 2 and s["images"] == 6
+        means = {n: m["mean"] for n, m in s["metrics"].items()}
+        assert set(means) == set(weights)
+        for n in weights:
+            assert means[n] == pytest.approx(last[f"{prefix}rewards/{n}/mean"], abs=1e-6)
+        assert sum(w * means[n] for n, w in weights.items()) == pytest.approx(last[f"{prefix}reward_mean"], abs=1e-6)
+    other = eval_(4, "--metric", "jpeg-compressibility")["metrics"]["jpeg-compressibility"]["mean"]
+    assert abs(other - last["rewards/jpeg-compressibility/mean"]) > 1e-4

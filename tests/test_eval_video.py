@@ -72,6 +72,7 @@ def test_eval_scores_videos_frame_by_frame(folder, tmp_path):
     assert (out / "samples.png").is_file()
 
 
+@pytest.mark.slow
 def test_bad_videos_are_one_line(folder, tmp_path):
     (folder / "frames" / "0003.png").write_bytes(b"")  # a frame that is no image
     one_line_error(

@@ -103,6 +103,7 @@ def flux_transformer():
     return tiny_flux().transformer
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", FLUX_CASES)
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_flux_count_matches_flop_counter(flux_transformer, case, checkpointing):
@@ -125,6 +126,7 @@ def test_flux_count_matches_flop_counter(flux_transformer, case, checkpointing):
     assert counted == measured
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("finetune", ["lora", "full"])
 def test_the_flux_adapter_reports_its_shapes(finetune):
     from treegrpo_cli.models.flux import FluxPolicy
@@ -150,6 +152,7 @@ def test_the_measured_fallback_on_the_pixel_policy():
     assert first == (fwd, counter.get_total_flops())
 
 
+@pytest.mark.slow
 def test_the_measured_fallback_counts_one_network_row_under_true_cfg():
     from treegrpo_cli.models.sd import SDPolicy
 
@@ -167,6 +170,7 @@ def _sd3_transformer(dual: tuple[int, ...]):
     return tiny_sd3_transformer(dual)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["medium", "large"])  # SD3.5 Medium's dual-attention block, Large's plain ones
 @pytest.mark.parametrize("case", ["full", "lora"])
 @pytest.mark.parametrize("checkpointing", [False, True])

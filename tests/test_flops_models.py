@@ -24,6 +24,7 @@ def prepared(net, lora, targets, checkpointing):
     return net, [p for p in net.parameters() if p.requires_grad]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lora", [True, False])
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_qwen_image_count_matches_flop_counter(lora, checkpointing):
@@ -38,6 +39,7 @@ def test_qwen_image_count_matches_flop_counter(lora, checkpointing):
     assert qwen_image_flops(net.config, N, T, 4 if lora else None, recompute=checkpointing) == measured
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("guidance", [True, False])  # [dev]'s guidance embedding; [klein] has none
 @pytest.mark.parametrize("lora", [True, False])
 @pytest.mark.parametrize("checkpointing", [False, True])
@@ -71,6 +73,7 @@ def test_wan_count_matches_flop_counter(lora, checkpointing):
     assert wan_flops(net.config, 12, 8, 4 if lora else None, recompute=checkpointing) == measured
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("build", ["qwenimage", "flux2-dev", "flux2-klein"])
 @pytest.mark.parametrize("finetune", ["lora", "full"])
 def test_the_adapters_report_their_shapes(build, finetune):

@@ -19,6 +19,8 @@ from treegrpo_cli.report.tree_report import inspect_trees
 from treegrpo_cli.store.shards import FORMAT, VERSION
 from treegrpo_cli.training import rundir, runlog
 
+pytestmark = pytest.mark.slow  # end-to-end: `pytest -m "not slow"` leaves this file out
+
 SETTINGS = settings(
     max_examples=500,
     deadline=None,

@@ -1,5 +1,6 @@
 import pytest
 import torch
+from treeshapes import structure
 
 from treegrpo_cli.config import load_config
 from treegrpo_cli.engine.credit import assign_credit
@@ -26,19 +27,14 @@ def scored_batch(preset, sets=(), prompts=PROMPTS, seed=3):
     )["jpeg"]
     full = torch.full((tree.num_nodes,), float("nan")).index_put_((leaves,), r)
     adv, trained = assign_credit(
-        tree.parent,
-        tree.depth,
-        tree.tree,
-        tree.group(),
-        tree.sde,
-        tree.log_prob,
+        tree,
         {"jpeg": full},
-        {"jpeg": 1.0},
-        "rewards",
-        cfg.advantage,
-        cfg.pruning,
-        cfg.sampler.steps,
-        cfg.sampler.decode,
+        weights={"jpeg": 1.0},
+        combine_mode="rewards",
+        advantage=cfg.advantage,
+        pruning=cfg.pruning,
+        steps=cfg.sampler.steps,
+        decode=cfg.sampler.decode,
     )
     cond = policy.encode([prompts[int(p)] for p in tree.tree_prompt])
     return cfg, policy, sde, Batch(tree, trained, adv.edge, cond), nfe
@@ -53,6 +49,7 @@ def test_clipped_loss_golden():
     assert ratio.tolist() == pytest.approx([1.5, 0.5, 1.0005], abs=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", ["branch", "tree-grpo", "dance-grpo", "mix-grpo"])
 def test_ratio_is_one_before_the_first_update(preset):
     cfg, policy, sde, batch, _ = scored_batch(preset)
@@ -67,6 +64,7 @@ def test_ratio_is_one_before_the_first_update(preset):
 PAPER = ("pruning.train_last=false", 'train.loss_norm="mean"')  # BranchGRPO's objective: one step of the mean
 
 
+@pytest.mark.slow
 def test_training_evaluations_match_the_tree_shape():
     cfg, policy, sde, batch, nfe = scored_batch("branch", prompts=PROMPTS[:1], sets=PAPER)
     opt = make_optimizer(list(policy.trainable_parameters()), cfg.train)
@@ -199,26 +197,19 @@ def test_zero_advantage_edges_are_skipped_by_default():
 
     parent = torch.tensor([-1, -1, -1, -1, 0, 1, 2, 3])  # 4 roots (one chain each), one step
     depth = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
-    tree = torch.tensor([0, 1, 2, 3, 0, 1, 2, 3])
-    group = torch.tensor([0, 0, 1, 1, 0, 0, 1, 1])
+    tree = structure(parent, depth, tree=[0, 1, 2, 3, 0, 1, 2, 3], tree_prompt=[0, 0, 1, 1])  # prompts 0, 0, 1, 1
     reward = torch.tensor([float("nan")] * 4 + [0.3, 0.3, 0.2, 0.9])
-    sde, lp = depth > 0, torch.zeros(8)
     masks = {}
     for skip in (True, False):
         adv, masks[skip] = assign_credit(
-            parent,
-            depth,
             tree,
-            group,
-            sde,
-            lp,
             {"r": reward},
-            {"r": 1.0},
-            "rewards",
-            AdvantageConfig(estimator="flat"),
-            PruneConfig(skip_zero_advantage=skip),
-            1,
-            "final",
+            weights={"r": 1.0},
+            combine_mode="rewards",
+            advantage=AdvantageConfig(estimator="flat"),
+            pruning=PruneConfig(skip_zero_advantage=skip),
+            steps=1,
+            decode="final",
         )
     assert masks[False].tolist() == [False] * 4 + [True] * 4
     assert masks[True].tolist() == [False] * 6 + [True] * 2
@@ -229,19 +220,14 @@ def test_a_batch_of_tied_rewards_trains_nothing_and_costs_no_forward():
     """Every group's rewards equal: every advantage is zero, no edge is trained, the update runs no model."""
     cfg, policy, sde, batch, _ = scored_batch("tree-grpo", prompts=PROMPTS[:1])
     tied = assign_credit(
-        batch.tree.parent,
-        batch.tree.depth,
-        batch.tree.tree,
-        batch.tree.group(),
-        batch.tree.sde,
-        batch.tree.log_prob,
+        batch.tree,
         {"r": torch.where(batch.tree.is_leaf(), 0.5, float("nan"))},
-        {"r": 1.0},
-        "rewards",
-        cfg.advantage,
-        cfg.pruning,
-        cfg.sampler.steps,
-        cfg.sampler.decode,
+        weights={"r": 1.0},
+        combine_mode="rewards",
+        advantage=cfg.advantage,
+        pruning=cfg.pruning,
+        steps=cfg.sampler.steps,
+        decode=cfg.sampler.decode,
     )[1]
     assert batch.trained.sum() == 39 and not tied.any()
     m = grpo_update(

@@ -62,6 +62,7 @@ def _copy(world: Path, tmp_path: Path, name: str) -> Path:
 # --- links one level down stay inside ---------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_eval_refuses_a_frame_that_links_outside_its_folder(tmp_path):
     secret = png(tmp_path / "elsewhere" / "secret.png", level=200)
     folder = tmp_path / "imgs"
@@ -111,6 +112,7 @@ def test_diversity_refuses_a_gif_that_links_outside_its_folder(tmp_path):
     one_line_error(r, "1.gif", "resolves outside")
 
 
+@pytest.mark.slow
 def test_compare_never_embeds_a_sample_grid_that_links_outside_the_run(world, tmp_path):
     run_dir = _copy(world, tmp_path, "run")
     secret = png(tmp_path / "secret.png", level=7)
@@ -151,6 +153,7 @@ def test_policy_images_nested_json_is_one_line(tmp_path):
 # --- text from files is shown, not sent; names are text, not markup -------------------------------------
 
 
+@pytest.mark.slow
 def test_inspect_shows_escape_sequences_in_a_crafted_command_instead_of_sending_them(world, tmp_path):
     trees = _copy(world, tmp_path, "trees")
     index = json.loads((trees / "index.json").read_text())
@@ -162,6 +165,7 @@ def test_inspect_shows_escape_sequences_in_a_crafted_command_instead_of_sending_
     assert "\\x1b]0;pwned\\x07" in r.stdout and "[bold red]loud[/]" in r.stdout
 
 
+@pytest.mark.slow
 def test_a_run_folder_named_like_markup_trains_and_resumes(tmp_path):
     folder = tmp_path / "r[/x]"
     r = run("train", *FAST, "--iterations", 1, "--run-dir", folder)
@@ -204,6 +208,7 @@ def test_a_deeply_nested_set_is_one_line(tmp_path):
     assert r.exit_code == 2
 
 
+@pytest.mark.slow
 def test_a_huge_list_in_a_config_is_named_not_echoed(tmp_path):
     (tmp_path / "c.toml").write_text("[tree]\nbranch = [" + "1," * 300_000 + "]\n")
     r = run("train", "--config", tmp_path / "c.toml", "--run-dir", tmp_path / "r")
@@ -241,6 +246,7 @@ def test_a_deeply_nested_run_file_is_one_line(world, tmp_path, name, needle):
     assert "this is a bug" not in r.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["trainer_state.json", "manifest.json"])
 def test_a_deeply_nested_checkpoint_file_is_named(world, tmp_path, name):
     folder = _copy(world, tmp_path, "run")

@@ -85,6 +85,7 @@ def test_a_model_folder_with_a_pickle_is_refused_without_library_warnings(tmp_pa
 # --- trackers ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_tensorboard_folder_it_cannot_write_drops_the_tracker_with_one_warning(tmp_path):
     pytest.importorskip("tensorboard")
     folder = tmp_path / "r"
@@ -106,6 +107,7 @@ def test_a_tensorboard_install_that_does_not_import_drops_the_tracker(tmp_path, 
     assert "train.log tensorboard could not start (ModuleNotFoundError" in r.stderr and "this is a bug" not in r.stderr
 
 
+@pytest.mark.slow
 def test_a_tracker_that_fails_mid_run_is_dropped_and_the_run_finishes(tmp_path, monkeypatch):
     pytest.importorskip("tensorboard")
     from treegrpo_cli.training import tracking

@@ -22,6 +22,8 @@ from treegrpo_cli.rewards import remote
 from treegrpo_cli.rewards.base import get_reward
 from treegrpo_cli.rewards.remote import RemoteReward, decode_request, is_loopback, make_server
 
+pytestmark = pytest.mark.slow  # end-to-end: `pytest -m "not slow"` leaves this file out
+
 
 @pytest.fixture
 def server(monkeypatch):

@@ -61,6 +61,7 @@ def full_disk(monkeypatch):
 # --- one writer per tree folder -------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_score_of_a_tree_folder_another_process_writes_is_refused(trees):
     with runlock.lock(trees):
         one_line_error(run("score", trees), "in use by another treegrpo process", f"pid {os.getpid()}")
@@ -105,6 +106,7 @@ def test_a_rollout_whose_first_write_finds_a_full_disk_leaves_a_folder_the_same_
     assert run(*args).exit_code == 0
 
 
+@pytest.mark.slow
 def test_a_run_whose_first_write_finds_a_full_disk_is_started_again_by_the_same_command(tmp_path, full_disk):
     folder = tmp_path / "r"
     args = ["train", *FAST, "--iterations", 1, "--run-dir", folder]
@@ -116,6 +118,7 @@ def test_a_run_whose_first_write_finds_a_full_disk_is_started_again_by_the_same_
     assert r.exit_code == 0, r.output
 
 
+@pytest.mark.slow
 def test_a_checkpoint_on_a_full_disk_is_one_line_and_the_last_one_stays(tmp_path, monkeypatch):
     folder = tmp_path / "r"
     assert run("train", *FAST, "--iterations", 1, "--run-dir", folder).exit_code == 0
@@ -136,6 +139,7 @@ def test_a_checkpoint_on_a_full_disk_is_one_line_and_the_last_one_stays(tmp_path
     assert r.exit_code == 0, r.output
 
 
+@pytest.mark.slow
 def test_a_resume_writes_the_before_after_picture_a_full_disk_stopped(tmp_path, full_disk):
     folder = tmp_path / "r"
     args = ["train", *FAST, "--set", "train.sample_every=1", "--iterations", 1, "--run-dir", folder]

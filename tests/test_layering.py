@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ENGINE = ["advantages", "credit", "grpo", "protocols", "pruning", "rollout", "schedules", "sde", "tree"]
 
 
@@ -19,6 +21,7 @@ def _loaded_after(modules: list[str]) -> set[str]:
     return set(out.split())
 
 
+@pytest.mark.slow
 def test_the_engine_imports_nothing_above_it():
     loaded = _loaded_after(["treegrpo_cli.engine"] + [f"treegrpo_cli.engine.{m}" for m in ENGINE])
     above = {
@@ -31,6 +34,7 @@ def test_the_engine_imports_nothing_above_it():
     assert "treegrpo_cli.engine.rollout" in loaded
 
 
+@pytest.mark.slow
 def test_the_store_imports_nothing_above_it():
     """Shards, trees and checkpoints serialise the engine's tensors; loading models is the callers' job."""
     loaded = _loaded_after([f"treegrpo_cli.store.{m}" for m in ("shards", "trees", "checkpoint")])
@@ -43,6 +47,7 @@ def test_the_store_imports_nothing_above_it():
     assert "treegrpo_cli.store.trees" in loaded
 
 
+@pytest.mark.slow
 def test_no_module_imports_another_modules_private_names():
     import ast
     from pathlib import Path
@@ -72,6 +77,7 @@ def test_both_transition_kernels_satisfy_the_kernel_protocol():
     assert not isinstance(object(), Kernel)
 
 
+@pytest.mark.slow
 def test_the_cli_starts_without_torch():
     """`treegrpo --help` and every command's --help load no torch: commands import the library when they run."""
     loaded = _loaded_after(["treegrpo_cli.cli.app"])
@@ -145,6 +151,7 @@ def cycles(arrows: dict[tuple[str, str], list[str]]) -> list[list[str]]:
     return found
 
 
+@pytest.mark.slow
 def test_for_every_pair_of_rooms_at_most_one_imports_the_other():
     arrows = room_imports(PACKAGE)
     assert ("cli", "training") in arrows and ("training", "engine") in arrows  # the reader sees the imports
@@ -152,6 +159,7 @@ def test_for_every_pair_of_rooms_at_most_one_imports_the_other():
     assert not cycles(arrows), cycles(arrows)
 
 
+@pytest.mark.slow
 def test_a_planted_upward_import_is_caught(tmp_path):
     """The check above can fail: the same package with one upward import added (the engine reaching into training,
     or the world into report, which reaches the world through rewards) is refused."""

@@ -8,8 +8,9 @@ import torch
 from treegrpo_cli.config import load_config
 from treegrpo_cli.engine.grpo import TrainConfig, _metrics
 from treegrpo_cli.prompts import load_prompts
-from treegrpo_cli.training import loop, overlap
+from treegrpo_cli.training import overlap
 from treegrpo_cli.training.steps import group_spread, throughput
+from treegrpo_cli.training.trainer import Trainer
 
 
 def test_group_spread_by_hand():
@@ -48,20 +49,22 @@ def test_throughput_by_hand():
     assert "mfu/rollout" not in throughput(row, (10, 20), 1, None)  # no known peak: no utilisation
 
 
+@pytest.mark.slow
 def test_a_batch_where_every_group_ties_has_ratio_1_and_trains_nothing(monkeypatch):
     def tied(rewards, images, prompts, *a, **k):
         return {"shapes": torch.full((images.shape[0],), 0.5)}
 
     monkeypatch.setattr(overlap, "score_leaves", tied)
     cfg = load_config("tree-grpo", sets=["rollout.num_prompts=2", "train.eval_samples=0"])
-    row = loop.Trainer(cfg, "cpu").iteration(load_prompts(cfg.rollout.prompts), lambda *a: None)
+    row = Trainer(cfg, "cpu").iteration(load_prompts(cfg.rollout.prompts), lambda *a: None)
     assert row["zero_std_ratio"] == 1.0 and row["reward_group_std"] == 0.0 and row["trained_edges"] == 0
     assert row["images_per_second"] > 0 and row["ms_per_image/rollout"] > 0
     assert not any(k.startswith("mfu/") for k in row)  # the CPU's peak is not known
 
 
+@pytest.mark.slow
 def test_a_run_writes_the_new_metrics():
     cfg = load_config("tree-grpo", sets=["rollout.num_prompts=2", "train.eval_samples=0"])
-    row = loop.Trainer(cfg, "cpu").iteration(load_prompts(cfg.rollout.prompts), lambda *a: None)
+    row = Trainer(cfg, "cpu").iteration(load_prompts(cfg.rollout.prompts), lambda *a: None)
     assert 0 <= row["zero_std_ratio"] < 1 and row["reward_group_std"] > 0
     assert {"clip_frac_high", "clip_frac_low", "ratio_std", "ms_per_image/update"} <= set(row)

@@ -165,6 +165,7 @@ print("ok")
 """
 
 
+@pytest.mark.slow
 def test_a_new_adapter_is_one_file(tmp_path):
     """A copy of the package with models/toy.py added and nothing else edited: the hub, the registry, the
     defaults and the CLI's help know the toy model."""

@@ -43,6 +43,7 @@ def model_dirs(tmp_path_factory):
     return saved(tmp_path_factory, BUILDERS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("adapter", ADAPTERS)
 def test_rollout_score_train_export_reload(model_dirs, tmp_path, adapter):
     folder, trees, run_dir, out = model_dirs[adapter], tmp_path / "trees", tmp_path / "run", tmp_path / "lora"
@@ -119,6 +120,7 @@ def train_one_iteration(folder, run_dir, preset, finetune, sets):
     return json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
 
 
+@pytest.mark.slow
 def test_full_finetune_exports_a_model_folder(model_dirs, tmp_path):
     from diffusers import UNet2DConditionModel
 
@@ -162,6 +164,7 @@ def test_sd35_large_without_weights_is_one_line_and_samples_at_its_guidance(tmp_
     assert "policy.guidance" not in model_defaults("sd3.5-medium")  # the adapter's 4.5
 
 
+@pytest.mark.slow
 def test_incomplete_folder_names_the_missing_files(model_dirs, tmp_path):
     import shutil
 
@@ -181,6 +184,7 @@ def test_bad_lora_target_is_one_line(model_dirs, tmp_path):
     one_line_error(r, "policy.lora_targets")
 
 
+@pytest.mark.slow
 def test_prompt_cache_on_disk_and_freed_encoders(model_dirs, tmp_path):
     from treegrpo_cli.errors import TreegrpoError
 
@@ -248,6 +252,7 @@ def test_flux_packing_matches_diffusers():
     )
 
 
+@pytest.mark.slow
 def test_hub_id_resolves_from_the_local_cache(model_dirs, tmp_path, monkeypatch):
     import shutil
 
@@ -280,6 +285,7 @@ def test_hub_id_resolves_from_the_local_cache(model_dirs, tmp_path, monkeypatch)
     assert meta["config"]["sampler"]["grid"] == "flow-match-euler"  # the SD3 adapter's own grid
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("adapter", ["sd3", "sd"])
 def test_cfg_uncond_detach_backpropagates_the_conditional_half_only(model_dirs, adapter):
     """u + w (c - u) with u detached has the gradient w * dc; the exact gradient is w * dc + (1 - w) * du."""
@@ -364,6 +370,7 @@ def test_lora_forward_runs_under_bf16_autocast_with_fp32_adapters(model_dirs):
     assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in policy.trainable_parameters())
 
 
+@pytest.mark.slow
 def test_flux_full_finetune_sharded_over_two_processes_matches_one(model_dirs, tmp_path):
     """FSDP2 over a real transformer (the tiny FLUX's double and single blocks), two gloo processes."""
     import os
@@ -426,6 +433,7 @@ def test_flux_full_finetune_sharded_over_two_processes_matches_one(model_dirs, t
     assert r.returncode != 0 and "--finetune full" in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("adapter, finetune", [("flux", "lora"), ("flux", "full"), ("sd3", "lora"), ("sd3", "full")])
 def test_one_nft_step_on_a_tiny_pipeline(model_dirs, tmp_path, adapter, finetune):
     """train.objective = nft on the flow adapters: one optimizer step of every leaf at int(4 x 0.99) = 3 noise
@@ -448,6 +456,7 @@ def test_one_nft_step_on_a_tiny_pipeline(model_dirs, tmp_path, adapter, finetune
     assert any(not torch.equal(ck.model[k], start[k]) for k in ck.model)
 
 
+@pytest.mark.slow
 def test_nft_refuses_a_noise_prediction_model(model_dirs, tmp_path):
     one_line_error(
         run("train", "--model", model_dirs["sd"], "--preset", "nft", *TINY, "--run-dir", tmp_path / "r"),
@@ -456,6 +465,7 @@ def test_nft_refuses_a_noise_prediction_model(model_dirs, tmp_path):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["medium", "large"])
 def test_sd3_ode_rollout_equals_the_pipeline_sampling(tmp_path, layout):
     """The engine's ODE rollout through the SD3 adapter (true CFG 4.5, the scheduler's grid and shift) ends

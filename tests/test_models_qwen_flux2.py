@@ -47,6 +47,7 @@ def pipeline_latents(folder, name, x0, steps):
         return pipe(**kw).images.float()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [*NEW, "flux"])
 def test_ode_rollout_equals_the_pipeline_sampling(dirs, name):
     """sampler.grid = "model" with each model's guidance: the engine's ODE rollout (no SDE step) ends where the
@@ -72,6 +73,7 @@ def test_ode_rollout_equals_the_pipeline_sampling(dirs, name):
     assert policy.evals_per_row == (2 if name in ("qwenimage", "flux2-klein") else 1)
 
 
+@pytest.mark.slow
 def test_model_grid_is_the_pipelines_dynamic_shift(dirs):
     """FLUX.2's empirical mu and Qwen-Image's shift_terminal: the model grid equals the scheduler's sigmas after
     the pipeline's own set_timesteps call, and differs from the presets' fixed shift."""
@@ -103,6 +105,7 @@ def test_qwen_rows_of_different_prompt_lengths_equal_each_alone(dirs):
     torch.testing.assert_close(both, torch.cat(alone), rtol=0, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_flux2_lora_targets_reach_the_single_stream_blocks(dirs):
     policy = load(dirs["flux2-klein"])
     names = {n.rsplit(".lora_", 1)[0] for n, p in policy.denoiser.named_parameters() if p.requires_grad}
@@ -113,6 +116,7 @@ def test_flux2_lora_targets_reach_the_single_stream_blocks(dirs):
     assert len(qwen.describe()["lora"]["targets"]) == 12 and qwen.describe()["lora"]["rank"] == 64
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [*NEW, "sd3-large"])
 def test_rollout_score_train_export_reload(dirs, tmp_path, name):
     folder, trees, run_dir, out = dirs[name], tmp_path / "trees", tmp_path / "run", tmp_path / "lora"
@@ -136,6 +140,7 @@ def test_rollout_score_train_export_reload(dirs, tmp_path, name):
     check_lora_reload(folder, run_dir, out, "sd3" if name == "sd3-large" else name, ema=False)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["qwenimage", "flux2-dev", "flux2-klein", "sd3-large"])
 @pytest.mark.parametrize("finetune", ["lora", "full"])
 def test_one_grpo_and_one_nft_step(dirs, tmp_path, name, finetune):

@@ -41,6 +41,7 @@ def euler(steps=4):
     )
 
 
+@pytest.mark.slow
 def test_ode_rollout_equals_the_pipeline_sampling(wan_dir):
     """True CFG 5.0 against the empty negative prompt, the scheduler's Euler grid at shift 3: the engine's ODE
     rollout of a [4, 3, 4, 4] video latent ends where WanPipeline ends from the same noise."""
@@ -81,6 +82,7 @@ def test_a_branching_tree_of_video_latents(wan_dir):
     assert nfe == 2 * policy.evals_per_row * (1 + 2 + 4 + 4)  # rows per step (4 steps) x 2 network rows (CFG)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("finetune", ["lora", "full"])
 def test_a_grpo_step_trains_the_video_model(wan_dir, finetune):
     from treegrpo_cli.config import load_config
@@ -94,12 +96,20 @@ def test_a_grpo_step_trains_the_video_model(wan_dir, finetune):
     tree, _ = rollout(policy, prompts, [0, 1], kernel, cfg.tree, seed=1)
     reward = torch.full((tree.num_nodes,), float("nan"))
     reward[tree.leaves()] = torch.rand(len(tree.leaves()), generator=torch.Generator().manual_seed(0))
-    args = (tree.parent, tree.depth, tree.tree, tree.group(), tree.sde, tree.log_prob, {"r": reward}, {"r": 1.0})
-    adv, trained = assign_credit(*args, "rewards", cfg.advantage, cfg.pruning, 4, "final", 0, 1)
+    adv, trained = assign_credit(
+        tree,
+        {"r": reward},
+        weights={"r": 1.0},
+        combine_mode="rewards",
+        advantage=cfg.advantage,
+        pruning=cfg.pruning,
+        steps=4,
+        decode="final",
+    )
     before = {k: v.clone() for k, v in policy.trainable_state().items()}
     opt = make_optimizer(policy.trainable_parameters(), cfg.train)
     batch = Batch(tree, trained, adv.edge, policy.encode([prompts[int(p)] for p in tree.tree_prompt]))
-    metrics = grpo_update(policy, opt, kernel, batch, cfg.train, torch.Generator().manual_seed(0), 4)
+    metrics = grpo_update(policy, opt, kernel, batch, cfg.train, torch.Generator().manual_seed(0), max_batch=4)
     assert metrics["train_evals"] > 0 and metrics["ratio_first_dev"] < 1e-5  # before any update: on-policy
     assert any(not torch.equal(before[k], v) for k, v in policy.trainable_state().items())
 
@@ -132,6 +142,7 @@ def test_bad_frame_count_and_missing_weights_are_one_line(wan_dir, tmp_path, mon
     one_line_error(run("train", "--model", "wan2.1-t2v-1.3b", "--run-dir", tmp_path / "r"), repo, f"hf download {repo}")
 
 
+@pytest.mark.slow
 def test_train_rollout_score_on_video_through_the_cli(wan_dir, tmp_path):
     """`treegrpo train` on the tiny Wan pipeline: an image reward scores the clips frame by frame (every second
     frame with reward.frame_stride 2), the held-out curve and the sample grids (clip strips) are written, the

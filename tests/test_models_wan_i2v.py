@@ -44,6 +44,7 @@ def load(folder, images, **opts):
     return load_policy(str(folder), "cpu", PolicyConfig(**opts))
 
 
+@pytest.mark.slow
 def test_ode_rollout_equals_the_pipeline_sampling(i2v_dir, frames):
     """True CFG 5.0 (only the text negated), the Euler grid at shift 3: the engine's ODE rollout ends where
     WanImageToVideoPipeline ends from the same noise and the same first frame."""
@@ -66,6 +67,7 @@ def test_ode_rollout_equals_the_pipeline_sampling(i2v_dir, frames):
     assert (other.image_latent - tree.image_latent).abs().max() > 1e-3  # another frame, another clip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("finetune", ["lora", "full"])
 def test_a_tree_and_a_grpo_step(i2v_dir, frames, finetune):
     from treegrpo_cli.config import load_config
@@ -79,16 +81,25 @@ def test_a_tree_and_a_grpo_step(i2v_dir, frames, finetune):
     assert len(tree.leaves()) == 8 and torch.isfinite(tree.log_prob[tree.sde]).all()
     reward = torch.full((tree.num_nodes,), float("nan"))
     reward[tree.leaves()] = torch.rand(8, generator=torch.Generator().manual_seed(0))
-    args = (tree.parent, tree.depth, tree.tree, tree.group(), tree.sde, tree.log_prob, {"r": reward}, {"r": 1.0})
-    adv, trained = assign_credit(*args, "rewards", cfg.advantage, cfg.pruning, 4, "final", 0, 1)
+    adv, trained = assign_credit(
+        tree,
+        {"r": reward},
+        weights={"r": 1.0},
+        combine_mode="rewards",
+        advantage=cfg.advantage,
+        pruning=cfg.pruning,
+        steps=4,
+        decode="final",
+    )
     before = {k: v.clone() for k, v in policy.trainable_state().items()}
     opt = make_optimizer(policy.trainable_parameters(), cfg.train)
     batch = Batch(tree, trained, adv.edge, policy.encode([PROMPTS[int(p)] for p in tree.tree_prompt]))
-    metrics = grpo_update(policy, opt, euler(), batch, cfg.train, torch.Generator().manual_seed(0), 4)
+    metrics = grpo_update(policy, opt, euler(), batch, cfg.train, torch.Generator().manual_seed(0), max_batch=4)
     assert metrics["train_evals"] > 0 and metrics["ratio_first_dev"] < 1e-5
     assert any(not torch.equal(before[k], v) for k, v in policy.trainable_state().items())
 
 
+@pytest.mark.slow
 def test_lora_export_reloads_into_the_pipeline(i2v_dir, frames, tmp_path):
     from diffusers import DiffusionPipeline
 
@@ -108,6 +119,7 @@ def test_lora_export_reloads_into_the_pipeline(i2v_dir, frames, tmp_path):
     torch.testing.assert_close(reloaded, trained, rtol=0, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("finetune", ["lora", "full"])
 def test_the_adapter_counts_its_flops(i2v_dir, frames, finetune):
     """The Wan formula with the image embedder and the image tokens' K/V and attention equals one measured row."""
@@ -118,6 +130,7 @@ def test_the_adapter_counts_its_flops(i2v_dir, frames, finetune):
     assert policy.flops_per_row() == measure_policy_flops(policy, "a red cat")
 
 
+@pytest.mark.slow
 def test_train_rollout_score_through_the_cli(i2v_dir, frames, tmp_path):
     """`--prompts clips.jsonl --set policy.images=clips.jsonl`: train 2 iterations, export, then the staged path."""
     sets = [
@@ -140,6 +153,7 @@ def test_train_rollout_score_through_the_cli(i2v_dir, frames, tmp_path):
     assert r.exit_code == 0 and json.loads(r.stdout)["leaves"] == 8, r.output
 
 
+@pytest.mark.slow
 def test_first_frame_errors_are_one_line(i2v_dir, frames, tmp_path, monkeypatch):
     from treegrpo_cli.errors import ConfigError, TreegrpoError
 

@@ -78,6 +78,7 @@ def test_still_reversed_and_miscoloured_clips_lose_what_they_miss():
     assert float(reward(render_clip(scene, v)[:, 0][None], [prompt])) == pytest.approx(0.5)  # an image: no motion
 
 
+@pytest.mark.slow
 def test_caption_noise_at_its_stated_rates():
     """Over 400 clips: "moving up" is still about half the time, "moving left" never; an orange object is drawn
     orange about half the time."""

@@ -11,8 +11,8 @@ from treegrpo_cli.engine.nft import NFTConfig, OldPolicy, decay_at, nft_loss, op
 from treegrpo_cli.errors import ConfigError
 from treegrpo_cli.prompts import load_prompts
 from treegrpo_cli.store.checkpoint import list_checkpoints, load_checkpoint
-from treegrpo_cli.training.loop import Trainer
 from treegrpo_cli.training.runlog import read_metrics, without_timings
+from treegrpo_cli.training.trainer import Trainer
 
 # --- the loss, by hand -------------------------------------------------------------------------------
 
@@ -46,7 +46,9 @@ def test_nft_loss_means_over_elements_and_divides_by_beta():
 def test_the_adaptive_weight_has_a_floor_and_no_gradient():
     """An exact prediction: error 0, weight floored at 1e-5, loss 0 and a zero gradient (not NaN)."""
     v = torch.tensor([[0.0]], requires_grad=True)
-    loss = nft_loss(v, torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1), torch.ones(1), torch.ones(1), 1.0, 5.0)
+    loss = nft_loss(
+        v, torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1), torch.ones(1), torch.ones(1), beta=1.0, scale=5.0
+    )
     loss.sum().backward()
     assert loss.item() == 0 and v.grad.item() == 0
 
@@ -115,6 +117,7 @@ def _trainer(preset="nft", extra=()):
     return Trainer(load_config(preset, sets=[*SMALL, *extra]), "cpu")
 
 
+@pytest.mark.slow
 def test_an_nft_iteration_samples_with_the_old_policy_and_takes_one_step():
     """Rollouts use the old weights (the trained ones differ after a step, the old ones trail them by the decay),
     one optimizer step of every leaf at 9 of 10 levels, one EMA update, 3 forwards per trained row in the FLOPs."""
@@ -152,6 +155,7 @@ def test_the_rollout_uses_the_old_weights():
     assert all(torch.equal(o, q) for o, q in zip(t.old.tensors, old, strict=True))
 
 
+@pytest.mark.slow
 def test_nft_resume_repeats_the_run_and_keeps_the_old_policy(tmp_path):
     args = ["--preset", "nft", *(x for s in SMALL for x in ("--set", s)), "--set", "train.save_every=1"]
     assert run("train", *args, "--iterations", 3, "--run-dir", tmp_path / "a").exit_code == 0
@@ -168,6 +172,7 @@ def test_nft_resume_repeats_the_run_and_keeps_the_old_policy(tmp_path):
     assert same(read_metrics(tmp_path / "b")) == same(read_metrics(tmp_path / "a"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", ["nft", "tree-nft"])
 def test_two_processes_match_one_for_nft(preset, tmp_path):
     """The samples of each optimizer step, their noise levels and noises do not depend on the process layout."""

@@ -14,7 +14,7 @@ from treegrpo_cli.models.registry import load_policy
 from treegrpo_cli.rewards.base import get_reward
 from treegrpo_cli.training import overlap
 from treegrpo_cli.training.overlap import chunk_count, rollout_and_score
-from treegrpo_cli.training.steps import leaf_images
+from treegrpo_cli.training.sampling import leaf_images
 
 PROMPTS = ["a red circle", "two blue squares", "a green triangle", "an orange star", "a purple circle"]
 
@@ -23,7 +23,18 @@ def _run(chunks: int, rewards, mine=(4, 0, 2, 0, 3), earlier=(1,)):
     policy = load_policy("pixel-tiny")
     sde = FlowSDE(SamplerConfig(steps=4))
     tree_cfg = TreeConfig(split_steps=(0, 2), branch=2, sde_steps=(0, 1, 2), trees_per_prompt=2)
-    out = rollout_and_score(policy, PROMPTS, list(mine), list(earlier), sde, tree_cfg, 7, 64, rewards, chunks)
+    out = rollout_and_score(
+        policy,
+        PROMPTS,
+        list(mine),
+        earlier=list(earlier),
+        sde=sde,
+        cfg=tree_cfg,
+        seed=7,
+        max_batch=64,
+        rewards=rewards,
+        chunks=chunks,
+    )
     return policy, out
 
 

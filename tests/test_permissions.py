@@ -41,11 +41,13 @@ def one_line(r: subprocess.CompletedProcess, *words: str) -> None:
     assert all(w.lower() in lines[0].lower() for w in words), lines[0]
 
 
+@pytest.mark.slow
 def test_the_cli_runs_as_nobody(shared):
     r = as_nobody("presets", cwd=shared)
     assert r.returncode == 0 and "tree-grpo" in r.stdout, r.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("option", ["--config", "--prompts"])
 def test_an_unreadable_input_file(shared, option):
     f = shared / ("c.toml" if option == "--config" else "p.txt")
@@ -56,6 +58,7 @@ def test_an_unreadable_input_file(shared, option):
     assert not (shared / "run").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "command",
     [

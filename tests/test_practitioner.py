@@ -21,6 +21,7 @@ def jpeg_run(tmp_path_factory):
     return root / "run"
 
 
+@pytest.mark.slow
 def test_eval_of_a_checkpoint_samples_the_runs_own_reward_and_prompts(jpeg_run):
     r = run("eval", "--checkpoint", jpeg_run, "--json")
     assert r.exit_code == 0, r.output
@@ -81,6 +82,7 @@ def test_every_reward_name_is_checked_before_any_weights_load(tmp_path, monkeypa
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.slow
 def test_one_vocabulary_across_commands(tmp_path):
     """--out names train's folder as every other command's; torch's dtype names work; --num-prompts on train."""
     r = run("train", *TINY, "--iterations", 1, "--out", tmp_path / "r", "--num-prompts", 2, "--dtype", "bfloat16")
@@ -129,6 +131,7 @@ def _on_a_terminal(args: list[str]) -> tuple[int, str]:
     return p.wait(), out.decode(errors="replace")
 
 
+@pytest.mark.slow
 def test_progress_on_a_terminal_tells_the_truth(tmp_path):
     code, text = _on_a_terminal(["train", *TINY, "--iterations", "3", "--out", str(tmp_path / "r")])
     assert code == 0, text
@@ -148,6 +151,7 @@ def test_progress_on_a_terminal_tells_the_truth(tmp_path):
         assert done and any(a == b and int(b) > 0 for a, b in done), (phase, plain)
 
 
+@pytest.mark.slow
 def test_progress_in_a_log_says_the_run_folder_first(tmp_path):
     r = run("train", *TINY, "--iterations", 2, "--out", tmp_path / "r", "--set", "train.eval_samples=1")
     assert r.exit_code == 0, r.output
@@ -160,6 +164,7 @@ def test_progress_in_a_log_says_the_run_folder_first(tmp_path):
     assert not any(x.startswith(("score:", "update:", "rollout:")) for x in lines)  # a log gets the lines that matter
 
 
+@pytest.mark.slow
 def test_exit_codes_follow_the_documented_rule(tmp_path):
     """2 for a usage or config error, 1 for a runtime one (README)."""
     assert run("train", "--set", "train.learning_rate=1e-4").exit_code == 2  # a config key
@@ -196,6 +201,7 @@ def test_the_general_prompts_are_shipped_and_held_out_apart():
     assert not any(word in p for p in train + test for word in ("circle", "square", "triangle"))
 
 
+@pytest.mark.slow
 def test_a_released_model_without_weights_is_one_line_before_anything(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "empty"))
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
@@ -210,6 +216,7 @@ def test_a_released_model_without_weights_is_one_line_before_anything(tmp_path, 
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.slow
 def test_the_first_lines_say_model_reward_prompts_and_device_and_whence(tmp_path):
     args = ["--model", "flux-dev", "--set", 'policy.weights="random"', "--set", 'policy.size="tiny"']
     small = ["--set", "train.eval_samples=0", "--set", "sampler.steps=4", "--num-prompts", 1, "--iterations", 1]

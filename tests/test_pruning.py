@@ -137,11 +137,31 @@ def test_prune_combines_base_width_depth_and_stops_after_active_until():
     base = base_mask(parent, sde, depth, 20, "x0")
     cfg = PruneConfig(width="parent-top1", depth_window=4, depth_start=15, active_until=0.5)
     width = width_mask(cfg, parent, depth, tree, value, leaf_adv)
-    on = prune(cfg, base, parent, depth, tree, value, leaf_adv, iteration=50, max_iterations=100)
+    on = prune(
+        cfg,
+        base,
+        parent=parent,
+        depth=depth,
+        tree=tree,
+        value=value,
+        leaf_adv=leaf_adv,
+        iteration=50,
+        max_iterations=100,
+    )
     in_window = (depth >= 14) & (depth <= 17)  # iteration 50: moved by one depth
     assert on.tolist() == (base & width & ~in_window).tolist()
     assert not bool(on[in_window].any()) and not bool(on[depth == 20].any())
-    off = prune(cfg, base, parent, depth, tree, value, leaf_adv, iteration=51, max_iterations=100)
+    off = prune(
+        cfg,
+        base,
+        parent=parent,
+        depth=depth,
+        tree=tree,
+        value=value,
+        leaf_adv=leaf_adv,
+        iteration=51,
+        max_iterations=100,
+    )
     assert off.tolist() == base.tolist()
 
 

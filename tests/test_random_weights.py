@@ -38,6 +38,7 @@ def prompts(tmp_path_factory):
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("adapter", list(ADAPTERS))
 def test_a_release_with_random_weights_runs_the_whole_cli(adapter, prompts, tmp_path):
     name, run_dir = ADAPTERS[adapter], tmp_path / "run"

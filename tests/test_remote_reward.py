@@ -56,6 +56,7 @@ def _images(n=6, seed=0):
     return torch.randint(0, 256, (n, 3, 32, 32), generator=g, dtype=torch.uint8).float() / 255.0
 
 
+@pytest.mark.slow
 def test_scores_over_http_equal_the_in_process_reward(shapes_server):
     images, prompts = _images(), ["a red circle", "two blue squares", "a green triangle"] * 2
     for name in ("shapes", "jpeg-compressibility"):
@@ -63,6 +64,7 @@ def test_scores_over_http_equal_the_in_process_reward(shapes_server):
         torch.testing.assert_close(remote(images, prompts), get_reward(name)(images, prompts), rtol=0, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_clip_on_a_tiny_config_scores_over_http_as_in_process(tmp_path):
     """The open_clip path through a server process: a registered tiny architecture and random weights."""
     open_clip = pytest.importorskip("open_clip")
@@ -90,11 +92,13 @@ def test_clip_on_a_tiny_config_scores_over_http_as_in_process(tmp_path):
         p.wait(timeout=30)
 
 
+@pytest.mark.slow
 def test_a_url_without_a_reward_needs_a_server_of_one(shapes_server):
     with pytest.raises(Exception, match="serves jpeg-compressibility, shapes: name one"):
         RemoteReward(f"http://127.0.0.1:{shapes_server}")
 
 
+@pytest.mark.slow
 def test_train_runs_the_world_with_a_remote_reward(tmp_path):
     p, port = _serve("shapes")
     try:
@@ -108,6 +112,7 @@ def test_train_runs_the_world_with_a_remote_reward(tmp_path):
         p.wait(timeout=30)
 
 
+@pytest.mark.slow
 def test_a_server_killed_mid_run_is_one_line_and_the_run_resumes_when_it_is_back(tmp_path):
     p, port = _serve("shapes")
     url = f"http://127.0.0.1:{port}?retries=1"
@@ -191,6 +196,7 @@ def test_garbage_and_wrong_length_answers_are_one_line(answer, needle):
         server.shutdown()
 
 
+@pytest.mark.slow
 def test_a_slow_server_times_out_with_one_line():
     _Fake.answer, _Fake.delay = b'{"version": 1, "scores": [1]}', 2.0
     server = _Quiet(("127.0.0.1", 0), _Fake)
@@ -203,6 +209,7 @@ def test_a_slow_server_times_out_with_one_line():
         server.shutdown()
 
 
+@pytest.mark.slow
 def test_a_server_that_is_down_is_one_line(tmp_path):
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))

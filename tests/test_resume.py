@@ -8,6 +8,7 @@ import pytest
 from clitools import one_line_error, run
 
 from treegrpo_cli.config import load_config
+from treegrpo_cli.engine.grpo import grpo_update
 from treegrpo_cli.errors import TreegrpoError
 from treegrpo_cli.store.checkpoint import list_checkpoints
 from treegrpo_cli.training import loop, overlap
@@ -37,6 +38,7 @@ def train(*args):
     return r
 
 
+@pytest.mark.slow
 def test_resume_keeps_the_prompt_file_and_refuses_other_prompts(tmp_path):
     prompts = tmp_path / "mine.txt"
     prompts.write_text("a red circle\ntwo blue squares\n")
@@ -54,6 +56,7 @@ def test_resume_keeps_the_prompt_file_and_refuses_other_prompts(tmp_path):
     one_line_error(run("train", "--resume", tmp_path / "b", "--iterations", 3), "changed", "mine.txt")
 
 
+@pytest.mark.slow
 def test_resume_refuses_a_setting_that_changes_what_the_run_learns(tmp_path):
     train(*TINY, "--iterations", 1, "--run-dir", tmp_path / "r")
     one_line_error(run("train", "--resume", tmp_path / "r", "--set", "train.lr=0.5"), "train.lr", "new run")
@@ -61,6 +64,7 @@ def test_resume_refuses_a_setting_that_changes_what_the_run_learns(tmp_path):
     assert len(read_metrics(tmp_path / "r")) == 2
 
 
+@pytest.mark.slow
 def test_resume_without_a_checkpoint_says_it_starts_again(tmp_path):
     train(*TINY, "--iterations", 1, "--run-dir", tmp_path / "r")
     for p in list_checkpoints(tmp_path / "r" / "checkpoints"):
@@ -70,6 +74,7 @@ def test_resume_without_a_checkpoint_says_it_starts_again(tmp_path):
     assert len(read_metrics(tmp_path / "r")) == 1
 
 
+@pytest.mark.slow
 def test_a_damaged_latest_checkpoint_falls_back_to_the_one_before(tmp_path):
     train(*TINY, "--iterations", 3, "--run-dir", tmp_path / "ref")
     train(*TINY, "--iterations", 3, "--set", "train.keep_last=3", "--run-dir", tmp_path / "r")
@@ -83,6 +88,7 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_one_before(tmp_path):
     assert comparable(read_metrics(tmp_path / "r")) == comparable(read_metrics(tmp_path / "ref"))
 
 
+@pytest.mark.slow
 def test_a_damaged_metrics_line_is_an_error_not_a_truncation(tmp_path):
     train(*TINY, "--iterations", 3, "--run-dir", tmp_path / "r")
     path = tmp_path / "r" / "metrics.jsonl"
@@ -96,25 +102,27 @@ def test_a_damaged_metrics_line_is_an_error_not_a_truncation(tmp_path):
     assert len(read_metrics(tmp_path / "r")) == 1
 
 
+@pytest.mark.slow
 def test_a_stalled_run_is_reported(tmp_path, monkeypatch):
     """A reward that is the same for every image: every advantage is 0, nothing to learn (a weight of 0, the
     old way to ask for it, is refused now)."""
     real = overlap.score_leaves
-    monkeypatch.setattr(overlap, "score_leaves", lambda *a: {n: v * 0 for n, v in real(*a).items()})
+    monkeypatch.setattr(overlap, "score_leaves", lambda *a, **k: {n: v * 0 for n, v in real(*a, **k).items()})
     r = train(*TINY, "--iterations", 6, "--run-dir", tmp_path / "r", "--json")
     assert json.loads(r.stdout)["stalled_iterations"] == [[0, 5]]
     assert "warning: iterations 0-4 trained nothing" in r.stderr
 
 
+@pytest.mark.slow
 def test_a_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
-    real, calls = loop.grpo_update, []
+    real, calls = grpo_update, []
 
     def poisoned(*a, **k):
         out = real(*a, **k)
         calls.append(1)
         return {**out, "loss": math.nan} if len(calls) == 3 else out
 
-    monkeypatch.setattr(loop, "grpo_update", poisoned)
+    monkeypatch.setattr("treegrpo_cli.training.trainer.grpo_update", poisoned)
     cfg = load_config(
         "tree-grpo",
         sets=[

@@ -78,6 +78,7 @@ def open_clip_direct(model, x, prompts):
 # --- registry ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_registry_lists_models_and_imports_nothing_heavy():
     assert {"shapes", "jpeg-compressibility", "hps", "pick", "imagereward", "clip", "aesthetic"} <= set(available())
     code = (
@@ -158,6 +159,7 @@ def test_training_accepts_the_new_reward_names(tmp_path):
 # --- hps ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_hps_loads_the_official_layout_and_equals_open_clip(tiny_clip, tmp_path):
     path = tmp_path / "HPS_v2.1_compressed.pt"
     torch.save({"state_dict": tiny_clip.state_dict()}, path)  # the release wraps the weights
@@ -170,6 +172,7 @@ def test_hps_loads_the_official_layout_and_equals_open_clip(tiny_clip, tmp_path)
     assert bf16.dtype == torch.float32 and torch.allclose(bf16, a, atol=0.05)
 
 
+@pytest.mark.slow
 def test_hps_from_env_and_from_the_hub_cache(tiny_clip, tmp_path, monkeypatch):
     sd = {"state_dict": tiny_clip.state_dict()}
     torch.save(sd, tmp_path / "w.pt")
@@ -204,6 +207,7 @@ def test_hps_rejects_a_wrong_checkpoint(tiny_clip, tmp_path):
 # --- clip and aesthetic ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_clip_score_equals_open_clip_and_infers_quick_gelu(tiny_clip, tmp_path):
     (tmp_path / "openai").mkdir()
     for p in (tmp_path / "w.bin", tmp_path / "openai" / "w.bin"):

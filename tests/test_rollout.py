@@ -14,7 +14,7 @@ PROMPTS = ["a red circle", "two blue squares", "a green triangle"]
 def _roll(policy, preset, sets=(), prompts=PROMPTS, ids=None, seed=7, max_batch=64):
     cfg = load_config(preset, sets=list(sets))
     ids = list(range(len(prompts))) if ids is None else ids
-    return rollout(policy, [prompts[i] for i in ids], ids, FlowSDE(cfg.sampler), cfg.tree, seed, max_batch)
+    return rollout(policy, [prompts[i] for i in ids], ids, FlowSDE(cfg.sampler), cfg.tree, seed, max_batch=max_batch)
 
 
 def test_dense_branch_tree_counts(tiny_policy):
@@ -52,6 +52,7 @@ def test_same_seed_is_bitwise_identical(tiny_policy):
     assert not torch.equal(a.latent, c.latent)
 
 
+@pytest.mark.slow
 def test_max_batch_does_not_change_noise_or_latents(tiny_policy):
     a, na = _roll(tiny_policy, "branch", max_batch=64)
     b, nb = _roll(tiny_policy, "branch", max_batch=1)
@@ -70,6 +71,7 @@ def test_trees_do_not_depend_on_batch_composition(tiny_policy):
     assert torch.allclose(full.latent[m], alone.latent, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_root_noise_sharing(tiny_policy):
     shared, _ = _roll(tiny_policy, "branch", sets=["tree.init_same_noise=true"])
     own, _ = _roll(tiny_policy, "branch", sets=["tree.init_same_noise=false"])

@@ -71,6 +71,7 @@ def test_geometric_probs_match_formula():
     assert torch.allclose(geometric_probs(10, 4, 1.0), torch.full((6,), 1 / 6, dtype=torch.float64))
 
 
+@pytest.mark.slow
 def test_geometric_empirical_frequencies():
     T, w, n = 10, 3, 4000
     cfg = ScheduleConfig(kind="geometric", window=w, r=0.5)

@@ -134,6 +134,7 @@ def _marginal(sigma: float) -> tuple[float, float]:
     return a * M, a**2 * S**2 + sigma**2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("noise, eta", [("dance", 0.7), ("flow", 0.3)])
 def test_sde_steps_keep_the_marginals_of_gaussian_data(noise, eta):
     """With the exact velocity of Gaussian data, every SDE step must leave x_sigma distributed as the

@@ -2,6 +2,7 @@
 
 import random
 
+import pytest
 import torch
 
 from treegrpo_cli.rewards.base import get_reward
@@ -25,6 +26,7 @@ def test_registered_and_shaped():
     assert out.shape == (4,) and out.dtype == torch.float32
 
 
+@pytest.mark.slow
 def test_own_renders_score_high():
     prompts = _sample(200, 0)
     s = reward(render_prompts(prompts, 1), prompts)
@@ -132,7 +134,7 @@ def test_soft_kind_option_is_checked_and_reaches_training():
 
     from treegrpo_cli.config import load_config
     from treegrpo_cli.errors import ConfigError
-    from treegrpo_cli.training.loop import Trainer
+    from treegrpo_cli.training.trainer import Trainer
 
     with pytest.raises(ConfigError, match="shapes.kind"):
         get_reward("shapes", kind="fuzzy")

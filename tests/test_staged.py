@@ -8,15 +8,19 @@ from pathlib import Path
 
 import pytest
 import torch
+from clitools import undeclared
 from typer.testing import CliRunner
 
 from treegrpo_cli.cli.app import app
 from treegrpo_cli.config import load_config
+from treegrpo_cli.engine.grpo import grpo_update
 from treegrpo_cli.prompts import load_prompts
 from treegrpo_cli.store.checkpoint import load_checkpoint
 from treegrpo_cli.store.shards import ShardStore
 from treegrpo_cli.store.trees import open_trees, read_tree_shard, shard_name
-from treegrpo_cli.training import loop, overlap, steps
+from treegrpo_cli.training import overlap, steps
+from treegrpo_cli.training.runlog import MetricsRow, read_metrics
+from treegrpo_cli.training.trainer import Trainer
 
 runner = CliRunner()
 SETS = ['model="pixel-tiny"', "rollout.num_prompts=3", "seed=7"]
@@ -32,7 +36,7 @@ def online(preset: str, iteration: int, monkeypatch, extra: tuple[str, ...] = ()
     """One Trainer.iteration at `iteration` from the initial weights; what it scored, credited and learned."""
     cfg = load_config(preset, sets=[*SETS, *extra])
     seen: dict = {}
-    real_score, real_update = overlap.score_leaves, loop.grpo_update
+    real_score, real_update = overlap.score_leaves, grpo_update
 
     def score(rewards, images, prompts, *a, **k):
         seen["images"], seen["scores"] = images, real_score(rewards, images, prompts, *a, **k)
@@ -43,8 +47,8 @@ def online(preset: str, iteration: int, monkeypatch, extra: tuple[str, ...] = ()
         return real_update(policy, opt, sde, batch, *a, **k)
 
     monkeypatch.setattr(overlap, "score_leaves", score)
-    monkeypatch.setattr(loop, "grpo_update", update)
-    trainer = loop.Trainer(cfg, "cpu")
+    monkeypatch.setattr("treegrpo_cli.training.trainer.grpo_update", update)
+    trainer = Trainer(cfg, "cpu")
     trainer.step = iteration
     seen["row"] = trainer.iteration(load_prompts(cfg.rollout.prompts), lambda *a: None)
     seen["weights"] = trainer.policy.trainable_state()
@@ -63,6 +67,7 @@ def staged(preset: str, iteration: int, tmp_path: Path, extra: tuple[str, ...] =
     rewards = store.read(shard_name("rewards", 0))[0]
     adv = store.read(shard_name("advantages", 0))[0]
     ck = load_checkpoint(Path(__import__("json").loads(out.stdout)["checkpoint"]))
+    assert [undeclared(row, MetricsRow) for row in read_metrics(run_dir)] == [[]]  # the staged row, typed too
     return {"tree": shards[0].tree, "images": shards[0].leaf_image, "rewards": rewards, "adv": adv, "weights": ck.model}
 
 
@@ -72,6 +77,7 @@ DYNAMIC = {  # TreePO's dynamic rollout: the x0-predictions' rewards (a judge in
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "preset,iteration,extra",
     [
@@ -101,6 +107,7 @@ def test_staged_equals_online(preset, iteration, extra, tmp_path, monkeypatch):
         assert torch.equal(v, b["weights"][k]), k
 
 
+@pytest.mark.slow
 def test_rollout_honours_the_schedule(tmp_path):
     """mix-grpo's SDE window moves with the iteration; the staged trees follow it."""
     sets = [x for s in SETS for x in ("--set", s)]
@@ -114,6 +121,7 @@ def test_rollout_honours_the_schedule(tmp_path):
     assert windows == [list(steps.plan_iteration(cfg, 5, it).tree.sde_steps) for it in (0, 26)]
 
 
+@pytest.mark.slow
 def test_score_uses_reward_options_and_refuses_other_keys(tmp_path):
     trees = tmp_path / "trees"
     run(
@@ -139,13 +147,14 @@ def test_score_uses_reward_options_and_refuses_other_keys(tmp_path):
     assert r.exit_code != 0 and "shapes.kind must be one of" in r.stderr, r.output
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset,iteration", [("nft", 0), ("tree-nft", 3)])
 def test_staged_nft_equals_online(preset, iteration, tmp_path):
     """rollout, score, train --trees with train.objective = nft: the trees the online iteration samples (with the
     old policy, at the start the initial weights) and the same weights after its NFT update."""
     sets = [*SETS, "tree.trees_per_prompt=2"] if preset == "nft" else SETS
     cfg = load_config(preset, sets=sets)
-    trainer = loop.Trainer(cfg, "cpu")
+    trainer = Trainer(cfg, "cpu")
     trainer.step = iteration
     row = trainer.iteration(load_prompts(cfg.rollout.prompts), lambda *a: None)
     assert row["optimizer_steps"] == 1 and row["grad_norm"] > 0
@@ -154,6 +163,7 @@ def test_staged_nft_equals_online(preset, iteration, tmp_path):
     run("rollout", "--preset", preset, *args, "--iteration", iteration, "--out", trees)
     run("score", trees)
     out = __import__("json").loads(run("train", "--trees", trees, "--run-dir", run_dir, "--json").stdout)
+    assert [undeclared(row, MetricsRow) for row in read_metrics(run_dir)] == [[]]
     ck = load_checkpoint(Path(out["checkpoint"]))
     assert out["optimizer_steps"] == 1 and ck.old is not None
     for k, v in trainer.policy.trainable_state().items():

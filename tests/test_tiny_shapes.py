@@ -48,6 +48,7 @@ def test_tiny_shapes_defaults_select_the_world():
     assert load_config("branch", sets=['model="pixel"']).reward.names == ("jpeg-compressibility",)
 
 
+@pytest.mark.slow
 def test_pretraining_lowers_the_loss_and_writes_weights(tmp_path):
     from treegrpo_cli.training.pretrain import PretrainConfig, pretrain
 
@@ -68,6 +69,7 @@ def test_pretraining_lowers_the_loss_and_writes_weights(tmp_path):
     assert not torch.equal(ae.scale, torch.ones(4))  # the latent normaliser was fitted
 
 
+@pytest.mark.slow
 def test_pretraining_config_shapes_the_dit(tmp_path):
     from dataclasses import replace
 
@@ -114,6 +116,7 @@ def test_a_config_recorded_before_a_field_existed_reads_as_it_ran():
     assert recorded_config(now) == PretrainConfig(word_std=0.5, text_layers=2, depth=6, dim=96)
 
 
+@pytest.mark.slow
 def test_pretraining_resumes_exactly_where_it_stopped(tmp_path):
     from dataclasses import replace
 
@@ -200,6 +203,7 @@ def test_missing_weights_is_one_line(tmp_path):
         assert r.exit_code == 1 and "not found" in r.stderr and str(odd) in r.stderr.replace("\n", ""), r.stderr
 
 
+@pytest.mark.slow
 def test_shipped_weights_load_and_draw_the_world():
     """The packaged weights load through the Policy protocol and were built by the script's defaults; the
     autoencoder redraws the world's renders exactly; the DiT draws its own captions well (the world issue's

@@ -28,6 +28,7 @@ def _steps(acc, tag):
     return [e.step for e in acc.Scalars(tag)]
 
 
+@pytest.mark.slow
 def test_tensorboard_logs_the_run_and_a_resume_adds_no_duplicate_steps(tmp_path):
     pytest.importorskip("tensorboard")
     r = tmp_path / "r"
@@ -47,6 +48,7 @@ def test_tensorboard_logs_the_run_and_a_resume_adds_no_duplicate_steps(tmp_path)
     assert [g.step for g in acc.Images("before_after")] == [4]
 
 
+@pytest.mark.slow
 def test_a_tracker_added_on_resume_gets_the_history(tmp_path):
     pytest.importorskip("tensorboard")
     r = tmp_path / "r"
@@ -59,6 +61,7 @@ def test_a_tracker_added_on_resume_gets_the_history(tmp_path):
     assert [g.step for g in acc.Images("samples")] == [0, 2, 3]
 
 
+@pytest.mark.slow
 def test_wandb_offline_writes_its_run_folder(tmp_path, monkeypatch):
     pytest.importorskip("wandb")
     for var in ("WANDB_MODE", "WANDB_API_KEY"):

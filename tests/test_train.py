@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from clitools import undeclared
 from typer.testing import CliRunner
 
 from treegrpo_cli.cli.app import app
 from treegrpo_cli.config import preset_names
 from treegrpo_cli.store.checkpoint import list_checkpoints, load_checkpoint
-from treegrpo_cli.training.runlog import read_evals, read_metrics, without_timings
+from treegrpo_cli.training.runlog import EvalRow, MetricsRow, read_evals, read_metrics, without_timings
 
 runner = CliRunner()
 TINY = ["--set", 'model="pixel-tiny"']
@@ -27,12 +28,15 @@ def comparable(rows):
     return without_timings(rows)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", preset_names())
 def test_every_preset_trains_two_iterations(tmp_path, preset):
     r = run("train", "--preset", preset, *TINY, "--iterations", 2, "--run-dir", tmp_path / "run", "--json")
     assert r.exit_code == 0, r.output
     rows = read_metrics(tmp_path / "run")
     assert [row["iteration"] for row in rows] == [0, 1]
+    assert [undeclared(row, MetricsRow) for row in rows] == [[], []]  # every field typed for its readers
+    assert all(undeclared(e, EvalRow) == [] for e in read_evals(tmp_path / "run"))
     assert all(row["trained_edges"] > 0 and row["train_evals"] > 0 for row in rows)
     if preset.endswith("nft"):  # DiffusionNFT: no likelihood ratio; the old policy's decay instead
         assert all(0 <= row["old_decay"] <= 1 and "ratio_first_dev" not in row for row in rows)
@@ -44,6 +48,7 @@ def test_every_preset_trains_two_iterations(tmp_path, preset):
     assert summary["iterations"] == 2
 
 
+@pytest.mark.slow
 def test_metrics_count_model_evaluations(tmp_path):
     paper = ["--set", "pruning.train_last=false", "--set", 'train.loss_norm="mean"']
     assert (
@@ -70,14 +75,15 @@ def test_metrics_count_model_evaluations(tmp_path):
         assert key in row
 
 
+@pytest.mark.slow
 def test_heldout_reward_before_and_after(tmp_path):
-    from treegrpo_cli.engine.rollout import mix_seed
     from treegrpo_cli.engine.sde import FlowSDE
     from treegrpo_cli.models.registry import load_policy
     from treegrpo_cli.prompts import load_prompts
     from treegrpo_cli.rewards.base import get_reward
     from treegrpo_cli.training.heldout import heldout_reward
     from treegrpo_cli.training.rundir import load_config
+    from treegrpo_cli.training.sampling import stream_seed
 
     r = run(
         "train",
@@ -106,8 +112,8 @@ def test_heldout_reward_before_and_after(tmp_path):
         load_prompts(cfg.rollout.eval_prompts),
         reward,
         {"jpeg-compressibility": 1.0},
-        3,
-        mix_seed(cfg.seed, 0x4E1D),
+        samples=3,
+        seed=stream_seed(cfg.seed, "heldout"),
     )
     assert again["reward_mean"] == pytest.approx(evals[0]["reward_mean"], abs=1e-6)
     # flow-grpo keeps an EMA: the evaluations score it (as `eval` and `export` do), the trained weights under raw/
@@ -143,6 +149,7 @@ def test_heldout_reward_before_and_after(tmp_path):
     assert r.exit_code == 0 and read_evals(tmp_path / "off") == [] and "heldout_before" not in json.loads(r.stdout)
 
 
+@pytest.mark.slow
 def test_same_seed_same_curve(tmp_path):
     for d in ("a", "b"):
         assert (
@@ -185,6 +192,7 @@ def _wait_rows(run_dir: Path, n: int, proc: subprocess.Popen, timeout: float = 1
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path):
     ref = _train_proc(tmp_path / "ref")
     assert ref.wait(timeout=300) == 0, ref.stderr.read().decode()
@@ -209,6 +217,7 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path):
     assert a.rng.keys() == b.rng.keys() and all(torch.equal(a.rng[k], b.rng[k]) for k in b.rng)
 
 
+@pytest.mark.slow
 def test_sigterm_checkpoints_and_resumes(tmp_path):
     """A stopped run checkpoints, exits 143 (not 0: a scheduler must not mark it completed), says how to
     resume, and resumes from that checkpoint."""
@@ -227,6 +236,7 @@ def test_sigterm_checkpoints_and_resumes(tmp_path):
     assert [row["iteration"] for row in read_metrics(tmp_path / "run")] == list(range(len(done) + 1))
 
 
+@pytest.mark.slow
 def test_staged_update_from_trees(tmp_path):
     trees = tmp_path / "trees"
     assert run("rollout", "--preset", "branch", *TINY, "-n", 2, "--out", trees).exit_code == 0
@@ -245,6 +255,7 @@ def one_line(r, needle):
     assert r.exit_code != 0 and len(r.stderr.strip().splitlines()) == 1 and needle in r.stderr, r.output
 
 
+@pytest.mark.slow
 def test_bad_train_inputs(tmp_path):
     one_line(run("train", "--preset", "nope", "--run-dir", tmp_path / "a"), "unknown preset")
     one_line(run("train", "--set", "train.lr", "--run-dir", tmp_path / "b"), "key=value")
@@ -257,6 +268,7 @@ def test_bad_train_inputs(tmp_path):
     one_line(run("train", *TINY, "--iterations", 1, "--run-dir", tmp_path / "d"), "--resume")
 
 
+@pytest.mark.slow
 def test_time_budget_finishes_the_run(tmp_path):
     # a budget any iteration exceeds: the run finishes after iteration 0 as if it were the last one
     r = run(
@@ -288,6 +300,7 @@ def test_time_budget_finishes_the_run(tmp_path):
     assert [e["iteration"] for e in read_evals(tmp_path / "r")] == [0, 1, 3]
 
 
+@pytest.mark.slow
 def test_heldout_every_few_minutes_of_training(tmp_path):
     # an interval every iteration crosses: a held-out row after each one, stamped with the training clock
     r = run(

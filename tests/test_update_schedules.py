@@ -14,8 +14,8 @@ from treegrpo_cli.cli.app import app
 from treegrpo_cli.config import load_config
 from treegrpo_cli.engine.grpo import TrainConfig, grpo_update
 from treegrpo_cli.models.registry import load_policy
-from treegrpo_cli.training.loop import Trainer
 from treegrpo_cli.training.runlog import read_metrics
+from treegrpo_cli.training.trainer import Trainer
 
 runner = CliRunner()
 BRANCH_FAMILY = ["branch", "branch-late", "branch-widpru", "branch-deppru", "branch-mix", "branch-mix-flow", "treepo"]
@@ -29,6 +29,7 @@ def rows(tmp_path, preset, iterations, *sets):
     return read_metrics(tmp_path / preset)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", BRANCH_FAMILY)
 def test_branchgrpo_steps_every_12_transitions_of_2_trees(tmp_path, preset):
     """BranchGRPO's train_one_step_tree: each process (train_batch_size 2 trees) calls optimizer.step() after
@@ -54,6 +55,7 @@ def test_branchgrpo_trains_the_last_step_edge():
     assert int(trained.sum()) - int(paper.trained.sum()) == 16  # one last-step edge per leaf
 
 
+@pytest.mark.slow
 def test_treegrpo_two_steps_per_epoch(tmp_path):
     """TreeGRPO's train(): gradient accumulation max(1, #training nodes // 2), so #nodes // accumulation
     optimizer steps an epoch (2 from 4 nodes up); no EMA."""
@@ -80,6 +82,7 @@ def test_node_sum_is_k_times_the_edge_mean_gradient():
     torch.testing.assert_close(grads["node-sum"], 3 * grads["mean"], rtol=1e-4, atol=1e-5 * scale)
 
 
+@pytest.mark.slow
 def test_dancegrpo_two_steps_and_one_ema_update(tmp_path):
     """DanceGRPO's 8-GPU script: 2 prompts x 12 samples a GPU, a step every 12 samples (2 an iteration), and
     its EMA updated once per iteration."""
@@ -87,6 +90,7 @@ def test_dancegrpo_two_steps_and_one_ema_update(tmp_path):
         assert row["optimizer_steps"] == 2 and row["ema_updates"] == 1
 
 
+@pytest.mark.slow
 def test_flowgrpo_ema_every_8_optimizer_steps(tmp_path):
     """Flow-GRPO: two optimizer steps an epoch, then ema.step(params, global_step) after global_step += 1,
     which updates when (global_step + 1) % 8 == 0: after optimizer steps 7, 15, ..."""
@@ -116,12 +120,14 @@ def test_flowgrpo_ema_warmup_decay():
     torch.testing.assert_close(trainer.ema[name], d * start[name] + (1 - d) * param)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", ["mix-grpo", "tree-grpo-mean"])
 def test_one_step_of_the_mean_elsewhere(tmp_path, preset):
     for row in rows(tmp_path, preset, 1):
         assert row["optimizer_steps"] == 1 and row["ema_updates"] == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", ["nft", "tree-nft"])
 def test_nft_one_step_and_one_ema_update_per_iteration(tmp_path, preset):
     """DiffusionNFT's code (gradient_step_per_epoch = 1): gradients accumulated over every micro-batch and

@@ -2,6 +2,7 @@
 through the shipped image autoencoder frame by frame and back, the frame-stacked latent through the unchanged
 engine, and a few pretraining steps that write loadable weights."""
 
+import pytest
 import torch
 
 from treegrpo_cli.engine.rollout import TreeConfig, rollout
@@ -43,6 +44,7 @@ def test_the_video_latent_rolls_out_through_the_engine():
     assert isinstance(policy.reference(), VideoLatentPolicy)
 
 
+@pytest.mark.slow
 def test_a_few_pretraining_steps_write_loadable_weights(tmp_path):
     rows = []
     cfg = PretrainConfig(steps=3, batch=4, eval_every=3, eval_steps=2, depth=1, dim=32, warmup=1)
@@ -81,6 +83,7 @@ def test_prompt_lists_are_the_worlds_split():
     assert load_prompts("motion-test") == test and not set(rl) & set(test)
 
 
+@pytest.mark.slow
 def test_a_video_weights_file_trains_through_the_cli(tmp_path):
     """--model FILE of scripts/pretrain_shapes_video.py is a video model (frames in its metadata): train with the
     motion-shapes reward on the world's prompts writes the held-out curve and a before/after clip strip."""
@@ -126,6 +129,7 @@ def test_missing_embedded_video_weights_is_one_line(tmp_path, monkeypatch):
     one_line_error(r, "model weights not found", "pretrain_shapes_video.py")
 
 
+@pytest.mark.slow
 def test_pretraining_goes_on_from_a_weights_file(tmp_path):
     """init=W (the equal-compute control's start): the DiT starts from W's weights and its autoencoder is W's."""
     cfg = PretrainConfig(steps=1, batch=4, eval_every=1, eval_steps=2, depth=1, dim=32, warmup=1)
@@ -140,6 +144,7 @@ def test_pretraining_goes_on_from_a_weights_file(tmp_path):
     assert all(torch.equal(v, b_ae.state_dict()[k]) for k, v in a_ae.state_dict().items())
 
 
+@pytest.mark.slow
 def test_shipped_video_weights_load_and_draw_moving_shapes():
     """tiny-shapes-video: the packaged weights (sha256 checked at load), built by the script's defaults on the
     image world's autoencoder; one ODE sample of each held-out prompt scores well above nothing (0.196 when

@@ -192,6 +192,7 @@ def test_prompt_is_the_released_text():
     assert [text.index(t) for t in TOKENS] == sorted(text.index(t) for t in TOKENS)
 
 
+@pytest.mark.slow
 def test_matches_reference_on_every_head_and_both_norms(release):
     base_dir, folder, ref, tok, heads = release
     x = clips()
@@ -205,6 +206,7 @@ def test_matches_reference_on_every_head_and_both_norms(release):
     torch.testing.assert_close(r(x, PROMPTS), expected(hidden, heads[10], "mq", True), rtol=0, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_video_reward_through_score_leaves(release):
     base_dir, folder, *_ = release
     r = get_reward("videoalign", checkpoint=str(folder), base=str(base_dir), batch_size=1)
@@ -218,6 +220,7 @@ def test_video_reward_through_score_leaves(release):
         r(x[:, :, 0], prompts)
 
 
+@pytest.mark.slow
 def test_frame_options(release):
     base_dir, folder, *_ = release
     x = clips()
@@ -280,6 +283,7 @@ def test_frame_rules():
     assert frame_size(28, 56, 56 * 56, 28 * 28 * 1280) == (56, 84)  # raised to the processor's least pixels
 
 
+@pytest.mark.slow
 def test_registry_imports_nothing_heavy():
     code = (
         "import sys; from treegrpo_cli.rewards.base import available; assert 'videoalign' in available(); "

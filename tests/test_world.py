@@ -94,6 +94,7 @@ def _boxes_apart(o, q) -> bool:
     return abs(o.cx - q.cx) >= sep or abs(o.cy - q.cy) >= sep
 
 
+@pytest.mark.slow
 def test_sampled_scenes_satisfy_their_prompts():
     scenes = [sample_scene(t, i) for i, t in enumerate(PROMPTS)]
     found = detect(torch.stack([render(s) for s in scenes]))
@@ -128,6 +129,7 @@ def test_split_holds_out_test_prompts_from_rl():
     assert len(set(rl)) == len(rl) and len(set(test)) == len(test)
 
 
+@pytest.mark.slow
 def test_caption_noise_statistics():
     """A caption naming a noisy colour shows that colour CAPTION_NOISE of the time, a neighbour otherwise;
     every other attribute, and every other colour, is always as captioned."""

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 
+@pytest.mark.slow
 def test_bench_tiny_mode_and_cpu_refusal(tmp_path, capsys):
     spec = importlib.util.spec_from_file_location(
         "flux_iteration", Path(__file__).parents[2] / "bench" / "flux_iteration.py"
@@ -46,6 +47,7 @@ def _bench():
     return bench
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "model", ["sd3.5-large", "qwen-image", "flux2-dev", "flux2-klein-4b", "flux2-klein-base-9b", "wan2.1-t2v-1.3b"]
 )

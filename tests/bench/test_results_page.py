@@ -4,6 +4,8 @@ import importlib.util
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -23,6 +25,7 @@ def test_the_results_page_is_what_the_results_files_give():
     assert not re.search(r"\b20\d\d-\d\d-\d\d", text)  # no dates: the page says what was measured, not when
 
 
+@pytest.mark.slow
 def test_readmes_results_table_and_plot_are_generated():
     mod = _results_page()
     readme = (ROOT / "README.md").read_text()

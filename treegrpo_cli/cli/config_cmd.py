@@ -65,8 +65,8 @@ def reference(
 
       treegrpo config reference --json
     """
-    from ..config_doc import markdown
-    from ..config_doc import reference as rows
+    from .config_doc import markdown
+    from .config_doc import reference as rows
 
     if json_:
         print_json(rows())

@@ -51,11 +51,17 @@ def eval_(
     set_: Annotated[
         list[str] | None, typer.Option("--set", help="Override one config key, e.g. --set sampler.steps=20.")
     ] = None,
-    num_images: Annotated[int, typer.Option("--num-images", min=1, help="Images per prompt.")] = 1,
+    num_images: Annotated[
+        int | None,
+        typer.Option(
+            "--num-images", min=1, help="Images per prompt (default: a checkpoint's run's held-out samples, else 1)."
+        ),
+    ] = None,
     seed: Annotated[
         int,
         typer.Option(
-            help="Seed of the root noises (sample j of every prompt uses the same one for model and baseline)."
+            help="Seed of the root noises: sample j of a prompt is the same for model and baseline, and a "
+            "checkpoint's run seeded with it drew the same for its held-out reward."
         ),
     ] = 0,
     sde: Annotated[
@@ -107,7 +113,7 @@ def eval_(
     from ..preflight import check_own_dir, check_writable_dir, resolve_device
     from ..prompts import load_prompts
     from ..report.evalio import OUTPUTS, is_eval_output, write_outputs
-    from ..report.evaluate import EvalRequest, run_eval, source_config
+    from ..report.evaluate import EvalRequest, default_num_images, run_eval, source_config
     from ..rewards.base import parse_reward_options
 
     with guarded():
@@ -120,7 +126,7 @@ def eval_(
             model=model,
             checkpoint=checkpoint,
             ema=ema,
-            num_images=num_images,
+            num_images=num_images or 1,
             seed=seed,
             sde=sde,
             steps=steps,
@@ -144,8 +150,9 @@ def eval_(
                 raise ConfigError("--num-prompts selects generation prompts; it does not apply to --images")
         else:
             assert cfg is not None
+            req.num_images = num_images or default_num_images(req, cfg)
             req.prompts = load_prompts(prompts or cfg.rollout.eval_prompts)[:num_prompts]
-            check_eval_size(len(req.prompts), num_images, steps)  # bounded work, before any model is loaded
+            check_eval_size(len(req.prompts), req.num_images, steps)  # bounded work, before any model is loaded
         with progress_bar() as bar:
             summary, scored = run_eval(req, bar)
         if out is not None:

@@ -8,7 +8,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
@@ -32,6 +32,9 @@ from .common import (
     progress_bar,
     set_error_dir,
 )
+
+if TYPE_CHECKING:
+    from ..training.runlog import EvalRow, MetricsRow
 
 # The exit code of a run stopped early (it checkpointed first): 128 + the signal, as a shell reports it.
 STOP_CODES: dict[int, int] = {signal.SIGINT: 130, signal.SIGTERM: 143}
@@ -389,14 +392,14 @@ def _train_rank(req, train_loop, d, cfg, run, stop: dict, header: list[str]) -> 
         def note(message: str) -> None:
             err.print(one_line(message), highlight=False, markup=False, soft_wrap=True)
 
-        def on_row(row: dict) -> None:
+        def on_row(row: MetricsRow) -> None:
             bar("iterations", row["iteration"] + 1, cfg.train.iterations)
             note(
                 f"iteration {row['iteration']}: reward {row['reward_mean']:.4f} ± {row['reward_std']:.4f}, "
                 f"{row['seconds']['total']:.1f}s"
             )
 
-        def on_eval(row: dict) -> None:
+        def on_eval(row: EvalRow) -> None:
             n = f"{row['prompts']} prompts x {row['samples']}"
             note(
                 f"held-out reward at iteration {row['iteration']}: {row['reward_mean']:.4f} "

@@ -29,6 +29,7 @@ from ..prompts import load_prompts
 from ..store.safeio import contained
 from ..store.shards import INDEX, ShardStore
 from ..store.trees import open_trees, read_tree_shard
+from ..training.sampling import stream_seed
 from ..training.stages import RolloutRequest, run_rollout
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
@@ -229,15 +230,17 @@ def generate_set(
     """Roll out `preset` with `model` until it has at least `num` leaves, write the trees to `out`
     and return its first `num` leaf images.
 
-    Prompts are drawn at random (with replacement, seeded) from the model's prompt list, so two
-    sets generated with different seeds hold i.i.d. trees and the tree permutation test is exact;
-    sets that share their prompts make it conservative. Every tree gets its own root noise
+    Prompts are drawn at random (with replacement) from the model's prompt list by the "diversity" seed
+    stream (training/sampling.py); the trees are those `train` rolls out at iteration 0 with that seed. Two
+    sets generated with different seeds hold i.i.d. trees and the tree permutation test is exact; sets
+    that share their prompts make it conservative. Every tree gets its own root noise
     (tree.init_same_noise = false): the training trick would make all images share one. `sets`
     (key=value) override the preset last, e.g. tree.branch_noise="scaled"."""
     cfg = _generate_config(preset, model, seed, sets)
     per_prompt = cfg.tree.leaves(cfg.sampler.steps) * cfg.tree.trees_per_prompt
     pool = load_prompts(cfg.rollout.prompts)
-    draw = torch.randint(len(pool), (math.ceil(num / per_prompt),), generator=torch.Generator().manual_seed(seed))
+    g = torch.Generator().manual_seed(stream_seed(seed, "diversity"))
+    draw = torch.randint(len(pool), (math.ceil(num / per_prompt),), generator=g)
     req = RolloutRequest(
         cfg,
         [pool[i] for i in draw.tolist()],

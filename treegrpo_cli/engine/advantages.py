@@ -308,6 +308,7 @@ def estimate(
 
 def combine(
     cfg: AdvantageConfig,
+    *,
     parent: Tensor,
     depth: Tensor,
     tree: Tensor,

@@ -6,33 +6,51 @@ from torch import Tensor
 
 from .advantages import AdvantageConfig, Advantages, combine
 from .pruning import ZERO_ADVANTAGE, PruneConfig, base_mask, prune, step_mask
+from .tree import Tree
 
 
 def assign_credit(
-    parent: Tensor,
-    depth: Tensor,
-    tree: Tensor,
-    group: Tensor,
-    sde: Tensor,
-    log_prob: Tensor,
+    tree: Tree,
     rewards: dict[str, Tensor],
+    *,
     weights: dict[str, float],
     combine_mode: str,
-    adv_cfg: AdvantageConfig,
-    prune_cfg: PruneConfig,
+    advantage: AdvantageConfig,
+    pruning: PruneConfig,
     steps: int,
     decode: str,
     iteration: int = 0,
     max_iterations: int = 1,
 ) -> tuple[Advantages, Tensor]:
-    """All inputs [N]; rewards {name: [N] with NaN off the leaves}. Returns advantages and trained [N] bool."""
-    adv = combine(adv_cfg, parent, depth, tree, group, rewards, weights, log_prob, combine_mode)
-    base = (
-        base_mask(parent, sde, depth, steps, decode, prune_cfg.train_last)
-        & adv.valid
-        & step_mask(prune_cfg, depth, steps)
+    """A tree batch's structure (parent, depth, tree, group, sde, log_prob) and rewards {name: [N] with NaN off
+    the leaves} -> advantages and the trained-edge mask [N] bool."""
+    adv = combine(
+        advantage,
+        parent=tree.parent,
+        depth=tree.depth,
+        tree=tree.tree,
+        group=tree.group(),
+        rewards=rewards,
+        weights=weights,
+        log_prob=tree.log_prob,
+        mode=combine_mode,
     )
-    trained = prune(prune_cfg, base, parent, depth, tree, adv.fused, adv.leaf, iteration, max_iterations)
-    if prune_cfg.skip_zero_advantage:
+    base = (
+        base_mask(tree.parent, tree.sde, tree.depth, steps, decode, pruning.train_last)
+        & adv.valid
+        & step_mask(pruning, tree.depth, steps)
+    )
+    trained = prune(
+        pruning,
+        base,
+        parent=tree.parent,
+        depth=tree.depth,
+        tree=tree.tree,
+        value=adv.fused,
+        leaf_adv=adv.leaf,
+        iteration=iteration,
+        max_iterations=max_iterations,
+    )
+    if pruning.skip_zero_advantage:
         trained &= adv.edge.abs() > ZERO_ADVANTAGE
     return adv, trained

@@ -238,11 +238,11 @@ def grpo_update(
     b: Batch,
     cfg: TrainConfig,
     gen: torch.Generator,
+    *,
     max_batch: int = 64,
     ref: Policy | None = None,
     after_step: UpdateHook | None = None,
     parallel: Parallel | None = None,
-    *,
     progress: Callable[[str, int, int], None] | None = None,
 ) -> dict[str, float]:
     """One iteration's GRPO update; returns metrics (ratios before each step, grad norms, model evaluations).

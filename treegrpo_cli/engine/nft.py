@@ -85,7 +85,7 @@ def decay_at(step: int, kind: str) -> float:
 
 
 def nft_loss(
-    v: Tensor, v_old: Tensor, x_t: Tensor, x0: Tensor, t: Tensor, r: Tensor, beta: float, scale: float
+    v: Tensor, v_old: Tensor, x_t: Tensor, x0: Tensor, t: Tensor, r: Tensor, *, beta: float, scale: float
 ) -> Tensor:
     """[B] NFT loss per row (module docstring): v, v_old, x_t, x0 [B, ...] (v_old: no gradient); t, r [B]."""
     tb = t.float().view((-1,) + (1,) * (x0.dim() - 1))
@@ -157,6 +157,7 @@ def nft_update(
     sigmas: Tensor,
     b: NFTBatch,
     cfg: NFTConfig,
+    *,
     kl_beta: float,
     max_grad_norm: float,
     seed: int,
@@ -165,7 +166,6 @@ def nft_update(
     after_step: Callable[[], None] | None = None,
     sync: Callable[[list[nn.Parameter]], None] | None = None,
     gather: Callable[[Tensor], Tensor] | None = None,
-    *,
     progress: Callable[[str, int, int], None] | None = None,
 ) -> dict[str, float]:
     """One iteration's NFT update: per optimizer step, every sample of the step at int(T x fraction) noise
@@ -179,7 +179,9 @@ def nft_update(
     for group, denom in zip(b.groups, b.denominators, strict=True):
         opt.zero_grad(set_to_none=True)
         for chunk in torch.split(group, max_batch):
-            loss, kl = _chunk_terms(policy, old, params, sigmas, b, chunk, cfg, kl_beta, seed, levels, ref)
+            loss, kl = _chunk_terms(
+                policy, old, params, sigmas, b, chunk, cfg=cfg, kl_beta=kl_beta, seed=seed, levels=levels, ref=ref
+            )
             (loss.sum() / (denom * levels)).backward()
             losses.append(loss.detach().cpu())
             kls += [kl.detach().cpu()] if kl is not None else []
@@ -214,6 +216,7 @@ def _chunk_terms(
     sigmas: Tensor,
     b: NFTBatch,
     chunk: Tensor,
+    *,
     cfg: NFTConfig,
     kl_beta: float,
     seed: int,
@@ -235,7 +238,7 @@ def _chunk_terms(
         with old.swapped(params):
             v_old = policy.velocity(x_t, t, cond)
         v = policy.velocity(x_t, t, cond)
-        loss = nft_loss(v, v_old, x_t, x0, t, r, cfg.beta, cfg.adv_clip)
+        loss = nft_loss(v, v_old, x_t, x0, t, r, beta=cfg.beta, scale=cfg.adv_clip)
         if ref is not None and kl_beta > 0:
             with torch.no_grad():
                 v_ref = ref.velocity(x_t, t, cond)

@@ -171,6 +171,7 @@ def width_mask(
 def prune(
     cfg: PruneConfig,
     base: Tensor,
+    *,
     parent: Tensor,
     depth: Tensor,
     tree: Tensor,

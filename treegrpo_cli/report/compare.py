@@ -44,6 +44,7 @@ from typing import Any
 from ..errors import TreegrpoError
 from ..store.safeio import contained
 from ..training import rundir, runlog
+from ..training.runlog import EvalRow, MetricsRow
 from .compare_groups import check_one_reward, group_runs, repeated_seeds, what_was_run
 
 PHASES = ("rollout", "score", "update")
@@ -145,15 +146,14 @@ def _mean(values: list[Any]) -> float | None:
 
 
 def heldout_curve(
-    metrics: list[dict[str, Any]], evals: list[dict[str, Any]], axis: str = "time", raw: bool = False
+    metrics: list[MetricsRow], evals: list[EvalRow], axis: str = "time", raw: bool = False
 ) -> list[tuple[float, float]]:
     """(x, reward) of every evaluation, x on the axis (AXES). An evaluation without its own "wall" (or
     "flops_total") takes the value of the metrics row of the iteration before it (or of the latest row
     before that; 0 at iteration 0). raw: the trained weights' reward where a run evaluated an EMA beside them."""
-    field = "reward_mean"
 
-    def reward(e: dict[str, Any]) -> float | None:
-        return _number(e.get("raw/reward_mean", e.get(field)) if raw else e.get(field))
+    def reward(e: EvalRow) -> float | None:
+        return _number(e.get("raw/reward_mean", e.get("reward_mean")) if raw else e.get("reward_mean"))
 
     if axis == "iterations":
         return [

@@ -37,18 +37,12 @@ from ..errors import TreegrpoError
 from ..plots import image_grid, save_png
 from ..store.safeio import contained, loads_json
 from ..store.shards import atomic_write
+from ..training.sampling import Chunk
 from .media import check_media, read_media
 
 GRID_IMAGES = 16  # images in the sample grid of each source
 GRID_PIXELS = 128  # grid images are scaled to about this many pixels on their long side
 OUTPUTS = ("results.json", "results.csv", "samples.png", "samples-baseline.png")  # what --out gets
-
-
-@dataclass
-class Chunk:
-    images: Tensor  # [b, 3, H, W] float in [0, 1], CPU
-    prompts: list[str]  # [b]
-    keys: list[dict[str, Any]]  # per image: prompt_id and sample, or file
 
 
 @dataclass

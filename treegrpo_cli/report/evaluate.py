@@ -1,15 +1,12 @@
 """Evaluation: the held-out reward of training runs, and `treegrpo eval` (reward metrics of a model,
 a training checkpoint or a folder of images, optionally against a baseline).
 
-Held-out reward: every tree is a single chain with no noise after its root (`sde_steps=()`), so for
-fixed weights and seed the images are fixed, and two policies evaluated with the same seed see the
-same root noises: their difference is a paired comparison.
-
 `run_eval` streams: it generates (or reads) at most `batch` images at a time, scores them with every
 metric, keeps the per-image scores and the first few images for the sample grid, and drops the rest.
-Sample j of prompt p starts from the root noise of (mix_seed(seed, j), prompt id p), whatever the
-batch size, so a model and its baseline see the same noises (a paired comparison). Nothing here
-prints; progress goes through `progress(phase, done, total)`.
+Images are sampled through training/sampling.py from the held-out evaluation's seed stream: sample j of
+prompt p is the same whatever the batch size, a model and its baseline see the same noises (a paired
+comparison), and `--checkpoint RUN --seed S` draws the images of the run's own held-out evaluation when
+S is the run's seed. Nothing here prints; progress goes through `progress(phase, done, total)`.
 """
 
 from __future__ import annotations
@@ -26,15 +23,16 @@ from torch import Tensor
 
 from ..config import Config, config_from_dict, load_config
 from ..engine.protocols import Kernel
-from ..engine.rollout import Progress, TreeConfig, mix_seed, rollout
+from ..engine.rollout import Progress
 from ..engine.sde import SamplerConfig, make_kernel
 from ..errors import ConfigError, TreegrpoError
 from ..models import hub
 from ..models.base import Policy
 from ..models.registry import MODELS, load_policy
-from ..rewards.base import DTYPES, Reward, get_reward, score_batch, spec
+from ..rewards.base import DTYPES, Reward, spec
 from ..store.checkpoint import MANIFEST, check_checkpoint, list_checkpoints, load_checkpoint
-from .evalio import GRID_IMAGES, Chunk, Scored, Source, image_folder
+from ..training.sampling import BATCH, Chunk, build_rewards, sample_chunks, score, stream_seed
+from .evalio import GRID_IMAGES, Scored, Source, image_folder
 
 # --- treegrpo eval ---------------------------------------------------------------------------
 
@@ -46,7 +44,7 @@ class EvalRequest:
     model: str | None = None  # a model name or weights file (default: Config().model)
     checkpoint: Path | None = None  # a training checkpoint: step-N folder, its checkpoints/ folder or the run
     ema: bool = True  # a checkpoint's EMA weights when it has them
-    num_images: int = 1  # samples per prompt
+    num_images: int = 1  # samples per prompt (the CLI's default: default_num_images)
     seed: int = 0
     sde: bool = False  # SDE sampling at every step instead of the ODE
     steps: int | None = None  # denoising steps (default: the config's)
@@ -80,8 +78,16 @@ def source_config(req: EvalRequest) -> Config:
     return load_config(req.preset, req.config, sets)
 
 
-def build_rewards(req: EvalRequest) -> dict[str, Reward]:
-    """Every metric's reward on req.device (fails before any image is generated)."""
+def default_num_images(req: EvalRequest, cfg: Config) -> int:
+    """Samples per prompt when --num-images is not given: a checkpoint's run's held-out evaluation's
+    (train.eval_samples), else 1."""
+    return cfg.train.eval_samples if req.checkpoint is not None and cfg.train.eval_samples > 0 else 1
+
+
+def eval_rewards(req: EvalRequest) -> dict[str, Reward]:
+    """Every metric's reward on req.device (fails before any image is generated), with the source config's
+    reward options and frame stride (a checkpoint's run's: scored as its held-out evaluation was) under
+    --reward-opt's."""
     names = list(dict.fromkeys(req.metrics))
     if not names:
         raise ConfigError("--metric needs at least one reward name")
@@ -90,7 +96,8 @@ def build_rewards(req: EvalRequest) -> dict[str, Reward]:
     stray = sorted(set(req.reward_options) - set(names))
     if stray:
         raise ConfigError(f"reward options for {stray[0]!r}, which --metric does not name")
-    return {n: get_reward(n, device=req.device, dtype=req.reward_dtype, **req.reward_options.get(n, {})) for n in names}
+    reward = source_config(req).reward if req.images is None else Config().reward
+    return build_rewards(reward, req.device, names=names, options=req.reward_options, dtype=req.reward_dtype)
 
 
 def run_eval(
@@ -101,7 +108,7 @@ def run_eval(
     "source": ..., ...}; scored holds the per-image rows and grid images of each source (write_outputs).
     The baseline's policy is loaded only after the model's is released."""
     _check(req)
-    rewards = build_rewards(req)
+    rewards = eval_rewards(req)
     sampler = None
     folder_base: Source | None = None  # the baseline as a folder (with --images)
     base_spec: tuple[str | None, Path | None] | None = None  # the baseline as a model (without)
@@ -228,7 +235,16 @@ def policy_source(
     label = info.get("checkpoint", info["model"])
 
     def chunks() -> Iterator[Chunk]:
-        return generate(policy, sde, req.prompts, req.num_images, req.seed, req.sde, req.batch, req.max_batch)
+        return generate(
+            policy,
+            sde,
+            req.prompts,
+            num_images=req.num_images,
+            seed=req.seed,
+            stochastic=req.sde,
+            batch=req.batch,
+            max_batch=req.max_batch,
+        )
 
     return Source(label, total, chunks, info), sampler
 
@@ -237,23 +253,25 @@ def generate(
     policy: Policy,
     sde: Kernel,
     prompts: list[str],
+    *,
     num_images: int,
     seed: int,
-    stochastic: bool,
-    batch: int,
-    max_batch: int,
+    stochastic: bool = False,
+    batch: int = BATCH,
+    max_batch: int = 64,
 ) -> Iterator[Chunk]:
-    """num_images samples of every prompt, at most `batch` per rollout: sample j of prompt p starts from
-    the root noise of (mix_seed(seed, j), p); ODE after the root unless `stochastic` (SDE at every step)."""
-    tree_cfg = TreeConfig(sde_steps=None if stochastic else (), trees_per_prompt=1)
-    device = next(iter(policy.trainable_parameters())).device
-    for j in range(num_images):
-        for a in range(0, len(prompts), batch):
-            ids = list(range(a, min(a + batch, len(prompts))))
-            tree, _ = rollout(policy, [prompts[i] for i in ids], ids, sde, tree_cfg, mix_seed(seed, j), max_batch)
-            with torch.no_grad():
-                images = policy.decode(tree.image_latent.to(device)).float().cpu()  # [b, 3, H, W]
-            yield Chunk(images, [prompts[i] for i in ids], [{"prompt_id": i, "sample": j} for i in ids])
+    """num_images samples of every prompt, at most `batch` per rollout, from the held-out evaluation's seed
+    stream (sampling.py): sample j of prompt p is the one a run seeded with `seed` evaluates."""
+    return sample_chunks(
+        policy,
+        sde,
+        prompts,
+        stream_seed(seed, "heldout"),
+        samples=num_images,
+        batch=batch,
+        max_batch=max_batch,
+        stochastic=stochastic,
+    )
 
 
 def score_source(source: Source, rewards: dict[str, Reward], progress: Progress, prefix: str) -> Scored:
@@ -265,7 +283,7 @@ def score_source(source: Source, rewards: dict[str, Reward], progress: Progress,
     first = next(iter(rewards))
     for chunk in source.chunks():
         progress(f"{prefix}generate", len(rows) + len(chunk.prompts), source.total)
-        vals = {n: score_batch(fn, chunk.images, chunk.prompts).float().cpu() for n, fn in rewards.items()}  # [b]
+        vals = score(rewards, chunk)  # {name: [b]}
         for k, prompt in enumerate(chunk.prompts):
             rows.append(
                 {"index": len(rows), **chunk.keys[k], "prompt": prompt, **{n: float(v[k]) for n, v in vals.items()}}

@@ -30,7 +30,8 @@ from ..errors import ConfigError
 
 @runtime_checkable
 class Reward(Protocol):
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def __call__(self, images: Tensor, prompts: list[str]) -> Tensor:
         """images [B, 3, H, W] float in [0, 1], prompts [B] -> scores [B] float32."""

@@ -9,9 +9,10 @@ from typing import Any
 import torch
 
 from ..engine.protocols import Kernel
-from ..engine.rollout import Progress, TreeConfig, rollout
+from ..engine.rollout import Progress
 from ..models.base import Policy
-from ..rewards.base import Reward, score_leaves, weighted_sum
+from ..rewards.base import Reward, weighted_sum
+from .sampling import sample_scores
 
 
 def heldout_reward(
@@ -20,18 +21,17 @@ def heldout_reward(
     prompts: list[str],
     rewards: dict[str, Reward],
     weights: dict[str, float],
+    *,
     samples: int,
     seed: int,
     max_batch: int = 64,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
-    """Mean (and standard error) of the weighted reward over prompts x samples ODE draws."""
-    cfg = TreeConfig(sde_steps=(), trees_per_prompt=samples)
-    tree, _ = rollout(policy, prompts, list(range(len(prompts))), sde, cfg, seed, max_batch, progress)
-    with torch.no_grad():
-        images = policy.decode(tree.image_latent).cpu()
-    per_image = [prompts[int(p)] for p in tree.tree_prompt]  # [P * samples]
-    scores = score_leaves(rewards, images, per_image)
+    """Mean (and standard error) of the weighted reward over prompts x samples ODE draws; `seed` is the
+    stream's (sampling.stream_seed(run seed, "heldout")): `treegrpo eval` draws the same images."""
+    scores = sample_scores(
+        policy, sde, prompts, rewards, seed, samples=samples, max_batch=max_batch, progress=progress
+    )  # {name: [samples * P]}
     total = weighted_sum(scores, weights)
     n = total.numel()
     out: dict[str, Any] = {
@@ -50,6 +50,7 @@ def heldout_row(
     prompts: list[str],
     rewards: dict[str, Reward],
     weights: dict[str, float],
+    *,
     ema: dict[str, torch.Tensor] | None,
     samples: int,
     seed: int,
@@ -58,12 +59,13 @@ def heldout_row(
 ) -> dict[str, Any]:
     """The held-out reward of the weights `eval` and `export` use by default: the EMA where the run keeps one
     (then `raw/` fields score the trained weights), else the trained weights; `weights` says which."""
-    args = (policy, sde, prompts, rewards, weights, samples, seed, max_batch, progress)
-    row = heldout_reward(*args)
+    args = (policy, sde, prompts, rewards, weights)
+    how: dict[str, Any] = {"samples": samples, "seed": seed, "max_batch": max_batch, "progress": progress}
+    row = heldout_reward(*args, **how)
     if ema is not None:
         raw = {f"raw/{k}": v for k, v in row.items() if k.startswith(("reward_", "rewards/"))}
         with swapped_in(policy, ema):
-            row = {**heldout_reward(*args), **raw}
+            row = {**heldout_reward(*args, **how), **raw}
     row["weights"] = "ema" if ema is not None else "trained"
     return row
 

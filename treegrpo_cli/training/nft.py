@@ -10,18 +10,17 @@ from ..config import Config
 from ..engine.grpo import canonical_key
 from ..engine.nft import NFTBatch, optimality
 from ..engine.protocols import Conditions
-from ..engine.tree import Tree
-from .steps import update_generator
+from .steps import Credited, update_generator
 
 
-def nft_batch(
-    cfg: Config, it: int, tree: Tree, whole: Tree, leaf_adv: Tensor, starts: list[int], rank: int, cond: Conditions
-) -> NFTBatch:
-    """This rank's leaves (rows of tree.image_latent) with their r and seeds, and the global step plan.
+def nft_batch(cfg: Config, it: int, c: Credited, rank: int, cond: Conditions) -> NFTBatch:
+    """This rank's leaves (rows of c.tree.image_latent) with their r (from c.leaf: every leaf's advantage, NaN
+    elsewhere) and seeds, and the global step plan (cond: this rank's trees' conditions).
 
-    leaf_adv [N of whole]: every leaf's advantage (NaN elsewhere). The whole batch's leaves, ordered by their
+    The whole batch's leaves, ordered by their
     canonical key (tree, position in it: the same in one process or several), are drawn at random into
     nft.steps parts of equal size; each part is one optimizer step."""
+    tree, whole, starts = c.tree, c.whole, c.starts
     leaves = whole.leaves()  # [L_all] global node ids, ascending
     keys = canonical_key(whole)[leaves]
     order = torch.argsort(keys)
@@ -34,7 +33,7 @@ def nft_batch(
     return NFTBatch(
         x0=tree.image_latent.float(),
         cond={k: v[tree.tree[local_leaves].to(v.device)] for k, v in cond.items()},
-        r=optimality(leaf_adv[leaves[own]], cfg.nft).to(dev),
+        r=optimality(c.leaf[leaves[own]], cfg.nft).to(dev),
         keys=mix_keys(own_keys, it),
         groups=[torch.nonzero(torch.isin(own_keys, p)).flatten() for p in parts],
         denominators=[float(len(p)) for p in parts],

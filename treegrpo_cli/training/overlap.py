@@ -23,7 +23,7 @@ from ..engine.protocols import Policy
 from ..engine.rollout import Progress, TreeConfig, rollout
 from ..engine.tree import Tree, cat_trees
 from ..rewards.base import score_leaves
-from .steps import leaf_images
+from .sampling import leaf_images
 
 
 @dataclass
@@ -79,6 +79,7 @@ def rollout_and_score(
     policy: Policy,
     prompts: list[str],  # every prompt of the run, by id
     mine: list[int],  # the prompt ids this process rolls out, in order
+    *,
     earlier: list[int],  # the prompt ids of earlier ranks' shares
     sde: Any,
     cfg: TreeConfig,
@@ -87,7 +88,6 @@ def rollout_and_score(
     rewards: dict[str, Any],
     chunks: int,
     progress: Progress | None = None,
-    *,
     shapes: list[Shape] | None = None,  # per prompt of `mine` (engine/dynamic.py); None: the config's tree
     judge: Judge | None = None,  # tree.dynamic = "reward": scores x0-predictions
 ) -> Scored:
@@ -110,9 +110,9 @@ def rollout_and_score(
                 sde,
                 cfg,
                 seed,
-                max_batch,
-                progress,
-                [*earlier, *mine[:a]],
+                max_batch=max_batch,
+                progress=progress,
+                earlier_ids=[*earlier, *mine[:a]],
                 shapes=shapes[a : a + size] if shapes else None,
                 judge=judge,
                 stats=stats,

@@ -27,16 +27,17 @@ import torch
 
 from .. import __version__
 from ..config import Config, config_from_dict
-from ..engine.rollout import TreeConfig, mix_seed, rollout
 from ..errors import ConfigError, TreegrpoError
 from ..plots import band_chart, headed, image_grid, save_png, side_by_side
-from ..rewards.base import score_leaves, weighted_sum
+from ..rewards.base import weighted_sum
 from ..store.safeio import contained, loads_json
 from ..store.shards import atomic_write
 from .runlock import LOCK
 from .runlog import (
     EVALS,
     METRICS,
+    EvalRow,
+    MetricsRow,
     dangling_note,
     heldout_summary,
     is_number,
@@ -45,6 +46,7 @@ from .runlog import (
     stall_runs,
     tenth_means,
 )
+from .sampling import sample_chunks, sample_trees, score, stream_seed
 
 FORMAT = "treegrpo-run"
 VERSION = 1
@@ -349,10 +351,10 @@ def reward_plot(run: Path) -> None:
     save_png(side_by_side(panels), run / "reward.png")
 
 
-def _reward_panel(rows: list[dict], evals: list[dict], minutes: bool, title: str, xlabel: str):
+def _reward_panel(rows: list[MetricsRow], evals: list[EvalRow], minutes: bool, title: str, xlabel: str):
     walls = {r["iteration"]: r["wall"] for r in rows}
 
-    def x(row: dict, held_out: bool) -> float:
+    def x(row: MetricsRow | EvalRow, held_out: bool) -> float:
         if not minutes:
             return float(row["iteration"])
         wall = row.get("wall")
@@ -373,11 +375,16 @@ def _reward_panel(rows: list[dict], evals: list[dict], minutes: bool, title: str
     }
     marks = {training: list(zip(xs, mean, strict=True)) if len(rows) <= 60 else []}
     ema = any(is_number(e.get("raw/reward_mean")) for e in evals)
-    curves = (
-        {"held-out, EMA": "reward_mean", "held-out, trained": "raw/reward_mean"} if ema else {"held-out": "reward_mean"}
-    )
-    for name, key in curves.items():
-        points = sorted((x(e, True), float(e[key])) for e in evals if is_number(e.get(key)))
+
+    def used(e: EvalRow) -> float | None:  # the weights `eval` uses: the EMA where there is one
+        return e.get("reward_mean")
+
+    def trained(e: EvalRow) -> float | None:
+        return e.get("raw/reward_mean")
+
+    curves = {"held-out, EMA": used, "held-out, trained": trained} if ema else {"held-out": used}
+    for name, get in curves.items():
+        points = sorted((x(e, True), float(y)) for e in evals if is_number(y := get(e)))
         ys = [y for _, y in points]
         bands[name] = ([p for p, _ in points], ys, ys, ys)
         marks[name] = points
@@ -385,21 +392,20 @@ def _reward_panel(rows: list[dict], evals: list[dict], minutes: bool, title: str
 
 
 def sample_grid(
-    run: Path, policy, sde, prompts: list[str], rewards: dict, cfg: Config, step: int, write: bool = True
+    run: Path, policy, sde, prompts: list[str], rewards: dict, *, cfg: Config, step: int, write: bool = True
 ) -> Path:
-    """ODE samples (no noise after the root) of up to 16 eval prompts, captioned with their reward
-    (write=False: the forwards only, for the other ranks of a sharded model)."""
-    prompts = prompts[:16]
-    ode = TreeConfig(sde_steps=())
-    tree, _ = rollout(policy, prompts, list(range(len(prompts))), sde, ode, mix_seed(cfg.seed, 0xE7A1))
+    """ODE samples (no noise after the root) of up to 16 eval prompts from the "grid" seed stream (sampling.py),
+    captioned with their reward (write=False: the forwards only, for the other ranks of a sharded model)."""
+    prompts, seed = prompts[:16], stream_seed(cfg.seed, "grid")
+    batch, max_batch = max(len(prompts), 1), cfg.rollout.max_batch  # one rollout
     path = run / "samples" / f"step-{step}.png"
     if not write:
+        for _ in sample_trees(policy, sde, prompts, seed, batch=batch, max_batch=max_batch):
+            pass
         return path
-    with torch.no_grad():
-        images = policy.decode(tree.image_latent).cpu()
-    scores = score_leaves(rewards, images, prompts)
-    weights = cfg.reward.weight_map()
-    total = weighted_sum(scores, weights)
+    chunks = list(sample_chunks(policy, sde, prompts, seed, batch=batch, max_batch=max_batch))
+    images = torch.cat([c.images for c in chunks])
+    total = torch.cat([weighted_sum(score(rewards, c), cfg.reward.weight_map()) for c in chunks])
     captions = [f"{p} ({float(s):.3f})" for p, s in zip(prompts, total, strict=True)]
     what = "the base model" if step == 0 else f"after {step} iteration{'s' * (step != 1)} (trained weights)"
     random = str(getattr(policy, "weights", "")).startswith("random")

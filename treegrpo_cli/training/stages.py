@@ -16,20 +16,18 @@ import torch
 from PIL import Image
 
 from ..config import MAX_PROMPTS, Config, as_json, config_from_dict, parse_set
-from ..engine.grpo import Batch
 from ..engine.rollout import Progress, rollout
 from ..engine.sde import make_kernel
 from ..engine.tree import cat_trees
 from ..errors import TreegrpoError
 from ..models.registry import load_policy
 from ..rewards.base import score_leaves, weighted_sum
-from ..store.checkpoint import save_checkpoint
 from ..store.shards import ShardStore
 from ..store.trees import KIND, TreeShard, open_trees, read_tree_shard, shard_name, write_tree_shard
 from . import rundir, runlock, runlog
-from .loop import Trainer
-from .nft import nft_batch
-from .steps import build_rewards, credit, leaf_images, make_judge, plan_iteration, update_generator
+from .sampling import build_rewards, leaf_images, make_judge
+from .steps import Credited, credit, on_nodes, plan_iteration
+from .trainer import Trainer
 
 
 def _noop(phase: str, done: int, total: int) -> None:
@@ -96,7 +94,8 @@ def _write_rollout(
     req: RolloutRequest, policy: Any, sde: Any, plan: Any, meta: dict[str, Any], progress: Progress
 ) -> dict[str, Any]:
     cfg, ids, T = req.config, plan.prompt_ids, req.config.sampler.steps
-    judge = make_judge(cfg, policy, build_rewards(cfg, req.device)) if cfg.tree.dynamic == "reward" else None
+    rewards = build_rewards(cfg.reward, req.device) if cfg.tree.dynamic == "reward" else {}
+    judge = make_judge(cfg.tree, cfg.reward, policy, rewards)  # tree.dynamic = "reward" scores x0-predictions
     store = ShardStore.create(req.out, KIND, meta, overwrite=req.overwrite)
     nfe, offset, leaves, chunks = 0, 0, 0, range(0, len(ids), req.prompts_per_shard)
     repeats = max(Counter(ids).values()) * plan.tree.trees_per_prompt  # the most trees of one prompt
@@ -111,8 +110,8 @@ def _write_rollout(
             sde,
             plan.tree,
             plan.seed,
-            cfg.rollout.max_batch,
-            _labelled(progress, f"rollout {k + 1}/{len(chunks)}"),
+            max_batch=cfg.rollout.max_batch,
+            progress=_labelled(progress, f"rollout {k + 1}/{len(chunks)}"),
             earlier_ids=ids[:a],
             shapes=plan.shapes[a : a + req.prompts_per_shard] if plan.shapes else None,
             judge=judge,
@@ -212,7 +211,7 @@ def _score_locked(req: ScoreRequest, progress: Progress) -> dict[str, Any]:
         cfg = replace(cfg, train=replace(cfg.train, iterations=req.max_iterations))
     cfg.advantage.validate()
     cfg.pruning.validate()
-    weights, rewards = cfg.reward.weight_map(), build_rewards(cfg, req.device)
+    weights, rewards = cfg.reward.weight_map(), build_rewards(cfg.reward, req.device)
     shards = [read_tree_shard(store, n) for n in store.names("trees")]
     scores = [score_leaves(rewards, s.leaf_image, s.leaf_prompts(), req.batch_size, progress) for s in shards]
     tree = cat_trees([s.tree for s in shards])
@@ -221,9 +220,7 @@ def _score_locked(req: ScoreRequest, progress: Progress) -> dict[str, Any]:
     store.remove("advantages")
     a = 0
     for s, sc in zip(shards, scores, strict=True):
-        full = {
-            n: torch.full((s.tree.num_nodes,), float("nan")).index_put_((s.tree.leaves(),), v) for n, v in sc.items()
-        }
+        full = on_nodes(s.tree, sc)
         tensors = {f"reward/{k}": v for k, v in full.items()} | {"reward": weighted_sum(full, weights)}
         store.write(shard_name("rewards", s.index), "rewards", tensors, {"weights": weights})
         sl = slice(a, a + s.tree.num_nodes)
@@ -274,42 +271,52 @@ class StagedRequest:
 
 
 def train_from_trees(req: StagedRequest, progress: Progress = _noop) -> dict[str, Any]:
-    """One update (GRPO, or NFT with train.objective = nft) from scored shards (rollout + score), written as
-    checkpoint step-1 of a run."""
+    """One update (GRPO, or NFT with train.objective = nft) from scored shards (rollout + score), through the
+    online iteration's update path (Trainer.learn, its metrics row, Trainer.save), written as checkpoint step-1
+    of a run: the run's iteration 0, its trees those the rollout sampled at its --iteration."""
     store = open_trees(req.trees)
     if "scoring" not in store.meta:
         raise TreegrpoError(f"{req.trees} is not scored yet; run `treegrpo score {req.trees}` first")
     cfg = config_from_dict(store.meta["config"], req.sets)
-    shards = [read_tree_shard(store, n) for n in store.names("trees")]
-    adv = [store.read(shard_name("advantages", s.index))[0] for s in shards]
-    tree = cat_trees([s.tree for s in shards])
-    prompts = [s.prompts[int(p)] for s in shards for p in s.tree.tree_prompt]
+    c, prompts = credited_trees(store)
     trainer = Trainer(cfg, req.device)
-    it = store.meta.get("iteration", 0)
     with runlock.lock(req.run_dir, create=True):  # one writer per run folder
         rundir.create(req.run_dir, cfg, req.command)
-        cond = trainer.policy.encode(prompts)
-        progress("update", 0, 1)
-        if cfg.train.objective == "nft":  # the old policy is the one that rolled the trees out: the start
-            leaf_adv = torch.cat([a["leaf_advantage"] for a in adv])
-            metrics = trainer.update_nft(nft_batch(cfg, it, tree, tree, leaf_adv, [0, tree.num_nodes], 0, cond))
-        else:
-            trained, advantage = torch.cat([a["trained"] for a in adv]), torch.cat([a["advantage"] for a in adv])
-            metrics = trainer.update(Batch(tree, trained, advantage, cond), update_generator(cfg, it))
-        progress("update", 1, 1)
+        # the old policy of an NFT update is the one that rolled the trees out: the start
+        row = trainer.learn(c, prompts, store.meta.get("iteration", 0), progress)
         trainer.step = 1
-        leaves = int(tree.is_leaf().sum())
-        runlog.append_metrics(
-            req.run_dir,
-            {
-                "iteration": 0,
-                "source": str(req.trees),
-                "leaves": leaves,
-                "train_evals_per_leaf": metrics.get("train_evals", 0) / leaves,
-                **metrics,
-            },
-        )
-        path = save_checkpoint(
-            req.run_dir / "checkpoints", trainer.checkpoint({"config": cfg.to_dict()}), cfg.train.keep_last
-        )
-    return {"run_dir": str(req.run_dir), "checkpoint": str(path), **metrics}
+        row["iteration"] = 0  # the run's first update, whatever iteration's seeds its trees have
+        row["source"] = str(req.trees)
+        runlog.append_metrics(req.run_dir, row)
+        path = trainer.save(req.run_dir)
+    return {"run_dir": str(req.run_dir), "checkpoint": str(path), **row}
+
+
+def credited_trees(store: ShardStore) -> tuple[Credited, list[str]]:
+    """A scored tree folder's trees, leaf scores and advantages as one batch (one process), and each tree's
+    prompt."""
+    shards = [read_tree_shard(store, n) for n in store.names("trees")]
+    rewards = [store.read(shard_name("rewards", s.index))[0] for s in shards]
+    adv = [store.read(shard_name("advantages", s.index))[0] for s in shards]
+    tree = cat_trees([s.tree for s in shards])
+    weights = {n: float(w) for n, w in store.meta["scoring"]["rewards"].items()}
+    pairs = list(zip(shards, rewards, strict=True))
+    scores = {n: torch.cat([r[f"reward/{n}"][s.tree.leaves()] for s, r in pairs]) for n in weights}  # {name: [L]}
+
+    def cat(key: str) -> torch.Tensor:
+        return torch.cat([a[key] for a in adv])
+
+    steps = store.meta["sde_steps"]
+    c = Credited(
+        tree,
+        tree,
+        [0, tree.num_nodes],
+        scores,
+        weights,
+        cat("advantage"),
+        cat("trained"),
+        cat("leaf_advantage"),
+        int(store.meta["nfe"]),
+        None if steps == "all" else tuple(steps),
+    )
+    return c, [s.prompts[int(p)] for s in shards for p in s.tree.tree_prompt]

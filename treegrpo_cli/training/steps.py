@@ -1,28 +1,28 @@
 """The steps of one training iteration, shared by the online loop (loop.py) and the staged pipeline
-(stages.py): which prompts and tree shape, the rewards, the leaves' images, the credit, the seeded RNGs,
-and the metrics row."""
+(stages.py): which prompts and tree shape, the credit, the seeded RNGs, and the metrics row (rewards and the
+leaves' images: sampling.py)."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
+from torch import Tensor
 
 from ..config import Config
 from ..engine.budgets import PromptStats, allocate, replace_tied
 from ..engine.credit import assign_credit
-from ..engine.dynamic import Judge, Shape
+from ..engine.dynamic import Shape
 from ..engine.rollout import TreeConfig, mix_seed
 from ..engine.schedules import tree_for_iteration
 from ..engine.splits import adaptive_steps, progress_steps
 from ..engine.tree import Tree
 from ..errors import TreegrpoError
-from ..models.base import Policy
-from ..rewards.base import FrameStrided, check_rewards, get_reward, parse_reward_options, score_leaves, weighted_sum
-from ..store.trees import to_uint8
+from ..rewards.base import weighted_sum
+from .runlog import MetricsRow
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,22 @@ class IterationPlan:
     seed: int
     shapes: list[Shape] | None = None  # per prompt: split steps and leaf budget ([splits], [budget]); None: the tree's
     skipped: tuple[int, ...] = ()  # prompts budget.replace_after swapped out (they rest: engine/budgets.py)
+
+
+@dataclass
+class Credited:
+    """One iteration's trees, scored and credited: what its update trains on and its metrics row reports."""
+
+    tree: Tree  # this process's trees
+    whole: Tree  # every process's trees, in rank order (one process: `tree`)
+    starts: list[int]  # where each process's nodes start in `whole`, and where the last ends
+    scores: dict[str, Tensor]  # {reward: [L]} the scores of `whole`'s leaves
+    weights: dict[str, float]  # {reward: weight} they were credited with
+    edge: Tensor  # [N] edge advantages of `whole`'s nodes
+    trained: Tensor  # [N] bool: the edges a GRPO update trains
+    leaf: Tensor  # [N] leaf advantages (an NFT update's)
+    nfe: int  # model evaluations of the rollout, over every process
+    sde_steps: tuple[int, ...] | None  # the stochastic steps of the trees (None: every step)
 
 
 def plan_iteration(
@@ -79,21 +95,7 @@ def new_stats(cfg: Config) -> PromptStats | None:
     return PromptStats(cfg.budget.decay, cfg.splits.bounds_decay) if needs_stats(cfg) else None
 
 
-def make_judge(cfg: Config, policy: Policy, rewards: dict[str, Any]) -> Judge | None:
-    """tree.dynamic = "reward": x0-predictions decoded and scored like leaves (the weighted sum of the rewards)."""
-    if cfg.tree.dynamic != "reward":
-        return None
-    weights = cfg.reward.weight_map()
-
-    def judge(x0: torch.Tensor, prompts: list[str]) -> torch.Tensor:
-        with torch.no_grad():
-            images = to_uint8(policy.decode(x0))
-        return weighted_sum(score_leaves(rewards, images, prompts), weights)
-
-    return judge
-
-
-def dynamic_row(stats: dict[str, int], per_row: tuple[int, int] | None) -> dict[str, Any]:
+def dynamic_row(stats: dict[str, int], per_row: tuple[int, int] | None) -> dict[str, int]:
     """The rollout's early stops, fallbacks, x0-predictions scored, and the forwards (and FLOPs) its stops saved
     against the same trees undisturbed."""
     saved = int(stats.get("evals_saved", 0))
@@ -106,44 +108,27 @@ def dynamic_row(stats: dict[str, int], per_row: tuple[int, int] | None) -> dict[
     }
 
 
-def build_rewards(cfg: Config, device: str) -> dict[str, Any]:
-    """The config's reward models with their reward.options, on `device`."""
-    opts = parse_reward_options(cfg.reward.options)
-    check_rewards(cfg.reward.names, opts)  # every name before any model loads
-    rewards = {n: get_reward(n, device=device, **opts.get(n, {})) for n in cfg.reward.names}
-    if cfg.reward.frame_stride != 1:  # videos: every frame_stride-th frame
-        return {n: FrameStrided(r, cfg.reward.frame_stride) for n, r in rewards.items()}
-    return rewards
-
-
-def leaf_images(policy: Policy, tree: Tree) -> torch.Tensor:
-    """[L, 3, H, W] uint8: the leaves' images as a user sees them and the rewards score them
-    (the staged pipeline stores exactly these)."""
-    dev = next(iter(policy.trainable_parameters())).device
-    with torch.no_grad():
-        return to_uint8(policy.decode(tree.image_latent.to(dev)))
+def on_nodes(tree: Tree, leaf_values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """{name: [L]} values of a tree batch's leaves -> {name: [N]} float32 over its nodes, NaN off the leaves."""
+    leaves = tree.leaves()
+    return {
+        n: torch.full((tree.num_nodes,), float("nan")).index_put_((leaves,), v.float()) for n, v in leaf_values.items()
+    }
 
 
 def credit(cfg: Config, tree: Tree, scores: dict[str, torch.Tensor], it: int):
     """Leaf scores {name: [L]} -> edge advantages and the trained-edge mask [N] of a batch of trees."""
-    leaves = tree.leaves()
-    full = {n: torch.full((tree.num_nodes,), float("nan")).index_put_((leaves,), s.float()) for n, s in scores.items()}
     return assign_credit(
-        tree.parent,
-        tree.depth,
-        tree.tree,
-        tree.group(),
-        tree.sde,
-        tree.log_prob,
-        full,
-        cfg.reward.weight_map(),
-        cfg.reward.combine,
-        cfg.advantage,
-        cfg.pruning,
-        cfg.sampler.steps,
-        cfg.sampler.decode,
-        it,
-        cfg.train.iterations,
+        tree,
+        on_nodes(tree, scores),
+        weights=cfg.reward.weight_map(),
+        combine_mode=cfg.reward.combine,
+        advantage=cfg.advantage,
+        pruning=cfg.pruning,
+        steps=cfg.sampler.steps,
+        decode=cfg.sampler.decode,
+        iteration=it,
+        max_iterations=cfg.train.iterations,
     )
 
 
@@ -200,12 +185,12 @@ def group_spread(total: torch.Tensor, group: torch.Tensor) -> dict[str, float]:
     return {"zero_std_ratio": float((hi == lo).double().mean()), "reward_group_std": float(std.mean())}
 
 
-def metrics_row(
-    it, scores, weights, adv_trained, group: torch.Tensor, nfe, upd, tree_cfg: TreeConfig, opt
-) -> dict[str, Any]:
-    """An iteration's row: rewards (total and per reward, their spread within prompt groups), the trained
-    edges' advantages, model evaluations, and the update's metrics. group [L]: each leaf's prompt group."""
-    total = weighted_sum(scores, weights)
+def metrics_row(c: Credited, it: int, adv_trained: Tensor, upd: dict[str, Any], lr: float) -> MetricsRow:
+    """Iteration it's row: rewards (total and per reward, their spread within prompt groups), the trained
+    edges' advantages adv_trained, model evaluations, the learning rate and the update's metrics upd."""
+    scores, nfe, sde_steps = c.scores, c.nfe, c.sde_steps
+    group = c.whole.group()[c.whole.leaves()]  # [L] each leaf's prompt group
+    total = weighted_sum(scores, c.weights)
     leaves = int(total.numel())
     row: dict[str, Any] = {
         "iteration": it,
@@ -226,21 +211,20 @@ def metrics_row(
             "rollout_evals": nfe,
             "rollout_evals_per_leaf": nfe / leaves,
             "train_evals_per_leaf": upd.get("train_evals", 0) / leaves,
-            "lr": opt.param_groups[0]["lr"],
-            "sde_steps": list(tree_cfg.sde_steps) if tree_cfg.sde_steps is not None else "all",
+            "lr": lr,
+            "sde_steps": list(sde_steps) if sde_steps is not None else "all",
         }
     )
     row.update(upd)
-    return row
+    return cast(MetricsRow, row)  # in the order metrics.jsonl has always held
 
 
-def throughput(
-    row: dict[str, Any], per_row: tuple[int, int] | None, extra: int, peak: float | None
-) -> dict[str, float]:
+def throughput(row: MetricsRow, per_row: tuple[int, int] | None, extra: int, peak: float | None) -> dict[str, float]:
     """Milliseconds per image of each phase and images per second of the iteration, from row["seconds"]; model
     FLOPs utilisation of the rollout and the update where the device's peak FLOP/s is known."""
     sec, images = row["seconds"], max(int(row.get("leaves", 0)), 1)
-    out = {f"ms_per_image/{k}": 1000 * sec[k] / images for k in ("rollout", "score", "update")}
+    phases = {"rollout": sec["rollout"], "score": sec["score"], "update": sec["update"]}
+    out = {f"ms_per_image/{k}": 1000 * s / images for k, s in phases.items()}
     out["images_per_second"] = images / sec["total"] if sec["total"] > 0 else 0.0
     if peak and per_row:
         fwd, bwd = per_row
@@ -248,11 +232,11 @@ def throughput(
             "rollout": row.get("rollout_evals", 0) * fwd,
             "update": row.get("train_evals", 0) * (fwd + bwd + extra * fwd),
         }
-        out.update({f"mfu/{k}": f / (sec[k] * peak) for k, f in done.items() if sec[k] > 0})
+        out.update({f"mfu/{k}": f / (phases[k] * peak) for k, f in done.items() if phases[k] > 0})
     return out
 
 
-def iteration_flops(per_row: tuple[int, int] | None, rollout_evals: int, train_evals: int, extra: int = 0) -> int:
+def iteration_flops(per_row: tuple[int, int] | None, rollout_evals: float, train_evals: float, extra: int = 0) -> int:
     """Denoiser FLOPs of an iteration, from the evaluations it ran and the model's per-row count
     (models/flops.py): each rollout evaluation a forward, each training evaluation a forward and a
     backward, plus `extra` forwards beside each (the reference's when a KL term is on, NFT's old policy).

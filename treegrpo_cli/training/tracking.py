@@ -17,11 +17,13 @@ W&B writes `wandb/` in the run folder, offline unless the user has set W&B up (W
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 import json
 import os
 import tempfile
 import uuid
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -29,6 +31,7 @@ from ..errors import TreegrpoError
 from ..store.safeio import loads_json
 from ..store.shards import atomic_write
 from . import runlog
+from .runlog import EvalRow, MetricsRow
 
 TRACKERS = {"tensorboard": "tensorboard", "wandb": "wandb"}  # name -> the package it needs
 STATE = "tracking.json"
@@ -44,7 +47,7 @@ def check_available(names: tuple[str, ...]) -> None:
             )
 
 
-def flat(row: dict[str, Any], prefix: str = "") -> dict[str, float]:
+def flat(row: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
     """The numeric fields of a row, nested dicts as a/b; booleans, strings, lists and None left out."""
     out: dict[str, float] = {}
     for k, v in row.items():
@@ -162,25 +165,23 @@ class Tracking:
     def catch_up(self, upto: int | None = None) -> None:
         """Give each tracker the run's rows and the sample grids up to step `upto` it has not had (a tracker
         added on resume, or rows written after the last save of tracking.json), in iteration order."""
-        events = [(r["iteration"], 0, "metrics", r) for r in runlog.read_metrics(self.run)]
-        events += [(r["iteration"], 1, "heldout", r) for r in runlog.read_evals(self.run)]
-        for _, _, kind, row in sorted(events, key=lambda e: (e[0], e[1])):
-            if kind == "metrics":
-                self.metrics(row)
-            else:
-                self.heldout(row)
+        events: list[tuple[int, int, Callable[[], None]]]
+        events = [(r["iteration"], 0, functools.partial(self.metrics, r)) for r in runlog.read_metrics(self.run)]
+        events += [(r["iteration"], 1, functools.partial(self.heldout, r)) for r in runlog.read_evals(self.run)]
+        for _, _, give in sorted(events, key=lambda e: (e[0], e[1])):
+            give()
         samples = sorted((self.run / "samples").glob("step-*.png"), key=lambda p: _step(p.stem))
         for p in samples:
             if upto is None or _step(p.stem) <= upto:  # a grid after the checkpoint is drawn again
                 self.image("samples", p, _step(p.stem))
 
-    def metrics(self, row: dict[str, Any]) -> None:
+    def metrics(self, row: MetricsRow) -> None:
         self._scalars("metrics", row, "")
 
-    def heldout(self, row: dict[str, Any]) -> None:
+    def heldout(self, row: EvalRow) -> None:
         self._scalars("heldout", row, "heldout/")
 
-    def _scalars(self, kind: str, row: dict[str, Any], prefix: str) -> None:
+    def _scalars(self, kind: str, row: MetricsRow | EvalRow, prefix: str) -> None:
         it = int(row["iteration"])
         values = {f"{prefix}{k}": v for k, v in flat(row).items() if k != "iteration"}
         for name, tracker in list(self.trackers.items()):
@@ -233,12 +234,12 @@ def tracked(hooks: H, track: Tracking) -> H:
         for message in track.take_notes():
             base.note(message)
 
-    def on_row(row: dict[str, Any]) -> None:
+    def on_row(row: MetricsRow) -> None:
         track.metrics(row)
         said()
         base.on_row(row)
 
-    def on_eval(row: dict[str, Any]) -> None:
+    def on_eval(row: EvalRow) -> None:
         track.heldout(row)
         said()
         base.on_eval(row)

@@ -16,7 +16,7 @@ import textwrap
 import tokenize
 from typing import Any
 
-from .config import SECTIONS, TOP_LEVEL, Config
+from ..config import SECTIONS, TOP_LEVEL, Config
 
 TOP_DOCS = {
     "name": "the run's name: runs/<name>-<time> when no --run-dir is given (a preset sets its own)",

@@ -1,0 +1,291 @@
+"""One run's trainer: the policy, its optimizer, EMA and NFT sampling policy, one online iteration (rollout ->
+score -> credit -> update), and the update path every iteration ends with, the online loop's (loop.py) and the
+staged `train --trees`' (stages.py): the NFT or GRPO update, its metrics row and the checkpoint."""
+
+from __future__ import annotations
+
+import time
+from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+
+from ..config import Config
+from ..engine.budgets import PromptStats
+from ..engine.grpo import Batch, Parallel, grpo_update, make_optimizer
+from ..engine.nft import NFTBatch, OldPolicy, decay_at, nft_update
+from ..engine.rollout import Progress, mix_seed
+from ..engine.sde import FlowSDE, make_kernel
+from ..errors import TreegrpoError
+from ..models.base import Policy
+from ..models.flops import device_peak_flops
+from ..models.registry import load_policy
+from ..rewards.base import weighted_sum
+from ..store.checkpoint import Checkpoint, follow_checkpoint_gathers, save_checkpoint
+from . import dist, rundir, runlog
+from .dist import SINGLE, Dist
+from .nft import nft_batch
+from .overlap import chunk_count, rollout_and_score
+from .parallel import parallel_plan, shard_policy, whole_batch
+from .runlog import MetricsRow
+from .sampling import build_rewards, make_judge
+from .steps import (
+    Credited,
+    credit,
+    dynamic_row,
+    iteration_flops,
+    metrics_row,
+    new_stats,
+    peak_memory_mib,
+    plan_iteration,
+    rng_states,
+    set_rng_states,
+    throughput,
+    update_generator,
+)
+
+TOTALS = ("flops_total", "reward_images_total")  # the run's compute so far, in every metrics row
+
+
+class Trainer:
+    """Holds the policy, optimizer and EMA of one run."""
+
+    def __init__(self, cfg: Config, device: str, d: Dist = SINGLE):
+        cfg.train.validate()
+        self.cfg, self.device, self.d = cfg, device, d
+        torch.manual_seed(mix_seed(cfg.seed, 0x6E0B))  # the global generators (LoRA init, anything unseeded) too
+        self.policy: Policy = load_policy(cfg.model, device, cfg.policy)
+        cfg.check_tree_memory(tuple(self.policy.latent_shape))
+        self.sde = make_kernel(self.policy, cfg.sampler)  # FlowSDE, or the policy's own (DDIM for SD1.5)
+        self.ref = self.policy.reference() if cfg.train.kl_beta > 0 else None  # whole on every rank
+        self.flops_row = getattr(self.policy, "flops_per_row", lambda: None)()  # (fwd, bwd) of one row, unsharded
+        self.sharded = cfg.train.parallel == "fsdp" and d.active  # one process: nothing to shard
+        if self.sharded:
+            shard_policy(self.policy, device)
+        self.opt = make_optimizer(list(self.policy.trainable_parameters()), cfg.train)
+        self.old = OldPolicy(list(self.policy.trainable_parameters())) if cfg.train.objective == "nft" else None
+        if self.old is not None and not isinstance(self.sde, FlowSDE):
+            raise TreegrpoError(
+                f"train.objective = nft trains a flow-matching model's velocity; {self.policy.name} samples "
+                "with its own kernel (an epsilon-prediction model): use a GRPO preset"
+            )
+        self.ema = (
+            {k: v.detach().clone() for k, v in self.policy.trainable_state().items()}
+            if cfg.train.ema_decay > 0
+            else None
+        )
+        self.rewards = build_rewards(cfg.reward, device)
+        self.weights = cfg.reward.weight_map()
+        self.judge = make_judge(cfg.tree, cfg.reward, self.policy, self.rewards)  # tree.dynamic = "reward"
+        self.prompt_stats = new_stats(cfg)  # per-prompt reward estimates ([budget], adaptive [splits])
+        self.step = 0
+        self.totals = dict.fromkeys(TOTALS, 0)  # the run's compute so far (cumulative metrics)
+        self.opt_steps = 0  # optimizer steps over the run (the EMA's cadence and warm-up count them)
+        self.ema_updates = 0  # EMA updates in the current iteration
+
+    def update_ema(self) -> None:
+        """One EMA update at the decay of optimizer step `opt_steps` (train.ema_warmup: Flow-GRPO's warm-up)."""
+        if self.ema is None:
+            return
+        d, s = self.cfg.train.ema_decay, self.opt_steps
+        d = min((1 + s) / (10 + s), d) if self.cfg.train.ema_warmup else d
+        with torch.no_grad():
+            for k, v in self.policy.trainable_state().items():
+                self.ema[k].mul_(d).add_(v.to(self.ema[k].device), alpha=1 - d)
+        self.ema_updates += 1
+
+    @property
+    def extra_forwards(self) -> int:
+        """Forwards beside each trained one: the KL reference's, NFT's old policy's."""
+        return int(self.ref is not None) + int(self.old is not None)
+
+    def add_to_totals(self, row: MetricsRow) -> dict[str, int]:
+        """An iteration's denoiser FLOPs and reward-model images, and the run's totals with them."""
+        flops = iteration_flops(
+            self.flops_row, row.get("rollout_evals", 0), row.get("train_evals", 0), self.extra_forwards
+        )
+        now = {"flops": flops, "reward_images": int(row.get("leaves", 0)) + int(row.get("judged_images", 0))}
+        self.totals = {f"{k}_total": self.totals[f"{k}_total"] + v for k, v in now.items()}
+        return {**now, **self.totals}
+
+    def after_step(self) -> None:
+        """After each optimizer step: count it (over the run) and update the EMA when its cadence says so."""
+        self.opt_steps += 1
+        every = self.cfg.train.ema_every
+        if every and (self.opt_steps + 1) % every == 0:
+            self.update_ema()
+
+    def update(
+        self, batch: Batch, gen: torch.Generator, parallel: Parallel | None = None, progress: Progress | None = None
+    ) -> dict[str, Any]:
+        """One iteration's GRPO update, with the EMA updates its schedule asks for (train.ema_every)."""
+        self.ema_updates = 0
+        out = grpo_update(
+            self.policy,
+            self.opt,
+            self.sde,
+            batch,
+            self.cfg.train,
+            gen,
+            max_batch=self.cfg.rollout.max_batch,
+            ref=self.ref,
+            after_step=self.after_step,
+            parallel=parallel,
+            progress=progress,
+        )
+        if self.cfg.train.ema_every == 0:  # once per iteration (DanceGRPO's code)
+            self.update_ema()
+        return {**out, "ema_updates": self.ema_updates}
+
+    def sampling_policy(self) -> AbstractContextManager[None]:
+        """The weights rollouts sample with: NFT's old policy, else the trained one."""
+        return self.old.swapped(list(self.policy.trainable_parameters())) if self.old is not None else nullcontext()
+
+    def update_nft(self, b: NFTBatch, progress: Progress | None = None) -> dict[str, Any]:
+        """One iteration's NFT update; then the old policy trails the trained one (nft.decay)."""
+        self.ema_updates = 0
+        cfg, params = self.cfg, list(self.policy.trainable_parameters())
+        sync = (lambda ps: dist.sum_gradients(ps, self.d)) if self.d.active else None
+        gather = (lambda x: torch.cat(dist.gather(x, self.d))) if self.d.active else None
+        out = nft_update(
+            self.policy,
+            cast(OldPolicy, self.old),
+            self.opt,
+            self.sde.sigmas,
+            b,
+            cfg.nft,
+            kl_beta=cfg.train.kl_beta,
+            max_grad_norm=cfg.train.max_grad_norm,
+            seed=mix_seed(cfg.seed, 0x4EF7),
+            max_batch=cfg.rollout.max_batch,
+            ref=self.ref,
+            after_step=self.after_step,
+            sync=sync,
+            gather=gather,
+            progress=progress,
+        )
+        if cfg.train.ema_every == 0:
+            self.update_ema()
+        decay = decay_at(self.opt_steps, cfg.nft.decay)
+        cast(OldPolicy, self.old).follow(params, decay)
+        return {**out, "ema_updates": self.ema_updates, "old_decay": decay}
+
+    def checkpoint(self, extra: dict[str, Any]) -> Checkpoint:
+        """The run's state (a sharded run's tensors are its shards: save_checkpoint gathers them)."""
+        return Checkpoint(
+            self.step,
+            self.policy.trainable_state(),
+            self.ema,
+            self.opt.state_dict(),
+            rng_states(),
+            {"step": self.step, "seed": self.cfg.seed, "optimizer_steps": self.opt_steps, **self._stats(), **extra},
+            old=self.old_state(),
+        )
+
+    def _stats(self) -> dict[str, Any]:
+        """The per-prompt estimates a resumed run plans from (engine/budgets.py), when the config keeps them."""
+        return {"prompt_stats": self.prompt_stats.to_json()} if self.prompt_stats is not None else {}
+
+    def old_state(self) -> dict[str, torch.Tensor] | None:
+        """The NFT sampling policy's tensors under the trainable state's names (None: not an NFT run)."""
+        if self.old is None:
+            return None
+        return dict(zip(self.policy.trainable_state(), self.old.tensors, strict=True))
+
+    def restore(self, ck: Checkpoint) -> None:
+        """Load a checkpoint (whole tensors, written by any number of processes, sharded or not)."""
+        model, opt, ema = ck.model, ck.optimizer, ck.ema
+        if self.sharded:
+            like = self.policy.trainable_state()
+            model = dist.shard_like(model, like)
+            opt = dist.shard_optimizer_state(opt, list(self.policy.trainable_parameters()))
+            ema = dist.shard_like(ema, like) if ema is not None else None
+        self.policy.load_trainable_state(model)
+        self.opt.load_state_dict(opt)
+        if self.ema is not None and ema is not None:
+            self.ema = {k: v.clone() for k, v in ema.items()}
+        if self.old is not None:
+            if ck.old is None:
+                raise TreegrpoError(f"checkpoint step-{ck.step} holds no NFT sampling policy (old-*.safetensors)")
+            pairs = zip(self.policy.trainable_state(), self.old.tensors, strict=True)  # NFT runs unsharded
+            self.old.tensors = [ck.old[k].to(t.device, t.dtype).clone() for k, t in pairs]
+        set_rng_states(ck.rng)
+        if self.prompt_stats is not None and "prompt_stats" in ck.state:
+            self.prompt_stats = PromptStats.from_json(ck.state["prompt_stats"])
+        self.step = ck.step
+        self.opt_steps = int(ck.state.get("optimizer_steps", 0))
+
+    # -- one iteration -------------------------------------------------------------------
+    def iteration(self, prompts: list[str], progress: Progress) -> MetricsRow:
+        """Roll out this rank's share of the iteration's prompts, credit over the whole batch, update."""
+        cfg, it, d = self.cfg, self.step, self.d
+        t0 = time.perf_counter()
+        plan = plan_iteration(cfg, len(prompts), it, stats=self.prompt_stats)
+        part = dist.shard(len(plan.prompt_ids), d)
+        mine = plan.prompt_ids[part]
+        with self.sampling_policy():
+            out = rollout_and_score(
+                self.policy,
+                prompts,
+                mine,
+                earlier=plan.prompt_ids[: part.start],
+                sde=self.sde,
+                cfg=plan.tree,
+                seed=plan.seed,
+                max_batch=cfg.rollout.max_batch,
+                rewards=self.rewards,
+                chunks=chunk_count(cfg.rollout.score_overlap, list(cfg.reward.names)),
+                progress=progress,
+                shapes=plan.shapes[part] if plan.shapes else None,
+                judge=self.judge,
+            )
+        tree = out.tree
+        t1 = t0 + out.seconds["rollout"]
+        whole, scores, starts = whole_batch(tree, out.scores, d)
+        if self.prompt_stats is not None:  # from the whole batch: the same estimates on every rank
+            self.prompt_stats.update(whole.group()[whole.leaves()], weighted_sum(scores, self.weights), plan.skipped)
+        adv, trained = credit(cfg, whole, scores, it)
+        nfe = sum(dist.gather(out.nfe, d))
+        c = Credited(tree, whole, starts, scores, self.weights, adv.edge, trained, adv.leaf, nfe, plan.tree.sde_steps)
+        t2 = time.perf_counter()
+        row = self.learn(c, [prompts[int(p)] for p in tree.tree_prompt], it, progress)
+        t3 = time.perf_counter()
+        self.step += 1
+        hidden = max(out.seconds["score_busy"] - out.seconds["score"], 0.0)  # scoring the rollout overlapped
+        row["seconds"] = {"rollout": t1 - t0, "score": t2 - t1, "update": t3 - t2, "total": t3 - t0}
+        row["seconds"]["score_hidden"] = hidden
+        row["peak_mib"] = peak_memory_mib(self.device)
+        if plan.tree.budgeted() or plan.shapes is not None:  # what the adaptive trees did, over every rank's
+            dyn = dynamic_row({k: sum(dist.gather(v, d)) for k, v in out.dynamic.items()}, self.flops_row)
+            runlog.add_fields(row, {**dyn, "replaced": len(plan.skipped)})
+        runlog.add_fields(row, throughput(row, self.flops_row, self.extra_forwards, device_peak_flops(self.device)))
+        return row
+
+    # -- the end of every iteration, online and staged ------------------------------------
+    def learn(self, c: Credited, prompts: list[str], it: int, progress: Progress | None = None) -> MetricsRow:
+        """Iteration `it`'s update of credited trees (`prompts`: this process's, one per tree): NFT on every leaf's
+        advantage, or GRPO on the trained edges (every process's batch planned together); then its metrics row."""
+        cfg, d = self.cfg, self.d
+        cond = self.policy.encode(prompts)
+        if self.old is not None:
+            upd = self.update_nft(nft_batch(cfg, it, c, d.rank, cond), progress)
+            credited = c.leaf[c.whole.is_leaf()]  # NFT trains every leaf, on its advantage
+        else:
+            own = slice(c.starts[d.rank], c.starts[d.rank] + c.tree.num_nodes)
+            batch = Batch(c.tree, c.trained[own], c.edge[own], cond)
+            whole_plan = Batch(c.whole, c.trained, c.edge, {})
+            par = parallel_plan(whole_plan, cfg, it, c.starts, d, self.sharded) if d.active else None
+            upd = self.update(batch, update_generator(cfg, it), par, progress)
+            credited = c.edge[c.trained]
+        return metrics_row(c, it, credited, upd, self.opt.param_groups[0]["lr"])
+
+    def save(self, run: Path, main: bool = True) -> Path | None:
+        """The checkpoint of the run so far under run/checkpoints/step-N, written by the main process (a sharded
+        model's other ranks take part in gathering each tensor as it is written); its path there."""
+        ck = self.checkpoint({"config": self.cfg.to_dict()})
+        if main:
+            return save_checkpoint(run / rundir.CHECKPOINTS, ck, self.cfg.train.keep_last)
+        if self.sharded:
+            follow_checkpoint_gathers(ck)
+        return None
