@@ -95,7 +95,9 @@ def subtree_evals(b: int, j: int, splits: tuple[int, ...], steps: int, branch: i
     if j == len(splits) - 1:
         return b * (steps - 1 - splits[j])  # every leaf's chain after the last split
     seg = splits[j + 1] - splits[j]  # forwards of a child up to and including the next split
-    return sum(seg + subtree_evals(x, j + 1, splits, steps, branch) for x in share(b, c))
+    q, r = divmod(b, c)  # share(b, c) in closed form: r children of q + 1 leaves, c - r of q
+    more = r * (seg + subtree_evals(q + 1, j + 1, splits, steps, branch)) if r else 0
+    return more + (c - r) * (seg + subtree_evals(q, j + 1, splits, steps, branch))
 
 
 def tree_evals(shape: Shape, steps: int, branch: int) -> int:
