@@ -13,6 +13,8 @@
                                                            # its table names each variant's best rate
     python bench/study.py --report-only                    # the tables again, from the runs on disk
     python bench/study.py --plan ablation --labels X       # trains X only; the table is still the whole plan's
+    python bench/study.py --plan adaptive --seeds 0 1 2 3 4 # adaptive trees against branch-mix-flow, after the
+                                                           # sweep --plan adaptive-lr --seeds 100 (adaptive-video)
     python bench/study.py --rerun dance-grpo --seeds 0     # one run again in a fresh folder: its metrics rows
                                                            # must equal the first one's (timings aside) on
                                                            # the same CPU (another instruction set moves the
@@ -175,6 +177,88 @@ PLANS: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
 BEST_BRANCH = f"{at_best('branch-mix')}/flow-noise+window-0-9"
 PLANS["best-lr"][BEST_BRANCH] = PLANS["ablation"][BEST_BRANCH]
 
+# Adaptive trees (docs/methods.md, "Adaptive trees"): TreePO's dynamic rollout, per-prompt budgets and TMPO's moving
+# split steps, one factor at a time from branch-mix-flow (and from tree-grpo on the video world), the flat baseline
+# with per-prompt budgets, then combinations. Each variant trains at its best rate of the 3-value sweep at seed 100
+# (--plan adaptive-lr / adaptive-video-lr), read from that sweep's results; the labels stay bare (the rate is a --set).
+#   python bench/study.py --plan adaptive-lr --seeds 100 --work runs/study-adaptive
+#   python bench/study.py --plan adaptive --seeds 0 1 2 3 4 --work runs/study-adaptive     # vs branch-mix-flow, +0.25
+#   python bench/study.py --plan adaptive-video-lr --seeds 100 --work runs/study-adaptive-video --tflops 24
+#   python bench/study.py --plan adaptive-video --seeds 0 1 2 3 4 --work runs/study-adaptive-video --tflops 24
+ADAPTIVE_FACTORS: dict[str, tuple[str, ...]] = {
+    "dynamic-reward": ('tree.dynamic="reward"',),  # TreePO: predicted ties stop, hand their budget over, fall back
+    "dynamic-distance": ('tree.dynamic="distance"', "tree.stop_tol=0.4"),  # the same from x0 distances, no reward call
+    "early-stop": ('tree.dynamic="reward"', "tree.transfer=false"),  # stops keep the forwards they would have spent
+    "budget": ('budget.mode="spread"',),  # leaves over prompts by their estimated reward spread
+    "budget-replace": ('budget.mode="spread"', "budget.replace_after=2"),  # and tied prompts replaced (DAPO)
+    # TMPO: dense early splits spreading out over the first 150 iterations (a run stops on FLOPs, near 180), jittered
+    "splits-progress": (
+        'splits.kind="progress"',
+        "splits.early=[0,1,2,3]",
+        "splits.late=[0,3,6,9]",
+        "splits.over=150",
+        "splits.kappa=6.0",
+    ),
+    "splits-adaptive": ('splits.kind="adaptive"', "splits.kappa=4.0"),  # per prompt: low reward splits earlier
+}
+ADAPTIVE_RATES = ("3e-5", WORLD_LR, "3e-4")
+# TreePO's "repetitive branch" stop on treepo's low-noise tree: siblings whose x0-predictions lie within a tenth of
+# their RMS (at 0.2 nearly every split-3 pair of the embedded world counts as one)
+TREEPO_DYNAMIC = ('tree.dynamic="distance"', "tree.stop_tol=0.1")
+
+
+def adaptive_variants(video: bool) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """The adaptive study's variants without their rates: baselines, one factor at a time, combinations."""
+    world = ('model="tiny-shapes-video"',) if video else ()
+    out = {
+        "branch-mix-flow": ("branch-mix-flow", world),
+        "tree-grpo": ("tree-grpo", world),
+        "dance-grpo": ("dance-grpo", world),
+        "dance-grpo/budget": ("dance-grpo", (*world, *ADAPTIVE_FACTORS["budget"])),
+    }
+    out |= {f"branch-mix-flow/{k}": ("branch-mix-flow", (*world, *v)) for k, v in ADAPTIVE_FACTORS.items()}
+    combos = [("budget", "dynamic-reward"), ("budget", "splits-progress")]
+    if not video:  # TreePO's whole method against its preset (sub-group advantages alone): treepo's default
+        out |= {"treepo": ("treepo", ()), "treepo/dynamic": ("treepo", TREEPO_DYNAMIC)}
+    if video:  # tree-grpo leads the video world; its window schedule owns the split steps (no [splits] there)
+        out |= {f"tree-grpo/{k}": ("tree-grpo", (*world, *ADAPTIVE_FACTORS[k])) for k in ("dynamic-reward", "budget")}
+        combos = [("budget", "dynamic-reward")]
+    for names in combos:
+        out[f"branch-mix-flow/{'+'.join(names)}"] = (
+            "branch-mix-flow",
+            (*world, *(x for n in names for x in ADAPTIVE_FACTORS[n])),
+        )
+    return out
+
+
+FIXED_RATES = {"tree-grpo": "3e-5"}  # image world: tree-grpo at its swept rate (BEST_LR); dance-grpo at the world's
+
+
+def adaptive_plan(video: bool) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """Every variant at its best rate of the sweep (the trained weights' final gain), once the sweep's results are
+    in bench/results; before that, at the world's rate (main() says so)."""
+    sweep = RESULTS / f"study-adaptive{'-video' if video else ''}-lr.json.gz"
+    best: dict[str, str] = {}
+    if sweep.exists():
+        for base, g in sweep_gains(json.loads(gzip.decompress(sweep.read_bytes()))["runs"]).items():
+            best[base] = max(g, key=lambda k: g[k][1] if g[k][1] is not None else g[k][0])
+    fixed = {} if video else FIXED_RATES
+    return {
+        label: (preset, (*sets, f"train.lr={best.get(label, fixed.get(label, WORLD_LR))}"))
+        for label, (preset, sets) in adaptive_variants(video).items()
+    }
+
+
+for _video, _name in ((False, "adaptive"), (True, "adaptive-video")):
+    PLANS[f"{_name}-lr"] = {  # the sweep: every variant but the fixed-rate baselines, 3 rates
+        f"{label}@lr{lr}": (preset, (*sets, f"train.lr={lr}"))
+        for label, (preset, sets) in adaptive_variants(_video).items()
+        if _video or label not in FIXED_RATES and label != "dance-grpo"
+        for lr in ADAPTIVE_RATES
+    }
+# each adaptive plan's baseline and target gain (trained weights), in bench/results/study-adaptive[-video].{json.gz,md}
+PLAN_DEFAULTS = {"adaptive": ("branch-mix-flow", 0.25), "adaptive-video": ("tree-grpo", 0.10)}
+
 
 def train_args(preset: str, sets: tuple[str, ...], seed: int, run: Path, tflops: float) -> list[str]:
     budget = [f"train.max_tflops={tflops}", f"train.eval_every_tflops={tflops / 8}"]
@@ -200,7 +284,14 @@ def run_metrics(run: Path) -> dict[str, float]:
         f"early/{k}": sum(x.get(k, 0.0) for x in rows[:quarter]) / quarter
         for k in ("zero_std_ratio", "reward_group_std", "trained_edges")
     }
+    spent, saved = sum(x.get("flops", 0) for x in rows), sum(x.get("flops_saved", 0) for x in rows)
+    adaptive = {  # over the whole run: what savings_table reports (0 where a run has no adaptive trees)
+        f"run/{k}": sum(float(x.get(k, 0.0)) for x in rows) / len(rows)
+        for k in ("zero_std_ratio", "early_stops", "fallbacks", "replaced")
+    }
     return {
+        **adaptive,
+        "run/flops_saved_share": saved / max(spent + saved, 1),
         "optimizer_steps_per_iteration": sum(x.get("optimizer_steps", 0) for x in rows) / len(rows),
         "tflops_per_iteration": rows[-1]["flops_total"] / len(rows) / 1e12,
         "reward_group_std": sum(x.get("reward_group_std", 0.0) for x in rows) / len(rows),
@@ -265,8 +356,9 @@ def report(rows: list[dict], work: Path, args: argparse.Namespace) -> dict:
     from treegrpo_cli.report.compare import compare_runs, to_dict
     from treegrpo_cli.report.compare_page import write_report
 
-    name = f"study-{args.plan}" + ("" if args.baseline == "dance-grpo" else f"-vs-{args.baseline}")
-    name += "" if args.target is None else f"-target{args.target:g}"
+    own_base, own_target = PLAN_DEFAULTS.get(args.plan, ("dance-grpo", None))
+    name = f"study-{args.plan}" + ("" if args.baseline == own_base else f"-vs-{args.baseline}")
+    name += "" if args.target is None or args.target == own_target else f"-target{args.target:g}"
     folders, labels = [Path(r["run_dir"]) for r in rows], [r["label"] for r in rows]
     result = {
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -293,6 +385,7 @@ def report(rows: list[dict], work: Path, args: argparse.Namespace) -> dict:
     md = table(result) + cost_table(result) + cost_table(result, raw=True)
     md += sweep_table(rows) if args.plan == "lr" else ""
     md += factor_table(rows) + signal_table(result) if args.plan == "ablation" else ""
+    md += signal_table(result) + savings_table(result) if args.plan in PLAN_DEFAULTS else ""
     (RESULTS / f"{name}.md").write_text(md)
     return result
 
@@ -458,6 +551,27 @@ def signal_table(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def savings_table(result: dict) -> str:
+    """What the adaptive trees did over each whole run (mean over seeds): tied groups and within-group reward std
+    over all iterations, early stops and fallbacks an iteration, the share of the run's denoiser FLOPs the stops
+    saved against the same trees undisturbed, prompts replaced an iteration."""
+    keys = ("run/zero_std_ratio", "reward_group_std", "run/early_stops", "run/fallbacks", "run/flops_saved_share")
+    stats = {k: per_label(result, k) for k in (*keys, "run/replaced")}
+    avg = {k: {label: sum(v) / len(v) for label, v in by.items()} for k, by in stats.items()}
+    lines = [
+        "\nOver whole runs (mean over seeds): ties, spread, and what the adaptive trees did an iteration:\n",
+        "| variant | tied groups | within-group reward std | early stops | fallbacks | FLOPs saved by stops "
+        "| prompts replaced |\n|---|---|---|---|---|---|---|",
+    ]
+    for label, tied in avg["run/zero_std_ratio"].items():
+        lines.append(
+            f"| {label} | {tied:.2f} | {avg['reward_group_std'][label]:.3f} | {avg['run/early_stops'][label]:.1f} "
+            f"| {avg['run/fallbacks'][label]:.1f} | {100 * avg['run/flops_saved_share'][label]:.1f}% "
+            f"| {avg['run/replaced'][label]:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def _tflops(value: float | None) -> str:
     """The mean curve's denoiser TFLOPs to the target (eval weights), or never."""
     return "never" if value is None else f"{value:.1f}"
@@ -499,9 +613,16 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=None, help="default: runs/study-core, for every plan")
     ap.add_argument("--report-only", action="store_true")
     ap.add_argument("--rerun", default=None, help="a variant to run again at the first --seed")
-    ap.add_argument("--baseline", default="dance-grpo", help="the variant whose final gain is the target")
+    ap.add_argument(
+        "--baseline",
+        default=None,
+        help="the variant whose final gain is the target (default: dance-grpo; an adaptive plan's own)",
+    )
     ap.add_argument("--target", type=float, default=None, help="a held-out gain to time every variant to instead")
     args = ap.parse_args()
+    args.baseline = args.baseline or PLAN_DEFAULTS.get(args.plan, ("dance-grpo", None))[0]
+    if args.target is None and args.plan in PLAN_DEFAULTS:
+        args.target = PLAN_DEFAULTS[args.plan][1]
     args.work = args.work or Path("runs/study-core")
     args.work.mkdir(parents=True, exist_ok=True)
 
@@ -510,6 +631,8 @@ def main() -> None:
 
     if args.rerun:
         return rerun(args.rerun, args.seeds[0], args, log)
+    if args.plan in PLAN_DEFAULTS and not (RESULTS / f"study-{args.plan}-lr.json.gz").exists():
+        log(f"no bench/results/study-{args.plan}-lr.json.gz (--plan {args.plan}-lr --seeds 100): the world's rate")
     plan = {k: v for k, v in PLANS[args.plan].items() if args.labels is None or k in args.labels}
     jobs = [(label, *plan[label], seed) for seed in args.seeds for label in plan]  # seed by seed
     if not args.report_only:
@@ -527,6 +650,8 @@ def main() -> None:
     report(rows, args.work, args)
     log(f"wrote bench/results/study-{args.plan}*.json.gz and .md ({len(rows)} runs)")
 
+
+PLANS["adaptive"], PLANS["adaptive-video"] = adaptive_plan(False), adaptive_plan(True)  # the sweeps' rates, if run
 
 if __name__ == "__main__":
     main()

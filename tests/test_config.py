@@ -11,6 +11,8 @@ ALL = [
     "branch-late",
     "branch-mix",
     "branch-mix-flow",
+    "branch-mix-flow-budget",
+    "branch-mix-flow-moving-splits",
     "branch-widpru",
     "dance-grpo",
     "flow-grpo",
@@ -20,6 +22,7 @@ ALL = [
     "tree-grpo-mean",
     "tree-nft",
     "treepo",
+    "treepo-dynamic",
 ]
 
 

@@ -32,9 +32,9 @@ def run(*args):
     return r
 
 
-def online(preset: str, iteration: int, monkeypatch) -> dict:
+def online(preset: str, iteration: int, monkeypatch, extra: tuple[str, ...] = ()) -> dict:
     """One Trainer.iteration at `iteration` from the initial weights; what it scored, credited and learned."""
-    cfg = load_config(preset, sets=SETS)
+    cfg = load_config(preset, sets=[*SETS, *extra])
     seen: dict = {}
     real_score, real_update = overlap.score_leaves, grpo_update
 
@@ -50,14 +50,14 @@ def online(preset: str, iteration: int, monkeypatch) -> dict:
     monkeypatch.setattr("treegrpo_cli.training.trainer.grpo_update", update)
     trainer = Trainer(cfg, "cpu")
     trainer.step = iteration
-    trainer.iteration(load_prompts(cfg.rollout.prompts), lambda *a: None)
+    seen["row"] = trainer.iteration(load_prompts(cfg.rollout.prompts), lambda *a: None)
     seen["weights"] = trainer.policy.trainable_state()
     return seen
 
 
-def staged(preset: str, iteration: int, tmp_path: Path) -> dict:
+def staged(preset: str, iteration: int, tmp_path: Path, extra: tuple[str, ...] = ()) -> dict:
     trees, run_dir = tmp_path / "trees", tmp_path / "run"
-    sets = [x for s in SETS for x in ("--set", s)]
+    sets = [x for s in (*SETS, *extra) for x in ("--set", s)]
     run("rollout", "--preset", preset, *sets, "--iteration", iteration, "--out", trees)
     run("score", trees)
     out = run("train", "--trees", trees, "--run-dir", run_dir, "--json")
@@ -71,11 +71,29 @@ def staged(preset: str, iteration: int, tmp_path: Path) -> dict:
     return {"tree": shards[0].tree, "images": shards[0].leaf_image, "rewards": rewards, "adv": adv, "weights": ck.model}
 
 
+DYNAMIC = {  # TreePO's dynamic rollout: the x0-predictions' rewards (a judge in the rollout stage too), or distances
+    "reward": ('tree.dynamic="reward"', "tree.stop_tol=0.05"),
+    "distance": ('tree.dynamic="distance"', "tree.stop_tol=1.0"),
+}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("preset,iteration", [("branch", 0), ("tree-grpo", 1), ("mix-grpo", 26), ("dance-grpo", 2)])
-def test_staged_equals_online(preset, iteration, tmp_path, monkeypatch):
-    a = online(preset, iteration, monkeypatch)
-    b = staged(preset, iteration, tmp_path)
+@pytest.mark.parametrize(
+    "preset,iteration,extra",
+    [
+        ("branch", 0, ()),
+        ("tree-grpo", 1, ()),
+        ("mix-grpo", 26, ()),
+        ("dance-grpo", 2, ()),
+        ("branch", 1, DYNAMIC["reward"]),
+        ("tree-grpo", 2, DYNAMIC["distance"]),
+    ],
+)
+def test_staged_equals_online(preset, iteration, extra, tmp_path, monkeypatch):
+    a = online(preset, iteration, monkeypatch, extra)
+    b = staged(preset, iteration, tmp_path, extra)
+    if extra:  # the dynamic rollout stopped paths: an irregular tree, and its row says what the stops did
+        assert a["row"]["early_stops"] > 0 and {"evals_saved", "flops_saved", "zero_std_ratio"} <= set(a["row"])
     tree = a["batch"].tree
     for name, value in tree.tensors().items():
         torch.testing.assert_close(value, getattr(b["tree"], name), rtol=0, atol=0, equal_nan=True, msg=name)

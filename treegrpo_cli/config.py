@@ -15,12 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from .engine.advantages import AdvantageConfig
+from .engine.budgets import BudgetConfig
 from .engine.grpo import TrainConfig
 from .engine.nft import NFTConfig
 from .engine.pruning import PruneConfig
 from .engine.rollout import TreeConfig
 from .engine.schedules import ScheduleConfig
 from .engine.sde import MAX_STEPS, SamplerConfig
+from .engine.splits import SplitConfig, check_adaptive
 from .errors import ConfigError
 from .models.base import DTYPE_NAMES, PolicyConfig
 from .store.safeio import TooDeep, loads_toml, shown
@@ -106,6 +108,8 @@ SECTIONS: dict[str, type] = {
     "reward": RewardConfig,
     "rollout": RolloutConfig,
     "schedule": ScheduleConfig,
+    "splits": SplitConfig,
+    "budget": BudgetConfig,
     "train": TrainConfig,
     "nft": NFTConfig,
     "policy": PolicyConfig,
@@ -126,6 +130,8 @@ class Config:
     reward: RewardConfig = field(default_factory=RewardConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    splits: SplitConfig = field(default_factory=SplitConfig)  # split steps that move with training (engine/splits.py)
+    budget: BudgetConfig = field(default_factory=BudgetConfig)  # per-prompt leaf budgets (engine/budgets.py)
     train: TrainConfig = field(default_factory=TrainConfig)
     nft: NFTConfig = field(default_factory=NFTConfig)  # train.objective = "nft" only (engine/nft.py)
     policy: PolicyConfig = field(default_factory=PolicyConfig)  # diffusers models only (models/base.py)
@@ -138,6 +144,7 @@ class Config:
         self.pruning.validate()
         self.reward.weight_map()
         self.schedule.validate(self.sampler.steps, self.sampler.decode)
+        check_adaptive(self.tree, self.schedule.split, self.splits, self.budget, self.sampler)
         any_sde = (
             self.tree.sde_steps is None
             or bool(self.tree.sde_steps)
@@ -191,13 +198,21 @@ class Config:
 
     def largest_tree(self) -> TreeConfig:
         """The iteration tree with the most nodes: the static tree, or the schedule's window at its earliest
-        start (an earlier split leaves more steps at the wider width)."""
-        if self.schedule.kind == "static":
-            return self.tree
-        start = 0 if self.schedule.kind == "geometric" else self.schedule.start
-        window = tuple(range(start, start + self.schedule.window))
-        splits = {"none": self.tree.split_steps, "first": (start,), "all": window}[self.schedule.split]
-        return dataclasses.replace(self.tree, sde_steps=window, split_steps=splits)
+        start (an earlier split leaves more steps at the wider width); [splits] at their earliest steps, and the
+        widest per-prompt budget."""
+        tree = self.tree
+        if self.schedule.kind != "static":
+            start = 0 if self.schedule.kind == "geometric" else self.schedule.start
+            window = tuple(range(start, start + self.schedule.window))
+            splits = {"none": self.tree.split_steps, "first": (start,), "all": window}[self.schedule.split]
+            tree = dataclasses.replace(self.tree, sde_steps=window, split_steps=splits)
+        if self.splits.kind != "static":  # every split as early as it may go
+            m = len(self.splits.early) if self.splits.kind == "progress" else len(tree.split_steps)
+            tree = dataclasses.replace(tree, split_steps=tuple(range(m)))
+        if self.budget.mode != "off":
+            width = self.budget.bounds(tree.leaves(self.sampler.steps))[1]
+            tree = dataclasses.replace(tree, width=width, max_evals=0)
+        return tree
 
     def rollout_nodes(self, num_prompts: int | None = None) -> tuple[int, int]:
         """(nodes of one rollout, nodes per tree), in closed form; with a schedule, of its largest tree."""

@@ -357,6 +357,11 @@ def test_a_kept_run_carries_what_the_tables_read_and_its_files_hashes(tmp_path, 
         "early/zero_std_ratio": 0.4,
         "early/reward_group_std": 0.0,
         "early/trained_edges": 5.0,
+        "run/zero_std_ratio": 0.825,  # over the whole run (6.6 / 8), and what adaptive trees did (none here)
+        "run/early_stops": 0.0,
+        "run/fallbacks": 0.0,
+        "run/replaced": 0.0,
+        "run/flops_saved_share": 0.0,
     }
     data = (run / "metrics.jsonl").read_bytes()
     assert row["raw_files"]["metrics.jsonl"] == {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}

@@ -118,6 +118,10 @@ SECTION_DOCS = {
     "reward": "What scores the leaves and how several rewards combine (rewards/).",
     "rollout": "Prompts per iteration, batch sizes and the rollout's memory caps.",
     "schedule": "SDE windows that move with training: MixGRPO's progressive window, TreeGRPO's (engine/schedules.py).",
+    "splits": "Split steps that move with training: TMPO's progress schedule and its per-prompt adaptive one "
+    "(engine/splits.py).",
+    "budget": "Per-prompt leaf budgets from each prompt's estimated reward spread, tied prompts replaced "
+    "(engine/budgets.py).",
     "train": "The update, its optimizer and schedule, the EMA, checkpoints, held-out evaluation and budgets "
     "(engine/grpo.py).",
     "nft": 'DiffusionNFT, used when train.objective = "nft" (engine/nft.py).',

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from ..errors import ConfigError
+from .dynamic import HEURISTICS, Judge, Shape, TreeBudgets, check_shape, split_counts, tree_evals
 from .protocols import Kernel, Policy, select
 from .tree import Tree
 
@@ -46,6 +47,15 @@ class TreeConfig:
     sde_steps: tuple[int, ...] | None = None  # stochastic steps (None = all); split steps are always SDE
     trees_per_prompt: int = 1  # trees per prompt, each with its own root noise
     init_same_noise: bool = False  # one root noise for every tree of the rollout
+    # TreePO's dynamic rollout and leaf budgets (engine/dynamic.py); the defaults keep the fixed tree
+    dynamic: str = "off"  # "off" | "reward": x0-predictions' rewards | "distance": their RMS distance (no reward call)
+    stop_tol: float = (
+        0.0  # dynamic: within this of an earlier active node of the tree = a predicted tie: stop branching
+    )
+    transfer: bool = True  # dynamic: stopped paths hand their spare leaf budget to the tree's active nodes
+    fallback: bool = True  # dynamic: a tree with no active node left re-activates its first stopped node (keeps width)
+    width: int = 0  # leaves per tree; 0: the fixed tree's branch ** (split steps)
+    max_evals: int = 0  # cap on one tree's forwards, never exceeded; 0: those of the undisturbed tree of `width`
 
     def validate(self, steps: int, decode: str) -> None:
         bad = [s for s in self.split_steps if not 0 <= s < steps]
@@ -73,6 +83,35 @@ class TreeConfig:
             )
         if self.sde_steps is not None and any(not 0 <= s < steps for s in self.sde_steps):
             raise ConfigError(f"tree.sde_steps {list(self.sde_steps)} outside 0..{steps - 1}")
+        self._validate_budget(steps)
+
+    def _validate_budget(self, steps: int) -> None:
+        if self.dynamic not in HEURISTICS:
+            raise ConfigError(f"tree.dynamic must be one of {', '.join(HEURISTICS)}; got {self.dynamic!r}")
+        if not (self.stop_tol >= 0 and math.isfinite(self.stop_tol)):
+            raise ConfigError(f"tree.stop_tol must be finite and >= 0, got {self.stop_tol}")
+        for name in ("width", "max_evals"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"tree.{name} must be >= 0 (0: the fixed tree's), got {getattr(self, name)}")
+        if self.width > 1 and not self._splits(steps):
+            raise ConfigError(f"tree.width = {self.width} needs split steps (a tree without splits has one leaf)")
+        if self.dynamic != "off" and len(self._splits(steps)) < 2:
+            raise ConfigError("tree.dynamic decides at the split steps after the first: it needs >= 2 split steps")
+        need = tree_evals(self.shape(steps), steps, self.branch)
+        if self.max_evals and self.max_evals < need:
+            raise ConfigError(
+                f"tree.max_evals = {self.max_evals} is below the {need} forwards of the tree itself (width "
+                f"{self.shape(steps).width}); raise it or set 0"
+            )
+
+    def budgeted(self) -> bool:
+        """Trees built from leaf budgets (engine/dynamic.py) rather than K children at every split."""
+        return self.dynamic != "off" or self.width > 0 or self.max_evals > 0
+
+    def shape(self, steps: int, width: int | None = None) -> Shape:
+        """The tree's shape: its split steps and leaf budget (width, else tree.width, else the fixed tree's)."""
+        splits = tuple(self._splits(steps))
+        return Shape(splits, width or self.width or self.branch ** len(splits))
 
     def is_sde(self, step: int) -> bool:
         return self.sde_steps is None or step in self.sde_steps or step in self.split_steps
@@ -82,7 +121,9 @@ class TreeConfig:
 
     def model_evals(self, steps: int) -> int:
         """Forwards per tree: one per node at depths 0..T-1, in closed form (no loop over the steps, so a
-        bound on the count can be checked before the steps are)."""
+        bound on the count can be checked before the steps are); a budgeted tree's cap."""
+        if self.budgeted():
+            return self.max_evals or tree_evals(self.shape(steps), steps, self.branch)
         total, width, done = 0, 1, 0
         for s in self._splits(steps):  # steps done..s run at this width, then every node splits
             total += width * (s + 1 - done)
@@ -91,7 +132,8 @@ class TreeConfig:
         return total + width * (steps - done)
 
     def leaves(self, steps: int) -> int:
-        return self.branch ** len(self._splits(steps))
+        """Leaves per tree (a budgeted tree's most: a dynamic one without transfer may end with fewer)."""
+        return self.width or self.branch ** len(self._splits(steps))
 
     def _splits(self, steps: int) -> list[int]:
         return sorted({s for s in self.split_steps if 0 <= s < steps})
@@ -155,6 +197,8 @@ class _Level:
     latent: list[Tensor] = field(default_factory=list)
     log_prob: list[Tensor] = field(default_factory=list)
     x0: list[Tensor] = field(default_factory=list)
+    budget: list[int] = field(default_factory=list)  # each node's leaf budget (engine/dynamic.py)
+    sde_in: list[bool] = field(default_factory=list)  # the edge into the node was a stochastic step with noise
     prev_x0: Tensor | None = None  # [F, ...] the parents' x0-predictions (a multistep solver's history), on device
 
 
@@ -165,6 +209,7 @@ def _roots(
     shape: tuple[int, ...],
     earlier_ids: list[int] | tuple[int, ...] = (),
     device: torch.device | str = "cpu",
+    widths: list[int] | None = None,
 ) -> _Level:
     """One root per tree. Its seed (which all its descendants' seeds derive from) is unique per
     (prompt id, tree); with init_same_noise only the root *latent* is shared by every tree."""
@@ -182,6 +227,8 @@ def _roots(
             lvl.seed.append(s)
             lvl.latent.append(shared.clone() if shared is not None else node_noise(s, shape, device))
             lvl.log_prob.append(torch.tensor(float("nan")))
+            lvl.budget.append(widths[p] if widths else 1)
+            lvl.sde_in.append(False)
     return lvl
 
 
@@ -195,34 +242,68 @@ def _forward(policy: Policy, x: Tensor, sigma: Tensor, cond, rows: Tensor, max_b
     return torch.cat(out)
 
 
-def _expand(cfg: TreeConfig, sde: Kernel, step: int, lvl: _Level, first_id: int, v: Tensor, x: Tensor) -> _Level:
+def _noised(cfg, sde: Kernel, lvl: _Level, kids, noisy: list[bool], kid_sde: list[bool], std0, reps, mean, shape):
+    """The children's latents and log-probs [sum(counts)]: each SDE node's children get noise from their own seeds
+    (correlated siblings) and one batched Gaussian step; an ODE node's children are its mean (log-prob NaN)."""
+    dev = mean.device
+    lat, lp = mean, torch.full((mean.shape[0],), float("nan"), device=dev)
+    if not any(noisy):
+        return lat, lp
+    xi = torch.cat([branch_noise(cfg, lvl.seed[f], kids[f], shape, dev) for f in range(len(noisy)) if noisy[f]])
+    std = std0.to(dev).repeat_interleave(reps)  # [sum(counts)]
+    view = (-1, *([1] * (mean.dim() - 1)))
+    if all(noisy):
+        lat = mean + std.view(view) * xi
+        return lat, sde.log_prob(lat, mean, std)
+    rows = torch.tensor(kid_sde, device=dev).nonzero().flatten()  # some trees split here, others do not
+    lat = mean.clone()
+    lat[rows] = mean[rows] + std[rows].view(view) * xi
+    lp[rows] = sde.log_prob(lat[rows], mean[rows], std[rows])
+    return lat, lp
+
+
+def _expand(
+    cfg: TreeConfig,
+    sde: Kernel,
+    step: int,
+    lvl: _Level,
+    first_id: int,
+    v: Tensor,
+    x: Tensor,
+    trees: TreeBudgets,
+    judge: Judge | None = None,
+) -> _Level:
     """Children of every node of one frontier, from the batched velocity v [F, C, H, W]. Everything stays
     on x's device: the means, each node's noise (from its own seed), the Gaussian step and the log-probs."""
-    n, K, dev = x.shape[0], cfg.children(step), x.device
-    is_sde = cfg.is_sde(step) and sde.has_noise(step)
-    res = sde.step(x, v, torch.full((n,), step, dtype=torch.long), torch.full((n,), is_sde), lvl.prev_x0)
-    mean = res.mean.repeat_interleave(K, dim=0)  # [F*K, C, H, W]
-    kids = [[mix_seed(s, c) for c in range(K)] for s in lvl.seed]  # per node, its K child seeds
-    if is_sde:  # noise per node from its own generators, then one batched Gaussian step and log-prob
-        xi = torch.cat([branch_noise(cfg, s, k, tuple(x.shape[1:]), dev) for s, k in zip(lvl.seed, kids, strict=True)])
-        std = res.std.to(dev).repeat_interleave(K)  # [F*K]
-        lat = mean + std.view(-1, *([1] * (mean.dim() - 1))) * xi
-        lp = sde.log_prob(lat, mean, std)
-    else:
-        lat, lp = mean, torch.full((n * K,), float("nan"), device=dev)
+    n, dev = x.shape[0], x.device
+    noisy = [
+        (cfg.sde_steps is None or step in cfg.sde_steps or step in trees.shapes[t].split_steps) and sde.has_noise(step)
+        for t in lvl.tree
+    ]
+    mixed = 0 < sum(noisy) < n
+    if mixed and sde.cfg.solver != "euler":
+        raise ConfigError("trees of one batch with different split steps need sampler.solver = 'euler'")
+    res = sde.step(x, v, torch.full((n,), step, dtype=torch.long), torch.tensor(noisy), lvl.prev_x0)
+    counts, budgets = split_counts(cfg, step, sde.cfg.steps, lvl.tree, lvl.budget, res.x0, trees, judge)
+    reps = torch.tensor(counts, device=dev)
+    mean = res.mean.repeat_interleave(reps, dim=0)  # [sum(counts), C, H, W]
+    kids = [[mix_seed(s, c) for c in range(k)] for s, k in zip(lvl.seed, counts, strict=True)]  # child seeds
+    kid_sde = [z for z, k in zip(noisy, counts, strict=True) for _ in range(k)]
+    lat, lp = _noised(cfg, sde, lvl, kids, noisy, kid_sde, res.std, reps, mean, tuple(x.shape[1:]))
     last = step == sde.cfg.steps - 1
-    x0 = res.x0.repeat_interleave(K, dim=0) if last else None
     nxt = _Level()
     for f in range(n):
-        for c in range(K):
+        for c in range(counts[f]):
             nxt.parent.append(first_id + f)
             nxt.tree.append(lvl.tree[f])
             nxt.child.append(c)
             nxt.seed.append(kids[f][c])
+        nxt.budget += budgets[f]
+    nxt.sde_in = kid_sde
     nxt.latent, nxt.log_prob = list(lat.unbind(0)), list(lp.unbind(0))
-    nxt.x0 = list(x0.unbind(0)) if x0 is not None else []  # the last step's
-    if sde.cfg.solver != "euler" and not is_sde:  # a stochastic step restarts the multistep history
-        nxt.prev_x0 = res.x0.repeat_interleave(K, dim=0)
+    nxt.x0 = list(res.x0.repeat_interleave(reps, dim=0).unbind(0)) if last else []  # the last step's
+    if sde.cfg.solver != "euler" and not any(noisy):  # a stochastic step restarts the multistep history
+        nxt.prev_x0 = res.x0.repeat_interleave(reps, dim=0)
     return nxt
 
 
@@ -238,7 +319,34 @@ def _offload(lvl: _Level) -> _Level:
         out.copy_(stacked, non_blocking=True)
         return list(out.unbind(0))
 
-    return _Level(lvl.parent, lvl.tree, lvl.child, lvl.seed, host(lvl.latent), host(lvl.log_prob), host(lvl.x0))
+    return _Level(
+        lvl.parent,
+        lvl.tree,
+        lvl.child,
+        lvl.seed,
+        host(lvl.latent),
+        host(lvl.log_prob),
+        host(lvl.x0),
+        lvl.budget,
+        lvl.sde_in,
+    )
+
+
+def _trees(cfg: TreeConfig, prompts: list[str], steps: int, decode: str, shapes: list[Shape] | None) -> TreeBudgets:
+    """Each tree's shape (one per prompt, its trees alike; None: the config's), cap on forwards and prompt."""
+    shapes = shapes or [cfg.shape(steps)] * len(prompts)
+    if len(shapes) != len(prompts):
+        raise ConfigError(f"{len(shapes)} tree shapes for {len(prompts)} prompts")
+    for sh in shapes:
+        check_shape(sh, steps)
+        if decode == "x0" and steps - 1 in sh.split_steps:
+            raise ConfigError(f"a split at the last step {steps - 1} yields identical images when decoding x0")
+    per_tree = [sh for sh in shapes for _ in range(cfg.trees_per_prompt)]
+    own = [tree_evals(sh, steps, cfg.branch) for sh in per_tree]
+    cap = [cfg.max_evals or e for e in own]
+    if any(e > c for e, c in zip(own, cap, strict=True)):
+        raise ConfigError(f"a tree of {max(own)} forwards is over tree.max_evals = {cfg.max_evals}")
+    return TreeBudgets(per_tree, cap, [0] * len(per_tree), [p for p in prompts for _ in range(cfg.trees_per_prompt)])
 
 
 def rollout(
@@ -252,10 +360,15 @@ def rollout(
     max_batch: int = 64,
     progress: Progress | None = None,
     earlier_ids: list[int] | tuple[int, ...] = (),
+    shapes: list[Shape] | None = None,
+    judge: Judge | None = None,
+    stats: dict[str, int] | None = None,
 ) -> tuple[Tree, int]:
     """Roll out trees_per_prompt trees for every prompt. Returns the tree batch and its model evaluations.
     earlier_ids: the prompt ids of earlier parts of the same batch rolled out separately (shards), so that a
-    prompt listed more than once gets the same further trees as in one call."""
+    prompt listed more than once gets the same further trees as in one call. shapes: each prompt's split steps
+    and leaf budget (None: the config's); judge: scores x0-predictions for tree.dynamic = "reward"; stats, if
+    given, has what the dynamic rollout did added to it (early_stops, fallbacks, judged_images, evals_fixed, ...)."""
     T = sde.cfg.steps
     cfg.validate(T, sde.cfg.decode)
     if max_batch < 1:
@@ -263,7 +376,9 @@ def rollout(
     shape = tuple(policy.latent_shape)
     device = next(iter(policy.trainable_parameters())).device
     cond = policy.encode(prompts)
-    frontier = _roots(cfg, prompt_ids, seed, shape, earlier_ids, device)
+    trees = _trees(cfg, prompts, T, sde.cfg.decode, shapes)
+    widths = [sh.width for sh in trees.shapes[:: cfg.trees_per_prompt]]
+    frontier = _roots(cfg, prompt_ids, seed, shape, earlier_ids, device, widths)
     levels, first_ids, nfe = [], [0], 0
     for i in range(T):
         lvl = frontier
@@ -272,20 +387,33 @@ def rollout(
         sigma = torch.full((x.shape[0],), float(sde.sigmas[i]), device=device)
         v = _forward(policy, x, sigma, cond, rows, max_batch)
         nfe += x.shape[0] * policy.evals_per_row
+        for t in lvl.tree:
+            trees.spent[t] += 1
         first_ids.append(first_ids[-1] + len(lvl.parent))
-        frontier = _expand(cfg, sde, i, lvl, first_ids[-2], v, x)
+        frontier = _expand(cfg, sde, i, lvl, first_ids[-2], v, x, trees, judge)
         levels.append(_offload(lvl))
         if progress:
             progress("rollout", i + 1, T)
     levels.append(_offload(frontier))
     if device.type == "cuda":
         torch.cuda.current_stream(device).synchronize()  # the pinned copies have landed
+    if any(s > c for s, c in zip(trees.spent, trees.cap, strict=True)):
+        raise RuntimeError(f"a tree ran past its cap on forwards: {trees.spent} > {trees.cap}")
+    if stats is not None:
+        _add_stats(stats, trees, T, cfg.branch, policy.evals_per_row, nfe)
     return _assemble(levels, cfg, sde, prompt_ids), nfe
+
+
+def _add_stats(stats: dict[str, int], trees: TreeBudgets, steps: int, branch: int, per_row: int, nfe: int) -> None:
+    """What the dynamic rollout did, added to `stats` (a batch may be rolled out in several calls: chunks, shards)."""
+    fixed = sum(tree_evals(sh, steps, branch) for sh in trees.shapes) * per_row
+    for key, n in {**trees.stats, "evals_fixed": fixed, "evals_saved": fixed - nfe}.items():
+        stats[key] = stats.get(key, 0) + n
 
 
 def _assemble(levels: list[_Level], cfg: TreeConfig, sde: Kernel, prompt_ids: list[int]) -> Tree:
     depth = torch.cat([torch.full((len(lvl.parent),), d, dtype=torch.long) for d, lvl in enumerate(levels)])
-    sde_edge = torch.tensor([d > 0 and cfg.is_sde(d - 1) and sde.has_noise(d - 1) for d in depth.tolist()])
+    sde_edge = torch.tensor([z for lvl in levels for z in lvl.sde_in], dtype=torch.bool)
     last = levels[-1]
     image = torch.stack(last.x0) if sde.cfg.decode == "x0" else torch.stack(last.latent)  # host tensors
     tree_prompt = torch.tensor(prompt_ids, dtype=torch.long).repeat_interleave(cfg.trees_per_prompt)

@@ -18,6 +18,7 @@ from typing import Any, cast
 
 import torch
 
+from ..engine.dynamic import Judge, Shape
 from ..engine.protocols import Policy
 from ..engine.rollout import Progress, TreeConfig, rollout
 from ..engine.tree import Tree, cat_trees
@@ -31,6 +32,7 @@ class Scored:
     nfe: int
     scores: dict[str, torch.Tensor]  # {name: [L]} in the tree's leaf order
     seconds: dict[str, float] = field(default_factory=dict)  # rollout, score (exposed), score_busy
+    dynamic: dict[str, int] = field(default_factory=dict)  # what the dynamic rollout did (engine.rollout's stats)
 
 
 def chunk_count(setting: int, reward_names: list[str]) -> int:
@@ -86,12 +88,14 @@ def rollout_and_score(
     rewards: dict[str, Any],
     chunks: int,
     progress: Progress | None = None,
+    shapes: list[Shape] | None = None,  # per prompt of `mine` (engine/dynamic.py); None: the config's tree
+    judge: Judge | None = None,  # tree.dynamic = "reward": scores x0-predictions
 ) -> Scored:
     size = max(1, -(-len(mine) // max(chunks, 1)))  # prompts per chunk
     starts = list(range(0, len(mine), size)) or [0]
     trees: list[Tree] = []
     pending: list[Future] = []
-    nfe = 0
+    nfe, stats = 0, dict[str, int]()
     t0 = time.perf_counter()
     pool = ThreadPoolExecutor(1, thread_name_prefix="treegrpo-score")
     ticks = ScoreTicks(progress)
@@ -109,6 +113,9 @@ def rollout_and_score(
                 max_batch=max_batch,
                 progress=progress,
                 earlier_ids=[*earlier, *mine[:a]],
+                shapes=shapes[a : a + size] if shapes else None,
+                judge=judge,
+                stats=stats,
             )
             trees.append(tree)
             nfe += n
@@ -129,8 +136,8 @@ def rollout_and_score(
     busy = sum(s for _, s in results)
     whole = trees[0] if len(trees) == 1 else cat_trees(trees)
     if len(starts) == 1:  # the rollout phase did the scoring: split it back out
-        return Scored(whole, nfe, scores, {"rollout": t1 - t0 - busy, "score": busy, "score_busy": busy})
-    return Scored(whole, nfe, scores, {"rollout": t1 - t0, "score": t2 - t1, "score_busy": busy})
+        return Scored(whole, nfe, scores, {"rollout": t1 - t0 - busy, "score": busy, "score_busy": busy}, stats)
+    return Scored(whole, nfe, scores, {"rollout": t1 - t0, "score": t2 - t1, "score_busy": busy}, stats)
 
 
 def _raise_failed(pending: list[Future]) -> None:

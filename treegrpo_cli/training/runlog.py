@@ -99,6 +99,14 @@ class MetricsRow(TypedDict, total=False):
     pad_chunks: int
     ema_updates: int
     old_decay: float
+    # adaptive trees (docs/methods.md 16): the dynamic rollout's stops, fallbacks and x0-predictions scored, the
+    # forwards and FLOPs its stops saved against the same trees undisturbed, prompts the budget replaced
+    early_stops: int
+    fallbacks: int
+    judged_images: int
+    evals_saved: int
+    flops_saved: int
+    replaced: int
     # the machine's (TIMING_FIELDS) and the run's compute so far
     seconds: Seconds
     peak_mib: float

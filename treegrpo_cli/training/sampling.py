@@ -19,11 +19,20 @@ import torch
 from torch import Tensor
 
 from ..config import RewardConfig
+from ..engine.dynamic import Judge
 from ..engine.protocols import Kernel
 from ..engine.rollout import Progress, TreeConfig, mix_seed, rollout
 from ..engine.tree import Tree
 from ..models.base import Policy
-from ..rewards.base import FrameStrided, Reward, check_rewards, get_reward, parse_reward_options, score_batch
+from ..rewards.base import (
+    FrameStrided,
+    Reward,
+    check_rewards,
+    get_reward,
+    parse_reward_options,
+    score_batch,
+    weighted_sum,
+)
 from ..store.trees import to_uint8
 
 SEEDS = {
@@ -155,3 +164,19 @@ def build_rewards(
     if reward.frame_stride != 1:
         return {n: FrameStrided(r, reward.frame_stride) for n, r in rewards.items()}
     return rewards
+
+
+def make_judge(tree: TreeConfig, reward: RewardConfig, policy: Policy, rewards: dict[str, Reward]) -> Judge | None:
+    """tree.dynamic = "reward": x0-predictions decoded and scored as the leaves are (the weighted sum of the run's
+    rewards); None for any other tree."""
+    if tree.dynamic != "reward":
+        return None
+    weights = reward.weight_map()
+
+    def judge(x0: Tensor, prompts: list[str]) -> Tensor:
+        with torch.no_grad():
+            images = to_uint8(policy.decode(x0)).float() / 255.0
+        scores = {n: score_batch(fn, images, prompts).float().cpu() for n, fn in rewards.items()}
+        return weighted_sum(scores, weights)
+
+    return judge

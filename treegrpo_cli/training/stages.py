@@ -25,7 +25,7 @@ from ..rewards.base import score_leaves, weighted_sum
 from ..store.shards import ShardStore
 from ..store.trees import KIND, TreeShard, open_trees, read_tree_shard, shard_name, write_tree_shard
 from . import rundir, runlock, runlog
-from .sampling import build_rewards, leaf_images
+from .sampling import build_rewards, leaf_images, make_judge
 from .steps import Credited, credit, on_nodes, plan_iteration
 from .trainer import Trainer
 
@@ -94,8 +94,10 @@ def _write_rollout(
     req: RolloutRequest, policy: Any, sde: Any, plan: Any, meta: dict[str, Any], progress: Progress
 ) -> dict[str, Any]:
     cfg, ids, T = req.config, plan.prompt_ids, req.config.sampler.steps
+    rewards = build_rewards(cfg.reward, req.device) if cfg.tree.dynamic == "reward" else {}
+    judge = make_judge(cfg.tree, cfg.reward, policy, rewards)  # tree.dynamic = "reward" scores x0-predictions
     store = ShardStore.create(req.out, KIND, meta, overwrite=req.overwrite)
-    nfe, offset, chunks = 0, 0, range(0, len(ids), req.prompts_per_shard)
+    nfe, offset, leaves, chunks = 0, 0, 0, range(0, len(ids), req.prompts_per_shard)
     repeats = max(Counter(ids).values()) * plan.tree.trees_per_prompt  # the most trees of one prompt
     written: dict[int, int] = {}  # prompt id -> leaf images written
     digits = (max(2, len(str(len(req.prompts) - 1))), max(2, len(str(repeats * plan.tree.leaves(T) - 1))))
@@ -111,12 +113,14 @@ def _write_rollout(
             max_batch=cfg.rollout.max_batch,
             progress=_labelled(progress, f"rollout {k + 1}/{len(chunks)}"),
             earlier_ids=ids[:a],
+            shapes=plan.shapes[a : a + req.prompts_per_shard] if plan.shapes else None,
+            judge=judge,
         )
         shard = TreeShard(k, tree, leaf_images(policy, tree), {i: req.prompts[i] for i in chunk}, offset, n)
         write_tree_shard(store, shard)
         if req.save_images:
             _save_images(req.out / "images", shard, written, *digits)
-        nfe, offset = nfe + n, offset + tree.num_trees
+        nfe, offset, leaves = nfe + n, offset + tree.num_trees, leaves + int(tree.is_leaf().sum())
     store.update_meta(nfe=nfe, num_trees=offset, complete=True)
     return {
         "out": str(req.out),
@@ -125,7 +129,7 @@ def _write_rollout(
         "nfe": nfe,
         "iteration": req.iteration,
         "nfe_per_tree": nfe / max(offset, 1),
-        "leaves_per_tree": plan.tree.leaves(T),
+        "leaves_per_tree": plan.tree.leaves(T) if leaves == offset * plan.tree.leaves(T) else round(leaves / offset, 2),
         "prompts_given": len(req.prompts),
         "num_prompts": len(ids),
         "distinct_prompts": len(set(ids)),

@@ -4,6 +4,7 @@ leaves' images: sampling.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, cast
@@ -12,10 +13,14 @@ import torch
 from torch import Tensor
 
 from ..config import Config
+from ..engine.budgets import PromptStats, allocate, replace_tied
 from ..engine.credit import assign_credit
+from ..engine.dynamic import Shape
 from ..engine.rollout import TreeConfig, mix_seed
 from ..engine.schedules import tree_for_iteration
+from ..engine.splits import adaptive_steps, progress_steps
 from ..engine.tree import Tree
+from ..errors import TreegrpoError
 from ..rewards.base import weighted_sum
 from .runlog import MetricsRow
 
@@ -27,6 +32,8 @@ class IterationPlan:
     prompt_ids: list[int]
     tree: TreeConfig
     seed: int
+    shapes: list[Shape] | None = None  # per prompt: split steps and leaf budget ([splits], [budget]); None: the tree's
+    skipped: tuple[int, ...] = ()  # prompts budget.replace_after swapped out (they rest: engine/budgets.py)
 
 
 @dataclass
@@ -45,12 +52,60 @@ class Credited:
     sde_steps: tuple[int, ...] | None  # the stochastic steps of the trees (None: every step)
 
 
-def plan_iteration(cfg: Config, num_available: int, it: int, num_prompts: int | None = None) -> IterationPlan:
+def plan_iteration(
+    cfg: Config, num_available: int, it: int, num_prompts: int | None = None, stats: PromptStats | None = None
+) -> IterationPlan:
     """Iteration `it`'s prompts (a seeded draw from the num_available), tree shape (the preset's
-    [schedule]) and root seed: what `train` samples and what `rollout --iteration it` writes."""
-    ids = sample_prompt_ids(num_available, num_prompts or cfg.rollout.num_prompts, cfg.seed, it)
-    tree_cfg = tree_for_iteration(cfg.tree, cfg.schedule, cfg.sampler.steps, it, cfg.seed, cfg.sampler.decode)
-    return IterationPlan(ids, tree_cfg, mix_seed(cfg.seed, it))
+    [schedule], [splits] and [budget]) and root seed: what `train` samples and what `rollout --iteration it`
+    writes. stats: the run's per-prompt estimates so far (engine/budgets.py), where the config reads them."""
+    if stats is None and it > 0 and needs_stats(cfg):
+        raise TreegrpoError(
+            f"iteration {it} of this config depends on the rewards of the iterations before it (budget.mode or "
+            "splits.kind = 'adaptive'); only `train` has them (a staged rollout can write iteration 0)"
+        )
+    k = num_prompts or cfg.rollout.num_prompts
+    ids = sample_prompt_ids(num_available, k, cfg.seed, it)
+    order = sample_prompt_ids(num_available, num_available, cfg.seed, it)  # the draw's whole permutation
+    ids, skipped = replace_tied(ids, order, stats, cfg.budget.replace_after)
+    T, decode = cfg.sampler.steps, cfg.sampler.decode
+    tree_cfg = tree_for_iteration(cfg.tree, cfg.schedule, T, it, cfg.seed, decode)
+    if cfg.splits.kind == "progress":
+        moved = progress_steps(cfg.splits, T, decode, it, cfg.train.iterations, cfg.seed)
+        tree_cfg = dataclasses.replace(tree_cfg, split_steps=moved)
+        tree_cfg.validate(T, decode)
+    shapes = None
+    if cfg.splits.kind == "adaptive" or cfg.budget.mode != "off":
+        base = tuple(sorted(s for s in set(tree_cfg.split_steps) if 0 <= s < T))
+        widths = allocate(cfg.budget, stats, ids, tree_cfg.leaves(T))
+        shapes = [
+            Shape(adaptive_steps(cfg.splits, base, T, decode, it, cfg.seed, p, stats), w)
+            if cfg.splits.kind == "adaptive"
+            else Shape(base, w)
+            for p, w in zip(ids, widths, strict=True)
+        ]
+    return IterationPlan(ids, tree_cfg, mix_seed(cfg.seed, it), shapes, tuple(skipped))
+
+
+def needs_stats(cfg: Config) -> bool:
+    """Does the config plan from the run's per-prompt reward estimates?"""
+    return cfg.budget.mode != "off" or cfg.splits.kind == "adaptive"
+
+
+def new_stats(cfg: Config) -> PromptStats | None:
+    return PromptStats(cfg.budget.decay, cfg.splits.bounds_decay) if needs_stats(cfg) else None
+
+
+def dynamic_row(stats: dict[str, int], per_row: tuple[int, int] | None) -> dict[str, int]:
+    """The rollout's early stops, fallbacks, x0-predictions scored, and the forwards (and FLOPs) its stops saved
+    against the same trees undisturbed."""
+    saved = int(stats.get("evals_saved", 0))
+    return {
+        "early_stops": int(stats.get("early_stops", 0)),
+        "fallbacks": int(stats.get("fallbacks", 0)),
+        "judged_images": int(stats.get("judged_images", 0)),
+        "evals_saved": saved,
+        "flops_saved": saved * per_row[0] if per_row else 0,
+    }
 
 
 def on_nodes(tree: Tree, leaf_values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -12,6 +12,7 @@ from typing import Any, cast
 import torch
 
 from ..config import Config
+from ..engine.budgets import PromptStats
 from ..engine.grpo import Batch, Parallel, grpo_update, make_optimizer
 from ..engine.nft import NFTBatch, OldPolicy, decay_at, nft_update
 from ..engine.rollout import Progress, mix_seed
@@ -20,6 +21,7 @@ from ..errors import TreegrpoError
 from ..models.base import Policy
 from ..models.flops import device_peak_flops
 from ..models.registry import load_policy
+from ..rewards.base import weighted_sum
 from ..store.checkpoint import Checkpoint, follow_checkpoint_gathers, save_checkpoint
 from . import dist, rundir, runlog
 from .dist import SINGLE, Dist
@@ -27,12 +29,14 @@ from .nft import nft_batch
 from .overlap import chunk_count, rollout_and_score
 from .parallel import parallel_plan, shard_policy, whole_batch
 from .runlog import MetricsRow
-from .sampling import build_rewards
+from .sampling import build_rewards, make_judge
 from .steps import (
     Credited,
     credit,
+    dynamic_row,
     iteration_flops,
     metrics_row,
+    new_stats,
     peak_memory_mib,
     plan_iteration,
     rng_states,
@@ -73,6 +77,8 @@ class Trainer:
         )
         self.rewards = build_rewards(cfg.reward, device)
         self.weights = cfg.reward.weight_map()
+        self.judge = make_judge(cfg.tree, cfg.reward, self.policy, self.rewards)  # tree.dynamic = "reward"
+        self.prompt_stats = new_stats(cfg)  # per-prompt reward estimates ([budget], adaptive [splits])
         self.step = 0
         self.totals = dict.fromkeys(TOTALS, 0)  # the run's compute so far (cumulative metrics)
         self.opt_steps = 0  # optimizer steps over the run (the EMA's cadence and warm-up count them)
@@ -99,7 +105,7 @@ class Trainer:
         flops = iteration_flops(
             self.flops_row, row.get("rollout_evals", 0), row.get("train_evals", 0), self.extra_forwards
         )
-        now = {"flops": flops, "reward_images": int(row.get("leaves", 0))}
+        now = {"flops": flops, "reward_images": int(row.get("leaves", 0)) + int(row.get("judged_images", 0))}
         self.totals = {f"{k}_total": self.totals[f"{k}_total"] + v for k, v in now.items()}
         return {**now, **self.totals}
 
@@ -173,9 +179,13 @@ class Trainer:
             self.ema,
             self.opt.state_dict(),
             rng_states(),
-            {"step": self.step, "seed": self.cfg.seed, "optimizer_steps": self.opt_steps, **extra},
+            {"step": self.step, "seed": self.cfg.seed, "optimizer_steps": self.opt_steps, **self._stats(), **extra},
             old=self.old_state(),
         )
+
+    def _stats(self) -> dict[str, Any]:
+        """The per-prompt estimates a resumed run plans from (engine/budgets.py), when the config keeps them."""
+        return {"prompt_stats": self.prompt_stats.to_json()} if self.prompt_stats is not None else {}
 
     def old_state(self) -> dict[str, torch.Tensor] | None:
         """The NFT sampling policy's tensors under the trainable state's names (None: not an NFT run)."""
@@ -201,6 +211,8 @@ class Trainer:
             pairs = zip(self.policy.trainable_state(), self.old.tensors, strict=True)  # NFT runs unsharded
             self.old.tensors = [ck.old[k].to(t.device, t.dtype).clone() for k, t in pairs]
         set_rng_states(ck.rng)
+        if self.prompt_stats is not None and "prompt_stats" in ck.state:
+            self.prompt_stats = PromptStats.from_json(ck.state["prompt_stats"])
         self.step = ck.step
         self.opt_steps = int(ck.state.get("optimizer_steps", 0))
 
@@ -209,7 +221,7 @@ class Trainer:
         """Roll out this rank's share of the iteration's prompts, credit over the whole batch, update."""
         cfg, it, d = self.cfg, self.step, self.d
         t0 = time.perf_counter()
-        plan = plan_iteration(cfg, len(prompts), it)
+        plan = plan_iteration(cfg, len(prompts), it, stats=self.prompt_stats)
         part = dist.shard(len(plan.prompt_ids), d)
         mine = plan.prompt_ids[part]
         with self.sampling_policy():
@@ -225,10 +237,14 @@ class Trainer:
                 rewards=self.rewards,
                 chunks=chunk_count(cfg.rollout.score_overlap, list(cfg.reward.names)),
                 progress=progress,
+                shapes=plan.shapes[part] if plan.shapes else None,
+                judge=self.judge,
             )
         tree = out.tree
         t1 = t0 + out.seconds["rollout"]
         whole, scores, starts = whole_batch(tree, out.scores, d)
+        if self.prompt_stats is not None:  # from the whole batch: the same estimates on every rank
+            self.prompt_stats.update(whole.group()[whole.leaves()], weighted_sum(scores, self.weights), plan.skipped)
         adv, trained = credit(cfg, whole, scores, it)
         nfe = sum(dist.gather(out.nfe, d))
         c = Credited(tree, whole, starts, scores, self.weights, adv.edge, trained, adv.leaf, nfe, plan.tree.sde_steps)
@@ -240,6 +256,9 @@ class Trainer:
         row["seconds"] = {"rollout": t1 - t0, "score": t2 - t1, "update": t3 - t2, "total": t3 - t0}
         row["seconds"]["score_hidden"] = hidden
         row["peak_mib"] = peak_memory_mib(self.device)
+        if plan.tree.budgeted() or plan.shapes is not None:  # what the adaptive trees did, over every rank's
+            dyn = dynamic_row({k: sum(dist.gather(v, d)) for k, v in out.dynamic.items()}, self.flops_row)
+            runlog.add_fields(row, {**dyn, "replaced": len(plan.skipped)})
         runlog.add_fields(row, throughput(row, self.flops_row, self.extra_forwards, device_peak_flops(self.device)))
         return row
 
