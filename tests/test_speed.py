@@ -57,6 +57,16 @@ def test_native_attention_backends_compute_the_same():
         torch.testing.assert_close(v1, v0, rtol=1e-4, atol=1e-5)
         for a, b in zip(g1, g0, strict=True):
             torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-6)
+        procs = [
+            m.processor
+            for m in other.denoiser.modules()
+            if hasattr(getattr(m, "processor", None), "_attention_backend")
+        ]
+        assert procs and all(p._attention_backend.value == backend for p in procs)
+    # the backend is this model's only: diffusers' process-wide default is left as it was
+    from diffusers.models.attention_dispatch import _AttentionBackendRegistry
+
+    assert _AttentionBackendRegistry.get_active_backend()[0].value == "native"
 
 
 @pytest.mark.slow

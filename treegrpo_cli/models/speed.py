@@ -42,11 +42,16 @@ def set_attention(net: Any, backend: str) -> None:
         raise ConfigError(f"policy.attention must be one of {', '.join(known)}; got {backend!r}")
     if not hasattr(net, "set_attention_backend"):
         raise ConfigError(f"policy.attention = {backend!r}: this model's denoiser has no attention backends to set")
+    from diffusers.models.attention_dispatch import _AttentionBackendRegistry as registry
+
+    before = registry.get_active_backend()[0]
     try:
         net.set_attention_backend(backend)
     except (RuntimeError, ValueError, ImportError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(f"policy.attention = {backend!r} cannot run here: {first}") from None
+    finally:  # diffusers also makes it every model's default, process-wide: this model's processors keep it
+        registry.set_active_backend(before)
 
 
 def repeated_blocks(net: nn.Module) -> list[nn.Module]:

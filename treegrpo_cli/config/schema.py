@@ -1,0 +1,282 @@
+"""The run configuration's schema: one Config of sections (the engine's, the models' and the run's own), the
+checks that need more than one section, and the stated maxima of the work one iteration may ask for."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..engine.advantages import AdvantageConfig
+from ..engine.budgets import BudgetConfig
+from ..engine.grpo import TrainConfig
+from ..engine.nft import NFTConfig
+from ..engine.pruning import PruneConfig
+from ..engine.rollout import TreeConfig
+from ..engine.schedules import ScheduleConfig
+from ..engine.sde import MAX_STEPS, SamplerConfig
+from ..engine.splits import SplitConfig, check_adaptive
+from ..errors import ConfigError
+from ..models.base import PolicyConfig
+
+COMBINES = ("rewards", "advantages")
+
+# Stated maxima of the counts that scale the work of an iteration or an evaluation, checked in closed form
+# before anything is loaded or sampled (generous: the references train on 16 to 64 prompts an iteration,
+# with at most a few thousand nodes per tree). Steps: engine.sde.MAX_STEPS; trees per prompt:
+# engine.rollout.MAX_TREES_PER_PROMPT.
+MAX_PROMPTS = 100_000  # rollout.num_prompts: prompts of one rollout
+MAX_NODES = 100_000_000  # rollout.max_nodes may not be raised past this: nodes of one rollout, each keeping a latent
+MAX_IMAGES = 100_000  # images of one evaluation: eval's prompts x --num-images, train.eval_samples per prompt
+MAX_NAME_BYTES = 200  # a run name (the folder runs/<name>-<time>), in UTF-8 bytes
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    names: tuple[str, ...] = ("jpeg-compressibility",)  # rewards scored on every leaf (`treegrpo eval --help`
+    # lists the names), or http://HOST:PORT of a `treegrpo serve-reward`
+    weights: tuple[float, ...] = ()  # empty: 1 for each reward
+    combine: str = "rewards"  # "rewards": weighted sum of scores; "advantages": of per-reward advantages (MixGRPO)
+    options: tuple[str, ...] = ()  # "NAME.KEY=VALUE" reward options, e.g. "shapes.kind=soft"
+    frame_stride: int = 1  # videos: an image reward scores every frame_stride-th frame and takes the mean
+
+    def weight_map(self) -> dict[str, float]:
+        if self.frame_stride < 1:
+            raise ConfigError(f"reward.frame_stride must be >= 1, got {self.frame_stride}")
+        if not self.names:
+            raise ConfigError("reward.names is empty: name at least one reward (e.g. --reward shapes)")
+        twice = sorted({n for n in self.names if self.names.count(n) > 1})
+        if twice:
+            raise ConfigError(f"reward.names has {twice[0]!r} twice; name each reward once, with one weight")
+        w = self.weights or tuple(1.0 for _ in self.names)
+        if len(w) != len(self.names):
+            raise ConfigError(f"reward.weights has {len(w)} values for {len(self.names)} rewards")
+        if all(x == 0 for x in w):
+            raise ConfigError(
+                f"reward.weights are all zero ({list(w)}): every image would score 0 and nothing would train"
+            )
+        if self.combine not in COMBINES:
+            raise ConfigError(f"reward.combine must be one of {', '.join(COMBINES)}; got {self.combine!r}")
+        return dict(zip(self.names, map(float, w), strict=True))
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    num_prompts: int = 4  # prompts per rollout (per training iteration)
+    max_batch: int = 64  # rows per model forward
+    prompts: str = (
+        "default"  # training prompts: a file, or a built-in list (default, shapes-train, shapes-test, shapes-pretrain)
+    )
+    eval_prompts: str = "default"  # prompts of the sample grids
+    max_nodes: int = 1_000_000  # refuse a rollout whose trees would hold more nodes than this (each keeps its latent)
+    max_tree_gib: float = 32.0  # refuse a rollout whose node latents would take more host memory than this
+    # chunks of an iteration's prompts whose scoring overlaps the next chunk's rollout (training/overlap.py);
+    # 0: 4 when a reward is served over HTTP, else 1 (no overlap)
+    score_overlap: int = 0
+
+    def validate(self) -> None:
+        for name in ("num_prompts", "max_batch", "max_nodes"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 <= self.score_overlap <= MAX_PROMPTS:
+            raise ConfigError(
+                f"rollout.score_overlap must be 0 (automatic) to {MAX_PROMPTS:,}, got {self.score_overlap}"
+            )
+        for name, most, what in (("num_prompts", MAX_PROMPTS, "prompts"), ("max_nodes", MAX_NODES, "nodes")):
+            if getattr(self, name) > most:
+                raise ConfigError(
+                    f"rollout.{name} = {getattr(self, name):,} is more than the maximum of {most:,} {what} per rollout"
+                )
+        if not self.max_tree_gib > 0:
+            raise ConfigError(f"rollout.max_tree_gib must be > 0, got {self.max_tree_gib}")
+
+
+SECTIONS: dict[str, type] = {
+    "sampler": SamplerConfig,
+    "tree": TreeConfig,
+    "advantage": AdvantageConfig,
+    "pruning": PruneConfig,
+    "reward": RewardConfig,
+    "rollout": RolloutConfig,
+    "schedule": ScheduleConfig,
+    "splits": SplitConfig,
+    "budget": BudgetConfig,
+    "train": TrainConfig,
+    "nft": NFTConfig,
+    "policy": PolicyConfig,
+}
+TOP_LEVEL = {"name": str, "description": str, "model": str, "seed": int}
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str = "custom"
+    description: str = ""
+    model: str = "tiny-shapes"
+    seed: int = 0
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    tree: TreeConfig = field(default_factory=TreeConfig)
+    advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
+    pruning: PruneConfig = field(default_factory=PruneConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    splits: SplitConfig = field(default_factory=SplitConfig)  # split steps that move with training (engine/splits.py)
+    budget: BudgetConfig = field(default_factory=BudgetConfig)  # per-prompt leaf budgets (engine/budgets.py)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    nft: NFTConfig = field(default_factory=NFTConfig)  # train.objective = "nft" only (engine/nft.py)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)  # diffusers models only (models/base.py)
+
+    def validate(self) -> Config:
+        check_run_name(self.name)
+        self.sampler.validate()
+        self.tree.validate(self.sampler.steps, self.sampler.decode)
+        self.advantage.validate()
+        self.pruning.validate()
+        self.reward.weight_map()
+        self.schedule.validate(self.sampler.steps, self.sampler.decode)
+        check_adaptive(self.tree, self.schedule.split, self.splits, self.budget, self.sampler)
+        any_sde = (
+            self.tree.sde_steps is None
+            or bool(self.tree.sde_steps)
+            or bool(self.tree.split_steps)
+            or self.schedule.kind != "static"
+        )
+        self.nft.validate()
+        if self.train.objective == "nft" and self.train.parallel == "fsdp":
+            raise ConfigError("train.objective = nft runs with train.parallel = replicate (FSDP2 is not supported yet)")
+        if self.sampler.eta == 0 and any_sde:
+            raise ConfigError(
+                "sampler.eta = 0 makes the SDE steps deterministic (their log-probs are undefined); "
+                "set sampler.eta > 0, or tree.sde_steps = [] for an ODE-only rollout"
+            )
+        last = self.sampler.steps - 1
+        if self.sampler.noise == "cps" and last in self.largest_tree().split_steps:
+            raise ConfigError(
+                f"sampler.noise = cps draws no noise at the last step ({last}, sigma' = 0): a split there gives "
+                f"identical children; take step {last} out of tree.split_steps"
+            )
+        self.train.validate()
+        if self.train.eval_samples > MAX_IMAGES:
+            raise ConfigError(
+                f"train.eval_samples = {self.train.eval_samples:,} is more than the maximum of {MAX_IMAGES:,} "
+                "images per prompt"
+            )
+        self.policy.validate()
+        if self.policy.weights == "random":
+            from ..models.releases import check_random
+
+            check_random(self.model, self.policy.size)
+        self.rollout.validate()
+        self._check_size()
+        return self
+
+    def warnings(self) -> list[str]:
+        """Legal values that are almost surely a mistake, one line each (for the commands to print)."""
+        out = [
+            f"warning: reward {name!r} has weight 0: it is scored and logged but does not count"
+            for name, w in self.reward.weight_map().items()
+            if w == 0
+        ]
+        if self.train.lr >= 1:
+            out.append(f"warning: train.lr = {self.train.lr:g} is far above the references' 1e-5 to 1e-3")
+        if self.train.clip_range >= 1:
+            out.append(
+                f"warning: train.clip_range = {self.train.clip_range:g} clips nothing (ratios from 0 up pass); "
+                "the references use 1e-4 to 1e-2"
+            )
+        return out
+
+    def largest_tree(self) -> TreeConfig:
+        """The iteration tree with the most nodes: the static tree, or the schedule's window at its earliest
+        start (an earlier split leaves more steps at the wider width); [splits] at their earliest steps, and the
+        widest per-prompt budget."""
+        tree = self.tree
+        if self.schedule.kind != "static":
+            start = 0 if self.schedule.kind == "geometric" else self.schedule.start
+            window = tuple(range(start, start + self.schedule.window))
+            splits = {"none": self.tree.split_steps, "first": (start,), "all": window}[self.schedule.split]
+            tree = dataclasses.replace(self.tree, sde_steps=window, split_steps=splits)
+        if self.splits.kind != "static":  # every split as early as it may go
+            m = len(self.splits.early) if self.splits.kind == "progress" else len(tree.split_steps)
+            tree = dataclasses.replace(tree, split_steps=tuple(range(m)))
+        if self.budget.mode != "off":
+            width = self.budget.bounds(tree.leaves(self.sampler.steps))[1]
+            tree = dataclasses.replace(tree, width=width, max_evals=0)
+        return tree
+
+    def rollout_nodes(self, num_prompts: int | None = None) -> tuple[int, int]:
+        """(nodes of one rollout, nodes per tree), in closed form; with a schedule, of its largest tree."""
+        tree, steps = self.largest_tree(), self.sampler.steps
+        per_tree = tree.model_evals(steps) + tree.leaves(steps)
+        return per_tree * self.tree.trees_per_prompt * (num_prompts or self.rollout.num_prompts), per_tree
+
+    def check_tree_memory(self, latent_shape: tuple[int, ...], num_prompts: int | None = None) -> None:
+        """Bounded memory, once the model's latent shape is known: every node keeps an fp32 latent."""
+        nodes, _ = self.rollout_nodes(num_prompts)
+        gib = nodes * math.prod(latent_shape) * 4 / 2**30
+        if gib > self.rollout.max_tree_gib:
+            raise ConfigError(
+                f"one rollout would keep {nodes:,} node latents of shape {tuple(latent_shape)}: "
+                f"{gib:.3g} GiB of host memory, more than rollout.max_tree_gib = "
+                f"{self.rollout.max_tree_gib:g}; lower rollout.num_prompts or the tree's size, or "
+                "raise rollout.max_tree_gib"
+            )
+
+    def _check_size(self) -> None:
+        """Bounded work: the nodes of one iteration's trees, before anything is sampled."""
+        nodes, per_tree = self.rollout_nodes()
+        if nodes > self.rollout.max_nodes:
+            raise ConfigError(
+                f"one rollout would hold {nodes:,} nodes ({per_tree:,} per tree x {self.tree.trees_per_prompt} trees x "
+                f"{self.rollout.num_prompts} prompts), more than rollout.max_nodes = {self.rollout.max_nodes:,}; "
+                "lower tree.branch, the split steps or rollout.num_prompts, or raise rollout.max_nodes"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return as_json(self)
+
+
+def check_run_name(name: str) -> None:
+    """A run name is a name, not a path: the default run folder is runs/<name>-<time>."""
+    for bad, why in (
+        (not name, "is empty"),
+        ("/" in name or "\\" in name, "holds a / or \\"),
+        (name in (".", ".."), "is . or .."),
+        (not name.isprintable(), "holds a control character"),
+        (len(name.encode()) > MAX_NAME_BYTES, f"is longer than {MAX_NAME_BYTES} bytes"),
+    ):
+        if bad:
+            raise ConfigError(
+                f"name {name!r} {why}: a run name is a name, not a path (the run folder is runs/<name>-<time>)"
+            )
+
+
+def check_eval_size(num_prompts: int, num_images: int, steps: int | None) -> None:
+    """Bounded work of an evaluation, before any model is loaded: --steps, --num-images and their product with
+    the prompts."""
+    if steps is not None and steps > MAX_STEPS:
+        raise ConfigError(f"--steps {steps:,} is more than the maximum of {MAX_STEPS:,} denoising steps")
+    if num_images > MAX_IMAGES:
+        raise ConfigError(f"--num-images {num_images:,} is more than the maximum of {MAX_IMAGES:,} images per prompt")
+    if num_prompts * num_images > MAX_IMAGES:
+        raise ConfigError(
+            f"{num_prompts:,} prompts x {num_images:,} images = {num_prompts * num_images:,} images, more than the "
+            f"maximum of {MAX_IMAGES:,} of one evaluation; lower --num-images or --num-prompts"
+        )
+
+
+def as_json(obj: Any) -> dict[str, Any]:
+    """A config dataclass as JSON-able values (tuples -> lists, inf -> "inf")."""
+    return _jsonable(dataclasses.asdict(obj))
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {k: _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, float) and math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return x
