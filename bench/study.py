@@ -181,8 +181,11 @@ PLANS["best-lr"][BEST_BRANCH] = PLANS["ablation"][BEST_BRANCH]
 # split steps, one factor at a time from branch-mix-flow (and from tree-grpo on the video world), the flat baseline
 # with per-prompt budgets, then combinations. Each variant trains at its best rate of the 3-value sweep at seed 100
 # (--plan adaptive-lr / adaptive-video-lr), read from that sweep's results; the labels stay bare (the rate is a --set).
-#   python bench/study.py --plan adaptive-lr --seeds 100 --work runs/study-adaptive
-#   python bench/study.py --plan adaptive --seeds 0 1 2 3 4 --work runs/study-adaptive     # vs branch-mix-flow, +0.25
+# On the image world 20 TFLOPs a run: branch-mix-flow reaches +0.25 (trained weights) in about a quarter of that and
+# dance-grpo in about three quarters (study-best-lr, study-core-target0.25), and the study times runs to +0.25.
+#   python bench/study.py --plan adaptive-lr --seeds 100 --work runs/study-adaptive --tflops 20
+#   python bench/study.py --plan adaptive --seeds 0 1 2 3 4 --work runs/study-adaptive --tflops 20 --eval-every 1
+#       (vs branch-mix-flow, timed to +0.25 with a held-out evaluation every TFLOP)
 #   python bench/study.py --plan adaptive-video-lr --seeds 100 --work runs/study-adaptive-video --tflops 24
 #   python bench/study.py --plan adaptive-video --seeds 0 1 2 3 4 --work runs/study-adaptive-video --tflops 24
 ADAPTIVE_FACTORS: dict[str, tuple[str, ...]] = {
@@ -260,8 +263,8 @@ for _video, _name in ((False, "adaptive"), (True, "adaptive-video")):
 PLAN_DEFAULTS = {"adaptive": ("branch-mix-flow", 0.25), "adaptive-video": ("tree-grpo", 0.10)}
 
 
-def train_args(preset: str, sets: tuple[str, ...], seed: int, run: Path, tflops: float) -> list[str]:
-    budget = [f"train.max_tflops={tflops}", f"train.eval_every_tflops={tflops / 8}"]
+def train_args(preset: str, sets: tuple[str, ...], seed: int, run: Path, tflops: float, every: float) -> list[str]:
+    budget = [f"train.max_tflops={tflops}", f"train.eval_every_tflops={every}"]
     # a label without @lr trains at the world's rate, whatever rate a preset's [for_model.tiny-shapes] names
     lr = [] if any(s.startswith("train.lr=") for s in sets) else [f"train.lr={WORLD_LR}"]
     return train_command(preset, seed, run, budget + lr + list(sets))
@@ -314,7 +317,10 @@ def keep(row: dict, work: Path) -> dict:
     return row
 
 
-def run_one(label: str, preset: str, sets: tuple[str, ...], seed: int, work: Path, tflops: float, log) -> dict:
+def run_one(
+    label: str, preset: str, sets: tuple[str, ...], seed: int, work: Path, tflops: tuple[float, float], log
+) -> dict:
+    """tflops: (the run's budget, TFLOPs between held-out evaluations)."""
     if (kept(work, label, seed) / "summary.json").exists():
         return json.loads((kept(work, label, seed) / "summary.json").read_text())
     run = work / folder(label, seed)
@@ -324,7 +330,7 @@ def run_one(label: str, preset: str, sets: tuple[str, ...], seed: int, work: Pat
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     t0 = time.perf_counter()
     out = subprocess.run(
-        TREEGRPO + train_args(preset, sets, seed, run, tflops), env=env, capture_output=True, text=True
+        TREEGRPO + train_args(preset, sets, seed, run, *tflops), env=env, capture_output=True, text=True
     )
     if out.returncode != 0:
         raise RuntimeError(f"{label} seed {seed} failed: {out.stderr.strip().splitlines()[-1:]}")
@@ -365,6 +371,7 @@ def report(rows: list[dict], work: Path, args: argparse.Namespace) -> dict:
         "commit": commit(),
         "machine": machine(),
         "tflops_per_run": args.tflops,
+        "eval_every_tflops": args.eval_every,
         "baseline": args.baseline,
         "target_gain": args.target,
         "seeds": args.seeds,
@@ -582,7 +589,7 @@ def rerun(label: str, seed: int, args: argparse.Namespace, log) -> None:
     preset, sets = PLANS[args.plan][label]
     first = kept(args.work, label, seed)
     again = args.work.with_name(args.work.name + "-rerun")
-    row = run_one(label, preset, sets, seed, again, args.tflops, log)
+    row = run_one(label, preset, sets, seed, again, (args.tflops, args.eval_every), log)
     from treegrpo_cli.training.runlog import without_timings
 
     read = lambda p: without_timings([json.loads(line) for line in (p / "metrics.jsonl").read_text().splitlines()])  # noqa: E731
@@ -609,6 +616,7 @@ def main() -> None:
     ap.add_argument("--labels", nargs="+", default=None, help="a subset of the plan's variants")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--tflops", type=float, default=40.0, help="denoiser TFLOPs of training per run")
+    ap.add_argument("--eval-every", type=float, default=None, help="TFLOPs between held-out evaluations (--tflops/8)")
     ap.add_argument("--parallel", type=int, default=2, help="runs at a time (one CPU thread each)")
     ap.add_argument("--work", type=Path, default=None, help="default: runs/study-core, for every plan")
     ap.add_argument("--report-only", action="store_true")
@@ -620,6 +628,7 @@ def main() -> None:
     )
     ap.add_argument("--target", type=float, default=None, help="a held-out gain to time every variant to instead")
     args = ap.parse_args()
+    args.eval_every = args.eval_every or args.tflops / 8
     args.baseline = args.baseline or PLAN_DEFAULTS.get(args.plan, ("dance-grpo", None))[0]
     if args.target is None and args.plan in PLAN_DEFAULTS:
         args.target = PLAN_DEFAULTS[args.plan][1]
@@ -637,7 +646,7 @@ def main() -> None:
     jobs = [(label, *plan[label], seed) for seed in args.seeds for label in plan]  # seed by seed
     if not args.report_only:
         with ThreadPoolExecutor(args.parallel) as pool:
-            list(pool.map(lambda j: run_one(*j, args.work, args.tflops, log), jobs))
+            list(pool.map(lambda j: run_one(*j, args.work, (args.tflops, args.eval_every), log), jobs))
         # running a few --labels adds to the plan's table: report every kept run of the plan, not those alone
         jobs = [(label, *PLANS[args.plan][label], seed) for seed in args.seeds for label in PLANS[args.plan]]
     paths = [kept(args.work, label, seed) / "summary.json" for label, _, _, seed in jobs]

@@ -172,9 +172,9 @@ def test_the_presets_train_the_world_at_the_sweeps_best_rates_and_the_study_pins
     assert study.BEST_LR["tree-grpo/one-step-mean"] != study.WORLD_LR  # the exception the header explains
     assert load_config("tree-grpo-mean").train.lr == float(study.WORLD_LR)
     assert "keeps the world's rate" in (ROOT / "presets" / "tree-grpo-mean.toml").read_text()
-    args = study.train_args("tree-grpo", (), 0, Path("nowhere"), 40.0)
-    assert f"train.lr={study.WORLD_LR}" in args
-    args = study.train_args("tree-grpo", ("train.lr=3e-4",), 0, Path("nowhere"), 40.0)
+    args = study.train_args("tree-grpo", (), 0, Path("nowhere"), 40.0, 5.0)
+    assert f"train.lr={study.WORLD_LR}" in args and "train.eval_every_tflops=5.0" in args
+    args = study.train_args("tree-grpo", ("train.lr=3e-4",), 0, Path("nowhere"), 40.0, 1.0)
     assert [a for a in args if a.startswith("train.lr=")] == ["train.lr=3e-4"]
 
 
