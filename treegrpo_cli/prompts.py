@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .errors import TreegrpoError
-from .store.safeio import loads_json
+from .store.safeio import loads_json, read_regular
 
 DATA = Path(__file__).parent / "data"
 DEFAULT_PROMPTS = DATA / "prompts.txt"
@@ -28,12 +28,9 @@ def load_prompts(path: Path | str | None = None) -> list[str]:
     if path is None or str(path) in BUILTIN:
         path = BUILTIN[str(path or "default")]
     path = Path(path)
-    if not path.exists():
-        raise TreegrpoError(f"prompts file not found: {path}")
-    if not path.is_file():  # a folder, a FIFO (reading it would block), a device such as /dev/zero
-        raise TreegrpoError(f"prompts file {path} is not a regular file")
+    raw = read_regular(path, "prompts file")
     try:
-        text = path.read_bytes().decode("utf-8-sig")  # a byte-order mark is not part of the first prompt
+        text = raw.decode("utf-8-sig")  # a byte-order mark is not part of the first prompt
     except UnicodeDecodeError:
         raise TreegrpoError(f"{path}: not a UTF-8 text file") from None
     if path.suffix == ".jsonl":

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..models.base import DTYPE_NAMES
-from ..store.safeio import TooDeep, loads_toml, shown
+from ..store.safeio import TooDeep, loads_toml, read_regular, shown
 from .schema import SECTIONS, TOP_LEVEL, Config
 
 # the presets shipped inside the package (treegrpo_cli.presets), else the repository's presets/ folder
@@ -46,12 +46,9 @@ def preset_names() -> list[str]:
 
 def read_toml(path: Path) -> dict[str, Any]:
     path = Path(path)
-    if not path.exists():
-        raise ConfigError(f"config file not found: {path}")
-    if not path.is_file():  # a folder, a FIFO (reading it would block), a device such as /dev/zero
-        raise ConfigError(f"config file {path} is not a regular file")
+    raw = read_regular(path, "config file", ConfigError)
     try:
-        return loads_toml(path.read_bytes().decode("utf-8-sig"))  # a byte-order mark (Windows editors) reads too
+        return loads_toml(raw.decode("utf-8-sig"))  # a byte-order mark (Windows editors) reads too
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: not valid TOML ({e})") from None
 

@@ -78,6 +78,16 @@ def _bounded(load: Any, text: Any) -> Any:
     return obj
 
 
+def read_regular(path: Path, what: str, error: type[TreegrpoError] = TreegrpoError) -> bytes:
+    """The bytes of a user's file; a missing path or one that is not a regular file (a folder, a FIFO whose read
+    would block, a device such as /dev/zero) is one line naming it as `what` ("config file", "prompts file")."""
+    if not path.exists():
+        raise error(f"{what} not found: {path}")
+    if not path.is_file():
+        raise error(f"{what} {path} is not a regular file")
+    return path.read_bytes()
+
+
 def contained(root: Path, path: Path, what: str = "") -> Path:
     """`path` (a file or folder found in or under `root`) when it resolves, through any link at any depth,
     inside `root`; one TreegrpoError naming it otherwise. Reads nothing but the links."""
