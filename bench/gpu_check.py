@@ -42,6 +42,7 @@ VARIANTS: dict[str, list[str]] = {
     "fa3": ["--set", "policy.attention=_flash_3"],  # FlashAttention-3 (Hopper), where installed
     "batch16": ["--max-batch", "16"],
     "no-checkpointing": ["--no-gradient-checkpointing"],
+    "checkpoint-half": ["--set", "policy.checkpoint_blocks=0.5"],  # every second block keeps its activations
     "compile+batch16": ["--set", "policy.compile=blocks", "--max-batch", "16"],
 }
 

@@ -8,7 +8,7 @@ from clitools import one_line_error, run
 from treegrpo_cli.config import load_config
 from treegrpo_cli.errors import ConfigError
 from treegrpo_cli.models.registry import load_policy
-from treegrpo_cli.models.speed import repeated_blocks, set_attention
+from treegrpo_cli.models.speed import checkpoint_share, repeated_blocks, set_attention
 
 TINY = ['policy.weights="random"', 'policy.size="tiny"']
 
@@ -90,6 +90,35 @@ def test_compiled_blocks_compute_the_same():
     assert out.shape == (3, *compiled.latent_shape) and torch.isfinite(out).all()
 
 
+def test_selective_checkpointing_recomputes_a_share_of_the_blocks_and_the_same_gradients():
+    torch.manual_seed(0)
+    plain, _ = tiny_policy("flux-dev")
+    n = len(repeated_blocks(plain.denoiser))
+    assert checkpoint_share(plain.denoiser, 0.0) == [] and len(checkpoint_share(plain.denoiser, 1.0)) == n
+    torch.manual_seed(0)
+    v0, g0 = velocity_and_grad(tiny_policy("flux-dev")[0])
+    for share in (0.5, 1.0):
+        torch.manual_seed(0)
+        policy, _ = tiny_policy("flux-dev", "policy.gradient_checkpointing=true", f"policy.checkpoint_blocks={share}")
+        wrapped = [b for b in repeated_blocks(policy.denoiser) if "forward" in vars(b)]
+        # 0.5: every second block (its own forward wrapped); 1.0: diffusers' checkpointing of every block
+        assert len(wrapped) == (n // 2 if share == 0.5 else 0) and policy.denoiser.is_gradient_checkpointing == (
+            share == 1
+        )
+        v1, g1 = velocity_and_grad(policy)
+        torch.testing.assert_close(v1, v0)
+        for a, b in zip(g1, g0, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-7)
+    # the backward's FLOPs count the recomputed share: none < half < all
+    bwd = [
+        tiny_policy("flux-dev", f"policy.gradient_checkpointing={c}", f"policy.checkpoint_blocks={s}")[
+            0
+        ].flops_per_row()[1]
+        for c, s in (("false", 1.0), ("true", 0.5), ("true", 1.0))
+    ]
+    assert bwd[0] < bwd[1] < bwd[2] and abs(2 * bwd[1] - bwd[0] - bwd[2]) <= 1
+
+
 def test_an_attention_backend_that_cannot_run_is_one_line():
     policy, _ = tiny_policy("flux-dev")
     with pytest.raises(ConfigError, match="cannot run here|must be one of"):
@@ -101,6 +130,7 @@ def test_an_attention_backend_that_cannot_run_is_one_line():
     [
         (['policy.compile="all"'], "policy.compile must be one of off, blocks"),
         (['policy.attention="fast"'], "policy.attention must be one of default,"),
+        (["policy.checkpoint_blocks=1.5"], "policy.checkpoint_blocks is a share of the blocks, 0 to 1; got 1.5"),
     ],
 )
 def test_bad_speed_settings_are_one_line(sets, needle):

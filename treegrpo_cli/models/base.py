@@ -59,6 +59,9 @@ class PolicyConfig:
     # such as "_native_flash", "_native_cudnn", "flash" (flash-attn), "_flash_3" (FlashAttention-3) (models/speed.py)
     attention: str = "default"
     compile: str = "off"  # "blocks": torch.compile each repeated transformer block (compiles on the first forward)
+    # with gradient_checkpointing: the share of the repeated blocks recomputed in the backward (1: all; 0.5: every
+    # second block keeps its activations, more memory for less recomputation)
+    checkpoint_blocks: float = 1.0
 
     def validate(self) -> None:
         if self.finetune not in FINETUNES:
@@ -76,6 +79,10 @@ class PolicyConfig:
                 'policy.size = "tiny" builds a small model from config: it needs policy.weights = "random"'
             )
         check_compile(self.compile)
+        if not 0.0 <= self.checkpoint_blocks <= 1.0:
+            raise ConfigError(
+                f"policy.checkpoint_blocks is a share of the blocks, 0 to 1; got {self.checkpoint_blocks}"
+            )
         if self.attention != ATTENTION_DEFAULT and self.attention not in attention_backends():
             raise ConfigError(
                 f"policy.attention must be one of {', '.join(attention_backends())}; got {self.attention!r}"

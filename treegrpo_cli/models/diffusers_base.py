@@ -27,7 +27,7 @@ from .catalog import AdapterCard
 from .flops import Formula
 from .hub import TEXT_PARTS
 from .lora import LoraDefaults, adapters_disabled, config_targets, lora_config
-from .speed import compile_blocks, set_attention
+from .speed import checkpoint_share, compile_blocks, set_attention
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 ENCODE_BATCH = 16  # prompts per text-encoder call
@@ -154,8 +154,10 @@ class DiffusersPolicy(ABC):
             for p in net.parameters():
                 if p.requires_grad:
                     p.data = p.data.float()
-        if self.opts.gradient_checkpointing:
+        if self.opts.gradient_checkpointing and self.opts.checkpoint_blocks >= 1.0:
             net.enable_gradient_checkpointing()
+        elif self.opts.gradient_checkpointing:
+            checkpoint_share(net, self.opts.checkpoint_blocks)
 
     # -- the Policy protocol -----------------------------------------------------------------
     def kernel(self, cfg: Any) -> Any:
@@ -244,7 +246,8 @@ class DiffusersPolicy(ABC):
         if count is not None:
             lora = self._lora_config() if self.opts.finetune == "lora" else None
             rank, targets = (lora.r, config_targets(lora)) if lora else (None, None)
-            return count(self.denoiser.config, *self.flop_tokens(), rank, targets, self.opts.gradient_checkpointing)
+            recompute = self.opts.checkpoint_blocks if self.opts.gradient_checkpointing else 0.0
+            return count(self.denoiser.config, *self.flop_tokens(), rank, targets, recompute)
         if self._flops_row is None:
             from .flops import measure_policy_flops
 

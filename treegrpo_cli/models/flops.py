@@ -84,8 +84,9 @@ def formula(defaults: dict[str, Any], default_targets: Targets, body: Callable[.
     recompute=False)` -> (forward, backward) of one network row. config: the model's config (a mapping or an
     object), read over `defaults`, its constructor's; rank None: full fine-tuning, else LoRA of that rank on
     `targets` (None: `default_targets`, the adapter's LoRA defaults); recompute: gradient checkpointing, whose
-    backward runs every block's forward again. body(led, cfg, N, T) counts the network into the ledger and returns the
-    forward FLOPs of the checkpointed blocks."""
+    backward runs every block's forward again (True), or that share of the blocks' forward FLOPs
+    (policy.checkpoint_blocks; the blocks are taken as equal in cost). body(led, cfg, N, T) counts the network
+    into the ledger and returns the forward FLOPs of the checkpointed blocks."""
 
     def count(
         config: Any,
@@ -93,7 +94,7 @@ def formula(defaults: dict[str, Any], default_targets: Targets, body: Callable[.
         text_tokens: int,
         rank: int | None = None,
         targets: Targets = None,
-        recompute: bool = False,
+        recompute: float = 0.0,
     ) -> tuple[int, int]:
         get = config.get if isinstance(config, Mapping) else lambda k, v: getattr(config, k, v)
         cfg = {k: get(k, v) for k, v in defaults.items()}
@@ -101,7 +102,7 @@ def formula(defaults: dict[str, Any], default_targets: Targets, body: Callable[.
             targets = default_targets
         led = Ledger(rank, targets if isinstance(targets, str) else tuple(targets or ()))
         blocks = body(led, cfg, image_tokens, text_tokens)
-        return led.fwd, led.bwd + (blocks if recompute else 0)
+        return led.fwd, led.bwd + round(blocks * float(recompute))
 
     return count
 

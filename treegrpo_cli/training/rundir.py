@@ -161,6 +161,7 @@ RESUMABLE = {
     "policy.cudnn_attention",
     "policy.attention",
     "policy.compile",
+    "policy.checkpoint_blocks",
 }
 
 
