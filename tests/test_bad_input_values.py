@@ -315,6 +315,11 @@ def test_legal_but_surely_mistaken_values_warn():
     assert any("train.clip_range" in w for w in config.load_config(sets=["train.clip_range=1.5"]).warnings())
     for preset in config.preset_names():
         assert config.load_config(preset).warnings() == [], preset
+    # [policy] on a built-in model, which ignores it; a diffusers model reads it
+    sets = ['policy.compile="blocks"', "policy.lora_rank=8"]
+    (w,) = config.load_config(sets=sets).warnings()
+    assert "policy.lora_rank, policy.compile set, but tiny-shapes is a built-in model and ignores [policy]" in w
+    assert config.load_config(sets=[*sets, 'model="flux-dev"']).warnings() == []
 
 
 def test_prompt_files_that_are_not_regular_files(tmp_path):

@@ -179,6 +179,7 @@ class Config:
             for name, w in self.reward.weight_map().items()
             if w == 0
         ]
+        out += self._policy_warnings()
         if self.train.lr >= 1:
             out.append(f"warning: train.lr = {self.train.lr:g} is far above the references' 1e-5 to 1e-3")
         if self.train.clip_range >= 1:
@@ -187,6 +188,21 @@ class Config:
                 "the references use 1e-4 to 1e-2"
             )
         return out
+
+    def _policy_warnings(self) -> list[str]:
+        """[policy] keys set for a built-in model (pixel, tiny-shapes): it ignores the section."""
+        from ..models.registry import MODELS as BUILT_IN
+
+        default = PolicyConfig()
+        changed = [
+            f.name for f in dataclasses.fields(PolicyConfig) if getattr(self.policy, f.name) != getattr(default, f.name)
+        ]
+        if self.model not in BUILT_IN or not changed:
+            return []
+        keys = ", ".join(f"policy.{k}" for k in changed)
+        return [
+            f"warning: {keys} set, but {self.model} is a built-in model and ignores [policy] (diffusers models read it)"
+        ]
 
     def largest_tree(self) -> TreeConfig:
         """The iteration tree with the most nodes: the static tree, or the schedule's window at its earliest
