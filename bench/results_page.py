@@ -316,6 +316,50 @@ def video(src: Sources, images: dict) -> str:
     )
 
 
+def adaptive(src: Sources, images: dict) -> str:
+    """The adaptive plans (bench/study.py --plan adaptive[-video][-lr]), those whose results files exist."""
+    parts, have = ["## Adaptive trees\n"], set(src.names("study-adaptive*.json.gz"))
+    for world, plan in (("image", "adaptive"), ("video", "adaptive-video")):
+        sweep, main = f"study-{plan}-lr.json.gz", f"study-{plan}.json.gz"
+        if sweep in have:
+            r = src.json(sweep)
+            parts.append(
+                f"\nThe {world} world's learning-rate sweep (`{r['command']}`):\n" + study.sweep_table(r["runs"])
+            )
+        if main in have:
+            r = src.json(main)
+            parts.append(
+                f"\nThe {world} world, {r['tflops_per_run']:g} denoiser TFLOPs a run, timed to "
+                f"{r['target_gain']:+.2f} against `{r['baseline']}` (`{r['command']}`):\n\n"
+                + study_tables(r)
+                + study.savings_table(r)
+                + "\n"
+                + plot(images, f"{plan}-flops-raw.png", r["flops-raw"], f"held-out gain against TFLOPs, {world} world")
+            )
+    if len(parts) == 1:
+        parts.append(
+            "\nNo runs yet: the plans and their commands are in [benchmarks.md](benchmarks.md#the-plans) "
+            "(`--plan adaptive-lr`, `adaptive`, `adaptive-video-lr`, `adaptive-video`).\n"
+        )
+    return "".join(parts)
+
+
+def variants_table(r: dict) -> str:
+    """bench/gpu_check.py --variants: each speed candidate's steady-state iteration and its speed-up over base."""
+    rows = [
+        f"| {v['variant']} | {v['status']} | {fmt(v.get('rollout_s'), '.1f')} | {fmt(v.get('train_s'), '.1f')} "
+        f"| {fmt(v.get('rollout_speedup'), '.2f')} | {fmt(v.get('train_speedup'), '.2f')} "
+        f"| {fmt(v.get('rollout_mfu'), '.0%')} / {fmt(v.get('train_mfu'), '.0%')} |"
+        for v in r["variants"]
+    ]
+    return (
+        f"\n`{r['command']}` on {r['device']} at {r['commit'][:7]}:\n\n| variant | status | rollout s | train s "
+        "| rollout speed-up | train speed-up | MFU rollout / train |\n|---|---|---|---|---|---|---|\n"
+        + "\n".join(rows)
+        + "\n"
+    )
+
+
 def flux_case(case: dict) -> str:
     if "error" in case:
         return f"| `{case['preset']}` | {case['mode']} | {case['error'].split('.')[0][:80]} |" + " |" * 8
@@ -343,6 +387,8 @@ def gpu(src: Sources, images: dict) -> str:
             f"\n`{name}`: {r.get('model', 'flux-dev')} at {r['resolution']} px on {r['device']}, torch {r['torch']}, "
             f"max batch {r['max_batch']}\n\n" + head + "\n".join(flux_case(c) for c in r["results"]) + "\n"
         )
+    for name in src.names("gpu_variants-*.json"):
+        parts.append(variants_table(src.json(name)))
     parts.append("\n`python bench/paper_costs.py`:\n\n" + src.text("paper_costs.md"))
     return "".join(parts)
 
@@ -424,7 +470,7 @@ def reruns(src: Sources, images: dict) -> str:
     )
 
 
-SECTIONS = (default_job, flop_study, ablation, nft, long_runs, wall_clock, video, gpu, world, engine, reruns)
+SECTIONS = (default_job, flop_study, ablation, nft, long_runs, wall_clock, video, adaptive, gpu, world, engine, reruns)
 
 
 def page() -> tuple[str, dict, set[str]]:

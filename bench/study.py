@@ -261,6 +261,8 @@ for _video, _name in ((False, "adaptive"), (True, "adaptive-video")):
     }
 # each adaptive plan's baseline and target gain (trained weights), in bench/results/study-adaptive[-video].{json.gz,md}
 PLAN_DEFAULTS = {"adaptive": ("branch-mix-flow", 0.25), "adaptive-video": ("tree-grpo", 0.10)}
+# the adaptive sweeps hold no bare label: their reports time against the baseline at the world's rate
+SWEEP_BASELINES = {"adaptive-lr": f"branch-mix-flow@lr{WORLD_LR}", "adaptive-video-lr": f"tree-grpo@lr{WORLD_LR}"}
 
 
 def train_args(preset: str, sets: tuple[str, ...], seed: int, run: Path, tflops: float, every: float) -> list[str]:
@@ -362,7 +364,7 @@ def report(rows: list[dict], work: Path, args: argparse.Namespace) -> dict:
     from treegrpo_cli.report.compare import compare_runs, to_dict
     from treegrpo_cli.report.compare_page import write_report
 
-    own_base, own_target = PLAN_DEFAULTS.get(args.plan, ("dance-grpo", None))
+    own_base, own_target = PLAN_DEFAULTS.get(args.plan, (SWEEP_BASELINES.get(args.plan, "dance-grpo"), None))
     name = f"study-{args.plan}" + ("" if args.baseline == own_base else f"-vs-{args.baseline}")
     name += "" if args.target is None or args.target == own_target else f"-target{args.target:g}"
     folders, labels = [Path(r["run_dir"]) for r in rows], [r["label"] for r in rows]
@@ -390,7 +392,7 @@ def report(rows: list[dict], work: Path, args: argparse.Namespace) -> dict:
     text = json.dumps(result, indent=1) + "\n"
     (RESULTS / f"{name}.json.gz").write_bytes(gzip.compress(text.encode(), mtime=0))  # mtime 0: same bytes again
     md = table(result) + cost_table(result) + cost_table(result, raw=True)
-    md += sweep_table(rows) if args.plan == "lr" else ""
+    md += sweep_table(rows) if args.plan == "lr" or args.plan in SWEEP_BASELINES else ""
     md += factor_table(rows) + signal_table(result) if args.plan == "ablation" else ""
     md += signal_table(result) + savings_table(result) if args.plan in PLAN_DEFAULTS else ""
     (RESULTS / f"{name}.md").write_text(md)
@@ -629,7 +631,7 @@ def main() -> None:
     ap.add_argument("--target", type=float, default=None, help="a held-out gain to time every variant to instead")
     args = ap.parse_args()
     args.eval_every = args.eval_every or args.tflops / 8
-    args.baseline = args.baseline or PLAN_DEFAULTS.get(args.plan, ("dance-grpo", None))[0]
+    args.baseline = args.baseline or PLAN_DEFAULTS.get(args.plan, (SWEEP_BASELINES.get(args.plan, "dance-grpo"),))[0]
     if args.target is None and args.plan in PLAN_DEFAULTS:
         args.target = PLAN_DEFAULTS[args.plan][1]
     args.work = args.work or Path("runs/study-core")

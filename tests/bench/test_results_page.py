@@ -46,7 +46,7 @@ def test_every_results_file_has_a_reader():
         "model_memory.md",  # docs/models.md's memory table (tests/test_repo.py)
         "model_memory.json",  # its source
     }
-    device_checks = {n for n in files if n.startswith(("gpu_check-", "gpu_variants-"))}  # gpu_check.py: a machine
+    device_checks = {n for n in files if n.startswith("gpu_check-")}  # bench/gpu_check.py: a machine's record
     assert files - read - tables_of_read - sources_of_read - elsewhere - device_checks == set()
 
 

@@ -388,3 +388,28 @@ def test_restored_raw_runs_are_checked_against_the_manifest(tmp_path):
     # the kept manifest covers every raw file of the summaries' runs
     kept = (ROOT / "bench" / "results" / "study-runs.tsv").read_text().splitlines()
     assert kept[0] == "path\tsha256\tbytes" and len(kept) > 500
+
+
+def test_an_adaptive_sweep_reports_against_a_label_it_holds(tmp_path, monkeypatch):
+    """The adaptive sweeps have no bare label: their report times against the baseline at the world's rate, so the
+    sweep writes the results file the adaptive plans read their rates from (it used to find no dance-grpo and
+    write nothing)."""
+    import json
+    import sys
+
+    study = _bench("study")
+    monkeypatch.setattr(study, "RESULTS", tmp_path)
+    monkeypatch.setattr(study, "RUNS", tmp_path / "study-runs")
+    for plan, base in study.SWEEP_BASELINES.items():
+        assert base in study.PLANS[plan] and "dance-grpo" not in study.PLANS[plan]
+        done = []
+        monkeypatch.setattr(study, "report", lambda rows, work, args: done.append((args.baseline, len(rows))))
+        work = Path("w") / plan
+        for label in study.PLANS[plan]:
+            study.kept(work, label, 100).mkdir(parents=True)
+            (study.kept(work, label, 100) / "summary.json").write_text(json.dumps({"label": label, "seed": 100}))
+        argv = ["study.py", "--plan", plan, "--seeds", "100", "--report-only", "--work", str(tmp_path / work)]
+        monkeypatch.setattr(sys, "argv", argv)
+        monkeypatch.chdir(tmp_path)
+        study.main()
+        assert done == [(base, len(study.PLANS[plan]))]
