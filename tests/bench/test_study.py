@@ -400,10 +400,11 @@ def test_an_adaptive_sweep_reports_against_a_label_it_holds(tmp_path, monkeypatc
     study = _bench("study")
     monkeypatch.setattr(study, "RESULTS", tmp_path)
     monkeypatch.setattr(study, "RUNS", tmp_path / "study-runs")
+    done: list[tuple[str, int]] = []
+    monkeypatch.setattr(study, "report", lambda rows, work, args: done.append((args.baseline, len(rows))))
     for plan, base in study.SWEEP_BASELINES.items():
         assert base in study.PLANS[plan] and "dance-grpo" not in study.PLANS[plan]
-        done = []
-        monkeypatch.setattr(study, "report", lambda rows, work, args: done.append((args.baseline, len(rows))))
+        done.clear()
         work = Path("w") / plan
         for label in study.PLANS[plan]:
             study.kept(work, label, 100).mkdir(parents=True)
