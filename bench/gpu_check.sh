@@ -4,8 +4,10 @@
 #   here, once:  bash bench/gpu_check.sh --wheels   # the wheels the device lacks (diffusers) into .whl/ (ignored)
 #   device run:  bash bench/gpu_check.sh            # carry [".whl"], timeout_s 560; the JSON comes back in $OUT
 #   on a CPU:    bash bench/gpu_check.sh --tiny     # the same steps at policy.size="tiny"
-#   then, on the same warm machine (timeout_s 560), the speed candidates against today's defaults, compile last:
-#                bash bench/gpu_check.sh --variants base,torch-flash,cudnn,batch16,compile --iterations 2 --budget 500
+#   then, on the same warm machine (timeout_s 560), the speed candidates against today's defaults, one prompt an
+#   iteration (each builds the model and runs two iterations; those past the budget are recorded as skipped):
+#                bash bench/gpu_check.sh --variants base,checkpoint-half,torch-flash,batch16,compile --prompts 1 \
+#                    --iterations 2 --budget 500
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WHEELS=(diffusers==0.42.1 importlib_metadata==8.7.0)
