@@ -46,12 +46,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from model_specs import MODELS, TRANSFORMERS  # noqa: E402  (bench/ is not a package)
 
-from treegrpo_cli.config import load_config
+from treegrpo_cli.config import load_config, parse_set
 from treegrpo_cli.engine.credit import assign_credit
 from treegrpo_cli.engine.grpo import Batch, grpo_update, make_optimizer
 from treegrpo_cli.engine.rollout import mix_seed, rollout
 from treegrpo_cli.engine.schedules import tree_for_iteration
 from treegrpo_cli.engine.sde import make_kernel
+from treegrpo_cli.errors import ConfigError
 from treegrpo_cli.models.base import PolicyConfig
 from treegrpo_cli.models.diffusers_base import quiet_diffusers
 from treegrpo_cli.models.registry import load_policy
@@ -117,18 +118,17 @@ def make_policy(args: argparse.Namespace, mode: str, device: torch.device, dtype
 
 
 def policy_sets(sets: list[str]) -> dict[str, Any]:
-    """--set policy.KEY=VALUE as PolicyConfig fields; VALUE as JSON when it parses (true, 16), else a string."""
+    """--set policy.KEY=VALUE as PolicyConfig fields, each value read as `treegrpo --set` reads it (parse_set)."""
     fields = {f.name for f in dataclasses.fields(PolicyConfig)}
     out: dict[str, Any] = {}
     for item in sets:
-        key, sep, value = item.partition("=")
-        name = key.removeprefix("policy.")
-        if not sep or not key.startswith("policy.") or name not in fields:
-            raise SystemExit(f"--set {item!r}: expected policy.KEY=VALUE with KEY one of {', '.join(sorted(fields))}")
         try:
-            out[name] = json.loads(value)
-        except json.JSONDecodeError:
-            out[name] = value
+            key, value = parse_set(item)
+        except ConfigError as e:
+            raise SystemExit(str(e)) from None
+        if not key.startswith("policy.") or key.removeprefix("policy.") not in fields:
+            raise SystemExit(f"--set {item!r}: expected policy.KEY=VALUE with KEY one of {', '.join(sorted(fields))}")
+        out[key.removeprefix("policy.")] = value
     return out
 
 

@@ -130,21 +130,19 @@ def cli_path(steps: Steps, model: str, tiny: bool, work: Path) -> None:
     steps.run(f"{model}: export", [*cli, "export", str(run), "--out", str(work / f"export-{model}")])
 
 
+def flux_iteration(
+    steps: Steps, args: argparse.Namespace, name: str, presets: str, out: Path, extra: list[str]
+) -> dict[str, Any] | None:
+    """One bench/flux_iteration.py process (FLUX.1-dev, LoRA) as a step; its results file, if it wrote one."""
+    cmd = [sys.executable, str(ROOT / "bench" / "flux_iteration.py"), "--model", "flux-dev", "--modes", "lora"]
+    cmd += ["--presets", presets, "--prompts", str(args.prompts), "--iterations", str(args.iterations)]
+    steps.run(name, [*cmd, *extra, "--out", str(out), *(["--tiny"] if args.tiny else [])])
+    return json.loads(out.read_text()) if out.is_file() else None
+
+
 def iteration_bench(steps: Steps, args: argparse.Namespace, work: Path) -> dict[str, Any] | None:
     out = work / "flux_iteration.json"
-    cmd = [sys.executable, str(ROOT / "bench" / "flux_iteration.py"), "--model", "flux-dev", "--modes", "lora"]
-    cmd += [
-        "--presets",
-        args.presets,
-        "--prompts",
-        str(args.prompts),
-        "--iterations",
-        str(args.iterations),
-        "--out",
-        str(out),
-    ]
-    steps.run("flux_iteration.py: flux-dev, " + args.presets, [*cmd, *(["--tiny"] if args.tiny else [])])
-    return json.loads(out.read_text()) if out.is_file() else None
+    return flux_iteration(steps, args, f"flux_iteration.py: flux-dev, {args.presets}", args.presets, out, [])
 
 
 def variant_bench(steps: Steps, args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
@@ -153,13 +151,11 @@ def variant_bench(steps: Steps, args: argparse.Namespace, work: Path) -> list[di
     rows: list[dict[str, Any]] = []
     for name in args.variants.split(","):
         out = work / f"variant-{name}.json"
-        cmd = [sys.executable, str(ROOT / "bench" / "flux_iteration.py"), "--model", "flux-dev", "--modes", "lora"]
-        cmd += ["--presets", args.preset, "--prompts", str(args.prompts), "--iterations", str(args.iterations)]
-        cmd += [*VARIANTS[name], "--out", str(out), *(["--tiny"] if args.tiny else [])]
-        step = steps.run(f"variant {name}: flux-dev, {args.preset}", cmd)
-        bench = json.loads(out.read_text()) if out.is_file() else None
+        bench = flux_iteration(
+            steps, args, f"variant {name}: flux-dev, {args.preset}", args.preset, out, VARIANTS[name]
+        )
         row = mfu_table(bench)[0] if bench and bench.get("results") else {"preset": args.preset}
-        status = step["status"] if not row.get("error") else "case error"  # the script ran; the case did not
+        status = steps.rows[-1]["status"] if not row.get("error") else "case error"  # the script ran; the case not
         rows.append({"variant": name, "status": status, **row})
     base = next((r for r in rows if r["variant"] == "base" and r.get("rollout_s")), None)
     for r in rows:

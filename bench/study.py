@@ -265,6 +265,11 @@ PLAN_DEFAULTS = {"adaptive": ("branch-mix-flow", 0.25), "adaptive-video": ("tree
 SWEEP_BASELINES = {"adaptive-lr": f"branch-mix-flow@lr{WORLD_LR}", "adaptive-video-lr": f"tree-grpo@lr{WORLD_LR}"}
 
 
+def plan_defaults(plan: str) -> tuple[str, float | None]:
+    """A plan's baseline and target gain (None: the baseline's final gain) when --baseline / --target are not given."""
+    return PLAN_DEFAULTS.get(plan) or (SWEEP_BASELINES.get(plan, "dance-grpo"), None)
+
+
 def train_args(preset: str, sets: tuple[str, ...], seed: int, run: Path, tflops: float, every: float) -> list[str]:
     budget = [f"train.max_tflops={tflops}", f"train.eval_every_tflops={every}"]
     # a label without @lr trains at the world's rate, whatever rate a preset's [for_model.tiny-shapes] names
@@ -364,7 +369,7 @@ def report(rows: list[dict], work: Path, args: argparse.Namespace) -> dict:
     from treegrpo_cli.report.compare import compare_runs, to_dict
     from treegrpo_cli.report.compare_page import write_report
 
-    own_base, own_target = PLAN_DEFAULTS.get(args.plan, (SWEEP_BASELINES.get(args.plan, "dance-grpo"), None))
+    own_base, own_target = plan_defaults(args.plan)
     name = f"study-{args.plan}" + ("" if args.baseline == own_base else f"-vs-{args.baseline}")
     name += "" if args.target is None or args.target == own_target else f"-target{args.target:g}"
     folders, labels = [Path(r["run_dir"]) for r in rows], [r["label"] for r in rows]
@@ -631,9 +636,9 @@ def main() -> None:
     ap.add_argument("--target", type=float, default=None, help="a held-out gain to time every variant to instead")
     args = ap.parse_args()
     args.eval_every = args.eval_every or args.tflops / 8
-    args.baseline = args.baseline or PLAN_DEFAULTS.get(args.plan, (SWEEP_BASELINES.get(args.plan, "dance-grpo"),))[0]
-    if args.target is None and args.plan in PLAN_DEFAULTS:
-        args.target = PLAN_DEFAULTS[args.plan][1]
+    args.baseline = args.baseline or plan_defaults(args.plan)[0]
+    if args.target is None:
+        args.target = plan_defaults(args.plan)[1]
     args.work = args.work or Path("runs/study-core")
     args.work.mkdir(parents=True, exist_ok=True)
 

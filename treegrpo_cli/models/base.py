@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from ..engine.protocols import Conditions, Policy, select  # noqa: F401  (re-exported for the adapters)
 from ..errors import ConfigError
-from .speed import ATTENTION_DEFAULT, attention_backends, check_compile
+from .speed import ATTENTION_DEFAULT, attention_backends
 
 FINETUNES = ("lora", "full")
 CFG_UNCOND = ("grad", "detach")
@@ -21,6 +21,7 @@ DTYPES = ("auto", "bf16", "fp32")
 DTYPE_NAMES = {"bfloat16": "bf16", "float32": "fp32"}  # torch's spellings, accepted for policy.dtype
 WEIGHTS = ("pretrained", "random")
 SIZES = ("full", "tiny")
+COMPILES = ("off", "blocks")
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,8 @@ class PolicyConfig:
             raise ConfigError(
                 'policy.size = "tiny" builds a small model from config: it needs policy.weights = "random"'
             )
-        check_compile(self.compile)
+        if self.compile not in COMPILES:
+            raise ConfigError(f"policy.compile must be one of {', '.join(COMPILES)}; got {self.compile!r}")
         if not 0.0 <= self.checkpoint_blocks <= 1.0:
             raise ConfigError(
                 f"policy.checkpoint_blocks is a share of the blocks, 0 to 1; got {self.checkpoint_blocks}"

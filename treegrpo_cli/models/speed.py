@@ -1,7 +1,8 @@
-"""How fast a diffusers denoiser runs, apart from what it computes: its attention kernel and torch.compile.
+"""How fast a diffusers denoiser runs, apart from what it computes: its attention kernel, torch.compile and
+selective activation checkpointing.
 
-Both are `[policy]` options, off by default until a GPU measurement shows that they pay
-(bench/flux_iteration.py --set, bench/gpu_check.py --mfu):
+All three are `[policy]` options, off by default until a GPU measurement shows that they pay
+(bench/flux_iteration.py --set, bench/gpu_check.sh --variants):
 
 - policy.attention: the diffusers attention backend of every attention layer ("default" leaves the model's own,
   torch's SDPA). "_native_flash" and "_native_cudnn" are torch's own kernels; "flash" and "_flash_3" need the
@@ -23,7 +24,6 @@ from torch import nn
 
 from ..errors import ConfigError
 
-COMPILES = ("off", "blocks")
 ATTENTION_DEFAULT = "default"
 
 
@@ -39,9 +39,6 @@ def set_attention(net: Any, backend: str) -> None:
     GPU is missing)."""
     if backend == ATTENTION_DEFAULT:
         return
-    known = attention_backends()
-    if backend not in known:
-        raise ConfigError(f"policy.attention must be one of {', '.join(known)}; got {backend!r}")
     if not hasattr(net, "set_attention_backend"):
         raise ConfigError(f"policy.attention = {backend!r}: this model's denoiser has no attention backends to set")
     from diffusers.models.attention_dispatch import _AttentionBackendRegistry as registry
@@ -99,8 +96,3 @@ def checkpoint_share(net: nn.Module, share: float) -> list[int]:
 
         block.forward = recomputed
     return chosen
-
-
-def check_compile(value: str) -> None:
-    if value not in COMPILES:
-        raise ConfigError(f"policy.compile must be one of {', '.join(COMPILES)}; got {value!r}")
