@@ -181,25 +181,26 @@ PLANS["best-lr"][BEST_BRANCH] = PLANS["ablation"][BEST_BRANCH]
 # split steps, one factor at a time from branch-mix-flow (and from tree-grpo on the video world), the flat baseline
 # with per-prompt budgets, then combinations. Each variant trains at its best rate of the 3-value sweep at seed 100
 # (--plan adaptive-lr / adaptive-video-lr), read from that sweep's results; the labels stay bare (the rate is a --set).
-# On the image world 20 TFLOPs a run: branch-mix-flow reaches +0.25 (trained weights) in about a quarter of that and
-# dance-grpo in about three quarters (study-best-lr, study-core-target0.25), and the study times runs to +0.25.
-#   python bench/study.py --plan adaptive-lr --seeds 100 --work runs/study-adaptive --tflops 20
-#   python bench/study.py --plan adaptive --seeds 0 1 2 3 4 --work runs/study-adaptive --tflops 20 --eval-every 1
+# On the image world 10 TFLOPs a run: branch-mix-flow reaches +0.25 (trained weights) in about half of that (dance-grpo
+# needs about 15; study-best-lr, study-core-target0.25), and the study times runs to +0.25. On the video world 12:
+# tree-grpo reaches +0.10 in about 6.5 (study-video-target0.1).
+#   python bench/study.py --plan adaptive-lr --seeds 100 --work runs/study-adaptive --tflops 10
+#   python bench/study.py --plan adaptive --seeds 0 1 2 3 4 --work runs/study-adaptive --tflops 10 --eval-every 1
 #       (vs branch-mix-flow, timed to +0.25 with a held-out evaluation every TFLOP)
-#   python bench/study.py --plan adaptive-video-lr --seeds 100 --work runs/study-adaptive-video --tflops 24
-#   python bench/study.py --plan adaptive-video --seeds 0 1 2 3 4 --work runs/study-adaptive-video --tflops 24
+#   python bench/study.py --plan adaptive-video-lr --seeds 100 --work runs/study-adaptive-video --tflops 12
+#   python bench/study.py --plan adaptive-video --seeds 0 1 2 3 4 --work runs/study-adaptive-video --tflops 12 --eval-every 1
 ADAPTIVE_FACTORS: dict[str, tuple[str, ...]] = {
     "dynamic-reward": ('tree.dynamic="reward"',),  # TreePO: predicted ties stop, hand their budget over, fall back
     "dynamic-distance": ('tree.dynamic="distance"', "tree.stop_tol=0.4"),  # the same from x0 distances, no reward call
     "early-stop": ('tree.dynamic="reward"', "tree.transfer=false"),  # stops keep the forwards they would have spent
     "budget": ('budget.mode="spread"',),  # leaves over prompts by their estimated reward spread
     "budget-replace": ('budget.mode="spread"', "budget.replace_after=2"),  # and tied prompts replaced (DAPO)
-    # TMPO: dense early splits spreading out over the first 150 iterations (a run stops on FLOPs, near 180), jittered
+    # TMPO: dense early splits spreading out over the first 35 iterations (a 10-TFLOP run stops near 42), jittered
     "splits-progress": (
         'splits.kind="progress"',
         "splits.early=[0,1,2,3]",
         "splits.late=[0,3,6,9]",
-        "splits.over=150",
+        "splits.over=35",
         "splits.kappa=6.0",
     ),
     "splits-adaptive": ('splits.kind="adaptive"', "splits.kappa=4.0"),  # per prompt: low reward splits earlier
