@@ -117,6 +117,42 @@ def test_the_cap_takes_back_the_last_given_units_first():
     assert plan_split([4, 4], [False, False], cost, 2, 2, room=2 * cost(4)).budget == [4, 4]
 
 
+def test_a_predicted_tie_gets_no_budget_whatever_its_own():
+    # node 1 (budget 1) ties node 0 as node 2 does: node 2's two spare units go to node 0 alone, not to node 1
+    p = plan_split([2, 1, 3], [False, True, True], _cost, 2, 0, room=10_000)
+    assert p.budget == [4, 1, 1] and p.out == [False, True, True] and p.stopped == 1
+    # a frontier that is one cluster led by a budget-1 node: the fallback re-activates the first node with budget
+    one = plan_split([1, 4], [True, True], _cost, 2, 0, room=10_000)
+    assert one.budget == [1, 4] and one.fallback and one.out == [True, False]
+
+
+def test_a_stopped_path_never_branches_again(policy):
+    # one tree (splits 0, 3, 6, 9 of 20, 16 leaves); a judge that answers by position: at step 3 both nodes tie
+    # (one cluster: the fallback keeps the first, the second goes on as a chain); at step 6 the first node's
+    # children 2 and 3 tie child 1 and child 4 differs: their spare budget goes to children 1 and 4, never to the
+    # chain (before: scored 2, it counted as active and branched again)
+    script = iter([[0.0, 0.0], [0.0, 0.0, 0.0, 1.0, 2.0], [float(i) for i in range(32)]])
+    calls = []
+
+    def judge(x0, prompts):
+        calls.append(len(x0))
+        return torch.tensor(next(script)[: len(x0)])
+
+    cfg = load_config("branch-mix-flow", sets=[*MIX, 'tree.dynamic="reward"'])
+    tree, _ = rollout(policy, PROMPTS[:1], [0], make_kernel(policy, cfg.sampler), cfg.tree, 7, judge=judge)
+    leaves = tree.leaves()
+    under = [n for n in leaves.tolist() if _ancestor(tree, n, 3) == 6]  # node 6: the second node at depth 3
+    assert len(under) == 1  # the chain ends as one leaf
+    assert calls[:2] == [2, 4]  # and is not judged at step 6
+    assert 14 <= len(leaves) <= 16
+
+
+def _ancestor(tree, n, depth):
+    while int(tree.depth[n]) > depth:
+        n = int(tree.parent[n])
+    return n
+
+
 def test_tie_verdicts_by_hand():
     # tree 0: 0.5, 0.5 (a tie), 0.7; tree 1: 0.2, 0.2 (one cluster: the whole frontier predicts a tie)
     v = torch.tensor([0.5, 0.5, 0.7, 0.2, 0.2])

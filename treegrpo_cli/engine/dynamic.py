@@ -21,10 +21,11 @@ x0-prediction (the forward of this step made it). A heuristic reads it, per tree
 only, as every forward does, on the last bits a batched forward may move: a value exactly at the tolerance could
 fall either side) and clusters the nodes greedily: a node within tree.stop_tol of an earlier active node of its
 tree is a predicted tie (its subtree would repeat that node's outcome) and stops branching: it goes on as a chain and
-ends as one leaf. A tree whose frontier is one cluster is predicted to tie as a whole: every node stops.
-Stopped paths hand their spare budget (b - 1 each) to the tree's active nodes, evenly, the first ones one
-more (TreePO's "fixed_avg" divergence); a tree left without an active node re-activates its first stopped
-node (the fallback: branching resumes from a surviving node), so every tree keeps its w leaves as far as the cap
+ends as one leaf, and from then on it is out (not judged, no leader, never given budget). A tree whose active
+frontier is one cluster is predicted to tie as a whole: every node stops. Stopped paths hand their spare budget
+(b - 1 each) to the tree's active nodes (those not stopped), evenly, the first ones one more (TreePO's
+"fixed_avg" divergence); a tree left without an active node re-activates its first stopped node with budget
+(the fallback: branching resumes from a surviving node), so every tree keeps its w leaves as far as the cap
 below allows (a stopped chain shares no prefix with the rest, so the cap may take a unit or two back). Without
 tree.transfer the spare budget is not spent (fewer leaves, fewer forwards); without tree.fallback a tree
 predicted to tie keeps only its chains. A cap on the forwards of a tree (tree.max_evals; by default those of
@@ -150,6 +151,7 @@ class SplitPlan:
     stopped: int  # nodes that stopped branching (had budget to give)
     fallback: bool  # a stopped node was re-activated
     taken_back: int  # transferred units the cap took back
+    out: list[bool] = field(default_factory=list)  # each node on a stopped path from here on (a chain to one leaf)
 
 
 def plan_split(
@@ -162,12 +164,13 @@ def plan_split(
     transfer: bool = True,
     fallback: bool = True,
 ) -> SplitPlan:
-    """The split of one tree's frontier: budgets and stop verdicts in node order; cost(b) the forwards below a
-    node with budget b; room = the cap minus the tree's forwards so far (what the plan may still spend)."""
+    """The split of one tree's frontier: budgets and stop verdicts in node order (True also for a node already on a
+    stopped path); cost(b) the forwards below a node with budget b; room = the cap minus the tree's forwards so far
+    (what the plan may still spend). Only nodes not stopped receive the spare budget."""
     stopped = [s and b >= 2 for s, b in zip(stop, budgets, strict=True)]
     new = [1 if s else b for s, b in zip(stopped, budgets, strict=True)]
     spare = sum(b - 1 for s, b in zip(stopped, budgets, strict=True) if s) if transfer else 0
-    active = [i for i, s in enumerate(stopped) if not s]
+    active = [i for i, s in enumerate(stop) if not s]  # a predicted tie gets no budget, whatever its own
     fell = False
     if spare and not active and fallback:
         active, fell = [stopped.index(True)], True
@@ -182,7 +185,8 @@ def plan_split(
         back += 1
     if total > room:
         raise ValueError(f"a split plan needs {total} forwards with only {room} left under the cap")
-    return SplitPlan(new, [children(b, branch, later) for b in new], sum(stopped), fell, back)
+    out = [s and i not in active for i, s in enumerate(stop)]
+    return SplitPlan(new, [children(b, branch, later) for b in new], sum(stopped), fell, back, out)
 
 
 # --- a rollout's splits ---------------------------------------------------------------------------
@@ -209,25 +213,28 @@ def split_counts(
     x0: Tensor,
     trees: TreeBudgets,
     judge: Judge | None,
-) -> tuple[list[int], list[list[int]]]:
-    """Children of every frontier node (its tree node_tree[f], budget node_budget[f]; x0 [F, ...] the step's
-    x0-predictions) and their budgets: c(b) at a tree's split steps, after the heuristic's stops from its second
-    split on; one child elsewhere. cfg: the TreeConfig (branch, dynamic, stop_tol, transfer, fallback)."""
+    node_out: list[bool] | None = None,
+) -> tuple[list[int], list[list[int]], list[bool]]:
+    """Children of every frontier node (its tree node_tree[f], budget node_budget[f], node_out[f]: on a stopped path;
+    x0 [F, ...] the step's x0-predictions), their budgets and whether each node is on a stopped path after this
+    step (its children inherit it): c(b) at a tree's split steps, after the heuristic's stops from its second split
+    on; one child elsewhere. cfg: the TreeConfig (branch, dynamic, stop_tol, transfer, fallback)."""
     n, T = len(node_tree), steps
+    out = list(node_out) if node_out is not None else [False] * n
     counts, budgets = [1] * n, [[b] for b in node_budget]
     at: dict[int, list[int]] = {}  # tree -> its frontier nodes, when this step is one of its splits
     for f, t in enumerate(node_tree):
         if step in trees.shapes[t].split_steps:
             at.setdefault(t, []).append(f)
     if not at:
-        return counts, budgets
-    stop = _verdicts(cfg, step, node_tree, x0, trees, at, judge)
+        return counts, budgets, out
+    stop = _verdicts(cfg, step, node_tree, x0, trees, {t: [f for f in fs if not out[f]] for t, fs in at.items()}, judge)
     for t, nodes in at.items():
         splits = trees.shapes[t].split_steps
         j = splits.index(step)
         plan = plan_split(
             [node_budget[f] for f in nodes],
-            [stop.get(f, False) for f in nodes],
+            [stop.get(f, False) or out[f] for f in nodes],
             functools.partial(_below, j=j, splits=splits, steps=T, branch=cfg.branch),
             cfg.branch,
             len(splits) - 1 - j,
@@ -235,15 +242,15 @@ def split_counts(
             cfg.transfer,
             cfg.fallback,
         )
-        for f, b, c in zip(nodes, plan.budget, plan.counts, strict=True):
-            counts[f], budgets[f] = c, share(b, c)
+        for f, b, c, o in zip(nodes, plan.budget, plan.counts, plan.out, strict=True):
+            counts[f], budgets[f], out[f] = c, share(b, c), o
         for key, value in (
             ("early_stops", plan.stopped),
             ("fallbacks", int(plan.fallback)),
             ("taken_back", plan.taken_back),
         ):
             trees.stats[key] = trees.stats.get(key, 0) + value
-    return counts, budgets
+    return counts, budgets, out
 
 
 def _below(b: int, j: int, splits: tuple[int, ...], steps: int, branch: int) -> int:
@@ -253,7 +260,8 @@ def _below(b: int, j: int, splits: tuple[int, ...], steps: int, branch: int) -> 
 def _verdicts(
     cfg: Any, step: int, node_tree: list[int], x0: Tensor, trees: TreeBudgets, at: dict[int, list[int]], judge
 ) -> dict[int, bool]:
-    """The heuristic's stop verdict of every node at a split after its tree's first (engine/dynamic.py)."""
+    """The heuristic's stop verdict of every node of `at` (a tree's nodes not on a stopped path) at a split after its
+    tree's first (engine/dynamic.py)."""
     nodes = [f for t, fs in at.items() if trees.shapes[t].split_steps[0] != step for f in fs]
     if cfg.dynamic == "off" or not nodes:
         return {}

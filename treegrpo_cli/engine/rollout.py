@@ -200,6 +200,7 @@ class _Level:
     budget: list[int] = field(default_factory=list)  # each node's leaf budget (engine/dynamic.py)
     sde_in: list[bool] = field(default_factory=list)  # the edge into the node was a stochastic step with noise
     prev_x0: Tensor | None = None  # [F, ...] the parents' x0-predictions (a multistep solver's history), on device
+    out: list[bool] = field(default_factory=list)  # each node on a path the dynamic rollout stopped (engine/dynamic.py)
 
 
 def _roots(
@@ -229,6 +230,7 @@ def _roots(
             lvl.log_prob.append(torch.tensor(float("nan")))
             lvl.budget.append(widths[p] if widths else 1)
             lvl.sde_in.append(False)
+            lvl.out.append(False)
     return lvl
 
 
@@ -284,7 +286,7 @@ def _expand(
     if mixed and sde.cfg.solver != "euler":
         raise ConfigError("trees of one batch with different split steps need sampler.solver = 'euler'")
     res = sde.step(x, v, torch.full((n,), step, dtype=torch.long), torch.tensor(noisy), lvl.prev_x0)
-    counts, budgets = split_counts(cfg, step, sde.cfg.steps, lvl.tree, lvl.budget, res.x0, trees, judge)
+    counts, budgets, out = split_counts(cfg, step, sde.cfg.steps, lvl.tree, lvl.budget, res.x0, trees, judge, lvl.out)
     reps = torch.tensor(counts, device=dev)
     mean = res.mean.repeat_interleave(reps, dim=0)  # [sum(counts), C, H, W]
     kids = [[mix_seed(s, c) for c in range(k)] for s, k in zip(lvl.seed, counts, strict=True)]  # child seeds
@@ -299,6 +301,7 @@ def _expand(
             nxt.child.append(c)
             nxt.seed.append(kids[f][c])
         nxt.budget += budgets[f]
+        nxt.out += [out[f]] * counts[f]
     nxt.sde_in = kid_sde
     nxt.latent, nxt.log_prob = list(lat.unbind(0)), list(lp.unbind(0))
     nxt.x0 = list(res.x0.repeat_interleave(reps, dim=0).unbind(0)) if last else []  # the last step's
