@@ -43,6 +43,19 @@ def test_the_estimates_by_hand():
     assert back == s  # exact: JSON keeps every float's bits
 
 
+def test_a_checkpoint_keeps_the_order_the_prompts_were_drawn_in():
+    # the mean spread a never-drawn prompt takes is a float sum in the estimates' order: sorted on the way back
+    # from a checkpoint, it moved in the last bit and, here, a leaf between prompts 191 and 301 (resume != run)
+    live = PromptStats()
+    live.spread = {191: 0.075, 12: 0.1, 13: 0.05}  # prompt 191 drawn at an earlier iteration than 12 and 13
+    live.mean = dict(live.spread)
+    back = PromptStats.from_json(json.loads(json.dumps(live.to_json())))
+    assert list(back.spread) == [191, 12, 13]
+    cfg = BudgetConfig(mode="spread", min_width=2, max_width=32)
+    ids = [191, 12, 300, 301, 191, 12]  # 300 and 301 never drawn
+    assert allocate(cfg, back, ids, 16) == allocate(cfg, live, ids, 16) == [15, 19, 15, 14, 14, 19]
+
+
 def test_damaged_estimates_are_one_line():
     with pytest.raises(ConfigError, match="prompt statistics in the checkpoint are damaged"):
         PromptStats.from_json({"decay": 0.5})

@@ -99,7 +99,7 @@ class PromptStats:
         return new if old is None else decay * old + (1 - decay) * new
 
     def to_json(self) -> dict[str, Any]:
-        keys = sorted(self.spread)
+        keys = list(self.spread)  # in the order the run first drew them: allocate's sums add them in this order
         return {
             "decay": self.decay,
             "bounds_decay": self.bounds_decay,
