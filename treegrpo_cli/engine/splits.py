@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from ..errors import ConfigError
 from .budgets import BudgetConfig, PromptStats
+from .dynamic import Shape, tree_evals
 from .rollout import TreeConfig, mix_seed
 from .sde import SamplerConfig
 
@@ -110,6 +111,28 @@ def check_adaptive(
     if splits.kind == "progress":  # every step the splits move between
         for s in (splits.early, splits.late):
             dataclasses.replace(tree, split_steps=tuple(s)).validate(steps, decode)
+    _check_cap(tree, splits, budget, steps, decode)
+
+
+def _check_cap(tree: TreeConfig, splits: SplitConfig, budget: BudgetConfig, steps: int, decode: str) -> None:
+    """tree.max_evals against the costliest tree [splits] and [budget] may plan (its earliest split steps, its widest
+    budget): a cap it cannot hold would stop the run at the iteration that plans that tree."""
+    if not tree.max_evals or (splits.kind == "static" and budget.mode == "off"):
+        return
+    s, up, gap = tuple(sorted(set(tree.split_steps))), upper(splits, steps, decode), splits.min_gap
+    if splits.kind == "progress":  # jittered over [0, upper]; without jitter, never below the early or late step
+        pairs = zip(splits.early, splits.late, strict=True)
+        low = [0] * len(splits.early) if splits.kappa > 0 else [min(a, b) for a, b in pairs]
+        s = _spaced(low, 0, up, gap)
+    elif splits.kind == "adaptive":
+        s = _spaced([min(s)] * len(s), min(s), up, gap)
+    width = budget.bounds(tree.leaves(steps))[1] if budget.mode != "off" else tree.leaves(steps)
+    need = tree_evals(Shape(s, width), steps, tree.branch)
+    if need > tree.max_evals:
+        raise ConfigError(
+            f"tree.max_evals = {tree.max_evals} is below the {need} forwards of the costliest tree [splits] and "
+            f"[budget] may plan (split steps {list(s)}, {width} leaves); raise it or set 0"
+        )
 
 
 def upper(cfg: SplitConfig, steps: int, decode: str) -> int:
