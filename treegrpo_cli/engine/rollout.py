@@ -53,7 +53,7 @@ class TreeConfig:
         0.0  # dynamic: within this of an earlier active node of the tree = a predicted tie: stop branching
     )
     transfer: bool = True  # dynamic: stopped paths hand their spare leaf budget to the tree's active nodes
-    fallback: bool = True  # dynamic: a tree with no active node left re-activates its first stopped node (keeps width)
+    fallback: bool = True  # dynamic + transfer: a tree with no active node left re-activates its first stopped node
     width: int = 0  # leaves per tree; 0: the fixed tree's branch ** (split steps)
     max_evals: int = 0  # cap on one tree's forwards, never exceeded; 0: those of the undisturbed tree of `width`
 
