@@ -188,7 +188,8 @@ PLANS["best-lr"][BEST_BRANCH] = PLANS["ablation"][BEST_BRANCH]
 #   python bench/study.py --plan adaptive --seeds 0 1 2 3 4 --work runs/study-adaptive --tflops 10 --eval-every 1
 #       (vs branch-mix-flow, timed to +0.25 with a held-out evaluation every TFLOP)
 #   python bench/study.py --plan adaptive-video-lr --seeds 100 --work runs/study-adaptive-video --tflops 12
-#   python bench/study.py --plan adaptive-video --seeds 0 1 2 3 4 --work runs/study-adaptive-video --tflops 12 --eval-every 1
+#   python bench/study.py --plan adaptive-video --seeds 0 1 2 3 4 --work runs/study-adaptive-video --tflops 12 \
+#       --eval-every 1
 ADAPTIVE_FACTORS: dict[str, tuple[str, ...]] = {
     "dynamic-reward": ('tree.dynamic="reward"',),  # TreePO: predicted ties stop, hand their budget over, fall back
     "dynamic-distance": ('tree.dynamic="distance"', "tree.stop_tol=0.4"),  # the same from x0 distances, no reward call
