@@ -28,10 +28,10 @@ frontier is one cluster is predicted to tie as a whole: every node stops. Stoppe
 (the fallback: branching resumes from a surviving node), so every tree keeps its w leaves as far as the cap
 below allows (a stopped chain shares no prefix with the rest, so the cap may take a unit or two back). Without
 tree.transfer the spare budget is not spent (fewer leaves, fewer forwards) and the fallback, which moves it, does
-nothing: a tree predicted to tie keeps only its chains, as without tree.fallback. A cap on the forwards of a tree (tree.max_evals; by default those of
-the undisturbed tree of width w) is never exceeded: the transferred units are taken back, last given first,
-until the tree's forwards so far plus the planned rest fit (the plan with no transfer always fits: a chain
-costs no more than the subtree it replaces).
+nothing: a tree predicted to tie keeps only its chains, as without tree.fallback. A cap on the forwards of a tree
+(tree.max_evals; by default those of the undisturbed tree of width w) is never exceeded: the transferred units are
+taken back, last given first, until the tree's forwards so far plus the planned rest fit (the plan with no transfer
+always fits: a chain costs no more than the subtree it replaces).
 
 Departures from TreePO (LLM): a path there finishes early (a complete, shorter answer) and its budget moves on;
 a diffusion path has no early end whose image the reward could score fairly (an x0-prediction at sigma 0.8 is
