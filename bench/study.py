@@ -299,7 +299,7 @@ def run_metrics(run: Path) -> dict[str, float]:
     spent, saved = sum(x.get("flops", 0) for x in rows), sum(x.get("flops_saved", 0) for x in rows)
     adaptive = {  # over the whole run: what savings_table reports (0 where a run has no adaptive trees)
         f"run/{k}": sum(float(x.get(k, 0.0)) for x in rows) / len(rows)
-        for k in ("zero_std_ratio", "early_stops", "fallbacks", "replaced")
+        for k in ("zero_std_ratio", "early_stops", "fallbacks", "replaced", "reward_images", "leaves")
     }
     return {
         **adaptive,
@@ -488,7 +488,9 @@ def per_label(result: dict, key: str) -> dict[str, list[float]]:
     summary predates run_metrics."""
     out: dict[str, list[float]] = {}
     for r in result["runs"]:
-        metrics = r.get("metrics") or run_metrics(Path(r["run_dir"]))
+        metrics = r.get("metrics") or {}
+        if key not in metrics:  # kept before run_metrics had the key
+            metrics = run_metrics(Path(r["run_dir"]))
         out.setdefault(r["label"], []).append(metrics[key])
     return out
 
@@ -570,20 +572,22 @@ def signal_table(result: dict) -> str:
 def savings_table(result: dict) -> str:
     """What the adaptive trees did over each whole run (mean over seeds): tied groups and within-group reward std
     over all iterations, early stops and fallbacks an iteration, the share of the run's denoiser FLOPs the stops
-    saved against the same trees undisturbed, prompts replaced an iteration."""
+    saved against the same trees undisturbed, prompts replaced an iteration, and images scored an iteration per leaf
+    trained on (above 1: the reward judged x0-predictions too; those calls are not on the denoiser FLOP axis)."""
     keys = ("run/zero_std_ratio", "reward_group_std", "run/early_stops", "run/fallbacks", "run/flops_saved_share")
-    stats = {k: per_label(result, k) for k in (*keys, "run/replaced")}
+    stats = {k: per_label(result, k) for k in (*keys, "run/replaced", "run/reward_images", "run/leaves")}
     avg = {k: {label: sum(v) / len(v) for label, v in by.items()} for k, by in stats.items()}
     lines = [
         "\nOver whole runs (mean over seeds): ties, spread, and what the adaptive trees did an iteration:\n",
         "| variant | tied groups | within-group reward std | early stops | fallbacks | FLOPs saved by stops "
-        "| prompts replaced |\n|---|---|---|---|---|---|---|",
+        "| prompts replaced | images scored per leaf |\n|---|---|---|---|---|---|---|---|",
     ]
     for label, tied in avg["run/zero_std_ratio"].items():
+        scored = avg["run/reward_images"][label] / max(avg["run/leaves"][label], 1)
         lines.append(
             f"| {label} | {tied:.2f} | {avg['reward_group_std'][label]:.3f} | {avg['run/early_stops'][label]:.1f} "
             f"| {avg['run/fallbacks'][label]:.1f} | {100 * avg['run/flops_saved_share'][label]:.1f}% "
-            f"| {avg['run/replaced'][label]:.2f} |"
+            f"| {avg['run/replaced'][label]:.2f} | {scored:.2f} |"
         )
     return "\n".join(lines) + "\n"
 
