@@ -16,7 +16,7 @@ from ..engine.pruning import PruneConfig
 from ..engine.rollout import TreeConfig
 from ..engine.schedules import ScheduleConfig
 from ..engine.sde import MAX_STEPS, SamplerConfig
-from ..engine.splits import SplitConfig, check_adaptive
+from ..engine.splits import SplitConfig, check_adaptive, sampled_tree
 from ..errors import ConfigError
 from ..models.base import PolicyConfig
 
@@ -180,6 +180,9 @@ class Config:
             if w == 0
         ]
         out += self._policy_warnings()
+        out += self.tree.warnings() + self.splits.warnings()
+        width = sampled_tree(self.tree, self.splits).leaves(self.sampler.steps)
+        out += self.budget.warnings(width, adaptive=self.splits.kind == "adaptive")
         if self.train.lr >= 1:
             out.append(f"warning: train.lr = {self.train.lr:g} is far above the references' 1e-5 to 1e-3")
         if self.train.clip_range >= 1:
@@ -190,14 +193,17 @@ class Config:
         return out
 
     def _policy_warnings(self) -> list[str]:
-        """[policy] keys set for a built-in model (pixel, tiny-shapes): it ignores the section."""
+        """[policy] keys set for a built-in model (pixel, tiny-shapes): it ignores the section; a diffusers model's
+        [policy] values that are surely a mistake (PolicyConfig.warnings)."""
         from ..models.registry import MODELS as BUILT_IN
 
         default = PolicyConfig()
         changed = [
             f.name for f in dataclasses.fields(PolicyConfig) if getattr(self.policy, f.name) != getattr(default, f.name)
         ]
-        if self.model not in BUILT_IN or not changed:
+        if self.model not in BUILT_IN:
+            return self.policy.warnings()
+        if not changed:
             return []
         keys = ", ".join(f"policy.{k}" for k in changed)
         return [

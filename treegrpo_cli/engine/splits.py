@@ -35,6 +35,11 @@ from .rollout import TreeConfig, mix_seed
 from .sde import SamplerConfig
 
 KINDS = ("static", "progress", "adaptive")
+USES = {  # the keys each kind reads, beside kind itself
+    "static": (),
+    "progress": ("early", "late", "over", "kappa", "min_gap", "tail_guard"),
+    "adaptive": ("kappa", "min_gap", "tail_guard", "low_reward", "bounds_decay"),
+}
 LOW_REWARD = ("earlier", "later")
 SALT = 0x5B117
 ALPHA_MIN = 0.1  # TMPO's alpha_min
@@ -67,21 +72,68 @@ class SplitConfig:
             raise ConfigError(f"splits.bounds_decay must be in [0, 1), got {self.bounds_decay}")
         if self.kind == "static":
             return
-        m = len(self.early) if self.kind == "progress" else len(tree_splits)
-        if self.kind == "progress" and (not self.early or len(self.early) != len(self.late)):
-            raise ConfigError(
-                f"splits.early and splits.late must list the same number (>= 1) of steps; got {len(self.early)} "
-                f"and {len(self.late)}"
-            )
-        if self.kind == "adaptive" and not tree_splits:
-            raise ConfigError("splits.kind = 'adaptive' moves the tree's split steps: tree.split_steps is empty")
         up = upper(self, steps, decode)
-        first = min((*self.early, *self.late)) if self.kind == "progress" else min(tree_splits)
-        if first < 0 or first + (m - 1) * self.min_gap > up:
+        if up < 0:
+            raise ConfigError(
+                f"splits.tail_guard = {self.tail_guard} with sampler.steps = {steps} leaves no step for a split "
+                f"(the last a split may take would be {up})"
+            )
+        if self.kind == "progress":
+            if not self.early or len(self.early) != len(self.late):
+                raise ConfigError(
+                    f"splits.kind = 'progress' moves split i from splits.early[i] to splits.late[i]: the two must list "
+                    f"the same number (>= 1) of steps; got {len(self.early)} and {len(self.late)}"
+                )
+            for name in ("early", "late"):
+                self._check_steps(name, steps, decode, up)
+            return
+        if not tree_splits:
+            raise ConfigError("splits.kind = 'adaptive' moves the tree's split steps: tree.split_steps is empty")
+        m, first = len(tree_splits), min(tree_splits)
+        if first + (m - 1) * self.min_gap > up:
             raise ConfigError(
                 f"{m} split steps {self.min_gap} apart from step {first} do not fit before step {up} "
                 f"(steps {steps}, splits.tail_guard {self.tail_guard}); lower splits.min_gap or splits.tail_guard"
             )
+
+    def warnings(self) -> list[str]:
+        """Legal values that are almost surely a mistake: keys this kind ignores, a U-shaped jitter."""
+        default = SplitConfig()
+        unused = [
+            f"splits.{f.name}"
+            for f in dataclasses.fields(self)
+            if f.name != "kind" and f.name not in USES[self.kind] and getattr(self, f.name) != getattr(default, f.name)
+        ]
+        them = "them" if len(unused) > 1 else "it"
+        out = [f"warning: {', '.join(unused)} set, but splits.kind = {self.kind!r} ignores {them}"] if unused else []
+        if self.kind == "progress" and 0 < self.kappa < 1:
+            out.append(
+                f"warning: splits.kappa = {self.kappa:g} is a concentration: below 1 the Beta jitter is U-shaped and "
+                "throws the splits to the first and last steps allowed (a larger kappa jitters less; TMPO: 6)"
+            )
+        return out
+
+    def _check_steps(self, name: str, steps: int, decode: str, up: int) -> None:
+        """splits.early or splits.late: ascending, at least min_gap apart, within 0..up (progress_steps would
+        otherwise move them without a word)."""
+        s = list(getattr(self, name))
+        head = f"splits.{name} = {s}"
+        if any(not 0 <= x < steps for x in s):
+            raise ConfigError(f"{head}: steps outside the {steps} denoising steps 0..{steps - 1}")
+        if decode == "x0" and steps - 1 in s:
+            raise ConfigError(
+                f"{head}: a split at the last step {steps - 1} yields identical images when decoding the "
+                "x0-prediction; move it earlier or set sampler.decode = 'final'"
+            )
+        if any(b <= a for a, b in zip(s, s[1:], strict=False)):
+            raise ConfigError(f"{head} must be ascending, each step once (split i moves from early[i] to late[i])")
+        if max(s) > up:
+            raise ConfigError(
+                f"{head}: step {max(s)} is after step {up}, the last a split may take (splits.tail_guard = "
+                f"{self.tail_guard} of sampler.steps = {steps}); move it earlier or lower splits.tail_guard"
+            )
+        if any(b - a < self.min_gap for a, b in zip(s, s[1:], strict=False)):
+            raise ConfigError(f"{head} has steps closer than splits.min_gap = {self.min_gap}; space them or lower it")
 
 
 def check_adaptive(
@@ -104,12 +156,31 @@ def check_adaptive(
             "budget.mode spreads leaves over prompts through the trees' splits; this tree has no split steps "
             "(one leaf per tree): set tree.split_steps"
         )
-    width = tree.leaves(steps)
+    if budget.replace_after and budget.mode == "off" and splits.kind != "adaptive":
+        raise ConfigError(
+            f"budget.replace_after = {budget.replace_after} reads the per-prompt estimates that budget.mode = "
+            "'spread' keeps; with budget.mode = 'off' no prompt would ever be replaced"
+        )
+    width = sampled_tree(tree, splits).leaves(steps)
     if budget.mode != "off" and budget.max_width and budget.max_width < width:
         raise ConfigError(f"budget.max_width = {budget.max_width} is below the tree's {width} leaves")
     if splits.kind == "progress":  # every step the splits move between
-        for s in (splits.early, splits.late):
-            dataclasses.replace(tree, split_steps=tuple(s)).validate(steps, decode)
+        if tree.dynamic != "off" and len(splits.early) < 2:
+            raise ConfigError(
+                f"tree.dynamic = {tree.dynamic!r} decides at the split steps after the first: it needs >= 2, and "
+                f"splits.early and splits.late list {len(splits.early)}"
+            )
+        for name in ("early", "late"):
+            try:
+                dataclasses.replace(tree, split_steps=tuple(getattr(splits, name))).validate(steps, decode)
+            except ConfigError as e:
+                raise ConfigError(f"splits.{name} = {list(getattr(splits, name))}: {e}") from None
+
+
+def sampled_tree(tree: TreeConfig, splits: SplitConfig) -> TreeConfig:
+    """The tree an iteration samples, as far as its number of splits goes: progress moves its splits to as many as
+    splits.early lists."""
+    return dataclasses.replace(tree, split_steps=tuple(splits.early)) if splits.kind == "progress" else tree
 
 
 def upper(cfg: SplitConfig, steps: int, decode: str) -> int:
