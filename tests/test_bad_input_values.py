@@ -4,6 +4,7 @@ config and prompt files that are not regular files say so; typer's own errors ar
 name is a name, not a path. Every case exits non-zero with one line on stderr, no traceback, within
 the time limit, and leaves the folders it was given exactly as they were."""
 
+import json
 import os
 from pathlib import Path
 
@@ -566,3 +567,11 @@ def test_a_rollout_prints_the_warnings_and_runs(tmp_path):
     r = run("rollout", *PIXEL, "--preset", DYNAMIC, "--set", "tree.stop_tol=2", "-n", 1, "--out", tmp_path / "o")
     assert r.exit_code == 0, r.output
     assert "warning: tree.stop_tol = 2 is at least the distance of two unrelated" in r.stderr
+
+
+def test_config_show_says_the_warnings_train_would(tmp_path):
+    r = run("config", "show", "--preset", "branch", "--set", 'tree.dynamic="distance"', "--json")
+    assert r.exit_code == 0, r.output
+    assert "warning: tree.dynamic = 'distance' with tree.stop_tol = 0" in r.stderr
+    assert json.loads(r.stdout)["config"]["tree"]["dynamic"] == "distance"  # stdout stays JSON
+    assert run("config", "show", "--preset", "branch").stderr == ""
