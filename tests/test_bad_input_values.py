@@ -252,7 +252,7 @@ CASES = {
     ),
     "tree width 1e9": (
         ["train", *PIXEL, "--preset", DYNAMIC, "--set", "tree.width=1000000000"],
-        ["nodes", "rollout.max_nodes"],
+        ["nodes", "rollout.max_nodes", "lower", "tree.width"],
         [],
     ),
     "max_evals below the tree": (
@@ -282,7 +282,7 @@ CASES = {
     ),
     "budget.max_width 1e9": (
         ["train", *PIXEL, "--preset", BUDGET, "--set", "budget.max_width=1000000000"],
-        ["nodes", "rollout.max_nodes"],
+        ["nodes", "rollout.max_nodes", "lower", "budget.max_width"],
         [],
     ),
     "budget.decay 1": (["train", *PIXEL, "--preset", BUDGET, "--set", "budget.decay=1"], ["budget.decay"], []),

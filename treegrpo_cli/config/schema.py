@@ -250,10 +250,13 @@ class Config:
         """Bounded work: the nodes of one iteration's trees, before anything is sampled."""
         nodes, per_tree = self.rollout_nodes()
         if nodes > self.rollout.max_nodes:
+            sizes = ["tree.branch", "the split steps"]  # and the keys that set a budgeted tree's size
+            sizes += [f"tree.{k}" for k in ("width", "max_evals") if getattr(self.tree, k)]
+            sizes += ["budget.max_width"] if self.budget.mode != "off" else []
             raise ConfigError(
                 f"one rollout would hold {nodes:,} nodes ({per_tree:,} per tree x {self.tree.trees_per_prompt} trees x "
                 f"{self.rollout.num_prompts} prompts), more than rollout.max_nodes = {self.rollout.max_nodes:,}; "
-                "lower tree.branch, the split steps or rollout.num_prompts, or raise rollout.max_nodes"
+                f"lower {', '.join(sizes)} or rollout.num_prompts, or raise rollout.max_nodes"
             )
 
     def to_dict(self) -> dict[str, Any]:
