@@ -575,3 +575,9 @@ def test_config_show_says_the_warnings_train_would(tmp_path):
     assert "warning: tree.dynamic = 'distance' with tree.stop_tol = 0" in r.stderr
     assert json.loads(r.stdout)["config"]["tree"]["dynamic"] == "distance"  # stdout stays JSON
     assert run("config", "show", "--preset", "branch").stderr == ""
+
+
+def test_a_staged_rollout_of_an_iteration_planned_from_rewards_is_a_usage_error(tmp_path):
+    r = run("rollout", *PIXEL, "--preset", BUDGET, "-n", 1, "--iteration", 3, "--out", tmp_path / "o")
+    one_line_error(r, "iteration 3", "budget.mode")
+    assert r.exit_code == 2 and not (tmp_path / "o").exists()
