@@ -227,6 +227,16 @@ CASES = {
         ["tree.dynamic = 'distance'", "tree.split_steps has []"],
         [],
     ),
+    "dynamic on a window schedule of one split": (
+        ["train", *PIXEL, "--preset", "tree-grpo", "--set", 'tree.dynamic="distance"', "--set", "schedule.window=1"],
+        ["schedule.split = 'all'", "schedule.window = 1", "tree.dynamic"],
+        [],
+    ),
+    "max_evals below a window schedule's tree": (
+        ["train", *PIXEL, "--preset", "tree-grpo", "--set", "tree.split_steps=[5, 6, 7]", "--set", "tree.max_evals=150"],
+        ["schedule.split = 'all'", "tree.max_evals = 150"],
+        [],
+    ),
     "dynamic on one moving split": (
         ["train", *PIXEL, "--preset", MOVING, "--set", 'tree.dynamic="reward"', "--set", "splits.early=[0]"]
         + ["--set", "splits.late=[5]"],

@@ -136,6 +136,7 @@ class Config:
         self.pruning.validate()
         self.reward.weight_map()
         self.schedule.validate(self.sampler.steps, self.sampler.decode)
+        self._check_scheduled_tree()
         check_adaptive(self.tree, self.schedule.split, self.splits, self.budget, self.sampler)
         any_sde = (
             self.tree.sde_steps is None
@@ -214,12 +215,7 @@ class Config:
         """The iteration tree with the most nodes: the static tree, or the schedule's window at its earliest
         start (an earlier split leaves more steps at the wider width); [splits] at their earliest steps, and the
         widest per-prompt budget."""
-        tree = self.tree
-        if self.schedule.kind != "static":
-            start = 0 if self.schedule.kind == "geometric" else self.schedule.start
-            window = tuple(range(start, start + self.schedule.window))
-            splits = {"none": self.tree.split_steps, "first": (start,), "all": window}[self.schedule.split]
-            tree = dataclasses.replace(self.tree, sde_steps=window, split_steps=splits)
+        tree = self.scheduled_tree()
         if self.splits.kind != "static":  # every split as early as it may go
             m = len(self.splits.early) if self.splits.kind == "progress" else len(tree.split_steps)
             tree = dataclasses.replace(tree, split_steps=tuple(range(m)))
@@ -227,6 +223,29 @@ class Config:
             width = self.budget.bounds(tree.leaves(self.sampler.steps))[1]
             tree = dataclasses.replace(tree, width=width, max_evals=0)
         return tree
+
+    def scheduled_tree(self) -> TreeConfig:
+        """The tree of the [schedule]'s window at its earliest start (the static tree without a schedule)."""
+        if self.schedule.kind == "static":
+            return self.tree
+        start = 0 if self.schedule.kind == "geometric" else self.schedule.start
+        window = tuple(range(start, start + self.schedule.window))
+        splits = {"none": self.tree.split_steps, "first": (start,), "all": window}[self.schedule.split]
+        return dataclasses.replace(self.tree, sde_steps=window, split_steps=splits)
+
+    def _check_scheduled_tree(self) -> None:
+        """A [schedule] that sets the split steps keeps the [tree] rules (tree.dynamic's two splits, tree.max_evals)
+        at every iteration, said before anything is loaded rather than at the first rollout."""
+        if self.schedule.kind == "static" or self.schedule.split == "none":
+            return
+        tree = self.scheduled_tree()
+        try:
+            tree.validate(self.sampler.steps, self.sampler.decode)
+        except ConfigError as e:
+            raise ConfigError(
+                f"schedule.split = {self.schedule.split!r} splits at {list(tree.split_steps)} (schedule.window = "
+                f"{self.schedule.window}): {e}"
+            ) from None
 
     def rollout_nodes(self, num_prompts: int | None = None) -> tuple[int, int]:
         """(nodes of one rollout, nodes per tree), in closed form; with a schedule, of its largest tree."""
