@@ -233,7 +233,16 @@ CASES = {
         [],
     ),
     "max_evals below a window schedule's tree": (
-        ["train", *PIXEL, "--preset", "tree-grpo", "--set", "tree.split_steps=[5, 6, 7]", "--set", "tree.max_evals=150"],
+        [
+            "train",
+            *PIXEL,
+            "--preset",
+            "tree-grpo",
+            "--set",
+            "tree.split_steps=[5, 6, 7]",
+            "--set",
+            "tree.max_evals=150",
+        ],
         ["schedule.split = 'all'", "tree.max_evals = 150"],
         [],
     ),
@@ -268,6 +277,17 @@ CASES = {
     "max_evals below the tree": (
         ["train", *PIXEL, "--preset", DYNAMIC, "--set", "tree.max_evals=1"],
         ["tree.max_evals", "203"],
+        [],
+    ),
+    "max_evals below a tree the adaptive splits may draw": (
+        ["train", *PIXEL, "--preset", "branch", "--set", 'splits.kind="adaptive"', "--set", "tree.max_evals=203"]
+        + ["--iterations", 1],
+        ["tree.max_evals = 203", "splits.kind = 'adaptive'", "[0, 1, 2, 3]"],
+        [],
+    ),
+    "max_evals below a tree the budget may widen": (
+        ["train", *PIXEL, "--preset", BUDGET, "--set", "tree.max_evals=203", "--iterations", 1],
+        ["tree.max_evals = 203", "budget.mode", "32 leaves"],
         [],
     ),
     "replace_after without budgets": (

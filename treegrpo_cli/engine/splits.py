@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from ..errors import ConfigError
 from .budgets import BudgetConfig, PromptStats
+from .dynamic import Shape, tree_evals
 from .rollout import TreeConfig, mix_seed
 from .sde import SamplerConfig
 
@@ -164,6 +165,7 @@ def check_adaptive(
     width = sampled_tree(tree, splits).leaves(steps)
     if budget.mode != "off" and budget.max_width and budget.max_width < width:
         raise ConfigError(f"budget.max_width = {budget.max_width} is below the tree's {width} leaves")
+    _check_cap(tree, splits, budget, steps)
     if splits.kind == "progress":  # every step the splits move between
         if tree.dynamic != "off" and len(splits.early) < 2:
             raise ConfigError(
@@ -175,6 +177,38 @@ def check_adaptive(
                 dataclasses.replace(tree, split_steps=tuple(getattr(splits, name))).validate(steps, decode)
             except ConfigError as e:
                 raise ConfigError(f"splits.{name} = {list(getattr(splits, name))}: {e}") from None
+
+
+def _check_cap(tree: TreeConfig, splits: SplitConfig, budget: BudgetConfig, steps: int) -> None:
+    """tree.max_evals holds for every tree the run may sample, not only the tree as written: moving splits and
+    per-prompt budgets can sample a larger one (refused here, not at the iteration that first draws it)."""
+    if not tree.max_evals or (splits.kind == "static" and budget.mode == "off"):
+        return
+    width = sampled_tree(tree, splits).leaves(steps)
+    wide = budget.bounds(width)[1] if budget.mode != "off" else width
+    dense = densest_steps(splits, tuple(sorted(set(tree.split_steps))))
+    need = tree_evals(Shape(dense, wide), steps, tree.branch)
+    if need > tree.max_evals:
+        what = " and ".join(
+            ([f"splits.kind = {splits.kind!r}"] if splits.kind != "static" else [])
+            + (["budget.mode = 'spread'"] if budget.mode != "off" else [])
+        )
+        raise ConfigError(
+            f"tree.max_evals = {tree.max_evals} is below the {need} forwards of the largest tree that {what} may "
+            f"sample (splits at {list(dense)}, {wide} leaves); raise it or set 0 (each tree's own)"
+        )
+
+
+def densest_steps(cfg: SplitConfig, tree_splits: tuple[int, ...]) -> tuple[int, ...]:
+    """The earliest split steps (the most forwards) this schedule may give a tree: the tree's own (static), each
+    split at the earlier of its early and late step (progress), or packed min_gap apart from the lowest step a
+    draw may take (progress with jitter: step 0; adaptive: the tree's first split)."""
+    if cfg.kind == "static":
+        return tree_splits
+    if cfg.kind == "progress" and cfg.kappa == 0:
+        return tuple(min(a, b) for a, b in zip(cfg.early, cfg.late, strict=True))
+    m, lo = (len(cfg.early), 0) if cfg.kind == "progress" else (len(tree_splits), min(tree_splits))
+    return tuple(lo + i * cfg.min_gap for i in range(m))
 
 
 def sampled_tree(tree: TreeConfig, splits: SplitConfig) -> TreeConfig:
