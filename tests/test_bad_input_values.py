@@ -596,7 +596,9 @@ def test_replace_after_runs_where_estimates_are_kept():
 def test_a_rollout_prints_the_warnings_and_runs(tmp_path):
     r = run("rollout", *PIXEL, "--preset", DYNAMIC, "--set", "tree.stop_tol=2", "-n", 1, "--out", tmp_path / "o")
     assert r.exit_code == 0, r.output
-    assert "warning: tree.stop_tol = 2 is at least the distance of two unrelated" in r.stderr
+    (line,) = [x for x in r.stderr.splitlines() if x.startswith("warning:")]  # one line, however long
+    assert line.startswith("warning: tree.stop_tol = 2 is at least the distance of two unrelated")
+    assert line.endswith("nearly every node would stop (treepo-dynamic: 0.1)"), line
 
 
 def test_config_show_says_the_warnings_train_would(tmp_path):
