@@ -472,3 +472,69 @@ def test_a_new_run_or_a_compare_page_refuses_a_foreign_non_empty_folder(tmp_path
     assert sorted(p.name for p in foreign.iterdir()) == ["notes.txt"]
     assert run("compare", tmp_path / "run", "--out", tmp_path / "page").exit_code == 0
     assert run("compare", tmp_path / "run", "--out", tmp_path / "page").exit_code == 0  # its own page: replaced
+
+
+# --- the adaptive options on staged and resumed runs --------------------------------------------------------------
+
+NOT_FOR_STAGED = [
+    "tree.stop_tol=0.5",
+    'tree.dynamic="reward"',
+    'splits.kind="adaptive"',
+    'budget.mode="spread"',
+    "sampler.eta=0.9",
+    'reward.names=["jpeg-incompressibility"]',
+    'model="tiny-shapes"',
+    "seed=3",
+]
+
+
+@pytest.mark.parametrize("item", NOT_FOR_STAGED)
+def test_train_trees_refuses_keys_of_the_rollout_and_scoring(base, tmp_path, item):
+    """Trees already rolled out and scored cannot take another tree, sampler, reward or seed: exit 2, one line."""
+    before = snapshot(base / "trees")
+    r = run("train", "--trees", base / "trees", "--run-dir", tmp_path / "new", "--set", item)
+    one_line_error(r, "train --trees cannot change", item.split("=")[0])
+    assert r.exit_code == 2
+    assert not (tmp_path / "new").exists() and snapshot(base / "trees") == before
+
+
+def test_train_trees_takes_training_and_policy_keys(base, tmp_path):
+    sets = ["--set", "train.lr=1e-4", "--set", "rollout.max_batch=8", "--set", 'policy.attention="default"']
+    r = run("train", "--trees", base / "trees", "--run-dir", tmp_path / "new", *sets)
+    assert r.exit_code == 0, r.output
+
+
+@pytest.mark.parametrize(
+    "item",
+    ["tree.stop_tol=0.5", "tree.transfer=false", 'budget.mode="spread"', "budget.decay=0.9", "splits.kappa=4"],
+)
+def test_resume_refuses_an_adaptive_option_changed_with_exit_2(copy, item):
+    before = snapshot(copy)
+    r = run("train", "--resume", copy, "--iterations", 3, "--set", item)
+    one_line_error(r, "--resume keeps the run's settings", item.split("=")[0])
+    assert r.exit_code == 2 and snapshot(copy) == before
+
+
+@pytest.mark.parametrize("item", ["policy.checkpoint_blocks=2", 'policy.compile="yes"', 'policy.attention="fast"'])
+def test_resume_refuses_a_bad_value_of_a_resumable_key(copy, item):
+    before = snapshot(copy)
+    r = run("train", "--resume", copy, "--iterations", 3, "--set", item)
+    one_line_error(r, item.split("=")[0])
+    assert r.exit_code == 2 and snapshot(copy) == before
+
+
+def test_resume_prints_the_warnings_of_what_it_was_given(copy):
+    """A resumable [policy] key on a built-in model is ignored: said on resume as on a new run."""
+    r = run("train", "--resume", copy, "--iterations", 2, "--set", 'policy.compile="blocks"')
+    assert r.exit_code == 0, r.output
+    assert "warning: policy.compile set, but pixel-tiny is a built-in model and ignores [policy]" in r.stderr
+
+
+@pytest.mark.parametrize("item", ["tree.stop_tol=0.5", 'budget.mode="spread"', 'policy.compile="blocks"'])
+def test_score_refuses_keys_it_cannot_change_with_exit_2(base, tmp_path, item):
+    trees = tmp_path / "trees"
+    shutil.copytree(base / "trees", trees)
+    before = snapshot(trees)
+    r = run("score", trees, "--set", item)
+    one_line_error(r, "score cannot change", item.split("=")[0])
+    assert r.exit_code == 2 and snapshot(trees) == before

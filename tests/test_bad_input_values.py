@@ -4,6 +4,7 @@ config and prompt files that are not regular files say so; typer's own errors ar
 name is a name, not a path. Every case exits non-zero with one line on stderr, no traceback, within
 the time limit, and leaves the folders it was given exactly as they were."""
 
+import json
 import os
 from pathlib import Path
 
@@ -48,6 +49,7 @@ def specials(tmp_path_factory):
 T = "{t}"  # the test's own empty folder, where outputs go
 F = "{f}"  # the shared files folder
 S = "{s}"  # the special files
+MOVING, DYNAMIC, BUDGET = "branch-mix-flow-moving-splits", "treepo-dynamic", "branch-mix-flow-budget"
 JPEG_TWICE = 'reward.names=["jpeg-compressibility", "jpeg-compressibility"]'
 EVAL = ["eval", "--model", "pixel-tiny", "--metric", "jpeg-compressibility"]
 
@@ -153,6 +155,193 @@ CASES = {
     "kl_beta -1": (["train", *PIXEL, "--set", "train.kl_beta=-1"], ["train.kl_beta"], ["sample_every", "ema_decay"]),
     "eval_samples -1": (["train", *PIXEL, "--set", "train.eval_samples=-1"], ["train.eval_samples"], ["kl_beta"]),
     "ema_decay 1": (["train", *PIXEL, "--set", "train.ema_decay=1"], ["train.ema_decay"], ["kl_beta", "sample_every"]),
+    # the adaptive options: [tree] dynamic, [budget], [splits], [policy] speed (values named with their key)
+    "split steps named by the tree's key": (
+        ["train", *PIXEL, "--preset", MOVING, "--set", "splits.early=[1, 1, 1, 1]"],
+        ["splits.early", "[1, 1, 1, 1]", "ascending"],
+        ["tree.split_steps"],
+    ),
+    "splits.late past the steps": (
+        ["train", *PIXEL, "--preset", MOVING, "--set", "splits.late=[0, 3, 6, 30]"],
+        ["splits.late", "30", "0..19"],
+        ["tree.split_steps"],
+    ),
+    "splits.early negative": (
+        ["train", *PIXEL, "--preset", MOVING, "--set", "splits.early=[-1, 1, 2, 3]"],
+        ["splits.early", "-1", "0..19"],
+        [],
+    ),
+    "splits.early out of order": (
+        ["train", *PIXEL, "--preset", MOVING, "--set", "splits.early=[3, 2, 1, 0]"],
+        ["splits.early", "ascending"],
+        [],
+    ),
+    "splits.late past the tail guard": (
+        ["train", *PIXEL, "--preset", MOVING, "--set", "splits.tail_guard=5", "--set", "splits.late=[0, 3, 6, 18]"],
+        ["splits.late", "18", "14", "splits.tail_guard"],
+        [],
+    ),
+    "splits.early closer than min_gap": (
+        ["train", *PIXEL, "--preset", MOVING, "--set", "splits.min_gap=2"],
+        ["splits.early", "[0, 1, 2, 3]", "splits.min_gap = 2"],
+        [],
+    ),
+    "splits.tail_guard 1e9": (
+        ["train", *PIXEL, "--preset", MOVING, "--set", "splits.tail_guard=1000000000"],
+        ["splits.tail_guard", "1000000000", "no step"],
+        [],
+    ),
+    "splits.late at the last step, decoding x0": (
+        ["rollout", *PIXEL, "--preset", MOVING, "--set", "splits.late=[0, 3, 6, 19]", "--out", T + "/o"],
+        ["splits.late", "last step 19"],
+        [],
+    ),
+    "progress without early and late": (
+        ["train", *PIXEL, "--preset", "branch", "--set", 'splits.kind="progress"'],
+        ["splits.early", "splits.late", "got 0 and 0"],
+        [],
+    ),
+    "splits.early and late of different lengths": (
+        ["train", *PIXEL, "--preset", MOVING, "--set", "splits.early=[0, 1, 2]"],
+        ["splits.early", "got 3 and 4"],
+        [],
+    ),
+    "splits.early a string": (
+        ["train", *PIXEL, "--preset", MOVING, "--set", 'splits.early="0,1,2,3"'],
+        ["splits.early", "a list of integers"],
+        [],
+    ),
+    "splits.kappa nan": (["train", *PIXEL, "--preset", MOVING, "--set", "splits.kappa=nan"], ["splits.kappa"], []),
+    "splits.over 1e9 as a float": (
+        ["train", *PIXEL, "--preset", MOVING, "--set", "splits.over=1e9"],
+        ["splits.over", "an integer"],
+        [],
+    ),
+    "splits on a window schedule's split": (
+        ["train", *PIXEL, "--preset", "mix-grpo", "--set", 'splits.kind="adaptive"'],
+        ["splits.kind", "schedule.split"],
+        [],
+    ),
+    "dynamic on a tree without branching": (
+        ["train", *PIXEL, "--preset", "flow-grpo", "--set", 'tree.dynamic="distance"'],
+        ["tree.dynamic = 'distance'", "tree.split_steps has []"],
+        [],
+    ),
+    "dynamic on a window schedule of one split": (
+        ["train", *PIXEL, "--preset", "tree-grpo", "--set", 'tree.dynamic="distance"', "--set", "schedule.window=1"],
+        ["schedule.split = 'all'", "schedule.window = 1", "tree.dynamic"],
+        [],
+    ),
+    "max_evals below a window schedule's tree": (
+        [
+            "train",
+            *PIXEL,
+            "--preset",
+            "tree-grpo",
+            "--set",
+            "tree.split_steps=[5, 6, 7]",
+            "--set",
+            "tree.max_evals=150",
+        ],
+        ["schedule.split = 'all'", "tree.max_evals = 150"],
+        [],
+    ),
+    "dynamic on one moving split": (
+        ["train", *PIXEL, "--preset", MOVING, "--set", 'tree.dynamic="reward"', "--set", "splits.early=[0]"]
+        + ["--set", "splits.late=[5]"],
+        ["tree.dynamic = 'reward'", "splits.early"],
+        [],
+    ),
+    "stop_tol a list": (
+        ["train", *PIXEL, "--preset", DYNAMIC, "--set", "tree.stop_tol=[0.1]"],
+        ["tree.stop_tol", "a number"],
+        [],
+    ),
+    "stop_tol inf": (["train", *PIXEL, "--preset", DYNAMIC, "--set", "tree.stop_tol=inf"], ["tree.stop_tol"], []),
+    "stop_tol -1": (["train", *PIXEL, "--preset", DYNAMIC, "--set", "tree.stop_tol=-1"], ["tree.stop_tol", ">= 0"], []),
+    "transfer a string": (
+        ["train", *PIXEL, "--preset", DYNAMIC, "--set", 'tree.transfer="yes"'],
+        ["tree.transfer", "true or false"],
+        [],
+    ),
+    "dynamic a table": (
+        ["train", *PIXEL, "--preset", DYNAMIC, "--set", "tree.dynamic={kind = 1}"],
+        ["tree.dynamic", "a string"],
+        [],
+    ),
+    "tree width 1e9": (
+        ["train", *PIXEL, "--preset", DYNAMIC, "--set", "tree.width=1000000000"],
+        ["nodes", "rollout.max_nodes", "lower", "tree.width"],
+        [],
+    ),
+    "max_evals below the tree": (
+        ["train", *PIXEL, "--preset", DYNAMIC, "--set", "tree.max_evals=1"],
+        ["tree.max_evals", "203"],
+        [],
+    ),
+    "max_evals below a tree the adaptive splits may draw": (
+        ["train", *PIXEL, "--preset", "branch", "--set", 'splits.kind="adaptive"', "--set", "tree.max_evals=203"]
+        + ["--iterations", 1],
+        ["tree.max_evals = 203", "splits.kind = 'adaptive'", "[0, 1, 2, 3]"],
+        [],
+    ),
+    "max_evals below a tree the budget may widen": (
+        ["train", *PIXEL, "--preset", BUDGET, "--set", "tree.max_evals=203", "--iterations", 1],
+        ["tree.max_evals = 203", "budget.mode", "32 leaves"],
+        [],
+    ),
+    "replace_after without budgets": (
+        ["train", *PIXEL, "--preset", "branch", "--set", "budget.replace_after=2"],
+        ["budget.replace_after = 2", "budget.mode"],
+        [],
+    ),
+    "budget on a flat baseline of chains": (
+        ["train", *PIXEL, "--preset", "flow-grpo", "--set", 'budget.mode="spread"'],
+        ["budget.mode", "no split steps"],
+        [],
+    ),
+    "budget.mode Spread": (
+        ["train", *PIXEL, "--preset", BUDGET, "--set", 'budget.mode="Spread"'],
+        ["budget.mode", "off, spread"],
+        [],
+    ),
+    "budget.max_width below the tree": (
+        ["train", *PIXEL, "--preset", BUDGET, "--set", "budget.max_width=4"],
+        ["budget.max_width", "16 leaves"],
+        [],
+    ),
+    "budget.max_width 1e9": (
+        ["train", *PIXEL, "--preset", BUDGET, "--set", "budget.max_width=1000000000"],
+        ["nodes", "rollout.max_nodes", "lower", "budget.max_width"],
+        [],
+    ),
+    "budget.decay 1": (["train", *PIXEL, "--preset", BUDGET, "--set", "budget.decay=1"], ["budget.decay"], []),
+    "budget.replace_after 1.5": (
+        ["train", *PIXEL, "--preset", BUDGET, "--set", "budget.replace_after=1.5"],
+        ["budget.replace_after", "an integer"],
+        [],
+    ),
+    "checkpoint_blocks 1.5": (
+        ["train", *PIXEL, "--set", "policy.checkpoint_blocks=1.5"],
+        ["policy.checkpoint_blocks", "0 to 1"],
+        [],
+    ),
+    "compile a bool": (["train", *PIXEL, "--set", "policy.compile=true"], ["policy.compile", "a string"], []),
+    "attention unknown": (
+        ["train", *PIXEL, "--set", 'policy.attention="fast"'],
+        ["policy.attention", "_native_flash", "'fast'"],
+        [],
+    ),
+    "size tiny of pretrained weights": (
+        ["train", *PIXEL, "--set", 'policy.size="tiny"'],
+        ["policy.size", 'policy.weights = "random"'],
+        [],
+    ),
+    "random weights of a built-in model": (
+        ["rollout", *PIXEL, "--set", 'policy.weights="random"', "--out", T + "/o"],
+        ["policy.weights", "flux-dev"],
+        [],
+    ),
     # files that are not regular files
     "config a fifo": (["train", *PIXEL, "--config", S + "/fifo.toml"], ["regular file", "fifo.toml"], ["not found"]),
     "config a folder": (["train", *PIXEL, "--config", S + "/folder.toml"], ["not a regular file"], ["not found"]),
@@ -350,3 +539,77 @@ def test_a_model_name_no_file_can_have_is_one_line(name, tmp_path):
     config.load_config(None, None, [f'model="{name}"'])
     config.load_config(None, None, ['model="x\\u0000y"'])  # a NUL byte: no path either
     one_line_error(run("train", "--model", name, "--run-dir", tmp_path / "r"), "model")
+
+
+def _warned(preset, *sets):
+    return " | ".join(config.load_config(preset, sets=list(sets)).warnings())
+
+
+def test_adaptive_options_that_change_nothing_or_stop_everything_warn():
+    # keys that the chosen kind, mode or heuristic ignores
+    assert "splits.early, splits.late set, but splits.kind = 'static' ignores them" in _warned(
+        "branch", "splits.early=[0, 1]", "splits.late=[3, 4]"
+    )
+    assert "splits.early, splits.late, splits.over set, but splits.kind = 'adaptive'" in _warned(
+        MOVING, 'splits.kind="adaptive"'
+    )
+    assert "budget.floor set, but budget.mode = 'off' ignores it" in _warned("branch", "budget.floor=0.5")
+    assert "tree.stop_tol set, but tree.dynamic = 'off' ignores it" in _warned(DYNAMIC, 'tree.dynamic="off"')
+    # values that stop no node, every node, move no leaf, or leave a group of one image
+    assert "tree.stop_tol = 0 stops only identical x0-predictions" in _warned("branch", 'tree.dynamic="distance"')
+    assert "tree.stop_tol = 1.5 is at least the distance of two unrelated" in _warned(DYNAMIC, "tree.stop_tol=1.5")
+    assert "every advantage is 0" in _warned(DYNAMIC, "tree.width=1")
+    assert "moves no leaves" in _warned(BUDGET, "budget.min_width=16")
+    assert "U-shaped" in _warned(MOVING, "splits.kappa=0.5")
+    # a diffusers model reads [policy]: a share that takes no effect
+    flux = 'model="flux-dev"'
+    assert "takes effect only with policy.gradient_checkpointing = true" in _warned(
+        None, flux, "policy.gradient_checkpointing=false", "policy.checkpoint_blocks=0.5"
+    )
+    assert "policy.checkpoint_blocks = 0 recomputes no block" in _warned(None, flux, "policy.checkpoint_blocks=0")
+    # the same keys where they count
+    for preset, sets in [
+        ("branch", ['tree.dynamic="reward"']),  # a tie of rewards can be exact
+        (DYNAMIC, ["tree.stop_tol=0.4"]),
+        (BUDGET, ["budget.min_width=4"]),
+        (BUDGET, ["budget.min_width=16", "budget.replace_after=1"]),  # replaces tied prompts, at least
+        (MOVING, ["splits.kappa=6", "splits.over=10"]),
+        ("branch", ['splits.kind="adaptive"', 'splits.low_reward="later"', "budget.decay=0.9"]),
+        (None, [flux, "policy.checkpoint_blocks=0.5"]),  # its default: gradient checkpointing on
+    ]:
+        assert config.load_config(preset, sets=sets).warnings() == [], (preset, sets)
+
+
+def test_budget_bounds_are_checked_against_the_tree_the_moving_splits_sample():
+    """Two moving splits make a tree of 4 leaves, whatever tree.split_steps says (16 on branch)."""
+    sets = ['splits.kind="progress"', "splits.early=[0, 1]", "splits.late=[0, 5]", 'budget.mode="spread"']
+    assert config.load_config("branch", sets=[*sets, "budget.max_width=8"]).budget.max_width == 8
+    with pytest.raises(ConfigError, match="budget.max_width = 3 is below the tree's 4 leaves"):
+        config.load_config("branch", sets=[*sets, "budget.max_width=3"])
+
+
+def test_replace_after_runs_where_estimates_are_kept():
+    assert config.load_config("branch", sets=['budget.mode="spread"', "budget.replace_after=2"]).warnings() == []
+    assert config.load_config("branch", sets=['splits.kind="adaptive"', "budget.replace_after=2"])
+
+
+def test_a_rollout_prints_the_warnings_and_runs(tmp_path):
+    r = run("rollout", *PIXEL, "--preset", DYNAMIC, "--set", "tree.stop_tol=2", "-n", 1, "--out", tmp_path / "o")
+    assert r.exit_code == 0, r.output
+    (line,) = [x for x in r.stderr.splitlines() if x.startswith("warning:")]  # one line, however long
+    assert line.startswith("warning: tree.stop_tol = 2 is at least the distance of two unrelated")
+    assert line.endswith("nearly every node would stop (treepo-dynamic: 0.1)"), line
+
+
+def test_config_show_says_the_warnings_train_would(tmp_path):
+    r = run("config", "show", "--preset", "branch", "--set", 'tree.dynamic="distance"', "--json")
+    assert r.exit_code == 0, r.output
+    assert "warning: tree.dynamic = 'distance' with tree.stop_tol = 0" in r.stderr
+    assert json.loads(r.stdout)["config"]["tree"]["dynamic"] == "distance"  # stdout stays JSON
+    assert run("config", "show", "--preset", "branch").stderr == ""
+
+
+def test_a_staged_rollout_of_an_iteration_planned_from_rewards_is_a_usage_error(tmp_path):
+    r = run("rollout", *PIXEL, "--preset", BUDGET, "-n", 1, "--iteration", 3, "--out", tmp_path / "o")
+    one_line_error(r, "iteration 3", "budget.mode")
+    assert r.exit_code == 2 and not (tmp_path / "o").exists()

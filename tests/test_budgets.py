@@ -10,7 +10,8 @@ from clitools import run
 
 from treegrpo_cli.config import load_config
 from treegrpo_cli.engine.budgets import BudgetConfig, PromptStats, allocate, replace_tied
-from treegrpo_cli.engine.splits import SplitConfig, adaptive_steps, progress_steps
+from treegrpo_cli.engine.dynamic import Shape, tree_evals
+from treegrpo_cli.engine.splits import SplitConfig, adaptive_steps, densest_steps, progress_steps
 from treegrpo_cli.errors import ConfigError, TreegrpoError
 from treegrpo_cli.store.checkpoint import list_checkpoints, load_checkpoint
 from treegrpo_cli.training import steps
@@ -142,6 +143,29 @@ def test_adaptive_moves_a_low_reward_prompt_earlier_or_later():
     assert mean_first(early, 1) < mean_first(early, 2) and mean_first(late, 1) > mean_first(late, 2)
     assert adaptive_steps(early, base, 20, "x0", 0, 0, 99, s) == base  # never drawn: the tree's own steps
     assert adaptive_steps(early, base, 20, "x0", 0, 0, 1, None) == base
+
+
+def test_no_draw_splits_earlier_than_the_densest_steps():
+    """The bound tree.max_evals is checked against: every draw of 300 iterations (and 40 prompts) costs at most the
+    forwards of densest_steps' tree, and a draw reaches it where it can be expected to."""
+    s = PromptStats(mean={p: p / 40 for p in range(40)}, low=0.0, high=1.0)
+    base = (2, 5, 8, 11)
+    for cfg, tight in (
+        (SplitConfig(kind="progress", early=(0, 3, 6, 9), late=(0, 5, 10, 15), over=200), True),  # its early steps
+        (SplitConfig(kind="progress", early=(4, 5, 6, 9), late=(0, 3, 10, 15), over=200), False),  # pairs that cross
+        (SplitConfig(kind="progress", early=(0, 3, 6, 9), late=(0, 5, 10, 15), kappa=0.5, min_gap=2), True),
+        (SplitConfig(kind="adaptive", kappa=0.3), True),
+        (SplitConfig(kind="adaptive", kappa=8.0, min_gap=2), False),  # packed draws: possible, rare
+    ):
+        dense = densest_steps(cfg, base)
+        bound = tree_evals(Shape(dense, 16), 20, 2)
+        if cfg.kind == "progress":
+            draws = {progress_steps(cfg, 20, "x0", it, 300, 0) for it in range(300)}
+        else:
+            draws = {adaptive_steps(cfg, base, 20, "x0", it, 0, p, s) for it in range(30) for p in range(40)}
+        costs = [tree_evals(Shape(d, 16), 20, 2) for d in draws]
+        assert max(costs) <= bound, (cfg, dense, max(costs))
+        assert max(costs) == bound or not tight, (cfg, dense)
 
 
 def test_bad_split_and_budget_settings_are_one_line_errors():

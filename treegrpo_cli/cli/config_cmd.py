@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from .common import guarded, model_help, out, print_json
+from .common import err, guarded, model_help, one_line, out, print_json
 
 config_app = typer.Typer(help="Show the resolved config and where each value comes from.", no_args_is_help=True)
 
@@ -31,15 +31,18 @@ def show(
 
       treegrpo config show --set train.lr=3e-5 --json
     """
-    from ..config import config_layers, load_config
+    from ..config import config_layers, load_config, schedule_warnings
     from .train_cmd import DEFAULT_PRESET
 
     with guarded():
         sets = [*(set_ or []), *([f"model={json.dumps(model)}"] if model else [])]
         cfg = load_config(preset or DEFAULT_PRESET, config, sets)
+        layers = config_layers(preset or DEFAULT_PRESET, config, sets)
         origin: dict[str, str] = {}
-        for layer, values in config_layers(preset or DEFAULT_PRESET, config, sets):
+        for layer, values in layers:
             origin.update(dict.fromkeys(values, layer))
+        for w in [*cfg.warnings(), *schedule_warnings(cfg, layers)]:  # what train would say, on stderr
+            err.print(one_line(w), highlight=False, markup=False, soft_wrap=True)
     values = dotted(cfg.to_dict())
     if json_:
         print_json(

@@ -96,7 +96,7 @@ def rollout(
         sets += policy_sets(revision=revision, dtype=dtype)
         cfg = load_config(preset, config, sets)
         for w in cfg.warnings():
-            err.print(one_line(w), highlight=False, markup=False)
+            err.print(one_line(w), highlight=False, markup=False, soft_wrap=True)
         req = RolloutRequest(
             cfg,
             load_prompts(prompts or cfg.rollout.prompts),

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.table import Table
 
-from ..errors import TreegrpoError
+from ..errors import ConfigError, TreegrpoError
 from .common import (
     DEVICE_HELP,
     MODEL_PANEL,
@@ -263,14 +263,14 @@ def _refuse_ignored(trees, resume, iterations, preset, config, prompts) -> None:
         given["--prompts"] = prompts
         for option, value in given.items():
             if value is not None:
-                raise TreegrpoError(
+                raise ConfigError(
                     f"--trees makes one update with the trees' own config and prompts; {option} cannot be used "
                     "with it (training keys go in --set)"
                 )
     if resume is not None:
         for option, value in {"--preset": preset, "--config": config}.items():
             if value is not None:
-                raise TreegrpoError(
+                raise ConfigError(
                     f"--resume continues the run with its own settings; {option} cannot be used with it "
                     "(--set and --iterations change what a resumed run may change)"
                 )
@@ -306,15 +306,16 @@ def _online(preset, config, sets, prompts, run_dir, resume, device, stop: dict) 
     d = dist.from_env()
     if resume is not None:
         cfg, run = rundir.resume_config(resume, sets), resume
+        warnings = cfg.warnings()  # the run's, and those of what --set changed
     else:
         cfg = load_config(preset, config, sets)
-        layers = config_layers(preset, config, sets)
-        for w in [*cfg.warnings(), *schedule_warnings(cfg, layers)] if d.main else []:
-            err.print(one_line(w), highlight=False, markup=False, soft_wrap=True)
+        warnings = [*cfg.warnings(), *schedule_warnings(cfg, config_layers(preset, config, sets))]
         run = Path(dist.gather(str(run_dir or Path("runs") / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"), d)[0])
-        if d.main:
-            rundir.check_new(run)
-            check_writable_dir(run, "--run-dir")
+    for w in warnings if d.main else []:
+        err.print(one_line(w), highlight=False, markup=False, soft_wrap=True)
+    if resume is None and d.main:
+        rundir.check_new(run)
+        check_writable_dir(run, "--run-dir")
     set_error_dir(run)  # an internal error's traceback goes to the run folder (once it exists)
     dist.shard(cfg.rollout.num_prompts, d)  # divisible by the processes, before anything is written
     train_prompts, eval_prompts = load_prompts(cfg.rollout.prompts), load_prompts(cfg.rollout.eval_prompts)

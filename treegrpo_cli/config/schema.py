@@ -16,7 +16,7 @@ from ..engine.pruning import PruneConfig
 from ..engine.rollout import TreeConfig
 from ..engine.schedules import ScheduleConfig
 from ..engine.sde import MAX_STEPS, SamplerConfig
-from ..engine.splits import SplitConfig, check_adaptive
+from ..engine.splits import SplitConfig, check_adaptive, sampled_tree
 from ..errors import ConfigError
 from ..models.base import PolicyConfig
 
@@ -136,6 +136,7 @@ class Config:
         self.pruning.validate()
         self.reward.weight_map()
         self.schedule.validate(self.sampler.steps, self.sampler.decode)
+        self._check_scheduled_tree()
         check_adaptive(self.tree, self.schedule.split, self.splits, self.budget, self.sampler)
         any_sde = (
             self.tree.sde_steps is None
@@ -180,6 +181,9 @@ class Config:
             if w == 0
         ]
         out += self._policy_warnings()
+        out += self.tree.warnings() + self.splits.warnings()
+        width = sampled_tree(self.tree, self.splits).leaves(self.sampler.steps)
+        out += self.budget.warnings(width, adaptive=self.splits.kind == "adaptive")
         if self.train.lr >= 1:
             out.append(f"warning: train.lr = {self.train.lr:g} is far above the references' 1e-5 to 1e-3")
         if self.train.clip_range >= 1:
@@ -190,14 +194,17 @@ class Config:
         return out
 
     def _policy_warnings(self) -> list[str]:
-        """[policy] keys set for a built-in model (pixel, tiny-shapes): it ignores the section."""
+        """[policy] keys set for a built-in model (pixel, tiny-shapes): it ignores the section; a diffusers model's
+        [policy] values that are surely a mistake (PolicyConfig.warnings)."""
         from ..models.registry import MODELS as BUILT_IN
 
         default = PolicyConfig()
         changed = [
             f.name for f in dataclasses.fields(PolicyConfig) if getattr(self.policy, f.name) != getattr(default, f.name)
         ]
-        if self.model not in BUILT_IN or not changed:
+        if self.model not in BUILT_IN:
+            return self.policy.warnings()
+        if not changed:
             return []
         keys = ", ".join(f"policy.{k}" for k in changed)
         return [
@@ -208,12 +215,7 @@ class Config:
         """The iteration tree with the most nodes: the static tree, or the schedule's window at its earliest
         start (an earlier split leaves more steps at the wider width); [splits] at their earliest steps, and the
         widest per-prompt budget."""
-        tree = self.tree
-        if self.schedule.kind != "static":
-            start = 0 if self.schedule.kind == "geometric" else self.schedule.start
-            window = tuple(range(start, start + self.schedule.window))
-            splits = {"none": self.tree.split_steps, "first": (start,), "all": window}[self.schedule.split]
-            tree = dataclasses.replace(self.tree, sde_steps=window, split_steps=splits)
+        tree = self.scheduled_tree()
         if self.splits.kind != "static":  # every split as early as it may go
             m = len(self.splits.early) if self.splits.kind == "progress" else len(tree.split_steps)
             tree = dataclasses.replace(tree, split_steps=tuple(range(m)))
@@ -221,6 +223,29 @@ class Config:
             width = self.budget.bounds(tree.leaves(self.sampler.steps))[1]
             tree = dataclasses.replace(tree, width=width, max_evals=0)
         return tree
+
+    def scheduled_tree(self) -> TreeConfig:
+        """The tree of the [schedule]'s window at its earliest start (the static tree without a schedule)."""
+        if self.schedule.kind == "static":
+            return self.tree
+        start = 0 if self.schedule.kind == "geometric" else self.schedule.start
+        window = tuple(range(start, start + self.schedule.window))
+        splits = {"none": self.tree.split_steps, "first": (start,), "all": window}[self.schedule.split]
+        return dataclasses.replace(self.tree, sde_steps=window, split_steps=splits)
+
+    def _check_scheduled_tree(self) -> None:
+        """A [schedule] that sets the split steps keeps the [tree] rules (tree.dynamic's two splits, tree.max_evals)
+        at every iteration, said before anything is loaded rather than at the first rollout."""
+        if self.schedule.kind == "static" or self.schedule.split == "none":
+            return
+        tree = self.scheduled_tree()
+        try:
+            tree.validate(self.sampler.steps, self.sampler.decode)
+        except ConfigError as e:
+            raise ConfigError(
+                f"schedule.split = {self.schedule.split!r} splits at {list(tree.split_steps)} (schedule.window = "
+                f"{self.schedule.window}): {e}"
+            ) from None
 
     def rollout_nodes(self, num_prompts: int | None = None) -> tuple[int, int]:
         """(nodes of one rollout, nodes per tree), in closed form; with a schedule, of its largest tree."""
@@ -244,10 +269,13 @@ class Config:
         """Bounded work: the nodes of one iteration's trees, before anything is sampled."""
         nodes, per_tree = self.rollout_nodes()
         if nodes > self.rollout.max_nodes:
+            sizes = ["tree.branch", "the split steps"]  # and the keys that set a budgeted tree's size
+            sizes += [f"tree.{k}" for k in ("width", "max_evals") if getattr(self.tree, k)]
+            sizes += ["budget.max_width"] if self.budget.mode != "off" else []
             raise ConfigError(
                 f"one rollout would hold {nodes:,} nodes ({per_tree:,} per tree x {self.tree.trees_per_prompt} trees x "
                 f"{self.rollout.num_prompts} prompts), more than rollout.max_nodes = {self.rollout.max_nodes:,}; "
-                "lower tree.branch, the split steps or rollout.num_prompts, or raise rollout.max_nodes"
+                f"lower {', '.join(sizes)} or rollout.num_prompts, or raise rollout.max_nodes"
             )
 
     def to_dict(self) -> dict[str, Any]:

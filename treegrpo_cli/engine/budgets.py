@@ -61,6 +61,23 @@ class BudgetConfig:
         if self.replace_after < 0:
             raise ConfigError(f"budget.replace_after must be >= 0 (0: never), got {self.replace_after}")
 
+    def warnings(self, width: int, adaptive: bool) -> list[str]:
+        """Legal values that are almost surely a mistake, for a tree of `width` leaves (adaptive: [splits] reads
+        budget.decay's estimates)."""
+        default = BudgetConfig()
+        if self.mode == "off":
+            names = ("floor", "min_width", "max_width") + (() if adaptive else ("decay",))
+            unused = [f"budget.{k}" for k in names if getattr(self, k) != getattr(default, k)]
+            them = "them" if len(unused) > 1 else "it"
+            return [f"warning: {', '.join(unused)} set, but budget.mode = 'off' ignores {them}"] if unused else []
+        lo, hi = self.bounds(width)
+        if (lo >= width or hi <= width) and not self.replace_after:
+            return [
+                f"warning: budget.mode = 'spread' moves no leaves: between budget.min_width and budget.max_width "
+                f"({lo} to {hi} leaves a tree) every prompt keeps the tree's {width}"
+            ]
+        return []
+
     def bounds(self, width: int) -> tuple[int, int]:
         """(fewest, most) leaves per tree for a tree of `width` leaves."""
         return min(self.min_width, width), self.max_width or 2 * width

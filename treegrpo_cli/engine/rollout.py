@@ -96,13 +96,41 @@ class TreeConfig:
         if self.width > 1 and not self._splits(steps):
             raise ConfigError(f"tree.width = {self.width} needs split steps (a tree without splits has one leaf)")
         if self.dynamic != "off" and len(self._splits(steps)) < 2:
-            raise ConfigError("tree.dynamic decides at the split steps after the first: it needs >= 2 split steps")
+            raise ConfigError(
+                f"tree.dynamic = {self.dynamic!r} decides at the split steps after the first: it needs >= 2 split "
+                f'steps and tree.split_steps has {self._splits(steps)}; add split steps or set tree.dynamic = "off"'
+            )
         need = tree_evals(self.shape(steps), steps, self.branch)
         if self.max_evals and self.max_evals < need:
             raise ConfigError(
                 f"tree.max_evals = {self.max_evals} is below the {need} forwards of the tree itself (width "
                 f"{self.shape(steps).width}); raise it or set 0"
             )
+
+    def warnings(self) -> list[str]:
+        """Legal values that are almost surely a mistake: dynamic keys with tree.dynamic off, a tolerance that
+        stops nothing or everything, a group of one image."""
+        default, out = TreeConfig(), []
+        unused = [f"tree.{k}" for k in ("stop_tol", "transfer", "fallback") if getattr(self, k) != getattr(default, k)]
+        if self.dynamic == "off" and unused:
+            them = "them" if len(unused) > 1 else "it"
+            out.append(f"warning: {', '.join(unused)} set, but tree.dynamic = 'off' ignores {them}")
+        if self.dynamic == "distance" and self.stop_tol == 0:
+            out.append(
+                "warning: tree.dynamic = 'distance' with tree.stop_tol = 0 stops only identical x0-predictions: "
+                "set tree.stop_tol (treepo-dynamic: 0.1)"
+            )
+        if self.dynamic == "distance" and self.stop_tol >= math.sqrt(2):
+            out.append(
+                f"warning: tree.stop_tol = {self.stop_tol:g} is at least the distance of two unrelated x0-predictions "
+                "(about 1.41 of their RMS): nearly every node would stop (treepo-dynamic: 0.1)"
+            )
+        if self.width == 1 and self.trees_per_prompt == 1:
+            out.append(
+                "warning: tree.width = 1 with tree.trees_per_prompt = 1: each prompt's group is one image, so every "
+                "advantage is 0 and nothing trains"
+            )
+        return out
 
     def budgeted(self) -> bool:
         """Trees built from leaf budgets (engine/dynamic.py) rather than K children at every split."""

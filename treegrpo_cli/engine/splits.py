@@ -36,6 +36,11 @@ from .rollout import TreeConfig, mix_seed
 from .sde import SamplerConfig
 
 KINDS = ("static", "progress", "adaptive")
+USES = {  # the keys each kind reads, beside kind itself
+    "static": (),
+    "progress": ("early", "late", "over", "kappa", "min_gap", "tail_guard"),
+    "adaptive": ("kappa", "min_gap", "tail_guard", "low_reward", "bounds_decay"),
+}
 LOW_REWARD = ("earlier", "later")
 SALT = 0x5B117
 ALPHA_MIN = 0.1  # TMPO's alpha_min
@@ -68,21 +73,68 @@ class SplitConfig:
             raise ConfigError(f"splits.bounds_decay must be in [0, 1), got {self.bounds_decay}")
         if self.kind == "static":
             return
-        m = len(self.early) if self.kind == "progress" else len(tree_splits)
-        if self.kind == "progress" and (not self.early or len(self.early) != len(self.late)):
-            raise ConfigError(
-                f"splits.early and splits.late must list the same number (>= 1) of steps; got {len(self.early)} "
-                f"and {len(self.late)}"
-            )
-        if self.kind == "adaptive" and not tree_splits:
-            raise ConfigError("splits.kind = 'adaptive' moves the tree's split steps: tree.split_steps is empty")
         up = upper(self, steps, decode)
-        first = min((*self.early, *self.late)) if self.kind == "progress" else min(tree_splits)
-        if first < 0 or first + (m - 1) * self.min_gap > up:
+        if up < 0:
+            raise ConfigError(
+                f"splits.tail_guard = {self.tail_guard} with sampler.steps = {steps} leaves no step for a split "
+                f"(the last a split may take would be {up})"
+            )
+        if self.kind == "progress":
+            if not self.early or len(self.early) != len(self.late):
+                raise ConfigError(
+                    f"splits.kind = 'progress' moves split i from splits.early[i] to splits.late[i]: the two must list "
+                    f"the same number (>= 1) of steps; got {len(self.early)} and {len(self.late)}"
+                )
+            for name in ("early", "late"):
+                self._check_steps(name, steps, decode, up)
+            return
+        if not tree_splits:
+            raise ConfigError("splits.kind = 'adaptive' moves the tree's split steps: tree.split_steps is empty")
+        m, first = len(tree_splits), min(tree_splits)
+        if first + (m - 1) * self.min_gap > up:
             raise ConfigError(
                 f"{m} split steps {self.min_gap} apart from step {first} do not fit before step {up} "
                 f"(steps {steps}, splits.tail_guard {self.tail_guard}); lower splits.min_gap or splits.tail_guard"
             )
+
+    def warnings(self) -> list[str]:
+        """Legal values that are almost surely a mistake: keys this kind ignores, a U-shaped jitter."""
+        default = SplitConfig()
+        unused = [
+            f"splits.{f.name}"
+            for f in dataclasses.fields(self)
+            if f.name != "kind" and f.name not in USES[self.kind] and getattr(self, f.name) != getattr(default, f.name)
+        ]
+        them = "them" if len(unused) > 1 else "it"
+        out = [f"warning: {', '.join(unused)} set, but splits.kind = {self.kind!r} ignores {them}"] if unused else []
+        if self.kind == "progress" and 0 < self.kappa < 1:
+            out.append(
+                f"warning: splits.kappa = {self.kappa:g} is a concentration: below 1 the Beta jitter is U-shaped and "
+                "throws the splits to the first and last steps allowed (a larger kappa jitters less; TMPO: 6)"
+            )
+        return out
+
+    def _check_steps(self, name: str, steps: int, decode: str, up: int) -> None:
+        """splits.early or splits.late: ascending, at least min_gap apart, within 0..up (progress_steps would
+        otherwise move them without a word)."""
+        s = list(getattr(self, name))
+        head = f"splits.{name} = {s}"
+        if any(not 0 <= x < steps for x in s):
+            raise ConfigError(f"{head}: steps outside the {steps} denoising steps 0..{steps - 1}")
+        if decode == "x0" and steps - 1 in s:
+            raise ConfigError(
+                f"{head}: a split at the last step {steps - 1} yields identical images when decoding the "
+                "x0-prediction; move it earlier or set sampler.decode = 'final'"
+            )
+        if any(b <= a for a, b in zip(s, s[1:], strict=False)):
+            raise ConfigError(f"{head} must be ascending, each step once (split i moves from early[i] to late[i])")
+        if max(s) > up:
+            raise ConfigError(
+                f"{head}: step {max(s)} is after step {up}, the last a split may take (splits.tail_guard = "
+                f"{self.tail_guard} of sampler.steps = {steps}); move it earlier or lower splits.tail_guard"
+            )
+        if any(b - a < self.min_gap for a, b in zip(s, s[1:], strict=False)):
+            raise ConfigError(f"{head} has steps closer than splits.min_gap = {self.min_gap}; space them or lower it")
 
 
 def check_adaptive(
@@ -105,34 +157,64 @@ def check_adaptive(
             "budget.mode spreads leaves over prompts through the trees' splits; this tree has no split steps "
             "(one leaf per tree): set tree.split_steps"
         )
-    width = tree.leaves(steps)
+    if budget.replace_after and budget.mode == "off" and splits.kind != "adaptive":
+        raise ConfigError(
+            f"budget.replace_after = {budget.replace_after} reads the per-prompt estimates that budget.mode = "
+            "'spread' keeps; with budget.mode = 'off' no prompt would ever be replaced"
+        )
+    width = sampled_tree(tree, splits).leaves(steps)
     if budget.mode != "off" and budget.max_width and budget.max_width < width:
         raise ConfigError(f"budget.max_width = {budget.max_width} is below the tree's {width} leaves")
+    _check_cap(tree, splits, budget, steps)
     if splits.kind == "progress":  # every step the splits move between
-        for s in (splits.early, splits.late):
-            dataclasses.replace(tree, split_steps=tuple(s)).validate(steps, decode)
-    _check_cap(tree, splits, budget, steps, decode)
+        if tree.dynamic != "off" and len(splits.early) < 2:
+            raise ConfigError(
+                f"tree.dynamic = {tree.dynamic!r} decides at the split steps after the first: it needs >= 2, and "
+                f"splits.early and splits.late list {len(splits.early)}"
+            )
+        for name in ("early", "late"):
+            try:
+                dataclasses.replace(tree, split_steps=tuple(getattr(splits, name))).validate(steps, decode)
+            except ConfigError as e:
+                raise ConfigError(f"splits.{name} = {list(getattr(splits, name))}: {e}") from None
 
 
-def _check_cap(tree: TreeConfig, splits: SplitConfig, budget: BudgetConfig, steps: int, decode: str) -> None:
-    """tree.max_evals against the costliest tree [splits] and [budget] may plan (its earliest split steps, its widest
-    budget): a cap it cannot hold would stop the run at the iteration that plans that tree."""
+def _check_cap(tree: TreeConfig, splits: SplitConfig, budget: BudgetConfig, steps: int) -> None:
+    """tree.max_evals holds for every tree the run may sample, not only the tree as written: moving splits and
+    per-prompt budgets can sample a larger one (refused here, not at the iteration that first draws it)."""
     if not tree.max_evals or (splits.kind == "static" and budget.mode == "off"):
         return
-    s, up, gap = tuple(sorted(set(tree.split_steps))), upper(splits, steps, decode), splits.min_gap
-    if splits.kind == "progress":  # jittered over [0, upper]; without jitter, never below the early or late step
-        pairs = zip(splits.early, splits.late, strict=True)
-        low = [0] * len(splits.early) if splits.kappa > 0 else [min(a, b) for a, b in pairs]
-        s = _spaced(low, 0, up, gap)
-    elif splits.kind == "adaptive":
-        s = _spaced([min(s)] * len(s), min(s), up, gap)
-    width = budget.bounds(tree.leaves(steps))[1] if budget.mode != "off" else tree.leaves(steps)
-    need = tree_evals(Shape(s, width), steps, tree.branch)
+    width = sampled_tree(tree, splits).leaves(steps)
+    wide = budget.bounds(width)[1] if budget.mode != "off" else width
+    dense = densest_steps(splits, tuple(sorted(set(tree.split_steps))))
+    need = tree_evals(Shape(dense, wide), steps, tree.branch)
     if need > tree.max_evals:
-        raise ConfigError(
-            f"tree.max_evals = {tree.max_evals} is below the {need} forwards of the costliest tree [splits] and "
-            f"[budget] may plan (split steps {list(s)}, {width} leaves); raise it or set 0"
+        what = " and ".join(
+            ([f"splits.kind = {splits.kind!r}"] if splits.kind != "static" else [])
+            + (["budget.mode = 'spread'"] if budget.mode != "off" else [])
         )
+        raise ConfigError(
+            f"tree.max_evals = {tree.max_evals} is below the {need} forwards of the largest tree that {what} may "
+            f"sample (splits at {list(dense)}, {wide} leaves); raise it or set 0 (each tree's own)"
+        )
+
+
+def densest_steps(cfg: SplitConfig, tree_splits: tuple[int, ...]) -> tuple[int, ...]:
+    """The earliest split steps (the most forwards) this schedule may give a tree: the tree's own (static), each
+    split at the earlier of its early and late step (progress), or packed min_gap apart from the lowest step a
+    draw may take (progress with jitter: step 0; adaptive: the tree's first split)."""
+    if cfg.kind == "static":
+        return tree_splits
+    if cfg.kind == "progress" and cfg.kappa == 0:
+        return tuple(min(a, b) for a, b in zip(cfg.early, cfg.late, strict=True))
+    m, lo = (len(cfg.early), 0) if cfg.kind == "progress" else (len(tree_splits), min(tree_splits))
+    return tuple(lo + i * cfg.min_gap for i in range(m))
+
+
+def sampled_tree(tree: TreeConfig, splits: SplitConfig) -> TreeConfig:
+    """The tree an iteration samples, as far as its number of splits goes: progress moves its splits to as many as
+    splits.early lists."""
+    return dataclasses.replace(tree, split_steps=tuple(splits.early)) if splits.kind == "progress" else tree
 
 
 def upper(cfg: SplitConfig, steps: int, decode: str) -> int:

@@ -96,6 +96,20 @@ class PolicyConfig:
         if (self.guidance is not None and self.guidance < 0) or self.ddim_eta < 0:
             raise ConfigError("policy.guidance and policy.ddim_eta must be >= 0")
 
+    def warnings(self) -> list[str]:
+        """Legal values that are almost surely a mistake (on a model that reads [policy])."""
+        if self.checkpoint_blocks != 1.0 and not self.gradient_checkpointing:
+            return [
+                f"warning: policy.checkpoint_blocks = {self.checkpoint_blocks:g} takes effect only with "
+                "policy.gradient_checkpointing = true"
+            ]
+        if self.checkpoint_blocks == 0 and self.gradient_checkpointing:
+            return [
+                "warning: policy.checkpoint_blocks = 0 recomputes no block: the same as "
+                "policy.gradient_checkpointing = false"
+            ]
+        return []
+
 
 class PixelNetPolicy:
     """Shared plumbing of the adapters whose latents are pixels in [-1, 1] and whose whole

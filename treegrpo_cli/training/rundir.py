@@ -171,7 +171,7 @@ def resume_config(run: Path, sets: list[str]) -> Config:
     cfg = config_from_dict(stored.to_dict(), sets)
     a, b = _flat(stored.to_dict()), _flat(cfg.to_dict())
     for key in sorted(k for k in a if a[k] != b.get(k) and k not in RESUMABLE):
-        raise TreegrpoError(
+        raise ConfigError(
             f"--resume keeps the run's settings: {key} is {a[key]!r} in {run / RUN_JSON}, "
             f"not {b.get(key)!r}; start a new run to change it"
         )

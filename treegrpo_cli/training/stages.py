@@ -19,7 +19,7 @@ from ..config import MAX_PROMPTS, Config, as_json, config_from_dict, parse_set
 from ..engine.rollout import Progress, rollout
 from ..engine.sde import make_kernel
 from ..engine.tree import cat_trees
-from ..errors import TreegrpoError
+from ..errors import ConfigError, TreegrpoError
 from ..models.registry import load_policy
 from ..rewards.base import score_leaves, weighted_sum
 from ..store.shards import ShardStore
@@ -187,7 +187,7 @@ def scoring_config(store: ShardStore, sets: list[str]) -> Config:
     for item in sets:
         key = parse_set(item)[0]
         if key.split(".")[0] not in SCORE_SECTIONS:
-            raise TreegrpoError(
+            raise ConfigError(
                 f"score cannot change {key}: it only sets {', '.join(s + '.*' for s in SCORE_SECTIONS)} "
                 "(roll out again to change the trees, or pass training keys to `treegrpo train --trees`)"
             )
@@ -277,7 +277,7 @@ def train_from_trees(req: StagedRequest, progress: Progress = _noop) -> dict[str
     store = open_trees(req.trees)
     if "scoring" not in store.meta:
         raise TreegrpoError(f"{req.trees} is not scored yet; run `treegrpo score {req.trees}` first")
-    cfg = config_from_dict(store.meta["config"], req.sets)
+    cfg = staged_config(store, req.sets)
     c, prompts = credited_trees(store)
     trainer = Trainer(cfg, req.device)
     with runlock.lock(req.run_dir, create=True):  # one writer per run folder
@@ -290,6 +290,24 @@ def train_from_trees(req: StagedRequest, progress: Progress = _noop) -> dict[str
         runlog.append_metrics(req.run_dir, row)
         path = trainer.save(req.run_dir)
     return {"run_dir": str(req.run_dir), "checkpoint": str(path), **row}
+
+
+TRAIN_SECTIONS = ("train", "nft", "policy")
+TRAIN_KEYS = ("rollout.max_batch", "name", "description")
+
+
+def staged_config(store: ShardStore, sets: list[str]) -> Config:
+    """The rollout's config with `train --trees` overrides: keys that would change the trees, their scores or
+    their seeds cannot apply to trees already rolled out and scored, and are refused rather than ignored."""
+    for item in sets:
+        key = parse_set(item)[0]
+        if key.split(".")[0] not in TRAIN_SECTIONS and key not in TRAIN_KEYS:
+            raise ConfigError(
+                f"train --trees cannot change {key}: the trees were rolled out and scored with it; it only sets "
+                f"{', '.join(s + '.*' for s in TRAIN_SECTIONS)} and {TRAIN_KEYS[0]} (roll out again to change the "
+                "trees, or score again for reward.*, advantage.*, pruning.*)"
+            )
+    return config_from_dict(store.meta["config"], sets)
 
 
 def credited_trees(store: ShardStore) -> tuple[Credited, list[str]]:

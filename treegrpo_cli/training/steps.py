@@ -20,7 +20,7 @@ from ..engine.rollout import TreeConfig, mix_seed
 from ..engine.schedules import tree_for_iteration
 from ..engine.splits import adaptive_steps, progress_steps
 from ..engine.tree import Tree
-from ..errors import TreegrpoError
+from ..errors import ConfigError
 from ..rewards.base import weighted_sum
 from .runlog import MetricsRow
 
@@ -59,7 +59,7 @@ def plan_iteration(
     [schedule], [splits] and [budget]) and root seed: what `train` samples and what `rollout --iteration it`
     writes. stats: the run's per-prompt estimates so far (engine/budgets.py), where the config reads them."""
     if stats is None and it > 0 and needs_stats(cfg):
-        raise TreegrpoError(
+        raise ConfigError(
             f"iteration {it} of this config depends on the rewards of the iterations before it (budget.mode or "
             "splits.kind = 'adaptive'); only `train` has them (a staged rollout can write iteration 0)"
         )
