@@ -4,7 +4,6 @@ config and prompt files that are not regular files say so; typer's own errors ar
 name is a name, not a path. Every case exits non-zero with one line on stderr, no traceback, within
 the time limit, and leaves the folders it was given exactly as they were."""
 
-import json
 import os
 from pathlib import Path
 
@@ -539,77 +538,3 @@ def test_a_model_name_no_file_can_have_is_one_line(name, tmp_path):
     config.load_config(None, None, [f'model="{name}"'])
     config.load_config(None, None, ['model="x\\u0000y"'])  # a NUL byte: no path either
     one_line_error(run("train", "--model", name, "--run-dir", tmp_path / "r"), "model")
-
-
-def _warned(preset, *sets):
-    return " | ".join(config.load_config(preset, sets=list(sets)).warnings())
-
-
-def test_adaptive_options_that_change_nothing_or_stop_everything_warn():
-    # keys that the chosen kind, mode or heuristic ignores
-    assert "splits.early, splits.late set, but splits.kind = 'static' ignores them" in _warned(
-        "branch", "splits.early=[0, 1]", "splits.late=[3, 4]"
-    )
-    assert "splits.early, splits.late, splits.over set, but splits.kind = 'adaptive'" in _warned(
-        MOVING, 'splits.kind="adaptive"'
-    )
-    assert "budget.floor set, but budget.mode = 'off' ignores it" in _warned("branch", "budget.floor=0.5")
-    assert "tree.stop_tol set, but tree.dynamic = 'off' ignores it" in _warned(DYNAMIC, 'tree.dynamic="off"')
-    # values that stop no node, every node, move no leaf, or leave a group of one image
-    assert "tree.stop_tol = 0 stops only identical x0-predictions" in _warned("branch", 'tree.dynamic="distance"')
-    assert "tree.stop_tol = 1.5 is at least the distance of two unrelated" in _warned(DYNAMIC, "tree.stop_tol=1.5")
-    assert "every advantage is 0" in _warned(DYNAMIC, "tree.width=1")
-    assert "moves no leaves" in _warned(BUDGET, "budget.min_width=16")
-    assert "U-shaped" in _warned(MOVING, "splits.kappa=0.5")
-    # a diffusers model reads [policy]: a share that takes no effect
-    flux = 'model="flux-dev"'
-    assert "takes effect only with policy.gradient_checkpointing = true" in _warned(
-        None, flux, "policy.gradient_checkpointing=false", "policy.checkpoint_blocks=0.5"
-    )
-    assert "policy.checkpoint_blocks = 0 recomputes no block" in _warned(None, flux, "policy.checkpoint_blocks=0")
-    # the same keys where they count
-    for preset, sets in [
-        ("branch", ['tree.dynamic="reward"']),  # a tie of rewards can be exact
-        (DYNAMIC, ["tree.stop_tol=0.4"]),
-        (BUDGET, ["budget.min_width=4"]),
-        (BUDGET, ["budget.min_width=16", "budget.replace_after=1"]),  # replaces tied prompts, at least
-        (MOVING, ["splits.kappa=6", "splits.over=10"]),
-        ("branch", ['splits.kind="adaptive"', 'splits.low_reward="later"', "budget.decay=0.9"]),
-        (None, [flux, "policy.checkpoint_blocks=0.5"]),  # its default: gradient checkpointing on
-    ]:
-        assert config.load_config(preset, sets=sets).warnings() == [], (preset, sets)
-
-
-def test_budget_bounds_are_checked_against_the_tree_the_moving_splits_sample():
-    """Two moving splits make a tree of 4 leaves, whatever tree.split_steps says (16 on branch)."""
-    sets = ['splits.kind="progress"', "splits.early=[0, 1]", "splits.late=[0, 5]", 'budget.mode="spread"']
-    assert config.load_config("branch", sets=[*sets, "budget.max_width=8"]).budget.max_width == 8
-    with pytest.raises(ConfigError, match="budget.max_width = 3 is below the tree's 4 leaves"):
-        config.load_config("branch", sets=[*sets, "budget.max_width=3"])
-
-
-def test_replace_after_runs_where_estimates_are_kept():
-    assert config.load_config("branch", sets=['budget.mode="spread"', "budget.replace_after=2"]).warnings() == []
-    assert config.load_config("branch", sets=['splits.kind="adaptive"', "budget.replace_after=2"])
-
-
-def test_a_rollout_prints_the_warnings_and_runs(tmp_path):
-    r = run("rollout", *PIXEL, "--preset", DYNAMIC, "--set", "tree.stop_tol=2", "-n", 1, "--out", tmp_path / "o")
-    assert r.exit_code == 0, r.output
-    (line,) = [x for x in r.stderr.splitlines() if x.startswith("warning:")]  # one line, however long
-    assert line.startswith("warning: tree.stop_tol = 2 is at least the distance of two unrelated")
-    assert line.endswith("nearly every node would stop (treepo-dynamic: 0.1)"), line
-
-
-def test_config_show_says_the_warnings_train_would(tmp_path):
-    r = run("config", "show", "--preset", "branch", "--set", 'tree.dynamic="distance"', "--json")
-    assert r.exit_code == 0, r.output
-    assert "warning: tree.dynamic = 'distance' with tree.stop_tol = 0" in r.stderr
-    assert json.loads(r.stdout)["config"]["tree"]["dynamic"] == "distance"  # stdout stays JSON
-    assert run("config", "show", "--preset", "branch").stderr == ""
-
-
-def test_a_staged_rollout_of_an_iteration_planned_from_rewards_is_a_usage_error(tmp_path):
-    r = run("rollout", *PIXEL, "--preset", BUDGET, "-n", 1, "--iteration", 3, "--out", tmp_path / "o")
-    one_line_error(r, "iteration 3", "budget.mode")
-    assert r.exit_code == 2 and not (tmp_path / "o").exists()

@@ -188,7 +188,7 @@ def test_bad_split_and_budget_settings_are_one_line_errors():
 def test_a_cap_on_forwards_must_hold_the_costliest_tree_the_plans_may_make():
     # budget up to 32 leaves on 0, 3, 6, 9 of 20: 4 children at step 0, 1 + 4*3 + 8*3 + 16*3 + 32*10 = 405 forwards
     # (before, a config with a lower cap validated and stopped the run at the first iteration that planned it)
-    with pytest.raises(ConfigError, match="below the 405 forwards of the costliest tree"):
+    with pytest.raises(ConfigError, match="below the 405 forwards of the largest tree"):
         load_config("branch-mix-flow", sets=['budget.mode="spread"', "tree.max_evals=404"])
     load_config("branch-mix-flow", sets=['budget.mode="spread"', "tree.max_evals=405"])
     # adaptive splits may go to 0, 1, 2, 3: 1 + 2 + 4 + 8 + 16*16 = 271
