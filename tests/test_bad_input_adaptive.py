@@ -123,6 +123,15 @@ def test_train_trees_takes_training_and_policy_keys(base, tmp_path):
     assert r.exit_code == 0, r.output
 
 
+def test_train_trees_warns_of_what_its_overrides_set(base, tmp_path):
+    """The overrides' warnings, once each; the rollout's own were said when it ran."""
+    r = run("train", "--trees", base / "trees", "--run-dir", tmp_path / "a", "--set", "train.clip_range=2")
+    assert r.exit_code == 0, r.output
+    assert r.output.count("warning: train.clip_range = 2 clips nothing") == 1
+    r = run("train", "--trees", base / "trees", "--run-dir", tmp_path / "b")
+    assert r.exit_code == 0 and "warning" not in r.output, r.output
+
+
 @pytest.mark.parametrize(
     "item",
     ["tree.stop_tol=0.5", "tree.transfer=false", 'budget.mode="spread"', "budget.decay=0.9", "splits.kappa=4"],

@@ -421,8 +421,10 @@ def _train_rank(req, train_loop, d, cfg, run, stop: dict, header: list[str]) -> 
 
 def _staged(trees: Path, run_dir, sets, device) -> dict:
     from ..preflight import check_writable_dir
-    from ..training.stages import StagedRequest, train_from_trees
+    from ..training.stages import StagedRequest, staged_warnings, train_from_trees
 
+    for w in staged_warnings(trees, sets):
+        err.print(one_line(w), highlight=False, markup=False, soft_wrap=True)
     run = run_dir or Path("runs") / f"staged-{time.strftime('%Y%m%d-%H%M%S')}"
     check_writable_dir(run, "--run-dir")
     set_error_dir(run)

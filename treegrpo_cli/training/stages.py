@@ -310,6 +310,13 @@ def staged_config(store: ShardStore, sets: list[str]) -> Config:
     return config_from_dict(store.meta["config"], sets)
 
 
+def staged_warnings(trees: Path, sets: list[str]) -> list[str]:
+    """What `train --trees` has to warn about: the warnings its overrides add to those the rollout printed."""
+    store = open_trees(trees)
+    said = set(config_from_dict(store.meta["config"]).warnings())
+    return [w for w in staged_config(store, sets).warnings() if w not in said]
+
+
 def credited_trees(store: ShardStore) -> tuple[Credited, list[str]]:
     """A scored tree folder's trees, leaf scores and advantages as one batch (one process), and each tree's
     prompt."""
