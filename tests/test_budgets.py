@@ -196,6 +196,16 @@ def test_a_cap_on_forwards_must_hold_the_costliest_tree_the_plans_may_make():
         load_config("branch-mix-flow", sets=['splits.kind="adaptive"', "tree.max_evals=270"])
 
 
+def test_the_node_count_checked_is_that_of_the_densest_tree_the_splits_may_draw():
+    # branch-late splits at 9, 12, 15, 18 of 20; adaptive draws never go before its first split, so they pack at
+    # 9, 10, 11, 12: 10 forwards before them, 2 + 4 + 8, 16 paths on 13-19 (112), and 16 leaves = 152 nodes (not the
+    # 271 + 16 of splits at 0, 1, 2, 3); progress splits pack from 0: 1 + 2 + 4 + 8 + 16*16 + 16 = 287
+    late = load_config("branch-late", sets=['splits.kind="adaptive"'])
+    assert late.rollout_nodes(1) == (152, 152)
+    moving = ['splits.kind="progress"', "splits.early=[0,3,6,9]", "splits.late=[0,5,10,15]", "splits.kappa=2"]
+    assert load_config("branch-late", sets=moving).rollout_nodes(1) == (287, 287)
+
+
 def test_a_staged_rollout_cannot_plan_a_later_iteration_from_estimates_it_does_not_have():
     cfg = load_config("branch-mix-flow", sets=['budget.mode="spread"'])
     assert steps.plan_iteration(cfg, 20, 0).shapes is not None

@@ -16,7 +16,7 @@ from ..engine.pruning import PruneConfig
 from ..engine.rollout import TreeConfig
 from ..engine.schedules import ScheduleConfig
 from ..engine.sde import MAX_STEPS, SamplerConfig
-from ..engine.splits import SplitConfig, check_adaptive, sampled_tree
+from ..engine.splits import SplitConfig, check_adaptive, densest_steps, sampled_tree
 from ..errors import ConfigError
 from ..models.base import PolicyConfig
 
@@ -217,8 +217,8 @@ class Config:
         widest per-prompt budget."""
         tree = self.scheduled_tree()
         if self.splits.kind != "static":  # every split as early as it may go
-            m = len(self.splits.early) if self.splits.kind == "progress" else len(tree.split_steps)
-            tree = dataclasses.replace(tree, split_steps=tuple(range(m)))
+            dense = densest_steps(self.splits, tuple(sorted(set(tree.split_steps))))
+            tree = dataclasses.replace(tree, split_steps=dense)
         if self.budget.mode != "off":
             width = self.budget.bounds(tree.leaves(self.sampler.steps))[1]
             tree = dataclasses.replace(tree, width=width, max_evals=0)
