@@ -309,6 +309,25 @@ def test_treepo_subgroups_on_the_irregular_tree():
     assert abs(float(a.leaf[7:].sum())) < 1e-5  # whitened over the batch
 
 
+def test_treepo_gives_a_tied_group_nothing_and_whitens_the_rest_without_it():
+    # the irregular tree twice, in two prompt groups: scored 1, 2, 3, 6 and 2, 2, 2, 2. The first's raw
+    # advantages sum to -1, not 0: whitened together with the tie's four zeros, the tie's leaves would each get
+    # +0.125 over the batch std; TreePO's pipeline drops the tied group (DAPO's filter), so they get 0 and the first
+    # group is whitened on its own, as when it is the whole batch
+    parent = torch.cat([PARENT, torch.where(PARENT >= 0, PARENT + 11, -1)])
+    reward = torch.cat([REWARD, torch.where(REWARD.isnan(), math.nan, 2.0)])
+    two = torch.tensor([0] * 11 + [1] * 11)
+    cfg = AdvantageConfig("treepo", ddof=0, treepo_weight="average", clamp=None)
+    a = estimate(cfg, parent, DEPTH.repeat(2), two, two, reward, LOGP.repeat(2))
+    raw = [-2.0, ((2 - 3) + (2 - 11 / 3)) / 2, ((3 - 3) + (3 - 11 / 3)) / 2, ((6 - 3) + (6 - 11 / 3)) / 2]
+    m = sum(raw) / 4
+    sd = math.sqrt(sum((x - m) ** 2 for x in raw) / 4)
+    assert torch.allclose(a.leaf[7:11], torch.tensor([(x - m) / sd for x in raw]), atol=1e-5)
+    assert torch.equal(a.leaf[18:], torch.zeros(4)) and torch.equal(a.edge[12:], torch.zeros(10))
+    tied = estimate(cfg, PARENT, DEPTH, ZERO, ZERO, torch.where(REWARD.isnan(), math.nan, 2.0), LOGP)
+    assert torch.equal(tied.leaf[7:], torch.zeros(4))  # a batch of ties: nothing to whiten, no nan
+
+
 @pytest.mark.parametrize("estimator", ["flat", "branch", "treegrpo", "treepo"])
 def test_estimators_keep_their_invariants_on_dynamic_rollouts(policy, estimator):
     _, tree, _, st = _roll(policy, ['tree.dynamic="distance"', f"tree.stop_tol={TOL}", "tree.transfer=true"])

@@ -12,7 +12,8 @@ Every estimator is a pure function of flat per-node tensors (see tree.py for the
               up post-order (log-prob softmax per the paper, plain mean per the released code).
     treepo    TreePO (Li et al. 2025, LLM) adapted to diffusion trees: the mean of the leaf's
               deviations from each sub-group (prompt group and every split ancestor's subtree),
-              whitened over the batch.
+              whitened over the batch; a prompt group whose rewards all tie gets 0 (TreePO runs
+              with DAPO's filter, which drops such groups).
 
 Shapes: N nodes over all trees of the batch; nodes are breadth-first, so a parent is always at a
 smaller depth (and id) than its children. All arithmetic is float64; results are float32.
@@ -284,8 +285,15 @@ def _treepo(cfg: AdvantageConfig, b: _Batch) -> Advantages:
     gw = (gsize_n[ids] >= 2).to(torch.float64) * (gsize_n[ids] if by_size else 1.0)  # [L] whole group
     num, den = gw * (r - gmean[ids]) + W * r - WM, gw + W
     a = torch.where(den > 0, num / den.clamp(min=1e-300), 0.0)  # [L]
+    # TreePO's pipeline drops prompt groups whose rewards all tie (DAPO's filter) before this estimator: their
+    # leaves get 0 and the whitening is over the rest (on an irregular tree the rest's mean is not 0, and whitened
+    # with them a tied group's leaves would all get the same nonzero value)
+    lo = torch.full_like(gsize, math.inf).scatter_reduce_(0, g[ids], r, "amin")  # [G]
+    keep = (lo != torch.full_like(gsize, -math.inf).scatter_reduce_(0, g[ids], r, "amax"))[g[ids]]  # [L]
+    z = torch.zeros_like(a)
+    z[keep] = _zscore(a[keep], torch.zeros_like(ids[keep]), cfg.ddof, cfg.eps)  # batch whitening
     leaf = torch.full_like(b.reward, math.nan)
-    leaf[ids] = _zscore(a, torch.zeros_like(ids), cfg.ddof, cfg.eps)  # batch whitening
+    leaf[ids] = z
     return _from_leaves(cfg, b, leaf)
 
 
