@@ -44,6 +44,7 @@ import argparse
 import gzip
 import hashlib
 import json
+import math
 import os
 import subprocess
 import sys
@@ -297,6 +298,7 @@ def run_metrics(run: Path) -> dict[str, float]:
         for k in ("zero_std_ratio", "reward_group_std", "trained_edges")
     }
     spent, saved = sum(x.get("flops", 0) for x in rows), sum(x.get("flops_saved", 0) for x in rows)
+    tied = [x["tied_leaf_share"] for x in rows if "tied_leaf_share" in x]  # rows before the key: nan
     adaptive = {  # over the whole run: what savings_table reports (0 where a run has no adaptive trees)
         f"run/{k}": sum(float(x.get(k, 0.0)) for x in rows) / len(rows)
         for k in ("zero_std_ratio", "early_stops", "fallbacks", "replaced", "reward_images", "leaves")
@@ -304,6 +306,7 @@ def run_metrics(run: Path) -> dict[str, float]:
     return {
         **adaptive,
         "run/flops_saved_share": saved / max(spent + saved, 1),
+        "run/tied_leaf_share": sum(tied) / len(tied) if len(tied) == len(rows) else math.nan,
         "optimizer_steps_per_iteration": sum(x.get("optimizer_steps", 0) for x in rows) / len(rows),
         "tflops_per_iteration": rows[-1]["flops_total"] / len(rows) / 1e12,
         "reward_group_std": sum(x.get("reward_group_std", 0.0) for x in rows) / len(rows),
@@ -573,19 +576,23 @@ def savings_table(result: dict) -> str:
     """What the adaptive trees did over each whole run (mean over seeds): tied groups and within-group reward std
     over all iterations, early stops and fallbacks an iteration, the share of the run's denoiser FLOPs the stops
     saved against the same trees undisturbed, prompts replaced an iteration, and images scored an iteration per leaf
-    trained on (above 1: the reward judged x0-predictions too; those calls are not on the denoiser FLOP axis)."""
+    trained on (above 1: the reward judged x0-predictions too; those calls are not on the denoiser FLOP axis).
+    Tied groups are counted as groups and by their leaves (per-prompt budgets make groups of unequal size)."""
     keys = ("run/zero_std_ratio", "reward_group_std", "run/early_stops", "run/fallbacks", "run/flops_saved_share")
-    stats = {k: per_label(result, k) for k in (*keys, "run/replaced", "run/reward_images", "run/leaves")}
+    more = ("run/replaced", "run/reward_images", "run/leaves", "run/tied_leaf_share")
+    stats = {k: per_label(result, k) for k in (*keys, *more)}
     avg = {k: {label: sum(v) / len(v) for label, v in by.items()} for k, by in stats.items()}
     lines = [
         "\nOver whole runs (mean over seeds): ties, spread, and what the adaptive trees did an iteration:\n",
-        "| variant | tied groups | within-group reward std | early stops | fallbacks | FLOPs saved by stops "
-        "| prompts replaced | images scored per leaf |\n|---|---|---|---|---|---|---|---|",
+        "| variant | tied groups | leaves in tied groups | within-group reward std | early stops | fallbacks "
+        "| FLOPs saved by stops | prompts replaced | images scored per leaf |\n|---|---|---|---|---|---|---|---|---|",
     ]
     for label, tied in avg["run/zero_std_ratio"].items():
         scored = avg["run/reward_images"][label] / max(avg["run/leaves"][label], 1)
+        share = avg["run/tied_leaf_share"][label]
         lines.append(
-            f"| {label} | {tied:.2f} | {avg['reward_group_std'][label]:.3f} | {avg['run/early_stops'][label]:.1f} "
+            f"| {label} | {tied:.2f} | {'n/a' if math.isnan(share) else f'{share:.2f}'} "
+            f"| {avg['reward_group_std'][label]:.3f} | {avg['run/early_stops'][label]:.1f} "
             f"| {avg['run/fallbacks'][label]:.1f} | {100 * avg['run/flops_saved_share'][label]:.1f}% "
             f"| {avg['run/replaced'][label]:.2f} | {scored:.2f} |"
         )

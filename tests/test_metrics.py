@@ -19,6 +19,7 @@ def test_group_spread_by_hand():
     group = torch.tensor([4, 4, 9, 9, 2, 2, 2])
     out = group_spread(total, group)
     assert out["zero_std_ratio"] == pytest.approx(2 / 3)
+    assert out["tied_leaf_share"] == pytest.approx(5 / 7)  # 2 + 3 of the 7 leaves
     assert out["reward_group_std"] == pytest.approx(0.1 / 3)
 
 

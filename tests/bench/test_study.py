@@ -344,6 +344,7 @@ def test_a_kept_run_carries_what_the_tables_read_and_its_files_hashes(tmp_path, 
     rows = [
         {"optimizer_steps": 2, "flops_total": 0.5e12 * (i + 1), "zero_std_ratio": z, "trained_edges": 10 * i}
         | {"leaves": 8, "reward_images": 8 + (4 if i < 2 else 0)}  # the first two also judged 4 x0-predictions
+        | {"tied_leaf_share": z / 2}
         for i, z in enumerate([0.5, 0.3, 0.9, 0.9, 1.0, 1.0, 1.0, 1.0])
     ]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -365,6 +366,7 @@ def test_a_kept_run_carries_what_the_tables_read_and_its_files_hashes(tmp_path, 
         "run/flops_saved_share": 0.0,
         "run/reward_images": 9.0,  # (6 x 8 + 2 x 12) / 8
         "run/leaves": 8.0,
+        "run/tied_leaf_share": 0.4125,
     }
     data = (run / "metrics.jsonl").read_bytes()
     assert row["raw_files"]["metrics.jsonl"] == {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
@@ -372,7 +374,14 @@ def test_a_kept_run_carries_what_the_tables_read_and_its_files_hashes(tmp_path, 
     shutil.rmtree(run)
     assert study.per_label({"runs": [row]}, "early/trained_edges") == {"tree": [5.0]}
     # the savings table: 0.825 of groups tied over the run (0.82 at two places), 9 images scored for 8 leaves
-    assert "| tree | 0.82 | 0.000 | 0.0 | 0.0 | 0.0% | 0.00 | 1.12 |" in study.savings_table({"runs": [row]})
+    assert "| tree | 0.82 | 0.41 | 0.000 | 0.0 | 0.0 | 0.0% | 0.00 | 1.12 |" in study.savings_table({"runs": [row]})
+    # a run kept before rows had tied_leaf_share: not a share of 0
+    old = dict(row, metrics={k: v for k, v in row["metrics"].items() if k != "run/tied_leaf_share"})
+    rows = [{k: v for k, v in r.items() if k != "tied_leaf_share"} for r in rows]
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    old["run_dir"] = str(run)
+    assert "| tree | 0.82 | n/a | 0.000 |" in study.savings_table({"runs": [old]})
 
 
 def test_restored_raw_runs_are_checked_against_the_manifest(tmp_path):

@@ -68,6 +68,7 @@ class MetricsRow(TypedDict, total=False):
     reward_mean: float
     reward_std: float
     zero_std_ratio: float
+    tied_leaf_share: float
     reward_group_std: float
     # the credited edges, the tree
     adv_mean: float

@@ -172,8 +172,9 @@ def sample_prompt_ids(n: int, k: int, seed: int, iteration: int) -> list[int]:
 
 def group_spread(total: torch.Tensor, group: torch.Tensor) -> dict[str, float]:
     """Of the leaves' rewards [L] by prompt group [L]: the fraction of groups whose rewards all tie (zero
-    within-group std: no advantage, nothing to learn there) and the mean within-group std (population std, as
-    DiffusionNFT's calculate_zero_std_ratio)."""
+    within-group std: no advantage, nothing to learn there), the fraction of leaves in those groups (what the ties
+    cost, where groups differ in size) and the mean within-group std (population std, as DiffusionNFT's
+    calculate_zero_std_ratio)."""
     _, inv = torch.unique(group, return_inverse=True)
     k = int(inv.max()) + 1 if inv.numel() else 0
     x = total.double()
@@ -182,7 +183,12 @@ def group_spread(total: torch.Tensor, group: torch.Tensor) -> dict[str, float]:
     std = (torch.zeros(k, dtype=torch.float64).index_add_(0, inv, (x - mean[inv]) ** 2) / count).sqrt()
     lo = torch.full((k,), math.inf, dtype=torch.float64).scatter_reduce_(0, inv, x, "amin")
     hi = torch.full((k,), -math.inf, dtype=torch.float64).scatter_reduce_(0, inv, x, "amax")
-    return {"zero_std_ratio": float((hi == lo).double().mean()), "reward_group_std": float(std.mean())}
+    tied = hi == lo  # [k]
+    return {
+        "zero_std_ratio": float(tied.double().mean()),
+        "tied_leaf_share": float(count[tied].sum() / count.sum()) if k else 0.0,
+        "reward_group_std": float(std.mean()),
+    }
 
 
 def metrics_row(c: Credited, it: int, adv_trained: Tensor, upd: dict[str, Any], lr: float) -> MetricsRow:
