@@ -3,6 +3,7 @@ estimator by hand, the allocation's cap, the replacement rule, TMPO's schedules,
 plans from them."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -32,16 +33,34 @@ def _stats(**spread: float) -> PromptStats:
 def test_the_estimates_by_hand():
     s = PromptStats(decay=0.5, bounds_decay=0.9)
     s.update(torch.tensor([3, 3, 3, 3, 5, 5]), torch.tensor([0.0, 1.0, 0.0, 1.0, 0.4, 0.4], dtype=torch.float64))
-    assert s.spread == {3: 0.5, 5: 0.0} and s.mean == {3: 0.5, 5: 0.4} and s.ties == {3: 0, 5: 1}
-    assert (s.low, s.high) == (0.0, 1.0)
+    # prompt 3: four squared deviations of 0.25 over 4 - 1 (Bessel): variance 1/3
+    assert s.spread == {3: pytest.approx(math.sqrt(1 / 3)), 5: 0.0} and s.mean == {3: 0.5, 5: 0.4}
+    assert s.ties == {3: 0, 5: 1} and (s.low, s.high) == (0.0, 1.0)
     s.update(torch.tensor([3, 3, 5, 5]), torch.tensor([1.0, 1.0, 0.2, 0.6], dtype=torch.float64))
-    assert s.spread == {3: 0.25, 5: pytest.approx(0.1)} and s.mean == {3: 0.75, 5: pytest.approx(0.4)}
+    # the variances average: prompt 3 (1/3 + 0) / 2; prompt 5 (0 + (0.04 + 0.04) / 1) / 2 = 0.04
+    assert s.spread == {3: pytest.approx(math.sqrt(1 / 6)), 5: pytest.approx(0.2)}
+    assert s.mean == {3: 0.75, 5: pytest.approx(0.4)}
     assert s.ties == {3: 1, 5: 0}
     assert s.low == pytest.approx(0.9 * 0.0 + 0.1 * 0.2) and s.high == pytest.approx(1.0)
     s.update(torch.tensor([3, 3]), torch.tensor([1.0, 1.0]), skipped=[5])
     assert s.ties == {3: 2, 5: 0}  # a skipped prompt rests (never below 0)
     back = PromptStats.from_json(json.loads(json.dumps(s.to_json())))
     assert back == s  # exact: JSON keeps every float's bits
+
+
+def test_the_spread_does_not_depend_on_the_leaves_a_prompt_was_given():
+    # two prompts equally spread, the first given one leaf and the second three (rewards 0, 1, 2: variance 1):
+    # one leaf shows no spread, so both keep spread 1 and share the next iteration's leaves evenly. Read as a
+    # population std, the single leaf was a spread of 0 and a tie (0.5 and 0.91 after the draw: 11 and 21 of 32
+    # leaves), and each later single-leaf draw halved it again
+    s = PromptStats(decay=0.5)
+    s.spread, s.mean, s.ties = {0: 1.0, 1: 1.0}, {0: 0.5, 1: 0.5}, {0: 0, 1: 0}
+    s.update(torch.tensor([0, 1, 1, 1]), torch.tensor([0.7, 0.0, 1.0, 2.0], dtype=torch.float64))
+    assert s.spread == {0: 1.0, 1: 1.0} and s.ties == {0: 0, 1: 0} and s.mean == {0: 0.5, 1: 0.75}
+    assert allocate(SPREAD, s, [0, 1], 16) == [16, 16]
+    # two leaves are an unbiased variance too, (0 - 1)^2 + (2 - 1)^2 over 2 - 1 = 2, not a population std of 1
+    s.update(torch.tensor([0, 0]), torch.tensor([0.0, 2.0], dtype=torch.float64))
+    assert s.spread[0] == pytest.approx(math.sqrt((1.0 + 2.0) / 2))
 
 
 def test_a_checkpoint_keeps_the_order_the_prompts_were_drawn_in():

@@ -7,9 +7,12 @@ with budget.replace_after, a prompt whose last groups all tied is replaced by th
 iteration's draw, as DAPO's dynamic sampling drops tied groups (for LLMs; there after sampling, here before).
 
 The estimator (PromptStats), per prompt id, over the draws of that prompt:
-    spread   exponential moving average of the population std of its group's leaf rewards:
-             s <- decay * s + (1 - decay) * std (the first draw sets s = std)
-    mean     the same average of its group's mean reward (TMPO's adaptive splits read it, engine/splits.py)
+    spread   root of the exponential moving average of the unbiased (Bessel) variance of its group's leaf
+             rewards: s^2 <- decay * s^2 + (1 - decay) * var (the first draw sets s^2 = var). Unbiased whatever
+             the group's size: the allocation sets that size, and a population std (expected 0.56 sigma from two
+             leaves, 0.98 sigma from 32) would read a prompt given few leaves as less spread, and give it fewer
+             again. A draw of one leaf shows no spread and no tie: it leaves the prompt's estimates as they were.
+    mean     the moving average (decay) of its group's mean reward (TMPO's adaptive splits read it, engine/splits.py)
     ties     how many of its latest draws in a row tied (reset by a draw that did not)
 and over the batches, the moving average of the lowest and highest leaf reward (TMPO's reward bounds).
 Its memory: a prompt's draw k draws back weighs (1 - decay) decay^k, so about 1 / (1 - decay) draws
@@ -101,10 +104,13 @@ class PromptStats:
         r, p = reward.detach().double().cpu(), prompt.detach().long().cpu()
         for pid in torch.unique(p).tolist():
             x = r[p == pid]
-            std, mean, tied = float(x.std(correction=0)), float(x.mean()), bool(x.max() == x.min())
-            self.spread[pid] = self._ema(self.spread.get(pid), std, self.decay)
-            self.mean[pid] = self._ema(self.mean.get(pid), mean, self.decay)
-            self.ties[pid] = self.ties.get(pid, 0) + 1 if tied else 0
+            if x.numel() < 2:  # one leaf shows no spread and no tie (the allocation's size, not the prompt's)
+                continue
+            old = self.spread.get(pid)
+            var = self._ema(None if old is None else old * old, float(x.var(correction=1)), self.decay)
+            self.spread[pid] = math.sqrt(var)
+            self.mean[pid] = self._ema(self.mean.get(pid), float(x.mean()), self.decay)
+            self.ties[pid] = self.ties.get(pid, 0) + 1 if bool(x.max() == x.min()) else 0
         for pid in skipped:
             self.ties[pid] = max(self.ties.get(pid, 0) - 1, 0)
         if r.numel():
