@@ -227,8 +227,8 @@ def generate_set(
     progress: Progress | None = None,
     sets: tuple[str, ...] = (),
 ) -> ImageSet:
-    """Roll out `preset` with `model` until it has at least `num` leaves, write the trees to `out`
-    and return its first `num` leaf images.
+    """Roll out `preset` with `model` on enough prompts for `num` leaves of its tree as written, write the trees to
+    `out` and return its first `num` leaf images (fewer where a dynamic rollout ended trees with fewer leaves).
 
     Prompts are drawn at random (with replacement) from the model's prompt list by the "diversity" seed
     stream (training/sampling.py); the trees are those `train` rolls out at iteration 0 with that seed. Two
