@@ -2,6 +2,7 @@
 estimator by hand, the allocation's cap, the replacement rule, TMPO's schedules, and exact resume of a run that
 plans from them."""
 
+import dataclasses
 import json
 import math
 
@@ -223,6 +224,34 @@ def test_the_node_count_checked_is_that_of_the_densest_tree_the_splits_may_draw(
     assert late.rollout_nodes(1) == (152, 152)
     moving = ['splits.kind="progress"', "splits.early=[0,3,6,9]", "splits.late=[0,5,10,15]", "splits.kappa=2"]
     assert load_config("branch-late", sets=moving).rollout_nodes(1) == (287, 287)
+
+
+def _most_nodes(f: dict[int, int], trees: int, leaves: int) -> int:
+    """The most nodes `trees` trees of widths in f hold with at most `leaves` leaves in all (a knapsack)."""
+    best = {0: 0}  # leaves used -> most nodes
+    for _ in range(trees):
+        step: dict[int, int] = {}
+        for u, v in best.items():
+            for b, n in f.items():
+                if u + b <= leaves:
+                    step[u + b] = max(step.get(u + b, -1), v + n)
+        best = step
+    return max(best.values())
+
+
+def test_a_budget_counts_the_nodes_its_leaf_total_allows_not_every_tree_at_the_widest():
+    # branch-mix-flow with budgets: 16 leaves a tree on average, 2 to 32 a tree, splits at 0, 3, 6, 9 of 20.
+    # Nodes of a tree of b leaves: f(8) = 1 + 2*3 + 4*3 + 8*13 + 8 = 131; f(25) = 1 + 4*3 + 8*3 + 16*3 + 25*10 + 25
+    # = 360 (children 7, 6, 6, 6 at step 0); f(32) = 437. 17 trees with 272 leaves: 9 at 8 and 8 at 25 hold
+    # 4059 nodes, the most of any allocation; the bound is 4059 / 17 = 238.8 a tree, not 437
+    cfg = load_config("branch-mix-flow", sets=['budget.mode="spread"'])
+    tree = cfg.largest_tree()
+    f = {b: dataclasses.replace(tree, width=b).model_evals(20) + b for b in range(2, 33)}
+    assert (f[8], f[25], f[32]) == (131, 360, 437)
+    assert _most_nodes(f, 17, 17 * 16) == 4059 == 9 * 131 + 8 * 360
+    assert cfg.rollout_nodes(17) == (17 * 239, 239)
+    for trees in range(1, 7):  # a bound for any number of trees
+        assert _most_nodes(f, trees, 16 * trees) <= 239 * trees
 
 
 def test_a_staged_rollout_cannot_plan_a_later_iteration_from_estimates_it_does_not_have():

@@ -30,6 +30,7 @@ MAX_PROMPTS = 100_000  # rollout.num_prompts: prompts of one rollout
 MAX_NODES = 100_000_000  # rollout.max_nodes may not be raised past this: nodes of one rollout, each keeping a latent
 MAX_IMAGES = 100_000  # images of one evaluation: eval's prompts x --num-images, train.eval_samples per prompt
 MAX_NAME_BYTES = 200  # a run name (the folder runs/<name>-<time>), in UTF-8 bytes
+MAX_BUDGET_SPAN = 1024  # Config.budget_nodes looks at this many widths at most (past it: all at the widest)
 
 
 @dataclass(frozen=True)
@@ -215,13 +216,18 @@ class Config:
         """The iteration tree with the most nodes: the static tree, or the schedule's window at its earliest
         start (an earlier split leaves more steps at the wider width); [splits] at their earliest steps, and the
         widest per-prompt budget."""
+        tree = self._densest_tree()
+        if self.budget.mode != "off":
+            width = self.budget.bounds(tree.leaves(self.sampler.steps))[1]
+            tree = dataclasses.replace(tree, width=width, max_evals=0)
+        return tree
+
+    def _densest_tree(self) -> TreeConfig:
+        """The schedule's largest tree with [splits] at their earliest steps."""
         tree = self.scheduled_tree()
         if self.splits.kind != "static":  # every split as early as it may go
             dense = densest_steps(self.splits, tuple(sorted(set(tree.split_steps))))
             tree = dataclasses.replace(tree, split_steps=dense)
-        if self.budget.mode != "off":
-            width = self.budget.bounds(tree.leaves(self.sampler.steps))[1]
-            tree = dataclasses.replace(tree, width=width, max_evals=0)
         return tree
 
     def scheduled_tree(self) -> TreeConfig:
@@ -248,10 +254,35 @@ class Config:
             ) from None
 
     def rollout_nodes(self, num_prompts: int | None = None) -> tuple[int, int]:
-        """(nodes of one rollout, nodes per tree), in closed form; with a schedule, of its largest tree."""
+        """(nodes of one rollout, nodes per tree), in closed form; with a schedule, of its largest tree; with
+        per-prompt budgets, the most a tree holds on average (budget_nodes)."""
         tree, steps = self.largest_tree(), self.sampler.steps
         per_tree = tree.model_evals(steps) + tree.leaves(steps)
+        if self.budget.mode != "off":
+            per_tree = self.budget_nodes()
         return per_tree * self.tree.trees_per_prompt * (num_prompts or self.rollout.num_prompts), per_tree
+
+    def budget_nodes(self) -> int:
+        """Per-prompt budgets keep an iteration's leaves at w a tree on average (w the tree's own leaves), so its
+        trees hold on average at most g(w) nodes, g the upper concave envelope of nodes(b) over the widths b the
+        budget allows: no mix of widths with mean w holds more (Jensen), though every tree at the widest would."""
+        tree, steps = self._densest_tree(), self.sampler.steps
+        w = tree.leaves(steps)
+        lo, hi = self.budget.bounds(w)
+        if hi - lo > MAX_BUDGET_SPAN:  # too many widths to look at: every tree at the widest (a bound too)
+            return dataclasses.replace(tree, width=hi, max_evals=0).model_evals(steps) + hi
+        nodes = [(b, dataclasses.replace(tree, width=b, max_evals=0).model_evals(steps) + b) for b in range(lo, hi + 1)]
+        hull: list[tuple[int, int]] = []  # upper hull, left to right
+        for b, n in nodes:
+            while len(hull) > 1 and (hull[-1][0] - hull[-2][0]) * (n - hull[-2][1]) >= (b - hull[-2][0]) * (
+                hull[-1][1] - hull[-2][1]
+            ):
+                hull.pop()  # hull[-1] lies on or below the chord from hull[-2] to (b, n)
+            hull.append((b, n))
+        if len(hull) == 1:  # one width allowed: w
+            return hull[0][1]
+        (a, fa), (c, fc) = next((p, q) for p, q in zip(hull, hull[1:], strict=False) if p[0] <= w <= q[0])
+        return math.ceil(fa + (fc - fa) * (w - a) / (c - a))
 
     def check_tree_memory(self, latent_shape: tuple[int, ...], num_prompts: int | None = None) -> None:
         """Bounded memory, once the model's latent shape is known: every node keeps an fp32 latent."""
@@ -273,7 +304,9 @@ class Config:
             sizes += [f"tree.{k}" for k in ("width", "max_evals") if getattr(self.tree, k)]
             sizes += ["budget.max_width"] if self.budget.mode != "off" else []
             raise ConfigError(
-                f"one rollout would hold {nodes:,} nodes ({per_tree:,} per tree x {self.tree.trees_per_prompt} trees x "
+                f"one rollout would hold {nodes:,} nodes ({per_tree:,} per tree"
+                f"{' on average, as per-prompt budgets may spread them' if self.budget.mode != 'off' else ''} x "
+                f"{self.tree.trees_per_prompt} trees x "
                 f"{self.rollout.num_prompts} prompts), more than rollout.max_nodes = {self.rollout.max_nodes:,}; "
                 f"lower {', '.join(sizes)} or rollout.num_prompts, or raise rollout.max_nodes"
             )
