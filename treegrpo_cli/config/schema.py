@@ -213,17 +213,9 @@ class Config:
         ]
 
     def largest_tree(self) -> TreeConfig:
-        """The iteration tree with the most nodes: the static tree, or the schedule's window at its earliest
-        start (an earlier split leaves more steps at the wider width); [splits] at their earliest steps, and the
-        widest per-prompt budget."""
-        tree = self._densest_tree()
-        if self.budget.mode != "off":
-            width = self.budget.bounds(tree.leaves(self.sampler.steps))[1]
-            tree = dataclasses.replace(tree, width=width, max_evals=0)
-        return tree
-
-    def _densest_tree(self) -> TreeConfig:
-        """The schedule's largest tree with [splits] at their earliest steps."""
+        """The iteration tree with the most nodes at the tree's own width: the static tree, or the schedule's window
+        at its earliest start (an earlier split leaves more steps at the wider width), [splits] at their earliest
+        steps (per-prompt budgets: budget_nodes)."""
         tree = self.scheduled_tree()
         if self.splits.kind != "static":  # every split as early as it may go
             dense = densest_steps(self.splits, tuple(sorted(set(tree.split_steps))))
@@ -257,16 +249,14 @@ class Config:
         """(nodes of one rollout, nodes per tree), in closed form; with a schedule, of its largest tree; with
         per-prompt budgets, the most a tree holds on average (budget_nodes)."""
         tree, steps = self.largest_tree(), self.sampler.steps
-        per_tree = tree.model_evals(steps) + tree.leaves(steps)
-        if self.budget.mode != "off":
-            per_tree = self.budget_nodes()
+        per_tree = self.budget_nodes() if self.budget.mode != "off" else tree.model_evals(steps) + tree.leaves(steps)
         return per_tree * self.tree.trees_per_prompt * (num_prompts or self.rollout.num_prompts), per_tree
 
     def budget_nodes(self) -> int:
         """Per-prompt budgets keep an iteration's leaves at w a tree on average (w the tree's own leaves), so its
         trees hold on average at most g(w) nodes, g the upper concave envelope of nodes(b) over the widths b the
         budget allows: no mix of widths with mean w holds more (Jensen), though every tree at the widest would."""
-        tree, steps = self._densest_tree(), self.sampler.steps
+        tree, steps = self.largest_tree(), self.sampler.steps
         w = tree.leaves(steps)
         lo, hi = self.budget.bounds(w)
         if hi - lo > MAX_BUDGET_SPAN:  # too many widths to look at: every tree at the widest (a bound too)
