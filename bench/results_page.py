@@ -27,6 +27,7 @@ README_PLOT = "best-lr-flops-raw.png"
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import study  # noqa: E402  (bench/ is not a package)
+import study_tables as tables  # noqa: E402
 
 # method: (NFE pi_old, NFE pi_theta, s / iteration), the papers' own figures for FLUX at 20 (BranchGRPO's table) or
 # 25 (MixGRPO's) steps and SD3.5-M at 10 steps (TreeGRPO; DiffusionNFT's and Flow-GRPO's configs), methods.md
@@ -70,7 +71,7 @@ def fmt(v: float | None, spec: str) -> str:
 
 
 def pm(stat: dict, spec: str) -> str:
-    return study._pm(stat, spec)
+    return tables._pm(stat, spec)
 
 
 # --- plots ---------------------------------------------------------------------------------------
@@ -161,9 +162,9 @@ def default_job(src: Sources, images: dict) -> str:
 
 def study_tables(r: dict, rows: bool = True) -> str:
     """bench/study.py's own tables of one plan's results file."""
-    md = study.table(r) if rows else ""
+    md = tables.table(r) if rows else ""
     if "iterations" in r:
-        md += study.cost_table(r) + study.cost_table(r, raw=True)
+        md += tables.cost_table(r) + tables.cost_table(r, raw=True)
     return md
 
 
@@ -180,7 +181,7 @@ def flop_study(src: Sources, images: dict) -> str:
         + plot(images, README_PLOT, best["flops-raw"], "held-out gain against denoiser TFLOPs, trained weights")
         + "\n### The learning-rate sweep\n\n"
         + f"`{lr['command']}`\n"
-        + study.sweep_table(lr["runs"])
+        + tables.sweep_table(lr["runs"])
         + "\n### Every method at the world's rate\n\n"
         + f"`{core['command']}`\n\n"
         + study_tables(core)
@@ -196,8 +197,8 @@ def ablation(src: Sources, images: dict) -> str:
         "## The ablation\n\n"
         f"`{r['command']}`; one factor at a time from `branch` and `branch-mix` (`FACTORS` in `bench/study.py`).\n\n"
         + study_tables(r)
-        + study.factor_table(r["runs"])
-        + study.signal_table(r)
+        + tables.factor_table(r["runs"])
+        + tables.signal_table(r)
         + "\nThe same runs timed to a held-out gain of +0.25 (`--target 0.25`):\n\n"
         + study_tables(target)
         + "\nThe noise each setting puts on `branch-mix`'s SDE steps (`python bench/noise_scales.py`):\n\n"
@@ -298,7 +299,7 @@ def wall_clock(src: Sources, images: dict) -> str:
 
 def video(src: Sources, images: dict) -> str:
     r = src.json("study-video.json.gz")
-    std: dict[str, list[float]] = study.per_label(r, "reward_group_std")
+    std: dict[str, list[float]] = tables.per_label(r, "reward_group_std")
     spread = "\n".join(f"| {k} | {min(v):.3f}-{max(v):.3f} |" for k, v in std.items())
     return (
         "## The moving-shapes video world\n\n"
@@ -324,7 +325,7 @@ def adaptive(src: Sources, images: dict) -> str:
         if sweep in have:
             r = src.json(sweep)
             parts.append(
-                f"\nThe {world} world's learning-rate sweep (`{r['command']}`):\n" + study.sweep_table(r["runs"])
+                f"\nThe {world} world's learning-rate sweep (`{r['command']}`):\n" + tables.sweep_table(r["runs"])
             )
         if main in have:
             r = src.json(main)
@@ -332,7 +333,7 @@ def adaptive(src: Sources, images: dict) -> str:
                 f"\nThe {world} world, {r['tflops_per_run']:g} denoiser TFLOPs a run, timed to "
                 f"{r['target_gain']:+.2f} against `{r['baseline']}` (`{r['command']}`):\n\n"
                 + study_tables(r)
-                + study.savings_table(r)
+                + tables.savings_table(r)
                 + "\n"
                 + plot(images, f"{plan}-flops-raw.png", r["flops-raw"], f"held-out gain against TFLOPs, {world} world")
             )
@@ -499,7 +500,7 @@ def readme_block() -> str:
     raw = {g["label"]: g for g in r["flops-raw"]["groups"]}
     rows = "\n".join(
         f"| `{g['label']}` | {len(g['runs'])} | {pm(g['gain'], '+.3f')} | {pm(raw[g['label']]['gain'], '+.3f')} "
-        f"| {study._speedup(g)} | {study._speedup(raw[g['label']])} |"
+        f"| {tables._speedup(g)} | {tables._speedup(raw[g['label']])} |"
         for g in r["flops"]["groups"]
     )
     seeds = sorted({s for g in r["flops"]["groups"] for s in g["seeds"]})

@@ -44,7 +44,6 @@ import argparse
 import gzip
 import hashlib
 import json
-import math
 import os
 import subprocess
 import sys
@@ -54,6 +53,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from methods import commit, machine, train_command  # noqa: E402  (bench/ is not a package)
+from study_tables import (  # noqa: E402
+    WORLD_LR,
+    cost_table,
+    factor_table,
+    run_metrics,
+    savings_table,
+    signal_table,
+    sweep_gains,
+    sweep_table,
+    table,
+)
 
 TREEGRPO = [sys.executable, "-m", "treegrpo_cli"]
 RESULTS = Path("bench/results")
@@ -62,7 +72,6 @@ RESULTS = Path("bench/results")
 # summaries carry what the tables read of them, and their hashes.
 RUNS = Path("runs/study-runs")
 KEPT = ("run.json", "metrics.jsonl", "eval.jsonl", "summary.json")
-WORLD_LR = "1e-4"  # the world's default rate: in the lr plan a variant at it keeps its bare label, others get @lrX
 PAPER_SCHEDULE = ('train.loss_norm="mean"', "pruning.train_last=false", "train.minibatches=1")
 
 # label -> (preset, --set values). The presets carry the released codes' update schedules (presets/*.toml).
@@ -288,32 +297,6 @@ def kept(work: Path, label: str, seed: int) -> Path:
     return RUNS / work.name / folder(label, seed)
 
 
-def run_metrics(run: Path) -> dict[str, float]:
-    """What the tables read of a run's metrics rows: optimizer steps, denoiser TFLOPs and within-group reward std an
-    iteration, and the means over its first quarter of iterations that signal_table reports."""
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    quarter = max(1, len(rows) // 4)
-    early = {
-        f"early/{k}": sum(x.get(k, 0.0) for x in rows[:quarter]) / quarter
-        for k in ("zero_std_ratio", "reward_group_std", "trained_edges")
-    }
-    spent, saved = sum(x.get("flops", 0) for x in rows), sum(x.get("flops_saved", 0) for x in rows)
-    tied = [x["tied_leaf_share"] for x in rows if "tied_leaf_share" in x]  # rows before the key: nan
-    adaptive = {  # over the whole run: what savings_table reports (0 where a run has no adaptive trees)
-        f"run/{k}": sum(float(x.get(k, 0.0)) for x in rows) / len(rows)
-        for k in ("zero_std_ratio", "early_stops", "fallbacks", "replaced", "reward_images", "leaves")
-    }
-    return {
-        **adaptive,
-        "run/flops_saved_share": saved / max(spent + saved, 1),
-        "run/tied_leaf_share": sum(tied) / len(tied) if len(tied) == len(rows) else math.nan,
-        "optimizer_steps_per_iteration": sum(x.get("optimizer_steps", 0) for x in rows) / len(rows),
-        "tflops_per_iteration": rows[-1]["flops_total"] / len(rows) / 1e12,
-        "reward_group_std": sum(x.get("reward_group_std", 0.0) for x in rows) / len(rows),
-        **early,
-    }
-
-
 def keep(row: dict, work: Path) -> dict:
     """Copy what compare reads of a finished run into runs/study-runs/; the row then points there, and carries
     run_metrics and each kept file's sha256 and size (the committed summaries hold no raw rows)."""
@@ -407,201 +390,6 @@ def report(rows: list[dict], work: Path, args: argparse.Namespace) -> dict:
     md += signal_table(result) + savings_table(result) if args.plan in PLAN_DEFAULTS else ""
     (RESULTS / f"{name}.md").write_text(md)
     return result
-
-
-def sweep_gains(rows: list[dict]) -> dict[str, dict[str, tuple[float, float | None]]]:
-    """variant -> rate -> final held-out gain (eval weights, trained weights or None) of the lr plan's runs."""
-    gains: dict[str, dict[str, tuple[float, float | None]]] = {}
-    for r in rows:
-        base, _, lr = r["label"].partition("@lr")
-        first, last = r["heldout"][0], r["heldout"][-1]
-        raw = last.get("raw/reward_mean")
-        raw_gain = None if raw is None else raw - (first.get("raw/reward_mean") or first["reward_mean"])
-        gains.setdefault(base, {})[lr or WORLD_LR] = (last["reward_mean"] - first["reward_mean"], raw_gain)
-    return gains
-
-
-def best_rates(rows: list[dict]) -> dict[str, str]:
-    """variant -> the rate whose run ends with the best eval-weights gain."""
-    return {base: max(g, key=lambda k: g[k][0]) for base, g in sweep_gains(rows).items()}
-
-
-def sweep_table(rows: list[dict]) -> str:
-    """The learning-rate sweep per variant: each rate's final held-out gain (eval weights; the trained weights'
-    in brackets where they differ) and the rate with the best eval-weights gain, which the tables should use."""
-    gains, best = sweep_gains(rows), best_rates(rows)
-    lrs = sorted({lr for g in gains.values() for lr in g}, key=float)
-    head = "| variant | " + " | ".join(f"lr {lr}" for lr in lrs) + " | best |\n|---|" + "---|" * (len(lrs) + 1) + "\n"
-
-    def cell(g: tuple[float, float | None] | None) -> str:
-        if g is None:
-            return "-"
-        return f"{g[0]:+.3f}" + ("" if g[1] is None or abs(g[1] - g[0]) < 5e-4 else f" ({g[1]:+.3f})")
-
-    lines = [
-        f"| {base} | " + " | ".join(cell(g.get(lr)) for lr in lrs) + f" | {best[base]} |" for base, g in gains.items()
-    ]
-    seeds = sorted({r["seed"] for r in rows})
-    return (
-        f"\nLearning-rate sweep (seed {', '.join(map(str, seeds))}): final held-out gain with the weights eval uses "
-        "(the trained weights' in brackets where they differ).\n\n" + head + "\n".join(lines) + "\n"
-    )
-
-
-def factor_table(rows: list[dict]) -> str:
-    """The ablation's effects: each one-factor variant (label BASE/FACTOR) against its base, paired by seed (the
-    same prompts an iteration and the same noises where the factor leaves them): the final held-out gain of each
-    (eval weights), the mean and range of the per-seed differences, and on how many seeds the factor helps."""
-    gain = {(r["label"], r["seed"]): r["heldout"][-1]["reward_mean"] - r["heldout"][0]["reward_mean"] for r in rows}
-    lines = []
-    for label in dict.fromkeys(r["label"] for r in rows):
-        base, sep, factor = label.partition("/")
-        seeds = sorted(s for lab, s in gain if lab == label and (base, s) in gain)
-        if not sep or not seeds:
-            continue
-        d = [gain[label, s] - gain[base, s] for s in seeds]
-        mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
-        lines.append(
-            f"| {base} | {factor} | {len(seeds)} | {mean([gain[base, s] for s in seeds]):+.3f} "
-            f"| {mean([gain[label, s] for s in seeds]):+.3f} | {mean(d):+.3f} | {min(d):+.3f} to {max(d):+.3f} "
-            f"| {sum(x > 0 for x in d)} of {len(d)} |"
-        )
-    head = (
-        "\nOne factor at a time: final held-out gain (eval weights) against the base's, paired by seed.\n\n"
-        "| base | factor | seeds | base gain | variant gain | difference | per-seed differences | seeds better |\n"
-        "|---|---|---|---|---|---|---|---|\n"
-    )
-    return head + "\n".join(lines) + "\n"
-
-
-def _pm(stat: dict, fmt: str = "+.3f") -> str:
-    if stat["mean"] is None:
-        return "-"
-    return f"{stat['mean']:{fmt}}" + (f" ± {stat['std']:{fmt.lstrip('+')}}" if stat["n"] > 1 else "")
-
-
-def _speedup(g: dict) -> str:
-    from treegrpo_cli.report.compare_page import speedup_text
-
-    return speedup_text(g["speedup"], g["speedup_low"], g["speedup_high"], none="never")
-
-
-def per_label(result: dict, key: str) -> dict[str, list[float]]:
-    """label -> run_metrics(run)[key] for each of its runs: from the run's summary, or its metrics rows where the
-    summary predates run_metrics."""
-    out: dict[str, list[float]] = {}
-    for r in result["runs"]:
-        metrics = r.get("metrics") or {}
-        if key not in metrics:  # kept before run_metrics had the key
-            metrics = run_metrics(Path(r["run_dir"]))
-        out.setdefault(r["label"], []).append(metrics[key])
-    return out
-
-
-def table(result: dict) -> str:
-    """The study's table in markdown: per variant, the held-out gain at the budget and the speed-up to
-    baseline's target (dance-grpo's unless --baseline) on both axes, with the default (EMA) and the trained (raw)
-    weights."""
-    head = (
-        "| variant | runs | gain (eval weights) | gain (trained weights) | speed-up, FLOPs | speed-up, FLOPs, raw "
-        "| speed-up, wall-clock | speed-up, wall-clock, raw | optimizer steps / iteration | s / iteration "
-        "| TFLOPs to target | seeds at target |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
-    )
-    steps = per_label(result, "optimizer_steps_per_iteration")
-    lines = []
-    for g in result["flops"]["groups"]:
-        by = {
-            k: next(x for x in result[k]["groups"] if x["label"] == g["label"])
-            for k in ("flops-raw", "time", "time-raw")
-        }
-        st = steps[g["label"]]
-        lines.append(
-            f"| {g['label']} | {len(g['runs'])} | {_pm(g['gain'])} | {_pm(by['flops-raw']['gain'])} | {_speedup(g)} "
-            f"| {_speedup(by['flops-raw'])} | {_speedup(by['time'])} | {_speedup(by['time-raw'])} "
-            f"| {sum(st) / len(st):.1f} | {_pm(g['seconds_per_iteration'], '.1f')} "
-            f"| {_tflops(g['curve_to_target'])} | {g['reached_target']} of {len(g['runs'])} |"
-        )
-    targets = ", ".join(
-        f"{k}: {result[k]['target']:+.3f}" for k in ("flops", "flops-raw") if result[k]["target"] is not None
-    )
-    base = result.get("baseline", "dance-grpo")
-    whose = f"{base}'s mean final gain" if result.get("target_gain") is None else "given with --target"
-    return head + "\n".join(lines) + f"\n\nTargets ({whose}): {targets}.\n"
-
-
-def cost_table(result: dict, raw: bool = False) -> str:
-    """Where the FLOP speed-up comes from: TFLOPs an iteration x iterations to the target (raw: of the trained
-    weights). The papers' 4.7x and 2.4x are ratios of seconds per iteration; a time-to-target ratio is that cost
-    ratio times the ratio of iterations each method needs, which is the part a cost measurement does not see."""
-    per_iter = per_label(result, "tflops_per_iteration")
-    cost = {k: sum(v) / len(v) for k, v in per_iter.items()}
-    base = result.get("baseline", "dance-grpo")
-    suffix = "-raw" if raw else ""
-    its = {g["label"]: g for g in result["iterations" + suffix]["groups"]}
-    target = result["flops" + suffix]["target"]
-    lines = [
-        f"\nCost and iterations to the target ({'trained' if raw else 'eval'} weights, gain {target:+.3f}):\n",
-        f"| variant | TFLOPs / iteration | cost ratio to {base} | iterations to target | speed-up, iterations "
-        "| TFLOPs to target | speed-up, FLOPs |\n|---|---|---|---|---|---|---|",
-    ]
-    for g in result["flops" + suffix]["groups"]:
-        it, c = its[g["label"]], cost[g["label"]]
-        n = "never" if it["curve_to_target"] is None else f"{it['curve_to_target']:.0f}"
-        lines.append(
-            f"| {g['label']} | {c:.3f} | {cost[base] / c:.2f}x | {n} | {_speedup(it)} "
-            f"| {_tflops(g['curve_to_target'])} | {_speedup(g)} |"
-        )
-    return "\n".join(lines) + "\n"
-
-
-def signal_table(result: dict) -> str:
-    """What an iteration gives the update to learn from, over each run's first quarter of iterations (before the
-    reward saturates): the share of prompt groups whose rewards all tie (no advantage), the within-group reward
-    std, and the edges trained. Wider noise or more SDE steps show here first."""
-    stats = {k: per_label(result, f"early/{k}") for k in ("zero_std_ratio", "reward_group_std", "trained_edges")}
-    lines = [
-        "\nWhat an iteration learns from, first quarter of each run's iterations (mean over seeds):\n",
-        "| variant | tied groups | within-group reward std | trained edges / iteration |\n|---|---|---|---|",
-    ]
-    for label, tied in stats["zero_std_ratio"].items():
-        std, edges = stats["reward_group_std"][label], stats["trained_edges"][label]
-        lines.append(
-            f"| {label} | {sum(tied) / len(tied):.2f} | {sum(std) / len(std):.3f} | {sum(edges) / len(edges):.0f} |"
-        )
-    return "\n".join(lines) + "\n"
-
-
-def savings_table(result: dict) -> str:
-    """What the adaptive trees did over each whole run (mean over seeds): tied groups and within-group reward std
-    over all iterations, early stops and fallbacks an iteration, the share of the run's denoiser FLOPs the stops
-    saved against the same trees undisturbed, prompts replaced an iteration, and images scored an iteration per leaf
-    trained on (above 1: the reward judged x0-predictions too; those calls are not on the denoiser FLOP axis).
-    Tied groups are counted as groups and by their leaves (per-prompt budgets make groups of unequal size)."""
-    keys = ("run/zero_std_ratio", "reward_group_std", "run/early_stops", "run/fallbacks", "run/flops_saved_share")
-    more = ("run/replaced", "run/reward_images", "run/leaves", "run/tied_leaf_share")
-    stats = {k: per_label(result, k) for k in (*keys, *more)}
-    avg = {k: {label: sum(v) / len(v) for label, v in by.items()} for k, by in stats.items()}
-    lines = [
-        "\nOver whole runs (mean over seeds): ties, spread, and what the adaptive trees did an iteration:\n",
-        "| variant | tied groups | leaves in tied groups | within-group reward std | early stops | fallbacks "
-        "| FLOPs saved by stops | prompts replaced | images scored per leaf |\n|---|---|---|---|---|---|---|---|---|",
-    ]
-    for label, tied in avg["run/zero_std_ratio"].items():
-        scored = avg["run/reward_images"][label] / max(avg["run/leaves"][label], 1)
-        share = avg["run/tied_leaf_share"][label]
-        lines.append(
-            f"| {label} | {tied:.2f} | {'n/a' if math.isnan(share) else f'{share:.2f}'} "
-            f"| {avg['reward_group_std'][label]:.3f} | {avg['run/early_stops'][label]:.1f} "
-            f"| {avg['run/fallbacks'][label]:.1f} | {100 * avg['run/flops_saved_share'][label]:.1f}% "
-            f"| {avg['run/replaced'][label]:.2f} | {scored:.2f} |"
-        )
-    return "\n".join(lines) + "\n"
-
-
-def _tflops(value: float | None) -> str:
-    """The mean curve's denoiser TFLOPs to the target (eval weights), or never."""
-    return "never" if value is None else f"{value:.1f}"
 
 
 def rerun(label: str, seed: int, args: argparse.Namespace, log) -> None:

@@ -15,6 +15,9 @@ def _bench(name: str):
     return mod
 
 
+TABLES = _bench("study_tables")
+
+
 def test_a_rerun_is_checked_against_the_reference_spread():
     """bench/methods.py --against: gains within the reference's mean +- 2 std over seeds, speed-ups within its
     95% interval (never reaching the target counts as 0)."""
@@ -100,13 +103,12 @@ def test_the_model_table_is_the_memory_benchmarks():
 def test_the_learning_rate_sweep_names_each_variants_best_rate():
     """bench/study.py --plan lr: a row per variant, a column per rate, the best final eval-weights gain chosen
     (not the trained weights'); a rate not run is '-'."""
-    study = _bench("study")
 
     def row(label, before, after, raw=None):
         first = {"reward_mean": before, "raw/reward_mean": None if raw is None else before}
         return {"label": label, "seed": 100, "heldout": [first, {"reward_mean": after, "raw/reward_mean": raw}]}
 
-    text = study.sweep_table(
+    text = TABLES.sweep_table(
         [
             row("dance-grpo@lr3e-5", 0.5, 0.6, raw=0.9),  # the trained weights gain most here, the EMA does not
             row("dance-grpo", 0.5, 0.7, raw=0.8),
@@ -130,7 +132,7 @@ def test_the_best_lr_plan_runs_each_variant_at_its_sweeps_best_rate():
 
     study = _bench("study")
     runs = json.loads(gzip.decompress((ROOT / "bench" / "results" / "study-lr.json.gz").read_bytes()))["runs"]
-    assert study.best_rates(runs) == study.BEST_LR
+    assert TABLES.best_rates(runs) == study.BEST_LR
 
     def rate(sets):
         return next((s.split("=")[1] for s in sets if s.startswith("train.lr=")), study.WORLD_LR)
@@ -193,7 +195,6 @@ def test_the_best_branchgrpo_preset_is_the_studys_variant():
 def test_the_ablation_pairs_each_factor_with_its_base_seed_by_seed():
     """bench/study.py's factor table: a BASE/FACTOR variant's final gain against BASE's on the same seeds only
     (a seed the base lacks is left out), the mean and range of the differences, and the seeds it helps."""
-    study = _bench("study")
 
     def row(label, seed, before, after):
         return {"label": label, "seed": seed, "heldout": [{"reward_mean": before}, {"reward_mean": after}]}
@@ -207,7 +208,7 @@ def test_the_ablation_pairs_each_factor_with_its_base_seed_by_seed():
         row("dance-grpo", 0, 0.5, 0.6),
         row("mix/window", 0, 0.5, 0.6),  # no base at all: no row
     ]
-    lines = [line for line in study.factor_table(rows).splitlines() if line.startswith("| branch")]
+    lines = [line for line in TABLES.factor_table(rows).splitlines() if line.startswith("| branch")]
     assert lines == ["| branch | late | 2 | +0.250 | +0.250 | +0.000 | -0.100 to +0.100 | 1 of 2 |"]
 
 
@@ -231,8 +232,6 @@ def test_the_ablation_reports_what_an_early_iteration_learns_from(tmp_path):
     run's iterations (later, saturated rows left out), then over the variant's seeds."""
     import json
 
-    study = _bench("study")
-
     def run(name, early, late):
         d = tmp_path / name
         d.mkdir()
@@ -250,7 +249,7 @@ def test_the_ablation_reports_what_an_early_iteration_learns_from(tmp_path):
             {"label": "mix", "run_dir": run("b", [(0.2, 0.2, 100), (0.2, 0.2, 100)], late)},
         ]
     }
-    lines = [line for line in study.signal_table(result).splitlines() if line.startswith("| mix")]
+    lines = [line for line in TABLES.signal_table(result).splitlines() if line.startswith("| mix")]
     assert lines == ["| mix | 0.30 | 0.200 | 200 |"]
 
 
@@ -259,7 +258,6 @@ def test_the_study_splits_a_flop_speedup_into_cost_per_iteration_and_iterations(
     the baseline's over the variant's as the cost ratio, and the iteration and FLOP axes' times to target."""
     import json
 
-    study = _bench("study")
     runs = []
     for label, seed, per_iter, n in (
         ("dance-grpo", 0, 0.4e12, 10),
@@ -285,7 +283,7 @@ def test_the_study_splits_a_flop_speedup_into_cost_per_iteration_and_iterations(
     }
 
     def lines(raw):
-        text = study.cost_table(result, raw=raw)
+        text = TABLES.cost_table(result, raw=raw)
         return text, {line.split(" | ")[0].strip("| "): line for line in text.splitlines() if "|" in line}
 
     text, rows = lines(False)
@@ -372,16 +370,16 @@ def test_a_kept_run_carries_what_the_tables_read_and_its_files_hashes(tmp_path, 
     assert row["raw_files"]["metrics.jsonl"] == {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
     shutil.rmtree(tmp_path / "kept")  # the raw rows gone: the tables read the summary
     shutil.rmtree(run)
-    assert study.per_label({"runs": [row]}, "early/trained_edges") == {"tree": [5.0]}
+    assert TABLES.per_label({"runs": [row]}, "early/trained_edges") == {"tree": [5.0]}
     # the savings table: 0.825 of groups tied over the run (0.82 at two places), 9 images scored for 8 leaves
-    assert "| tree | 0.82 | 0.41 | 0.000 | 0.0 | 0.0 | 0.0% | 0.00 | 1.12 |" in study.savings_table({"runs": [row]})
+    assert "| tree | 0.82 | 0.41 | 0.000 | 0.0 | 0.0 | 0.0% | 0.00 | 1.12 |" in TABLES.savings_table({"runs": [row]})
     # a run kept before rows had tied_leaf_share: not a share of 0
     old = dict(row, metrics={k: v for k, v in row["metrics"].items() if k != "run/tied_leaf_share"})
     rows = [{k: v for k, v in r.items() if k != "tied_leaf_share"} for r in rows]
     run.mkdir(parents=True)
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     old["run_dir"] = str(run)
-    assert "| tree | 0.82 | n/a | 0.000 |" in study.savings_table({"runs": [old]})
+    assert "| tree | 0.82 | n/a | 0.000 |" in TABLES.savings_table({"runs": [old]})
 
 
 def test_restored_raw_runs_are_checked_against_the_manifest(tmp_path):
