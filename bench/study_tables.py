@@ -28,15 +28,42 @@ def run_metrics(run: Path) -> dict[str, float]:
         f"run/{k}": sum(float(x.get(k, 0.0)) for x in rows) / len(rows)
         for k in ("zero_std_ratio", "early_stops", "fallbacks", "replaced", "reward_images", "leaves")
     }
+    forward = rollout_forward_flops(rows)
+    rollout = [forward * x.get("rollout_evals", 0) for x in rows]
     return {
         **adaptive,
         "run/flops_saved_share": saved / max(spent + saved, 1),
+        "run/rollout_share": sum(rollout) / max(spent, 1),
+        # the rollouts of tied groups (by their leaves), which no update learns from: what a rule that foresaw
+        # every tie and skipped its rollout for free could save at most (their edges are already not trained)
+        "run/tied_rollout_share": (
+            sum(f * x["tied_leaf_share"] for f, x in zip(rollout, rows, strict=True)) / max(spent, 1)
+            if len(tied) == len(rows)
+            else math.nan
+        ),
         "run/tied_leaf_share": sum(tied) / len(tied) if len(tied) == len(rows) else math.nan,
         "optimizer_steps_per_iteration": sum(x.get("optimizer_steps", 0) for x in rows) / len(rows),
         "tflops_per_iteration": rows[-1]["flops_total"] / len(rows) / 1e12,
         "reward_group_std": sum(x.get("reward_group_std", 0.0) for x in rows) / len(rows),
         **early,
     }
+
+
+def rollout_forward_flops(rows: list[dict]) -> float:
+    """FLOPs of one rollout evaluation (a forward of the denoiser's batch row), from a run's metrics rows. A row's
+    `flops` is rollout_evals x F + train_evals x T (training/steps.py: iteration_flops) with F and T fixed for a run,
+    so least squares over the rows gives F exactly; nan where the rows cannot tell F from T."""
+    r = [float(x.get("rollout_evals", 0)) for x in rows]
+    t = [float(x.get("train_evals", 0)) for x in rows]
+    y = [float(x.get("flops", 0)) for x in rows]
+    rr, tt, rt = sum(a * a for a in r), sum(b * b for b in t), sum(a * b for a, b in zip(r, t, strict=True))
+    ry, ty = sum(a * c for a, c in zip(r, y, strict=True)), sum(b * c for b, c in zip(t, y, strict=True))
+    if tt == 0:  # nothing trained: every FLOP a rollout's
+        return ry / rr if rr > 0 else math.nan
+    det = rr * tt - rt * rt
+    if det <= 1e-9 * rr * tt:  # rollout and training evaluations in one proportion throughout
+        return math.nan
+    return (ry * tt - ty * rt) / det
 
 
 def sweep_gains(rows: list[dict]) -> dict[str, dict[str, tuple[float, float | None]]]:
@@ -207,24 +234,28 @@ def savings_table(result: dict) -> str:
     over all iterations, early stops and fallbacks an iteration, the share of the run's denoiser FLOPs the stops
     saved against the same trees undisturbed, prompts replaced an iteration, and images scored an iteration per leaf
     trained on (above 1: the reward judged x0-predictions too; those calls are not on the denoiser FLOP axis).
-    Tied groups are counted as groups and by their leaves (per-prompt budgets make groups of unequal size)."""
+    Tied groups are counted as groups and by their leaves (per-prompt budgets make groups of unequal size). The
+    last column bounds what any rule against ties can give: the share of the run's FLOPs spent on tied groups'
+    rollouts, and the speed-up an iteration would have if they cost nothing (the same learning per iteration)."""
     keys = ("run/zero_std_ratio", "reward_group_std", "run/early_stops", "run/fallbacks", "run/flops_saved_share")
-    more = ("run/replaced", "run/reward_images", "run/leaves", "run/tied_leaf_share")
+    more = ("run/replaced", "run/reward_images", "run/leaves", "run/tied_leaf_share", "run/tied_rollout_share")
     stats = {k: per_label(result, k) for k in (*keys, *more)}
     avg = {k: {label: sum(v) / len(v) for label, v in by.items()} for k, by in stats.items()}
     lines = [
         "\nOver whole runs (mean over seeds): ties, spread, and what the adaptive trees did an iteration:\n",
         "| variant | tied groups | leaves in tied groups | within-group reward std | early stops | fallbacks "
-        "| FLOPs saved by stops | prompts replaced | images scored per leaf |\n|---|---|---|---|---|---|---|---|---|",
+        "| FLOPs saved by stops | prompts replaced | images scored per leaf | FLOPs in tied rollouts (if free) |\n"
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for label, tied in avg["run/zero_std_ratio"].items():
         scored = avg["run/reward_images"][label] / max(avg["run/leaves"][label], 1)
-        share = avg["run/tied_leaf_share"][label]
+        share, waste = avg["run/tied_leaf_share"][label], avg["run/tied_rollout_share"][label]
         lines.append(
             f"| {label} | {tied:.2f} | {'n/a' if math.isnan(share) else f'{share:.2f}'} "
             f"| {avg['reward_group_std'][label]:.3f} | {avg['run/early_stops'][label]:.1f} "
             f"| {avg['run/fallbacks'][label]:.1f} | {100 * avg['run/flops_saved_share'][label]:.1f}% "
-            f"| {avg['run/replaced'][label]:.2f} | {scored:.2f} |"
+            f"| {avg['run/replaced'][label]:.2f} | {scored:.2f} "
+            f"| {'n/a' if math.isnan(waste) else f'{100 * waste:.0f}% ({1 / (1 - waste):.2f}x)'} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -3,6 +3,8 @@
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -343,6 +345,8 @@ def test_a_kept_run_carries_what_the_tables_read_and_its_files_hashes(tmp_path, 
         {"optimizer_steps": 2, "flops_total": 0.5e12 * (i + 1), "zero_std_ratio": z, "trained_edges": 10 * i}
         | {"leaves": 8, "reward_images": 8 + (4 if i < 2 else 0)}  # the first two also judged 4 x0-predictions
         | {"tied_leaf_share": z / 2}
+        # a forward 1 GFLOP, a training evaluation 3: the rollout's share is 1080 / 2040 of the run's FLOPs
+        | {"rollout_evals": 100 + 10 * i, "train_evals": 40, "flops": (100 + 10 * i) * 10**9 + 40 * 3 * 10**9}
         for i, z in enumerate([0.5, 0.3, 0.9, 0.9, 1.0, 1.0, 1.0, 1.0])
     ]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -350,36 +354,44 @@ def test_a_kept_run_carries_what_the_tables_read_and_its_files_hashes(tmp_path, 
     (run / "run.json").write_text("{}\n")
     row = study.keep({"label": "tree", "seed": 0, "run_dir": str(run)}, tmp_path / "work")
     assert Path(row["run_dir"]) == tmp_path / "kept" / "work" / "tree-seed0"
-    assert row["metrics"] == {
-        "optimizer_steps_per_iteration": 2.0,
-        "tflops_per_iteration": 0.5,
-        "reward_group_std": 0.0,
-        "early/zero_std_ratio": 0.4,
-        "early/reward_group_std": 0.0,
-        "early/trained_edges": 5.0,
-        "run/zero_std_ratio": 0.825,  # over the whole run (6.6 / 8), and what adaptive trees did (none here)
-        "run/early_stops": 0.0,
-        "run/fallbacks": 0.0,
-        "run/replaced": 0.0,
-        "run/flops_saved_share": 0.0,
-        "run/reward_images": 9.0,  # (6 x 8 + 2 x 12) / 8
-        "run/leaves": 8.0,
-        "run/tied_leaf_share": 0.4125,
-    }
+    assert row["metrics"] == pytest.approx(
+        {
+            "optimizer_steps_per_iteration": 2.0,
+            "tflops_per_iteration": 0.5,
+            "reward_group_std": 0.0,
+            "early/zero_std_ratio": 0.4,
+            "early/reward_group_std": 0.0,
+            "early/trained_edges": 5.0,
+            "run/zero_std_ratio": 0.825,  # over the whole run (6.6 / 8), and what adaptive trees did (none here)
+            "run/early_stops": 0.0,
+            "run/fallbacks": 0.0,
+            "run/replaced": 0.0,
+            "run/flops_saved_share": 0.0,
+            "run/reward_images": 9.0,  # (6 x 8 + 2 x 12) / 8
+            "run/leaves": 8.0,
+            "run/tied_leaf_share": 0.4125,
+            "run/rollout_share": 1080 / 2040,
+            # tied rollouts by their leaves: (100 x 0.5 + 110 x 0.3 + 120 x 0.9 + 130 x 0.9 + 620) / 2 GFLOPs of 2040
+            "run/tied_rollout_share": 464 / 2040,
+        }
+    )
     data = (run / "metrics.jsonl").read_bytes()
     assert row["raw_files"]["metrics.jsonl"] == {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
     shutil.rmtree(tmp_path / "kept")  # the raw rows gone: the tables read the summary
     shutil.rmtree(run)
     assert TABLES.per_label({"runs": [row]}, "early/trained_edges") == {"tree": [5.0]}
     # the savings table: 0.825 of groups tied over the run (0.82 at two places), 9 images scored for 8 leaves
-    assert "| tree | 0.82 | 0.41 | 0.000 | 0.0 | 0.0 | 0.0% | 0.00 | 1.12 |" in TABLES.savings_table({"runs": [row]})
+    # and 23% of its FLOPs went to tied rollouts: 1 / (1 - 464 / 2040) = 1.29x at most from removing every tie
+    line = "| tree | 0.82 | 0.41 | 0.000 | 0.0 | 0.0 | 0.0% | 0.00 | 1.12 | 23% (1.29x) |"
+    assert line in TABLES.savings_table({"runs": [row]})
     # a run kept before rows had tied_leaf_share: not a share of 0
-    old = dict(row, metrics={k: v for k, v in row["metrics"].items() if k != "run/tied_leaf_share"})
+    old = dict(row, metrics={k: v for k, v in row["metrics"].items() if "tied_" not in k})
     rows = [{k: v for k, v in r.items() if k != "tied_leaf_share"} for r in rows]
     run.mkdir(parents=True)
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     old["run_dir"] = str(run)
     assert "| tree | 0.82 | n/a | 0.000 |" in TABLES.savings_table({"runs": [old]})
+    assert TABLES.savings_table({"runs": [old]}).splitlines()[-1].endswith("| 1.12 | n/a |")
 
 
 def test_restored_raw_runs_are_checked_against_the_manifest(tmp_path):
