@@ -74,24 +74,7 @@ def _train(req: TrainRequest, hooks: Hooks, held: ExitStack) -> dict[str, Any]:
     t0 = time.perf_counter()
     trainer = Trainer(cfg, req.device, d)
     hooks.note(f"{trainer.policy.name} ready on {req.device} in {time.perf_counter() - t0:.1f}s")
-    works = d.main or trainer.sharded  # this rank runs the grids', evaluations' and checkpoints' forwards
-    if cfg.policy.free_text_encoders and hasattr(trainer.policy, "cache_prompts"):
-        trainer.policy.cache_prompts(req.prompts + req.eval_prompts)  # embed once, then free the encoders
-    if req.resume:
-        _resume(trainer, req, hooks)
-    elif d.main:
-        held.enter_context(runlock.lock(req.run_dir, create=True))
-        model: dict[str, Any] = getattr(trainer.policy, "describe", dict)()
-        prompts = {"train": req.prompts, "eval": req.eval_prompts}
-        rundir.create(req.run_dir, cfg, req.command, prompts, {"device": req.device, "model": model})
-    if cfg.train.log and d.main:
-        track = tracking.Tracking(req.run_dir, cfg.train.log, cfg.to_dict(), trainer.step if req.resume else None)
-        hooks = tracking.tracked(hooks, held.enter_context(closing(track)))
-    if not req.resume and cfg.train.sample_every and works:
-        _grid(trainer, req, 0, hooks)
-    if cfg.train.eval_samples and _main_says(lambda: not runlog.read_evals(req.run_dir), trainer, d):
-        _heldout(trainer, req, hooks, 0.0)
-    dist.barrier(d)
+    hooks = _open(trainer, req, hooks, held)
     done_rows = runlog.read_metrics(req.run_dir)
     start, wall = trainer.step, (done_rows[-1].get("wall", 0.0) if done_rows else 0.0)
     last = done_rows[-1] if done_rows else None  # the run's compute so far
@@ -102,7 +85,7 @@ def _train(req: TrainRequest, hooks: Hooks, held: ExitStack) -> dict[str, Any]:
     wall0, budget = time.perf_counter() - wall, cfg.train.max_minutes * 60
     spent = lambda: bool(cfg.train.max_tflops and trainer.totals["flops_total"] >= cfg.train.max_tflops * 1e12)  # noqa: E731
     finished = trainer.step >= cfg.train.iterations or bool(budget and wall >= budget) or spent()
-    stopped, stall = False, 0
+    stopped, stall, works = False, 0, d.main or trainer.sharded
     while not finished:
         row = trainer.iteration(req.prompts, hooks.progress)  # phases rollout, score, update
         row["wall"], last_wall = time.perf_counter() - wall0, wall
@@ -126,6 +109,42 @@ def _train(req: TrainRequest, hooks: Hooks, held: ExitStack) -> dict[str, Any]:
                 wall0 += time.perf_counter() - t  # held-out evaluations do not count as training time
         if stopped:
             break
+
+    return _close(trainer, req, hooks, start, wall, stopped, finished)
+
+
+def _open(trainer: Trainer, req: TrainRequest, hooks: Hooks, held: ExitStack) -> Hooks:
+    """The run folder made (or resumed), the trackers attached, the first grid and held-out evaluation done;
+    the hooks with the trackers behind them."""
+    cfg, d = req.config, req.dist
+    works = d.main or trainer.sharded  # this rank runs the grids', evaluations' and checkpoints' forwards
+    if cfg.policy.free_text_encoders and hasattr(trainer.policy, "cache_prompts"):
+        trainer.policy.cache_prompts(req.prompts + req.eval_prompts)  # embed once, then free the encoders
+    if req.resume:
+        _resume(trainer, req, hooks)
+    elif d.main:
+        held.enter_context(runlock.lock(req.run_dir, create=True))
+        model: dict[str, Any] = getattr(trainer.policy, "describe", dict)()
+        prompts = {"train": req.prompts, "eval": req.eval_prompts}
+        rundir.create(req.run_dir, cfg, req.command, prompts, {"device": req.device, "model": model})
+    if cfg.train.log and d.main:
+        track = tracking.Tracking(req.run_dir, cfg.train.log, cfg.to_dict(), trainer.step if req.resume else None)
+        hooks = tracking.tracked(hooks, held.enter_context(closing(track)))
+    if not req.resume and cfg.train.sample_every and works:
+        _grid(trainer, req, 0, hooks)
+    if cfg.train.eval_samples and _main_says(lambda: not runlog.read_evals(req.run_dir), trainer, d):
+        _heldout(trainer, req, hooks, 0.0)
+    dist.barrier(d)
+    return hooks
+
+
+def _close(
+    trainer: Trainer, req: TrainRequest, hooks: Hooks, start: int, wall: float, stopped: bool, finished: bool
+) -> dict[str, Any]:
+    """What a finished run still owes (its missing grids, a last held-out evaluation, before_after.png), then the
+    run's summary (rank 0)."""
+    cfg, d = req.config, req.dist
+    works = d.main or trainer.sharded
 
     def last_eval() -> int:
         return runlog.read_evals(req.run_dir)[-1]["iteration"]
