@@ -14,7 +14,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -72,7 +72,7 @@ def error_line(message: str) -> None:
     err.print(f"[bold red]Error:[/] {escape(one_line(message))}", highlight=False, markup=True, soft_wrap=True)
 
 
-def fail(message: str, code: int = 1) -> None:
+def fail(message: str, code: int = 1) -> NoReturn:
     """Print one error line on stderr and exit non-zero."""
     error_line(message)
     raise typer.Exit(code)

@@ -113,22 +113,11 @@ def diversity(
         --features inception,clip --out runs/div
     """
     from ..diversity import DiversityConfig, compare, generate_set, open_images, parse_features
-    from ..diversity.io import SET_FOLDERS, check_set_folder, is_report_folder
-    from ..preflight import check_own_dir, check_writable_dir, resolve_device
+    from ..preflight import resolve_device
 
     with guarded():
         device = resolve_device(device)
-        if a is not None and b is not None and a.resolve() == b.resolve():
-            raise ConfigError(f"{b} is given twice: A and B are the same folder (compare two different sets)")
-        if out is not None:
-            check_writable_dir(out, "--out")
-            what = f"an earlier diversity report (only report.json, embedding-*.png, {', '.join(SET_FOLDERS)})"
-            check_own_dir(out, "--out", is_report_folder, what)
-        if generate:  # where the sets go: new, empty, or tree folders to overwrite; never someone else's
-            for label, given, default in (("A", a, SET_FOLDERS[0]), ("B", b, SET_FOLDERS[1])):
-                folder = given if given is not None else (out / default if out is not None else None)
-                if folder is not None:
-                    check_set_folder(folder, overwrite, f"set {label} folder")
+        _check_folders(a, b, out, generate, overwrite)
         cfg = DiversityConfig(
             parse_features(features),
             kid,
@@ -147,31 +136,22 @@ def diversity(
             clip_weights=clip_weights,
             out=out,
         ).validate()
+        presets = ((preset_a, tuple(sets_a or ())), (preset_b, tuple(sets_b or ())))
+        model = model or "tiny-shapes"
         if generate:  # before anything is generated
             from ..diversity.io import generated_trees
             from ..diversity.report import check_tree_counts
 
-            check_tree_counts(
-                cfg,
-                *(
-                    generated_trees(p, num, model or "tiny-shapes", tuple(s or ()))
-                    for p, s in ((preset_a, sets_a), (preset_b, sets_b))
-                ),
-            )
+            check_tree_counts(cfg, *(generated_trees(p, num, model, s) for p, s in presets))
         with ExitStack() as stack, progress_bar() as bar:
             if generate:
                 root = out or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="treegrpo-diversity-")))
                 gen = partial(
-                    generate_set,
-                    num=num,
-                    model=model or "tiny-shapes",
-                    device=device,
-                    overwrite=overwrite,
-                    command=command_line(),
-                    progress=bar,
+                    generate_set, num=num, model=model, device=device, overwrite=overwrite, command=command_line()
                 )
-                set_a = gen(preset_a, a or root / "set-a", seed=seed, sets=tuple(sets_a or ()))
-                set_b = gen(preset_b, b or root / "set-b", seed=seed + 1, sets=tuple(sets_b or ()))
+                (pa, sa), (pb, sb) = presets
+                set_a = gen(pa, a or root / "set-a", seed=seed, sets=sa, progress=bar)
+                set_b = gen(pb, b or root / "set-b", seed=seed + 1, sets=sb, progress=bar)
             elif a is None or b is None:
                 raise ConfigError("give two folders A and B to compare, or pass --generate")
             else:
@@ -183,6 +163,24 @@ def diversity(
         stdout.print(_table(report, set_a, set_b))
         if out:
             err.print(f"wrote {', '.join(report['files'])}")
+
+
+def _check_folders(a: Path | None, b: Path | None, out: Path | None, generate: bool, overwrite: bool) -> None:
+    """Refuse A == B, an --out folder that is not an earlier report, and set folders that are someone else's."""
+    from ..diversity.io import SET_FOLDERS, check_set_folder, is_report_folder
+    from ..preflight import check_own_dir, check_writable_dir
+
+    if a is not None and b is not None and a.resolve() == b.resolve():
+        raise ConfigError(f"{b} is given twice: A and B are the same folder (compare two different sets)")
+    if out is not None:
+        check_writable_dir(out, "--out")
+        what = f"an earlier diversity report (only report.json, embedding-*.png, {', '.join(SET_FOLDERS)})"
+        check_own_dir(out, "--out", is_report_folder, what)
+    if generate:  # where the sets go: new, empty, or tree folders to overwrite; never someone else's
+        for label, given, default in (("A", a, SET_FOLDERS[0]), ("B", b, SET_FOLDERS[1])):
+            folder = given if given is not None else (out / default if out is not None else None)
+            if folder is not None:
+                check_set_folder(folder, overwrite, f"set {label} folder")
 
 
 def _table(report: dict[str, Any], a: ImageSet, b: ImageSet) -> Table:

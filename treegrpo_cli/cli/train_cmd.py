@@ -5,8 +5,9 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -323,39 +324,51 @@ def _online(preset, config, sets, prompts, run_dir, resume, device, stop: dict) 
         rundir.check_prompts(run, "train", train_prompts)
         rundir.check_prompts(run, "eval", eval_prompts)
     if d.main:
-        from ..models.registry import check_available
-        from ..rewards.base import check_rewards, check_weights, parse_reward_options
-
-        reward_opts = parse_reward_options(cfg.reward.options)
-        check_rewards(cfg.reward.names, reward_opts)  # every name, before loading
-        check_available(cfg.model, cfg.policy)  # missing weights: one line before anything is printed
-        check_weights(cfg.reward.names, reward_opts)
+        _check_weights(cfg)
     req = TrainRequest(cfg, train_prompts, eval_prompts, run, resume is not None, device, command_line(), d)
     given = {item.split("=", 1)[0].strip() for item in sets}
     header = [*run_header(cfg, device, resume is None, given), f"run folder: {run}"]  # said once the run is ours
     if d.active:
-        done = False
-        try:
-            summary = _train_rank(req, train_loop, d, cfg, run, stop, header)
-            dist.barrier(d)  # every rank done before the group goes away
-            done = True
-            return summary
-        except TreegrpoError as e:
-            fail(str(e), e.exit_code)  # said before the group goes: tearing gloo down can abort
-        except KeyboardInterrupt:
-            fail("interrupted", 130)
-        except Exception as e:  # a peer failed (closed connection) or this rank did (a bug)
-            from .launch import PEER_FAILURE
-
-            first = (str(e).strip().splitlines() or [""])[0]
-            fail(f"{type(e).__name__}: {first}" if PEER_FAILURE.search(first) else internal_error(e))
-        finally:
-            sys.stderr.flush()
-            dist.shutdown()  # a live gloo group at interpreter exit aborts the process
-            if done and not d.main:  # rank 0 reports; the others leave now: gloo's threads can still be
-                sys.stdout.flush()  # winding down, and the interpreter's teardown then aborts the process
-                os._exit(0)  # ("terminate called without an active exception")
+        return _train_group(partial(_train_rank, req, train_loop, d, cfg, run, stop, header), d)
     return _train_rank(req, train_loop, d, cfg, run, stop, header)
+
+
+def _check_weights(cfg) -> None:
+    """Every reward name, then the model's and the rewards' weights: one line before anything is printed."""
+    from ..models.registry import check_available
+    from ..rewards.base import check_rewards, check_weights, parse_reward_options
+
+    reward_opts = parse_reward_options(cfg.reward.options)
+    check_rewards(cfg.reward.names, reward_opts)  # every name, before loading
+    check_available(cfg.model, cfg.policy)
+    check_weights(cfg.reward.names, reward_opts)
+
+
+def _train_group(train_rank: Callable[[], dict], d) -> dict:
+    """One rank of a process group: its errors said as one line before the group goes, and a clean exit."""
+    from ..training import dist
+
+    done = False
+    try:
+        summary = train_rank()
+        dist.barrier(d)  # every rank done before the group goes away
+        done = True
+        return summary
+    except TreegrpoError as e:
+        fail(str(e), e.exit_code)  # said before the group goes: tearing gloo down can abort
+    except KeyboardInterrupt:
+        fail("interrupted", 130)
+    except Exception as e:  # a peer failed (closed connection) or this rank did (a bug)
+        from .launch import PEER_FAILURE
+
+        first = (str(e).strip().splitlines() or [""])[0]
+        fail(f"{type(e).__name__}: {first}" if PEER_FAILURE.search(first) else internal_error(e))
+    finally:
+        sys.stderr.flush()
+        dist.shutdown()  # a live gloo group at interpreter exit aborts the process
+        if done and not d.main:  # rank 0 reports; the others leave now: gloo's threads can still be
+            sys.stdout.flush()  # winding down, and the interpreter's teardown then aborts the process
+            os._exit(0)  # ("terminate called without an active exception")
 
 
 def run_header(cfg, device: str, new: bool, given: set[str] | frozenset[str] = frozenset()) -> list[str]:
