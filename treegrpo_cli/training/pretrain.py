@@ -280,17 +280,9 @@ def pretrain(
     start, ema_loss, done_minutes, row = _restore(resumed, opt, ema, g) if resumed else (0, None, 0.0, {})
     t0 = time.perf_counter() - 60 * done_minutes
     for step in range(start, cfg.steps):
-        for group in opt.param_groups:
-            group["lr"] = lr_at(cfg, step)
         prompts, images = _batch(cfg, train_prompts, cfg.batch, g)
-        loss = flow_loss(net, policy, prompts, policy.encode_images(images), g, cfg.shift)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
-        opt.step()
-        if ema:
-            ema.update_parameters(net)
-        ema_loss = loss.item() if ema_loss is None else 0.98 * ema_loss + 0.02 * loss.item()
+        loss = flow_step(net, policy, opt, ema, prompts, policy.encode_images(images), g, cfg.shift, lr_at(cfg, step))
+        ema_loss = loss if ema_loss is None else 0.98 * ema_loss + 0.02 * loss
         minutes = (time.perf_counter() - t0) / 60
         last = step == cfg.steps - 1 or bool(cfg.minutes and minutes >= cfg.minutes)
         if (step + 1) % cfg.eval_every == 0 or last:
@@ -304,17 +296,13 @@ def pretrain(
                 "test_reward": evaluate(shown, test_prompts, cfg.eval_steps),
                 "pretrain_reward": evaluate(shown, own, cfg.eval_steps),
             }
-            save_weights(
-                out,
-                shown.net,
-                ae,
-                {
-                    "pretrain": asdict(cfg),
-                    "log": row,
-                    "guidance": 1.0,
-                    **({"ae_from": str(ae_from)} if ae_from else {}),
-                },
-            )
+            meta = {
+                "pretrain": asdict(cfg),
+                "log": row,
+                "guidance": 1.0,
+                **({"ae_from": str(ae_from)} if ae_from else {}),
+            }
+            save_weights(out, shown.net, ae, meta)
             if state is not None:
                 _save_state(Path(state), net, ae, opt, ema, g, cfg, row)
             log(row)
@@ -323,3 +311,19 @@ def pretrain(
         if last:
             break
     return row
+
+
+def flow_step(
+    net: TinyDiT, policy: LatentDiTPolicy, opt, ema, captions: list, latents: torch.Tensor, g, shift: float, lr: float
+) -> float:
+    """One flow-matching step of `net` at learning rate `lr` (and the EMA after it, if any); its loss."""
+    for group in opt.param_groups:
+        group["lr"] = lr
+    loss = flow_loss(net, policy, captions, latents, g, shift)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+    opt.step()
+    if ema:
+        ema.update_parameters(net)
+    return loss.item()

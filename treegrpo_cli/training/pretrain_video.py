@@ -29,7 +29,7 @@ from ..models.latent_file import load_weights, save_weights
 from ..models.video_latent import VideoLatentPolicy, new_video_model
 from ..rewards.motion import motion_scores
 from ..world.motion import FRAMES, noisy_clip, split_motion_prompts
-from .pretrain import PretrainConfig, flow_loss, lr_at
+from .pretrain import PretrainConfig, flow_step, lr_at
 
 
 def clips_batch(prompts: list[str], n: int, g: torch.Generator) -> tuple[list[str], torch.Tensor]:
@@ -106,18 +106,11 @@ def pretrain_video(
     clips = ClipBank(policy, pretrain, bank or cfg.batch, g)
     t0, row, loss_avg = time.perf_counter(), {}, None
     for step in range(cfg.steps):
-        for group in opt.param_groups:
-            group["lr"] = lr_at(cfg, step)
         if step:
             clips.refresh(refresh)
         captions, latents = clips.sample(cfg.batch)
-        loss = flow_loss(net, policy, captions, latents, g, cfg.shift)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
-        opt.step()
-        ema.update_parameters(net)
-        loss_avg = loss.item() if loss_avg is None else 0.98 * loss_avg + 0.02 * loss.item()
+        loss = flow_step(net, policy, opt, ema, captions, latents, g, cfg.shift, lr_at(cfg, step))
+        loss_avg = loss if loss_avg is None else 0.98 * loss_avg + 0.02 * loss
         minutes = (time.perf_counter() - t0) / 60
         last = step == cfg.steps - 1 or bool(cfg.minutes and minutes >= cfg.minutes)
         if (step + 1) % cfg.eval_every == 0 or last:
