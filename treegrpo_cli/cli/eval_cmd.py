@@ -109,11 +109,9 @@ def eval_(
 
       treegrpo eval --images generated/ --metric clip --out runs/eval
     """
-    from ..config import check_eval_size
     from ..preflight import check_own_dir, check_writable_dir, resolve_device
-    from ..prompts import load_prompts
     from ..report.evalio import OUTPUTS, is_eval_output, write_outputs
-    from ..report.evaluate import EvalRequest, default_num_images, run_eval, source_config
+    from ..report.evaluate import EvalRequest, run_eval
     from ..rewards.base import parse_reward_options
 
     with guarded():
@@ -141,18 +139,7 @@ def eval_(
             config=config,
             sets=tuple(set_ or []),
         )
-        cfg = source_config(req) if images is None else None  # the run's or the config's defaults
-        names = metric if metric is not None else ",".join(cfg.reward.names if cfg else ("shapes",))
-        req.metrics = tuple(m.strip() for m in names.split(",") if m.strip())
-        if images is not None:
-            req.prompts_file = Path(prompts) if prompts else None
-            if num_prompts is not None:
-                raise ConfigError("--num-prompts selects generation prompts; it does not apply to --images")
-        else:
-            assert cfg is not None
-            req.num_images = num_images or default_num_images(req, cfg)
-            req.prompts = load_prompts(prompts or cfg.rollout.eval_prompts)[:num_prompts]
-            check_eval_size(len(req.prompts), req.num_images, steps)  # bounded work, before any model is loaded
+        _what_to_score(req, metric, prompts, num_prompts, num_images)
         with progress_bar() as bar:
             summary, scored = run_eval(req, bar)
         if out is not None:
@@ -163,6 +150,28 @@ def eval_(
     stdout.print(_table(summary))
     if out is not None:
         err.print(f"wrote {', '.join(summary['files'])}")
+
+
+def _what_to_score(
+    req, metric: str | None, prompts: str | None, num_prompts: int | None, num_images: int | None
+) -> None:
+    """Fill in req's metrics (default: the run's or the config's rewards) and, when it generates, its prompts and
+    images per prompt, its size checked before any model is loaded."""
+    from ..config import check_eval_size
+    from ..prompts import load_prompts
+    from ..report.evaluate import default_num_images, source_config
+
+    cfg = source_config(req) if req.images is None else None  # the run's or the config's defaults
+    names = metric if metric is not None else ",".join(cfg.reward.names if cfg else ("shapes",))
+    req.metrics = tuple(m.strip() for m in names.split(",") if m.strip())
+    if cfg is None:
+        req.prompts_file = Path(prompts) if prompts else None
+        if num_prompts is not None:
+            raise ConfigError("--num-prompts selects generation prompts; it does not apply to --images")
+        return
+    req.num_images = num_images or default_num_images(req, cfg)
+    req.prompts = load_prompts(prompts or cfg.rollout.eval_prompts)[:num_prompts]
+    check_eval_size(len(req.prompts), req.num_images, req.steps)  # bounded work, before any model is loaded
 
 
 def _table(summary: dict[str, Any]) -> Table:
