@@ -238,6 +238,12 @@ def read_info(run: Path) -> dict[str, Any]:
         raise TreegrpoError(f"{path}: version is {version!r} ({_kind(version)}), not a run format number")
     if version != VERSION:
         raise TreegrpoError(f"{path}: run format version {version} (this treegrpo reads version {VERSION})")
+    _check_fields(path, info)
+    return info
+
+
+def _check_fields(path: Path, info: dict[str, Any]) -> None:
+    """run.json's fields past its format and version: each of the type a run writes."""
     if "config" not in info:
         raise TreegrpoError(f"{path}: no config (the run's settings); the file is damaged")
     if not isinstance(info["config"], dict):
@@ -265,7 +271,6 @@ def read_info(run: Path) -> dict[str, Any]:
             or not isinstance(rec.get("sha256"), str)
         ):
             raise TreegrpoError(f"{path}: prompts.{kind} must be an object with a count and a sha256, got {rec!r}")
-    return info
 
 
 def check_layout(run: Path) -> None:

@@ -216,26 +216,7 @@ def _score_locked(req: ScoreRequest, progress: Progress) -> dict[str, Any]:
     scores = [score_leaves(rewards, s.leaf_image, s.leaf_prompts(), req.batch_size, progress) for s in shards]
     tree = cat_trees([s.tree for s in shards])
     adv, trained = credit(cfg, tree, {n: torch.cat([sc[n] for sc in scores]) for n in weights}, it)
-    store.remove("rewards")
-    store.remove("advantages")
-    a = 0
-    for s, sc in zip(shards, scores, strict=True):
-        full = on_nodes(s.tree, sc)
-        tensors = {f"reward/{k}": v for k, v in full.items()} | {"reward": weighted_sum(full, weights)}
-        store.write(shard_name("rewards", s.index), "rewards", tensors, {"weights": weights})
-        sl = slice(a, a + s.tree.num_nodes)
-        store.write(
-            shard_name("advantages", s.index),
-            "advantages",
-            {
-                "advantage": adv.edge[sl],
-                "valid": adv.valid[sl],
-                "trained": trained[sl],
-                "fused": adv.fused[sl],
-                "leaf_advantage": adv.leaf[sl],
-            },
-        )
-        a += s.tree.num_nodes
+    _write_scores(store, shards, scores, weights, adv, trained)
     store.update_meta(
         scoring={
             "rewards": weights,
@@ -256,6 +237,27 @@ def _score_locked(req: ScoreRequest, progress: Progress) -> dict[str, Any]:
         "trained_edges": int(trained.sum()),
         "estimator": cfg.advantage.estimator,
     }
+
+
+def _write_scores(store, shards: list, scores: list[dict[str, torch.Tensor]], weights: dict, adv, trained) -> None:
+    """Each tree shard's rewards (every node's, per reward and weighted) and advantages, in place of any earlier."""
+    store.remove("rewards")
+    store.remove("advantages")
+    a = 0
+    for s, sc in zip(shards, scores, strict=True):
+        full = on_nodes(s.tree, sc)
+        tensors = {f"reward/{k}": v for k, v in full.items()} | {"reward": weighted_sum(full, weights)}
+        store.write(shard_name("rewards", s.index), "rewards", tensors, {"weights": weights})
+        sl = slice(a, a + s.tree.num_nodes)  # this shard's nodes in the concatenated tree
+        advantages = {
+            "advantage": adv.edge[sl],
+            "valid": adv.valid[sl],
+            "trained": trained[sl],
+            "fused": adv.fused[sl],
+            "leaf_advantage": adv.leaf[sl],
+        }
+        store.write(shard_name("advantages", s.index), "advantages", advantages)
+        a += s.tree.num_nodes
 
 
 # --- one staged update -----------------------------------------------------------------------
