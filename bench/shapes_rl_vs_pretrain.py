@@ -63,7 +63,7 @@ def run_rl(preset: str, model: str, run_dir: Path, extra: list[str]) -> float:
     return (time.perf_counter() - t0) / 60
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="branch")
     ap.add_argument("--model", choices=sorted(WORLDS), default="tiny-shapes", help="the embedded world")
@@ -87,6 +87,28 @@ def main() -> None:
     args = ap.parse_args()
     if args.rl_run and args.rl_minutes is None:
         ap.error("--rl-run needs --rl-minutes (the wall-clock of that train command)")
+    return args
+
+
+def control_run(args: argparse.Namespace, minutes: float, steps: int) -> tuple[dict, float, dict]:
+    """Supervised pretraining from the embedded weights for `minutes`: its test reward, minutes and weights' meta."""
+    ctl_path = args.work / "control.safetensors"
+    ctl_cfg = PretrainConfig(
+        steps=10**7, minutes=minutes, lr=args.control_lr, warmup=1, decay_from=1.0, eval_every=10**9, ae_steps=0, seed=1
+    )
+    t0 = time.perf_counter()
+    if args.model == "tiny-shapes-video":  # a bank of 1024 encoded clips, 8 fresh a step (its filling is not timed)
+        pretrain_video(ctl_cfg, None, ctl_path, init=EMBEDDED[args.model][0], bank=1024, refresh=8)
+    else:
+        pretrain(ctl_cfg, ctl_path, init=EMBEDDED[args.model][0])
+    ctl_minutes = (time.perf_counter() - t0) / 60
+    meta = load_weights(ctl_path)[2]
+    control = test_reward(load_policy(str(ctl_path)), args.model, args.samples, steps)
+    return control, ctl_minutes, meta
+
+
+def main() -> None:
+    args = parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
 
     if args.rl_run:
@@ -104,19 +126,7 @@ def main() -> None:
     rl = test_reward(policy, args.model, args.samples, steps)
     print("rl", rl, "minutes", minutes, flush=True)
 
-    ctl_path = args.work / "control.safetensors"
-    ctl_cfg = PretrainConfig(
-        steps=10**7, minutes=minutes, lr=args.control_lr, warmup=1, decay_from=1.0, eval_every=10**9, ae_steps=0, seed=1
-    )
-    t0 = time.perf_counter()
-    if args.model == "tiny-shapes-video":  # a bank of 1024 encoded clips, 8 fresh a step (its filling is not timed)
-        pretrain_video(ctl_cfg, None, ctl_path, init=EMBEDDED[args.model][0], bank=1024, refresh=8)
-    else:
-        pretrain(ctl_cfg, ctl_path, init=EMBEDDED[args.model][0])
-    ctl_minutes = (time.perf_counter() - t0) / 60
-    meta = load_weights(ctl_path)[2]
-    policy = load_policy(str(ctl_path))
-    control = test_reward(policy, args.model, args.samples, steps)
+    control, ctl_minutes, meta = control_run(args, minutes, steps)
     print("control", control, flush=True)
 
     result = {

@@ -78,7 +78,7 @@ def evaluate_clips(policy: VideoLatentPolicy, prompts: list[str], steps: int, se
 
 def pretrain_video(
     cfg: PretrainConfig,
-    ae: ShapesAE,
+    ae: ShapesAE | None,
     out: Path,
     log: Callable[[dict[str, Any]], None] = lambda row: None,
     bank: int = 0,
@@ -93,6 +93,8 @@ def pretrain_video(
     g = torch.Generator().manual_seed(cfg.seed)
     pretrain, _, test = split_motion_prompts()
     if init is None:
+        if ae is None:
+            raise ValueError("pretrain_video needs an autoencoder (ae) or a video weights file to go on from (init)")
         policy = new_video_model(ae, FRAMES, cfg.seed, **cfg.dit_shape)
     else:
         dit, ae, _ = load_weights(init)
