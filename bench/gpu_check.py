@@ -85,7 +85,8 @@ class Steps:
     """Runs commands one after another inside a budget; records seconds, exit code and the last lines."""
 
     def __init__(self, budget: float):
-        self.t0, self.budget, self.rows = time.perf_counter(), budget, []
+        self.t0, self.budget = time.perf_counter(), budget
+        self.rows: list[dict[str, Any]] = []
 
     def left(self) -> float:
         return self.budget - (time.perf_counter() - self.t0)

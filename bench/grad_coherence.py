@@ -20,8 +20,10 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Iterable
 from itertools import combinations
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 
@@ -49,7 +51,8 @@ class Capture:
     param_groups = [{"lr": 0.0}]
 
     def __init__(self, params: list[torch.nn.Parameter]):
-        self.params, self.grad = params, None
+        self.params = params
+        self.grad: torch.Tensor | None = None
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for p in self.params:
@@ -59,7 +62,17 @@ class Capture:
         self.grad = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in self.params])
 
 
-def batch_gradients(tr: Trainer, prompts: list[str], seed: int, buckets: list[tuple[int, int]]) -> tuple[list, float]:
+def tensor_sum(ts: Iterable[torch.Tensor]) -> torch.Tensor:
+    """sum() of tensors (its start 0 comes back only when there are none: an error here)."""
+    total = sum(ts)
+    if not isinstance(total, torch.Tensor):
+        raise ValueError("no tensors to sum")
+    return total
+
+
+def batch_gradients(
+    tr: Trainer, prompts: list[str], seed: int, buckets: list[tuple[int, int]]
+) -> tuple[list[torch.Tensor | None], float]:
     """Summed edge gradients [params] per depth bucket of one scored tree batch, and its mean reward."""
     cfg = tr.cfg
     tree, _ = rollout(
@@ -69,7 +82,8 @@ def batch_gradients(tr: Trainer, prompts: list[str], seed: int, buckets: list[tu
     scores = score_leaves(tr.rewards, leaf_images(tr.policy, tree), leaf_prompts)
     adv, trained = credit(cfg, tree, scores, 0)
     parent_depth = tree.depth[tree.parent.clamp(min=0)]
-    cap, out = Capture(list(tr.policy.trainable_parameters())), []
+    cap = Capture(list(tr.policy.trainable_parameters()))
+    out: list[torch.Tensor | None] = []
     for lo, hi in buckets:
         mask = trained & (tree.parent >= 0) & (parent_depth >= lo) & (parent_depth <= hi)
         n = int(mask.sum())
@@ -78,15 +92,16 @@ def batch_gradients(tr: Trainer, prompts: list[str], seed: int, buckets: list[tu
             continue
         grpo_update(
             tr.policy,
-            cap,
+            cast(torch.optim.Optimizer, cap),  # a stand-in: grpo_update calls only its zero_grad and step
             tr.sde,
             Batch(tree, mask, adv.edge, tr.policy.encode(prompts)),
             cfg.train,
             torch.Generator().manual_seed(seed),
             max_batch=cfg.rollout.max_batch,
         )
+        assert cap.grad is not None  # grpo_update stepped it: the bucket has trained edges
         out.append(cap.grad * n)  # undo the mean over the bucket's edges
-    return out, float(sum(scores.values()).mean())
+    return out, float(tensor_sum(scores.values()).mean())
 
 
 GROUPS = {
@@ -114,9 +129,24 @@ def coherence(gs: list[torch.Tensor]) -> dict[str, float | None]:
     half = len(gs) // 2
     return {
         "mean_pairwise_cos": sum(pair) / len(pair) if pair else None,
-        "halves_cos": cosine(sum(gs[:half]), sum(gs[half:])) if half else None,
+        "halves_cos": cosine(tensor_sum(gs[:half]), tensor_sum(gs[half:])) if half else None,
         "grad_norm_per_batch": sum(float(g.norm()) for g in gs) / max(len(gs), 1),
     }
+
+
+def bucket_rows(
+    grads: list[list[torch.Tensor | None]], buckets: list[tuple[int, int]], masks: dict[str, torch.Tensor]
+) -> list[dict[str, Any]]:
+    """Each depth bucket's coherence over the batches, of the whole gradient and of each part's (masks)."""
+    rows: list[dict[str, Any]] = []
+    for k, (lo, hi) in enumerate(buckets):
+        gs = [x for x in (batch[k] for batch in grads) if x is not None]
+        row: dict[str, Any] = {"depths": [lo, hi], **coherence(gs)}
+        row["by_part"] = {
+            name: coherence([g[m] for g in gs])["mean_pairwise_cos"] for name, m in masks.items() if m.any()
+        }
+        rows.append(row)
+    return rows
 
 
 def line_search(
@@ -172,27 +202,21 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     register("redness", Redness)
-    buckets = [tuple(int(v) for v in b.split("-")) for b in args.depths.split(",")]
+    buckets = [(int(lo), int(hi)) for lo, hi in (b.split("-") for b in args.depths.split(","))]
     cfg = load_config(
         args.preset,
         sets=['model="tiny-shapes"', f'reward.names=["{args.reward}"]', "train.max_grad_norm=1e30", *args.set],
     )
     tr, prompts, t0 = Trainer(cfg, "cpu"), load_split("rl_train")[::9][: args.prompts], time.perf_counter()
-    grads, rewards = [], []
+    grads: list[list[torch.Tensor | None]] = []
+    rewards: list[float] = []
     for i in range(args.batches):
         g, r = batch_gradients(tr, prompts, mix_seed(123, i), buckets)
         grads.append(g)
         rewards.append(r)
-    rows, masks = [], group_slices(tr.policy) if hasattr(tr.policy, "net") else {}
-    for k, (lo, hi) in enumerate(buckets):
-        gs = [g[k] for g in grads if g[k] is not None]
-        row = {"depths": [lo, hi], **coherence(gs)}
-        row["by_part"] = {
-            name: coherence([g[m] for g in gs])["mean_pairwise_cos"] for name, m in masks.items() if m.any()
-        }
-        rows.append(row)
+    rows = bucket_rows(grads, buckets, group_slices(tr.policy) if hasattr(tr.policy, "net") else {})
     if args.line_search:
-        total = sum(g for batch in grads for g in batch if g is not None)
+        total = tensor_sum(g for batch in grads for g in batch if g is not None)
         rows.append(
             {"line_search": line_search(tr, prompts, total, [float(v) for v in args.line_search.split(",")], args.sign)}
         )
@@ -210,8 +234,8 @@ def main() -> None:
     out = args.out or Path(f"bench/results/grad_coherence-{args.preset}-{args.reward}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
-    for r in rows:
-        print(r)
+    for row in rows:
+        print(row)
 
 
 if __name__ == "__main__":

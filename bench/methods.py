@@ -34,6 +34,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -170,7 +171,7 @@ def against(new: dict, ref: dict, name: str) -> dict:
     for r in ref["runs"]:
         ref_runs.setdefault(r["label"], []).append(r["gain"])
     ref_groups = {g["label"]: g for g in ref["groups"]}
-    out = {"reference": name, "methods": {}, "speedups": {}}
+    out: dict[str, Any] = {"reference": name, "methods": {}, "speedups": {}}
     for g in new["groups"]:
         if g["label"] in ref_groups and g["label"] != new["baseline"]:
             out["speedups"][g["label"]] = speedup_check(g, ref_groups[g["label"]])
@@ -199,7 +200,11 @@ def speedup_check(g: dict, ref: dict) -> dict:
     within its 95% interval; with no interval there (no draw had a ratio), when neither reaches the target."""
     lo, hi = ref.get("speedup_low"), ref.get("speedup_high")
     speedup = g.get("speedup") or 0.0
-    within = lo <= speedup <= hi if lo is not None else g.get("speedup") is None and ref.get("speedup") is None
+    if lo is not None:
+        assert hi is not None  # compare gives the interval's two ends together
+        within = lo <= speedup <= hi
+    else:
+        within = g.get("speedup") is None and ref.get("speedup") is None
     return {
         "speedup": g.get("speedup"),
         "reference_speedup": ref.get("speedup"),
@@ -233,12 +238,16 @@ def main() -> None:
         print(time.strftime("%H:%M:%S"), msg, flush=True)
 
     jobs = schedule(args.methods, args.seeds)
+
+    def run_job(job: tuple[str, int]) -> dict:
+        return run_one(*job, args.work, args.minutes, log)
+
     if args.report_only:
         done = [args.work / f"{m}-seed{s}" / "summary.json" for m, s in jobs]
         rows = [json.loads(p.read_text()) for p in done if p.exists()]
     else:
         with ThreadPoolExecutor(args.parallel) as pool:
-            rows = list(pool.map(lambda job: run_one(*job, args.work, args.minutes, log), jobs))
+            rows = list(pool.map(run_job, jobs))
     report(rows, args.work, args)
     log(
         f"wrote bench/results/{args.name}.json and bench/results/{args.name}/ ({len(rows)} runs); "

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -42,6 +43,7 @@ def step_stds(preset: str, sets: tuple[str, ...]) -> tuple[list[float], list[flo
 
 def main(preset: str = "branch-mix") -> None:
     tree = load_config(preset).tree
+    assert tree.sde_steps is not None, f"{preset} names its SDE steps"  # branch-mix does (None: every step)
     splits, window = list(tree.split_steps), sorted({*tree.sde_steps, *tree.split_steps})
     scale = tree.split_noise_scale  # the released code's scaled splits: independent noise x this
     grid = {form: step_stds(preset, sets) for form, sets in FORMS.items()}
@@ -53,6 +55,7 @@ def main(preset: str = "branch-mix") -> None:
         cells = " | ".join(f"{stds[f][i]:.3f}" for f in FORMS)
         rows.append(f"| {i}{' (split)' if i in splits else ''} | {sigmas[i]:.3f} | {cells} | {scaled} |")
     out = Path("bench/results")
+    result: dict[str, Any]
     result = {"preset": preset, "commit": commit(), "split_steps": splits, "sde_steps": window, "sigmas": sigmas}
     result |= {"step_std": stds, "scaled_split_std": {i: scale * stds["dance 0.3 (paper)"][i] for i in splits}}
     (out / "noise_scales.json").write_text(json.dumps(result, indent=1) + "\n")

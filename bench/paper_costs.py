@@ -22,6 +22,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from methods import commit  # noqa: E402  (bench/ is not a package)
@@ -53,7 +54,7 @@ def row_flops(resolution: int) -> tuple[int, int]:
 
 def paper_rows(resolution: int) -> list[dict]:
     fwd, bwd = row_flops(resolution)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name, nfe_old, nfe_theta, seconds in BRANCHGRPO_TABLE:
         flops = nfe_old * fwd + nfe_theta * (fwd + bwd)  # one sample: its rollout, then its trained transitions
         rows.append({"method": name, "nfe_old": nfe_old, "nfe_theta": nfe_theta, "seconds": seconds, "flops": flops})

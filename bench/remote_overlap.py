@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from methods import commit, machine  # noqa: E402  (bench/ is not a package)
@@ -43,13 +44,14 @@ server.serve_forever()
 """
 
 
-def serve(ms_per_image: float) -> tuple[subprocess.Popen, str]:
+def serve(ms_per_image: float) -> tuple[subprocess.Popen[str], str]:
     p = subprocess.Popen(
         [sys.executable, "-c", SERVER, str(ms_per_image)],
         stderr=subprocess.PIPE,
         text=True,
         env=dict(os.environ, OMP_NUM_THREADS="1"),
     )
+    assert p.stderr is not None  # stderr=PIPE
     m = re.search(r"http://127\.0\.0\.1:\d+", p.stderr.readline())
     if not m:
         p.kill()
@@ -82,7 +84,7 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=6)
     ap.add_argument("--ms-per-image", type=float, default=10.0)
     args = ap.parse_args()
-    result = {"timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"), "commit": commit(), "machine": machine()}
+    result: dict[str, Any] = {"timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"), "commit": commit(), "machine": machine()}
     result["command"] = " ".join(["python bench/remote_overlap.py", *sys.argv[1:]])
     result["loadavg_1m_before"] = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:

@@ -16,6 +16,7 @@ import json
 import sys
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any, cast
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -85,9 +86,10 @@ def comparison(d: dict) -> SimpleNamespace:
 
 
 def plot(images: dict, name: str, cmp: dict, alt: str) -> str:
+    from treegrpo_cli.report.compare import Comparison
     from treegrpo_cli.report.compare_page import reward_plot
 
-    images[name] = reward_plot(comparison(cmp))
+    images[name] = reward_plot(cast(Comparison, comparison(cmp)))  # a namespace of what it reads
     return f"![{alt}](results/{name})\n"
 
 
@@ -476,7 +478,8 @@ SECTIONS = (default_job, flop_study, ablation, nft, long_runs, wall_clock, video
 
 def page() -> tuple[str, dict, set[str]]:
     """docs/results.md's text, its plots by file name, and the results files it read."""
-    src, images = Sources(), {}
+    src = Sources()
+    images: dict[str, Any] = {}  # file name -> plot
     body = []
     for section in SECTIONS:
         body.append(section(src, images))

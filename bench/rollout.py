@@ -70,7 +70,7 @@ def make_case(policy, prompts: list[str], sets: list[str], max_batch: int):
 
 def time_cases(runs: dict, repeats: int) -> dict[str, list[float]]:
     """Round-robin over the cases, so that load from other processes hits them all alike."""
-    times = {name: [] for name in runs}
+    times: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(repeats):
         for name, run in runs.items():
             t0 = time.perf_counter()

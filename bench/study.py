@@ -50,6 +50,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from methods import commit, machine, train_command  # noqa: E402  (bench/ is not a package)
@@ -249,6 +250,12 @@ def adaptive_variants(video: bool) -> dict[str, tuple[str, tuple[str, ...]]]:
 FIXED_RATES = {"tree-grpo": "3e-5"}  # image world: tree-grpo at its swept rate (BEST_LR); dance-grpo at the world's
 
 
+def preferred_gain(gains: tuple[float, float | None]) -> float:
+    """A sweep's (eval weights' gain, trained weights' gain or None) -> the trained weights', else the eval's."""
+    default, raw = gains
+    return raw if raw is not None else default
+
+
 def adaptive_plan(video: bool) -> dict[str, tuple[str, tuple[str, ...]]]:
     """Every variant at its best rate of the sweep (the trained weights' final gain), once the sweep's results are
     in bench/results; before that, at the world's rate (main() says so)."""
@@ -256,7 +263,7 @@ def adaptive_plan(video: bool) -> dict[str, tuple[str, tuple[str, ...]]]:
     best: dict[str, str] = {}
     if sweep.exists():
         for base, g in sweep_gains(json.loads(gzip.decompress(sweep.read_bytes()))["runs"]).items():
-            best[base] = max(g, key=lambda k: g[k][1] if g[k][1] is not None else g[k][0])
+            best[base] = max(g, key=lambda k: preferred_gain(g[k]))
     fixed = {} if video else FIXED_RATES
     return {
         label: (preset, (*sets, f"train.lr={best.get(label, fixed.get(label, WORLD_LR))}"))
@@ -310,6 +317,15 @@ def keep(row: dict, work: Path) -> dict:
             (dst / name).write_bytes(b)
         (dst / "summary.json").write_text(json.dumps(row, indent=1) + "\n")
     return row
+
+
+class Job(NamedTuple):
+    """One run of a plan: run_one's first arguments."""
+
+    label: str
+    preset: str
+    sets: tuple[str, ...]
+    seed: int
 
 
 def run_one(
@@ -392,6 +408,11 @@ def report(rows: list[dict], work: Path, args: argparse.Namespace) -> dict:
     return result
 
 
+def run_job(job: Job, args: argparse.Namespace, log) -> dict:
+    """run_one of a plan's job, in the command line's work folder and budget."""
+    return run_one(*job, args.work, (args.tflops, args.eval_every), log)
+
+
 def rerun(label: str, seed: int, args: argparse.Namespace, log) -> None:
     """The run again in a fresh folder; its metrics rows against the first run's, timings aside."""
     preset, sets = PLANS[args.plan][label]
@@ -451,12 +472,12 @@ def main() -> None:
     if args.plan in PLAN_DEFAULTS and not (RESULTS / f"study-{args.plan}-lr.json.gz").exists():
         log(f"no bench/results/study-{args.plan}-lr.json.gz (--plan {args.plan}-lr --seeds 100): the world's rate")
     plan = {k: v for k, v in PLANS[args.plan].items() if args.labels is None or k in args.labels}
-    jobs = [(label, *plan[label], seed) for seed in args.seeds for label in plan]  # seed by seed
+    jobs = [Job(label, *plan[label], seed) for seed in args.seeds for label in plan]  # seed by seed
     if not args.report_only:
         with ThreadPoolExecutor(args.parallel) as pool:
-            list(pool.map(lambda j: run_one(*j, args.work, (args.tflops, args.eval_every), log), jobs))
+            list(pool.map(lambda j: run_job(j, args, log), jobs))
         # running a few --labels adds to the plan's table: report every kept run of the plan, not those alone
-        jobs = [(label, *PLANS[args.plan][label], seed) for seed in args.seeds for label in PLANS[args.plan]]
+        jobs = [Job(label, *PLANS[args.plan][label], seed) for seed in args.seeds for label in PLANS[args.plan]]
     paths = [kept(args.work, label, seed) / "summary.json" for label, _, _, seed in jobs]
     rows = [json.loads(p.read_text()) for p in paths if p.exists()]
     if args.baseline not in {r["label"] for r in rows}:  # --labels left it out: its kept runs, if any

@@ -42,17 +42,27 @@ def sample(policy, prompts: list[str], samples: int, seed: int) -> tuple[list[st
     return [t for c in chunks for t in c.prompts], torch.cat([c.images for c in chunks])
 
 
-def measure(texts: list[str], images: torch.Tensor) -> dict:
+def parsed(text: str) -> Prompt:
+    """The Prompt of a text of the grammar (the own captions and the test prompts all are)."""
+    p = parse_prompt(text)
+    if p is None:
+        raise ValueError(f"not a prompt of the shapes grammar: {text!r}")
+    return p
+
+
+def measure(texts: list[str], images: torch.Tensor) -> dict[str, dict[str, float | None]]:
     dets = detect(images)
-    rows = {"all": [], "single": [], "count": [], "relation": []}
+    rows: dict[str, list[float]] = {"all": [], "single": [], "count": [], "relation": []}
     follow = {"noisy": [0, 0], "clean": [0, 0]}
-    both, placed = [], []  # relations: both objects drawn; of those, the relation right
+    both: list[bool] = []  # relations: both objects drawn
+    placed: list[bool] = []  # of those, the relation right
     for t, d in zip(texts, dets, strict=True):
-        p = parse_prompt(t)
+        p = parsed(t)
         s = score_detections(p, d)
         rows["all"].append(s)
         rows[p.form].append(s)
         if p.form == "relation":
+            assert p.relation is not None  # a relation prompt names its relation
             a, b = ([x for x in d if x.colour == g.colour and x.kind == g.kind] for g in p.groups)
             both.append(bool(a and b))
             if a and b:
@@ -61,7 +71,7 @@ def measure(texts: list[str], images: torch.Tensor) -> dict:
             key = "noisy" if g.colour in NOISY_COLOURS else "clean"
             follow[key][0] += any(x.colour == g.colour for x in d)
             follow[key][1] += 1
-    out = {k: {"mean": sum(v) / len(v), "n": len(v)} for k, v in rows.items() if v}
+    out: dict[str, dict[str, float | None]] = {k: {"mean": sum(v) / len(v), "n": len(v)} for k, v in rows.items() if v}
     out["colour_following"] = {k: (a / b if b else None) for k, (a, b) in follow.items()}
     if both:
         out["relation_parts"] = {
@@ -73,14 +83,14 @@ def measure(texts: list[str], images: torch.Tensor) -> dict:
 
 def swap_objects(text: str) -> str:
     """'A REL B' -> 'B REL A': the same words, the objects in the other order."""
-    p = parse_prompt(text)
+    p = parsed(text)
     a, b = p.groups
     return Prompt("relation", (b, a), p.relation).text()
 
 
 def order_sensitivity(policy, prompts: list[str], samples: int, seed: int) -> float:
     """mean |x(A REL B) - x(B REL A)| over mean |x(A REL B; seed) - x(A REL B; seed + 1)|, same noises."""
-    rel = [t for t in prompts if parse_prompt(t).form == "relation"]
+    rel = [t for t in prompts if parsed(t).form == "relation"]
     x = sample(policy, rel, samples, seed)[1]
     swapped = sample(policy, [swap_objects(t) for t in rel], samples, seed)[1]
     other = sample(policy, rel, samples, seed + 1)[1]

@@ -106,6 +106,7 @@ def main() -> None:
             row = {"command": info["command"], "wall_minutes": args.minutes, "summary": _summary(run)}
             seed = info["config"]["seed"]
         else:
+            assert seed is not None  # None stands for --run's own seed only; --seeds are ints
             run = args.work / f"{name}-seed{seed}-{time.strftime('%Y%m%d-%H%M%S')}"
             row = train(seed, args.preset, run, ["--model", args.model, *args.train_arg])
         row["evals"] = [evaluate(run, e, args.num_images, args.model) for e in args.eval_seeds]
