@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from collections.abc import Iterable
+from dataclasses import replace
 from itertools import combinations
 from pathlib import Path
 from typing import Any, cast
@@ -83,6 +85,9 @@ def batch_gradients(
     adv, trained = credit(cfg, tree, scores, 0)
     parent_depth = tree.depth[tree.parent.clamp(min=0)]
     cap = Capture(list(tr.policy.trainable_parameters()))
+    # the gradient of the whole objective, whatever the preset's update schedule: one step over every trained edge
+    # of the bucket, their mean loss, unclipped (x n below: the sum over the edges)
+    whole = replace(cfg.train, minibatches=1, loss_norm="mean", max_grad_norm=math.inf)
     out: list[torch.Tensor | None] = []
     for lo, hi in buckets:
         mask = trained & (tree.parent >= 0) & (parent_depth >= lo) & (parent_depth <= hi)
@@ -95,7 +100,7 @@ def batch_gradients(
             cast(torch.optim.Optimizer, cap),  # a stand-in: grpo_update calls only its zero_grad and step
             tr.sde,
             Batch(tree, mask, adv.edge, tr.policy.encode(prompts)),
-            cfg.train,
+            whole,
             torch.Generator().manual_seed(seed),
             max_batch=cfg.rollout.max_batch,
         )

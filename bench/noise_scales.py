@@ -42,9 +42,10 @@ def step_stds(preset: str, sets: tuple[str, ...]) -> tuple[list[float], list[flo
 
 
 def main(preset: str = "branch-mix") -> None:
-    tree = load_config(preset).tree
-    assert tree.sde_steps is not None, f"{preset} names its SDE steps"  # branch-mix does (None: every step)
-    splits, window = list(tree.split_steps), sorted({*tree.sde_steps, *tree.split_steps})
+    cfg = load_config(preset)
+    tree = cfg.tree
+    sde_steps = range(cfg.sampler.steps) if tree.sde_steps is None else tree.sde_steps  # None: every step
+    splits, window = list(tree.split_steps), sorted({*sde_steps, *tree.split_steps})
     scale = tree.split_noise_scale  # the released code's scaled splits: independent noise x this
     grid = {form: step_stds(preset, sets) for form, sets in FORMS.items()}
     sigmas, stds = grid["flow 0.7"][0], {form: s for form, (_, s) in grid.items()}
