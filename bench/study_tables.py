@@ -263,3 +263,29 @@ def savings_table(result: dict) -> str:
 def _tflops(value: float | None) -> str:
     """The mean curve's denoiser TFLOPs to the target (eval weights), or never."""
     return "never" if value is None else f"{value:.1f}"
+
+
+def tied_curves(result: dict, points: int = 21, window: int = 5) -> dict[str, tuple[list[float], list[float]]]:
+    """label -> (TFLOPs, share of tied groups): each run's zero_std_ratio by iteration, a moving mean over `window`
+    iterations, placed at the iteration's end on the FLOP axis (iterations x the run's mean TFLOPs an iteration),
+    then the mean over the label's seeds on `points` evenly spaced TFLOPs up to where its shortest run ends."""
+    from treegrpo_cli.report.compare import interp
+
+    per_iteration = {(r["label"], r["seed"]): r["metrics"]["tflops_per_iteration"] for r in result["runs"]}
+    curves: dict[str, list[list[tuple[float, float]]]] = {}
+    for run in result["flops-raw"]["runs"]:
+        ys = [y for _, y in run["zero_std_curve"]]
+        if not ys:
+            continue
+        tpi = per_iteration[(run["label"], run["seed"])]
+        smooth = [
+            sum(ys[max(0, i - window + 1) : i + 1]) / len(ys[max(0, i - window + 1) : i + 1]) for i in range(len(ys))
+        ]
+        curve = [(tpi * (it + 1), y) for (it, _), y in zip(run["zero_std_curve"], smooth, strict=True)]
+        curves.setdefault(run["label"], []).append(curve)
+    out = {}
+    for label, cs in curves.items():
+        end = min(c[-1][0] for c in cs)
+        grid = [end * i / (points - 1) for i in range(points)]
+        out[label] = (grid, [sum(interp(x, c) for c in cs) / len(cs) for x in grid])
+    return out
