@@ -202,6 +202,7 @@ def adaptive(src: Sources, images: dict) -> str:
                 + tables.savings_table(r)
                 + "\n"
                 + plot(images, f"{plan}-flops-raw.png", r["flops-raw"], f"held-out gain against TFLOPs, {world} world")
+                + tied_plots(images, plan, r, world)
             )
     if len(parts) == 1:
         parts.append(
@@ -209,3 +210,22 @@ def adaptive(src: Sources, images: dict) -> str:
             "(`--plan adaptive-lr`, `adaptive`, `adaptive-video-lr`, `adaptive-video`).\n"
         )
     return "".join(parts)
+
+
+def tied_plots(images: dict, plan: str, r: dict, world: str) -> str:
+    """Tied groups over training, each variant's mean over seeds against the baseline's: the per-prompt budgets in
+    one chart, the rules inside the tree (and the other baselines) in the other."""
+    from treegrpo_cli.plots import line_chart
+
+    curves, base = tables.tied_curves(r), r["baseline"]
+    budgets = [label for label in curves if "budget" in label]
+    groups = (("budgets", "per-prompt budgets", budgets), ("rules", "rules inside the tree", list(curves)))
+    md = "\nTied groups (zero_std_ratio) over training, mean over seeds of a 5-iteration moving mean:\n\n"
+    for key, what, labels in groups:
+        shown = [base, *(x for x in labels if x != base and (key == "budgets" or x not in budgets))]
+        name = f"{plan}-tied-{key}.png"
+        series = {label: curves[label] for label in shown if label in curves}
+        title = f"tied groups over training: {what}, {world} world"
+        images[name] = line_chart(series, title, "denoiser TFLOPs", "zero_std_ratio", (760, 460), y_span=(0.0, 1.0))
+        md += f"![{title}](results/{name})\n"
+    return md

@@ -438,3 +438,21 @@ def test_an_adaptive_sweep_reports_against_a_label_it_holds(tmp_path, monkeypatc
         monkeypatch.chdir(tmp_path)
         study.main()
         assert done == [(base, len(study.PLANS[plan]))]
+
+
+def test_tied_groups_over_training_are_the_seeds_mean_on_the_flop_axis():
+    """Each run's zero_std_ratio by iteration, a moving mean over the window, at the iteration's end in TFLOPs;
+    the label's curve is the mean of its seeds', up to where the shortest run ends (hand values)."""
+    runs = [
+        {"label": "a", "seed": 0, "metrics": {"tflops_per_iteration": 1.0}},
+        {"label": "a", "seed": 1, "metrics": {"tflops_per_iteration": 1.0}},
+        {"label": "b", "seed": 0, "metrics": {"tflops_per_iteration": 0.5}},
+    ]
+    curves = [
+        {"label": "a", "seed": 0, "zero_std_curve": [[0, 0.0], [1, 1.0]]},  # smoothed: 0, 0.5 at 1, 2 TFLOPs
+        {"label": "a", "seed": 1, "zero_std_curve": [[0, 0.5], [1, 0.5], [2, 0.5]]},  # 0.5 at 1, 2, 3
+        {"label": "b", "seed": 0, "zero_std_curve": [[0, 1.0], [1, 0.0]]},  # 1, 0.5 at 0.5, 1
+    ]
+    got = TABLES.tied_curves({"runs": runs, "flops-raw": {"runs": curves}}, points=3)
+    assert got["a"] == ([0.0, 1.0, 2.0], [0.25, 0.25, 0.5])
+    assert got["b"] == ([0.0, 0.5, 1.0], [1.0, 1.0, 0.5])
