@@ -1,20 +1,15 @@
 """bench/flux_iteration.py on the CPU: its tiny mode, its refusal without a GPU, each release's tiny shape."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
+from benchmods import load
 
 
 @pytest.mark.slow
 def test_bench_tiny_mode_and_cpu_refusal(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location(
-        "flux_iteration", Path(__file__).parents[2] / "bench" / "flux_iteration.py"
-    )
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load("flux_iteration")
     if not torch.cuda.is_available():
         assert bench.main(["--out", str(tmp_path / "gpu.json")]) == 2
         assert "needs a CUDA GPU" in capsys.readouterr().err and not (tmp_path / "gpu.json").exists()
@@ -39,12 +34,7 @@ def test_bench_tiny_mode_and_cpu_refusal(tmp_path, capsys):
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location(
-        "flux_iteration", Path(__file__).parents[2] / "bench" / "flux_iteration.py"
-    )
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
+    return load("flux_iteration")
 
 
 @pytest.mark.slow

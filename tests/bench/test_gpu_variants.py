@@ -1,18 +1,14 @@
 """bench/gpu_check.py --variants on the CPU (--tiny): each speed candidate as its own flux_iteration.py process,
 its speed-up over base, a candidate that cannot run here recorded as such, an unknown one refused."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
+from benchmods import load
 
 
 def _check():
-    spec = importlib.util.spec_from_file_location("gpu_check", Path(__file__).parents[2] / "bench" / "gpu_check.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load("gpu_check")
 
 
 @pytest.mark.slow

@@ -1,19 +1,7 @@
 """bench/grad_coherence.py: the batch gradient it measures is the iteration's whole objective's."""
 
-from pathlib import Path
-
 import torch
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _bench(name: str):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from benchmods import load as _bench
 
 
 def test_the_measured_gradient_does_not_depend_on_the_update_schedule():

@@ -1,19 +1,16 @@
 """docs/results.md, its plots and README's results block are bench/results_page.py's output from bench/results/."""
 
-import importlib.util
 import re
 from pathlib import Path
 
 import pytest
+from benchmods import load
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _results_page():
-    spec = importlib.util.spec_from_file_location("results_page", ROOT / "bench" / "results_page.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load("results_page")
 
 
 def test_the_results_page_is_what_the_results_files_give():

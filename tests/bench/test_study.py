@@ -4,17 +4,9 @@ import re
 from pathlib import Path
 
 import pytest
+from benchmods import load as _bench
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _bench(name: str):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 TABLES = _bench("study_tables")
