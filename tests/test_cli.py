@@ -200,10 +200,12 @@ def test_readme_preset_table_agrees_with_presets():
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "command", ["", "rollout", "score", "train", "eval", "diversity", "export", "inspect", "presets", "compare"]
+    "command",
+    ["", "rollout", "score", "train", "eval", "diversity", "export", "inspect", "presets", "compare", "serve-reward"],
 )
 def test_help_reads_naturally_at_80_columns(command):
-    """No Python type placeholders (<bool>, <list[str]>, <str>) in any command's --help."""
+    """No Python type placeholders (<bool>, <list[str]>, <str>) in any command's --help, and its description wraps
+    at the terminal's width, not at the source's line breaks (no line ends where the next one's first word fits)."""
     import os
     import subprocess
     import sys
@@ -213,6 +215,9 @@ def test_help_reads_naturally_at_80_columns(command):
     assert "Usage: " in text
     assert not re.search(r"<(bool|str|int|float|path|list\[[^\]]*\])[^>]*>", text), text
     assert max(len(line) for line in text.splitlines()) <= 80
+    description = [line.strip() for line in text.split("╭")[0].splitlines()[2:]]
+    for a, b in zip(description, description[1:], strict=False):
+        assert not (a and b and len(a) + 1 + len(b.split()[0]) <= 78), f"ragged: {a!r} / {b!r}"
 
 
 def test_inspect_table_shows_rewards_and_advantages_per_depth(branch_dir):

@@ -84,7 +84,7 @@ def _config_hint(args: list[str], message: str) -> str:
 app = typer.Typer(
     name="treegrpo",
     cls=OneLineErrors,
-    help="Tree-structured GRPO post-training for text-to-image flow models.",
+    help="Tree-structured GRPO post-training for text-to-image and text-to-video flow models.",
     no_args_is_help=True,
     add_completion=True,
     pretty_exceptions_enable=False,
@@ -162,10 +162,22 @@ SPECIAL_METAVARS = {
 }
 
 
+def unwrap(text: str | None) -> str | None:
+    """A docstring's prose paragraphs as single lines, for the terminal to wrap (typer keeps a paragraph's line
+    breaks, which leave ragged lines in a narrow terminal); a paragraph with an indented line keeps its breaks."""
+    if not text:
+        return text
+    paragraphs = text.split("\n\n")
+    return "\n\n".join(
+        p if any(line.startswith(" ") for line in p.splitlines()) else " ".join(p.split("\n")) for p in paragraphs
+    )
+
+
 def readable_help(command) -> None:
-    """Give every option of a click command tree a readable metavar (flags none)."""
+    """Give every option of a click command tree a readable metavar (flags none), and its help unwrapped prose."""
     for sub in getattr(command, "commands", {}).values():
         readable_help(sub)
+    command.help = unwrap(command.help)
     made = command.get_help_option
 
     def help_option(ctx, made=made):

@@ -67,15 +67,21 @@ def compare(
     ] = False,
     json_: Annotated[bool, typer.Option("--json", help="Print compare.json's content.")] = False,
 ) -> None:
-    """Compare training runs: held-out reward against wall-clock time (or FLOPs, or iterations), time to a target
-    reward and the speed-up over a baseline, seconds per iteration, model evaluations per sample and peak memory,
-    mean over seeds.
+    """Compare training runs: held-out reward against time, FLOPs or iterations, and the speed-up over a baseline.
+
+    Per group of runs, mean over seeds: the held-out reward against wall-clock time (or FLOPs, or iterations), the
+    time to a target reward and the speed-up over a baseline, seconds per iteration, model evaluations per sample
+    and peak memory.
 
     Runs are grouped by what was run (run.json's settings): runs given one --label must share their model, rewards
     and settings (all but the seed); without --label, runs of one preset that differ are split into groups named
     by the differing settings. A seed repeated in a group is a warning.
 
-    Example: treegrpo compare runs/flow-s0 runs/flow-s1 runs/tree-s0 runs/tree-s1 --baseline flow-grpo --out runs/cmp
+    Examples:
+
+      treegrpo compare runs/flow-s0 runs/flow-s1 runs/tree-s0 runs/tree-s1 --baseline flow-grpo --out runs/cmp
+
+      treegrpo compare runs/bmf runs/dance --baseline dance-grpo --gain --x flops --target 0.25
     """
     from ..preflight import check_own_dir, check_writable_dir
     from ..report.compare import compare_runs, to_dict

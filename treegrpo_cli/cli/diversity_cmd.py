@@ -108,9 +108,11 @@ def diversity(
 ) -> None:
     r"""Do two image sets come from one distribution? KID, MMD^2 and a permutation test per feature space.
 
-    Example:
-    treegrpo diversity --generate --preset-a dance-grpo --preset-b branch --num 4096 \
-        --features inception,clip --out runs/div
+    Examples:
+
+      treegrpo diversity --generate --num 4096 --out runs/div   # DanceGRPO, branch
+
+      treegrpo diversity runs/div/set-a runs/div/set-b --features clip
     """
     from ..diversity import DiversityConfig, compare, generate_set, open_images, parse_features
     from ..preflight import resolve_device

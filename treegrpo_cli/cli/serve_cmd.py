@@ -32,8 +32,9 @@ def serve_reward(
 
       treegrpo serve-reward --reward shapes --port 8000
 
-      treegrpo serve-reward --reward hps,pick --port 8000   # runs then name --reward http://127.0.0.1:8000
-    then:    treegrpo train --reward http://127.0.0.1:8000
+      treegrpo serve-reward --reward hps,pick --port 8000
+
+      treegrpo train --reward http://127.0.0.1:8000   # scored by that server
     """
     from ..errors import TreegrpoError
     from ..preflight import resolve_device
