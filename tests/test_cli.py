@@ -231,3 +231,17 @@ def test_inspect_table_shows_rewards_and_advantages_per_depth(branch_dir):
     last = inspect_trees(branch_dir, with_nodes=False)["depths"][-1]
     mean = sum(n["reward"] for n in leaves) / len(leaves)
     assert abs(last["reward_mean"] - mean) < 1e-5 and f"{mean:+.3f}" in r.stdout
+
+
+def test_an_iteration_line_says_its_ties_and_what_a_dynamic_rollout_did():
+    from treegrpo_cli.cli.train_cmd import iteration_line
+
+    row = {"iteration": 3, "reward_mean": 0.5, "reward_std": 0.25, "zero_std_ratio": 0.375, "seconds": {"total": 2.04}}
+    assert iteration_line(row) == "iteration 3: reward 0.5000 ± 0.2500, 38% of groups tied, 2.0s"
+    row |= {"early_stops": 5, "evals_saved": 100, "rollout_evals": 300, "replaced": 2}
+    assert iteration_line(row) == (
+        "iteration 3: reward 0.5000 ± 0.2500, 38% of groups tied, 5 early stops (25% of the forwards saved), "
+        "2 tied prompts replaced, 2.0s"
+    )
+    staged = {"iteration": 0, "reward_mean": 0.5, "reward_std": 0.25, "seconds": {"total": 1.0}}  # no group stats
+    assert iteration_line(staged) == "iteration 0: reward 0.5000 ± 0.2500, 1.0s"

@@ -395,6 +395,20 @@ def run_header(cfg, device: str, new: bool, given: set[str] | frozenset[str] = f
     return lines + device_notes(device, cfg.model, p.weights, p.size)
 
 
+def iteration_line(row: MetricsRow) -> str:
+    """An iteration's line: its reward, the share of prompt groups that tied (no advantage), what a dynamic rollout
+    stopped and saved, and its seconds."""
+    parts = [f"iteration {row['iteration']}: reward {row['reward_mean']:.4f} ± {row['reward_std']:.4f}"]
+    if "zero_std_ratio" in row:
+        parts.append(f"{row['zero_std_ratio']:.0%} of groups tied")
+    if row.get("early_stops"):
+        saved = row.get("evals_saved", 0) / max(row.get("evals_saved", 0) + row.get("rollout_evals", 0), 1)
+        parts.append(f"{row['early_stops']} early stops" + (f" ({saved:.0%} of the forwards saved)" if saved else ""))
+    if row.get("replaced"):
+        parts.append(f"{row['replaced']} tied prompts replaced")
+    return ", ".join([*parts, f"{row['seconds']['total']:.1f}s"])
+
+
 def _train_rank(req, train_loop, d, cfg, run, stop: dict, header: list[str]) -> dict:
     from ..training.loop import Hooks
 
@@ -408,10 +422,7 @@ def _train_rank(req, train_loop, d, cfg, run, stop: dict, header: list[str]) -> 
 
         def on_row(row: MetricsRow) -> None:
             bar("iterations", row["iteration"] + 1, cfg.train.iterations)
-            note(
-                f"iteration {row['iteration']}: reward {row['reward_mean']:.4f} ± {row['reward_std']:.4f}, "
-                f"{row['seconds']['total']:.1f}s"
-            )
+            note(iteration_line(row))
 
         def on_eval(row: EvalRow) -> None:
             n = f"{row['prompts']} prompts x {row['samples']}"
