@@ -328,6 +328,15 @@ def test_cli_table(runs, tmp_path):
     assert "wrote" in r.stderr and "index.html" in r.stderr
 
 
+def test_cli_without_out_prints_the_table_and_writes_nothing(runs, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    before = sorted(tmp_path.rglob("*"))
+    r = run("compare", *runs, "--label", "x", "--label", "x", "--label", "y", "--label", "y", "--target", 0.45)
+    assert r.exit_code == 0, r.output
+    assert "3.33 (2/2)" in r.stdout and "wrote" not in r.stderr
+    assert sorted(tmp_path.rglob("*")) == before
+
+
 def test_cli_bad_input(runs, tmp_path):
     one_line_error(run("compare", tmp_path, "--out", tmp_path / "c"), "run.json")
     one_line_error(run("compare", *runs, "--label", "x", "--out", tmp_path / "c"), "--label")

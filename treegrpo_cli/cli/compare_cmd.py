@@ -15,11 +15,14 @@ from .common import out as stdout
 def compare(
     runs: Annotated[list[Path], typer.Argument(help="Run folders written by `treegrpo train`.")],
     out: Annotated[
-        Path,
+        Path | None,
         typer.Option(
-            "--out", "-o", help="Write compare.json, reward_vs_<x>.png, pareto.png, zero_std.png and index.html here."
+            "--out",
+            "-o",
+            help="Write compare.json, reward_vs_<x>.png, pareto.png, zero_std.png and index.html here "
+            "(default: print the table only).",
         ),
-    ],
+    ] = None,
     x: Annotated[
         str,
         typer.Option(
@@ -81,17 +84,19 @@ def compare(
 
       treegrpo compare runs/flow-s0 runs/flow-s1 runs/tree-s0 runs/tree-s1 --baseline flow-grpo --out runs/cmp
 
-      treegrpo compare runs/bmf runs/dance --baseline dance-grpo --gain --x flops --target 0.25
+      treegrpo compare runs/bmf runs/dance --baseline dance-grpo --gain --x flops --target 0.25   # the table only
     """
     from ..preflight import check_own_dir, check_writable_dir
     from ..report.compare import compare_runs, to_dict
     from ..report.compare_page import COLUMNS, table_rows, write_report
 
     with guarded():
-        check_writable_dir(out, "--out")
-        check_own_dir(out, "--out", _is_compare_page, "an earlier compare page (compare.json, index.html, *.png)")
+        if out is not None:
+            check_writable_dir(out, "--out")
+            check_own_dir(out, "--out", _is_compare_page, "an earlier compare page (compare.json, index.html, *.png)")
         cmp = compare_runs(runs, label, target, baseline, gain, x, raw, allow_mixed_rewards)
-        write_report(cmp, out)
+        if out is not None:
+            write_report(cmp, out)
     for w in cmp.warnings:
         err.print(one_line(w), highlight=False, markup=False, soft_wrap=True)
     if json_:
@@ -110,7 +115,8 @@ def compare(
             f"; baseline {cmp.baseline}" if cmp.baseline else ""
         )
     stdout.print(table)
-    err.print(f"wrote {', '.join(cmp.files)}", highlight=False)
+    if out is not None:
+        err.print(f"wrote {', '.join(cmp.files)}", highlight=False)
 
 
 def _count(n: int, word: str) -> str:
