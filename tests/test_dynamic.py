@@ -14,9 +14,11 @@ from treegrpo_cli.engine.credit import assign_credit
 from treegrpo_cli.engine.dynamic import (
     Shape,
     children,
+    distance_values,
     plan_split,
     share,
     subtree_evals,
+    tie_leaders,
     tie_verdicts,
     tree_evals,
 )
@@ -162,6 +164,16 @@ def test_tie_verdicts_by_hand():
     x = torch.tensor([[0.0, 0.0], [0.0, 0.3], [3.0, 4.0]])  # RMS distances: 0.212, 3.54 from the first
     assert tie_verdicts(x, [0, 0, 0], 0.25) == [False, True, False]
     assert tie_verdicts(x, [0, 0, 0], 0.2) == [False, False, False]
+    # each node's leader: the first earlier leader of its tree within the tolerance (-1: it leads)
+    assert tie_leaders(v, [0, 0, 0, 1, 1], 0.0) == [-1, 0, -1, -1, 3]
+    assert tie_leaders(torch.tensor([0.5, 0.8, 0.7]), [0, 0, 0], 0.25) == [-1, -1, 0]  # 0.7: 0 and 1 near, 0 first
+
+
+def test_distance_values_are_each_trees_x0_over_its_rms():
+    x0 = torch.tensor([[3.0, 4.0], [0.0, 5.0], [1.0, 1.0]])  # tree 0: RMS over its nodes sqrt((12.5 + 12.5) / 2)
+    got = distance_values(x0.view(3, 1, 2), [0, 0, 7])
+    r = 12.5**0.5
+    assert torch.allclose(got, torch.tensor([[3 / r, 4 / r], [0.0, 5 / r], [1.0, 1.0]], dtype=torch.float64))
 
 
 # --- rollouts ------------------------------------------------------------------------------------------------

@@ -120,25 +120,44 @@ def check_shape(shape: Shape, steps: int) -> None:
 # --- the heuristic ----------------------------------------------------------------------------
 
 
-def tie_verdicts(values: Tensor, trees: Sequence[int], tol: float) -> list[bool]:
-    """Per frontier node, in node order: stop (a predicted tie) or not. values [F] (a score) or [F, D] (a
-    flattened x0-prediction); a node is within tol of another when |v - v'| <= tol, or for vectors when the
-    RMS of v - v' is <= tol. Greedy leader clustering per tree; a tree of >= 2 nodes and one cluster stops all."""
+def tie_leaders(values: Tensor, trees: Sequence[int], tol: float) -> list[int]:
+    """Greedy leader clustering per tree, in node order: each node's leader (the first earlier leader of its tree
+    within tol: a predicted tie), or -1 where it leads. values [F] (a score) or [F, D] (a flattened x0-prediction);
+    a node is within tol of another when |v - v'| <= tol, or for vectors when the RMS of v - v' is <= tol."""
     v = values.detach().double().cpu()
     v = v.view(v.shape[0], -1)
-    stop, leaders = [False] * len(trees), dict[int, list[int]]()
+    leader, leaders = [-1] * len(trees), dict[int, list[int]]()
     for n, t in enumerate(trees):
         own = leaders.setdefault(t, [])
         if own:
             d = (v[own] - v[n]).pow(2).mean(1).sqrt()  # [leaders]
-            if bool((d <= tol).any()):
-                stop[n] = True
+            near = torch.nonzero(d <= tol).flatten()
+            if len(near):
+                leader[n] = own[int(near[0])]
                 continue
         own.append(n)
-    size = dict[int, int]()
-    for t in trees:
+    return leader
+
+
+def tie_verdicts(values: Tensor, trees: Sequence[int], tol: float) -> list[bool]:
+    """Per frontier node, in node order: stop (a predicted tie) or not (tie_leaders: a node with a leader stops);
+    a tree of >= 2 nodes and one cluster stops all."""
+    leader = tie_leaders(values, trees, tol)
+    size, clusters = dict[int, int](), dict[int, int]()
+    for n, t in enumerate(trees):
         size[t] = size.get(t, 0) + 1
-    return [stop[n] or (size[t] >= 2 and len(leaders[t]) == 1) for n, t in enumerate(trees)]
+        clusters[t] = clusters.get(t, 0) + (leader[n] < 0)
+    return [leader[n] >= 0 or (size[t] >= 2 and clusters[t] == 1) for n, t in enumerate(trees)]
+
+
+def distance_values(x0: Tensor, node_tree: Sequence[int]) -> Tensor:
+    """[F, D] each node's flattened x0-prediction over the RMS of its tree's: a tolerance on their distance is then
+    relative, whatever the latents' scale (the `distance` heuristic's values)."""
+    values = x0.flatten(1).double().cpu()
+    _, inv = torch.unique(torch.tensor(list(node_tree)), return_inverse=True)
+    sq = torch.zeros(int(inv.max()) + 1, dtype=torch.float64).index_add_(0, inv, values.pow(2).mean(1))
+    size = torch.bincount(inv).double()
+    return values / (sq / size).sqrt().clamp(min=1e-12)[inv].unsqueeze(1)
 
 
 # --- one tree's split -------------------------------------------------------------------------
@@ -275,12 +294,7 @@ def _verdicts(
             parts.append(judge(x0[torch.tensor(mine, device=x0.device)], [trees.prompts[t]] * len(mine)).double().cpu())
         values = torch.cat(parts)
         trees.stats["judged_images"] = trees.stats.get("judged_images", 0) + len(nodes)
-    else:  # each tree's x0-predictions over their RMS: the tolerance is relative, whatever the latents' scale
-        values = x0[idx].flatten(1).double().cpu()
-        tree = torch.tensor([node_tree[f] for f in nodes])
-        _, inv = torch.unique(tree, return_inverse=True)
-        sq = torch.zeros(int(inv.max()) + 1, dtype=torch.float64).index_add_(0, inv, values.pow(2).mean(1))
-        size = torch.bincount(inv).double()
-        values = values / (sq / size).sqrt().clamp(min=1e-12)[inv].unsqueeze(1)
+    else:
+        values = distance_values(x0[idx], [node_tree[f] for f in nodes])
     stop = tie_verdicts(values, [node_tree[f] for f in nodes], cfg.stop_tol)
     return dict(zip(nodes, stop, strict=True))
