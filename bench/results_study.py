@@ -204,6 +204,13 @@ def adaptive(src: Sources, images: dict) -> str:
                 + plot(images, f"{plan}-flops-raw.png", r["flops-raw"], f"held-out gain against TFLOPs, {world} world")
                 + tied_plots(images, plan, r, world)
             )
+    ties = sorted(src.names("tie_prediction*.md"), key=lambda n: (n != "tie_prediction.md", n))  # the study's first
+    if ties:
+        parts.append(
+            "\nCan a split foresee a tie? Each heuristic of the dynamic rollout read at every split of the fixed trees "
+            "against what their leaves then scored (`bench/tie_prediction.py`):\n\n"
+            + "\n".join(src.text(n) for n in ties)
+        )
     if len(parts) == 1:
         parts.append(
             "\nNo runs yet: the plans and their commands are in [benchmarks.md](benchmarks.md#the-plans) "
