@@ -210,7 +210,7 @@ def main() -> None:
     buckets = [(int(lo), int(hi)) for lo, hi in (b.split("-") for b in args.depths.split(","))]
     cfg = load_config(
         args.preset,
-        sets=['model="tiny-shapes"', f'reward.names=["{args.reward}"]', "train.max_grad_norm=1e30", *args.set],
+        sets=['model="tiny-shapes"', f'reward.names=["{args.reward}"]', *args.set],  # unclipped: batch_gradients
     )
     tr, prompts, t0 = Trainer(cfg, "cpu"), load_split("rl_train")[::9][: args.prompts], time.perf_counter()
     grads: list[list[torch.Tensor | None]] = []

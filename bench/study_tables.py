@@ -269,7 +269,7 @@ def tied_curves(result: dict, points: int = 21, window: int = 5) -> dict[str, tu
     """label -> (TFLOPs, share of tied groups): each run's zero_std_ratio by iteration, a moving mean over `window`
     iterations, placed at the iteration's end on the FLOP axis (iterations x the run's mean TFLOPs an iteration),
     then the mean over the label's seeds on `points` evenly spaced TFLOPs up to where its shortest run ends."""
-    from treegrpo_cli.report.compare import interp
+    from treegrpo_cli.report.compare_page import mean_band
 
     per_iteration = {(r["label"], r["seed"]): r["metrics"]["tflops_per_iteration"] for r in result["runs"]}
     curves: dict[str, list[list[tuple[float, float]]]] = {}
@@ -278,14 +278,12 @@ def tied_curves(result: dict, points: int = 21, window: int = 5) -> dict[str, tu
         if not ys:
             continue
         tpi = per_iteration[(run["label"], run["seed"])]
-        smooth = [
-            sum(ys[max(0, i - window + 1) : i + 1]) / len(ys[max(0, i - window + 1) : i + 1]) for i in range(len(ys))
-        ]
+        smooth = [sum(w) / len(w) for w in (ys[max(0, i - window + 1) : i + 1] for i in range(len(ys)))]
         curve = [(tpi * (it + 1), y) for (it, _), y in zip(run["zero_std_curve"], smooth, strict=True)]
         curves.setdefault(run["label"], []).append(curve)
     out = {}
     for label, cs in curves.items():
         end = min(c[-1][0] for c in cs)
         grid = [end * i / (points - 1) for i in range(points)]
-        out[label] = (grid, [sum(interp(x, c) for c in cs) / len(cs) for x in grid])
+        out[label] = (grid, mean_band(cs, grid)[1])
     return out

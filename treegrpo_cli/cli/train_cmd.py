@@ -328,9 +328,8 @@ def _online(preset, config, sets, prompts, run_dir, resume, device, stop: dict) 
     req = TrainRequest(cfg, train_prompts, eval_prompts, run, resume is not None, device, command_line(), d)
     given = {item.split("=", 1)[0].strip() for item in sets}
     header = [*run_header(cfg, device, resume is None, given), f"run folder: {run}"]  # said once the run is ours
-    if d.active:
-        return _train_group(partial(_train_rank, req, train_loop, d, cfg, run, stop, header), d)
-    return _train_rank(req, train_loop, d, cfg, run, stop, header)
+    train_rank = partial(_train_rank, req, train_loop, d, cfg, run, stop, header)
+    return _train_group(train_rank, d) if d.active else train_rank()
 
 
 def _check_weights(cfg) -> None:
