@@ -15,7 +15,7 @@ from treegrpo_cli.errors import ConfigError
 
 pytestmark = pytest.mark.slow  # end-to-end: `pytest -m "not slow"` leaves this file out
 
-MOVING, DYNAMIC, BUDGET = "branch-mix-flow-moving-splits", "treepo-dynamic", "branch-mix-flow-budget"
+MOVING, DYNAMIC, BUDGET = "branch-mix-flow-moving-splits", "treepo", "branch-mix-flow-budget"
 base, copy = test_bad_input_runs.base, test_bad_input_runs.copy  # its fixtures: a finished run and scored trees
 
 
@@ -76,7 +76,7 @@ def test_a_rollout_prints_the_warnings_and_runs(tmp_path):
     assert r.exit_code == 0, r.output
     (line,) = [x for x in r.stderr.splitlines() if x.startswith("warning:")]  # one line, however long
     assert line.startswith("warning: tree.stop_tol = 2 is at least the distance of two unrelated")
-    assert line.endswith("nearly every node would stop (treepo-dynamic: 0.1)"), line
+    assert line.endswith("nearly every node would stop (treepo: 0.1)"), line
 
 
 def test_config_show_says_the_warnings_train_would(tmp_path):

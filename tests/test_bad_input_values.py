@@ -48,7 +48,7 @@ def specials(tmp_path_factory):
 T = "{t}"  # the test's own empty folder, where outputs go
 F = "{f}"  # the shared files folder
 S = "{s}"  # the special files
-MOVING, DYNAMIC, BUDGET = "branch-mix-flow-moving-splits", "treepo-dynamic", "branch-mix-flow-budget"
+MOVING, DYNAMIC, BUDGET = "branch-mix-flow-moving-splits", "treepo", "branch-mix-flow-budget"
 JPEG_TWICE = 'reward.names=["jpeg-compressibility", "jpeg-compressibility"]'
 EVAL = ["eval", "--model", "pixel-tiny", "--metric", "jpeg-compressibility"]
 

@@ -22,7 +22,6 @@ ALL = [
     "tree-grpo-mean",
     "tree-nft",
     "treepo",
-    "treepo-dynamic",
 ]
 
 

@@ -141,20 +141,3 @@ def test_no_dates_session_history_or_internal_issue_numbers_where_a_user_reads()
         for pattern in (r"\b20\d\d-\d\d-\d\d\b", r"\bsessions?\b", r"\b[Ii]ssues? \d+", r"(?<![\w/])#\d+\b"):
             bad += [f"{f.relative_to(ROOT)}: {m.group(0)!r}" for m in re.finditer(pattern, text)]
     assert not bad, "\n".join(bad)
-
-
-def test_readme_preset_table_lists_every_preset_with_its_counts():
-    """README's preset table has a row for every file in presets/, with the leaves and model evaluations a prompt
-    gets as the config computes them ("at most N" for a dynamic tree, whose N is the fixed tree's cap)."""
-    from treegrpo_cli.config import load_config, preset_names
-
-    readme = (ROOT / "README.md").read_text()
-    rows = {m[0]: (m[1], m[2]) for m in re.findall(r"^\| `([\w-]+)` \| [^|]+ \| ([^|]+) \| ([^|]+) \|", readme, re.M)}
-    for name in preset_names():
-        assert name in rows, f"README's preset table has no row for {name}"
-        cfg = load_config(name)
-        trees = cfg.tree.trees_per_prompt
-        leaves = cfg.tree.leaves(cfg.sampler.steps) * trees
-        evals = cfg.tree.model_evals(cfg.sampler.steps) * trees
-        assert rows[name][0].strip() == str(leaves), name
-        assert rows[name][1].strip().removeprefix("at most ") == str(evals), name

@@ -118,12 +118,12 @@ class TreeConfig:
         if self.dynamic == "distance" and self.stop_tol == 0:
             out.append(
                 "warning: tree.dynamic = 'distance' with tree.stop_tol = 0 stops only identical x0-predictions: "
-                "set tree.stop_tol (treepo-dynamic: 0.1)"
+                "set tree.stop_tol (treepo: 0.1)"
             )
         if self.dynamic == "distance" and self.stop_tol >= math.sqrt(2):
             out.append(
                 f"warning: tree.stop_tol = {self.stop_tol:g} is at least the distance of two unrelated x0-predictions "
-                "(about 1.41 of their RMS): nearly every node would stop (treepo-dynamic: 0.1)"
+                "(about 1.41 of their RMS): nearly every node would stop (treepo: 0.1)"
             )
         if self.width == 1 and self.trees_per_prompt == 1:
             out.append(
