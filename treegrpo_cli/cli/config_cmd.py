@@ -31,7 +31,7 @@ def show(
 
       treegrpo config show --set train.lr=3e-5 --json
     """
-    from ..config import config_layers, load_config, schedule_warnings
+    from ..config import config_layers, load_config, user_warnings
     from .train_cmd import DEFAULT_PRESET
 
     with guarded():
@@ -41,7 +41,7 @@ def show(
         origin: dict[str, str] = {}
         for layer, values in layers:
             origin.update(dict.fromkeys(values, layer))
-        for w in [*cfg.warnings(), *schedule_warnings(cfg, layers)]:  # what train would say, on stderr
+        for w in user_warnings(cfg, layers):  # what train would say, on stderr
             err.print(one_line(w), highlight=False, markup=False, soft_wrap=True)
     values = dotted(cfg.to_dict())
     if json_:

@@ -78,7 +78,7 @@ def rollout(
 
       treegrpo rollout --model flux-dev --preset branch-mix-flow --prompts prompts.txt --out runs/flux-trees
     """
-    from ..config import load_config
+    from ..config import config_layers, load_config, user_warnings
     from ..preflight import check_own_dir, check_writable_dir, resolve_device
     from ..prompts import load_prompts
     from ..training.stages import RolloutRequest, run_rollout
@@ -95,7 +95,7 @@ def rollout(
         sets += [f"rollout.max_batch={max_batch}"] if max_batch else []
         sets += policy_sets(revision=revision, dtype=dtype)
         cfg = load_config(preset, config, sets)
-        for w in cfg.warnings():
+        for w in user_warnings(cfg, config_layers(preset, config, sets)):
             err.print(one_line(w), highlight=False, markup=False, soft_wrap=True)
         req = RolloutRequest(
             cfg,

@@ -296,7 +296,7 @@ def _relaunch(nproc: int) -> None:
 
 
 def _online(preset, config, sets, prompts, run_dir, resume, device, stop: dict) -> dict:
-    from ..config import config_layers, load_config, schedule_warnings
+    from ..config import config_layers, load_config, user_warnings
     from ..preflight import check_writable_dir
     from ..prompts import load_prompts
     from ..training import dist, rundir
@@ -307,10 +307,10 @@ def _online(preset, config, sets, prompts, run_dir, resume, device, stop: dict) 
     d = dist.from_env()
     if resume is not None:
         cfg, run = rundir.resume_config(resume, sets), resume
-        warnings = cfg.warnings()  # the run's, and those of what --set changed
+        warnings = rundir.resume_warnings(resume, sets)  # those of what --set changed
     else:
         cfg = load_config(preset, config, sets)
-        warnings = [*cfg.warnings(), *schedule_warnings(cfg, config_layers(preset, config, sets))]
+        warnings = user_warnings(cfg, config_layers(preset, config, sets))
         run = Path(dist.gather(str(run_dir or Path("runs") / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"), d)[0])
     for w in warnings if d.main else []:
         err.print(one_line(w), highlight=False, markup=False, soft_wrap=True)

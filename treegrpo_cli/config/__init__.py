@@ -15,7 +15,7 @@ from .layers import (
     preset_path,
     read_toml,
     release_task,
-    schedule_warnings,
+    user_warnings,
 )
 from .schema import (
     COMBINES,
@@ -60,5 +60,5 @@ __all__ = [
     "preset_path",
     "read_toml",
     "release_task",
-    "schedule_warnings",
+    "user_warnings",
 ]

@@ -269,6 +269,18 @@ def config_layers(
     return layers + [(f"--config {config_file}", file_values), ("--set", set_values)]
 
 
+def user_warnings(cfg: Config, layers: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """What a command says of the config its `layers` built: Config.warnings, with a key counted as the user's
+    mistake only where it was set in the same layer as, or a later one than, the switch that ignores it
+    (`--preset treepo --set tree.dynamic=off` leaves the preset's tree.stop_tol unused, and says nothing), and the
+    [schedule] overrides of the user's own layers."""
+
+    def last(key: str) -> int:
+        return max((i for i, (_, values) in enumerate(layers) if key in values), default=-1)
+
+    return [*cfg.warnings(lambda key, switch: last(key) < last(switch)), *schedule_warnings(cfg, layers)]
+
+
 def schedule_warnings(cfg: Config, layers: list[tuple[str, dict[str, Any]]]) -> list[str]:
     """A non-static [schedule] sets the SDE window (and, with schedule.split, the split steps) every iteration: a
     tree.sde_steps / tree.split_steps given by the user's own layers would be silently overridden."""

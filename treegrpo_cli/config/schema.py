@@ -10,6 +10,7 @@ from typing import Any
 
 from ..engine.advantages import AdvantageConfig
 from ..engine.budgets import BudgetConfig
+from ..engine.dynamic import Inherited, never
 from ..engine.grpo import TrainConfig
 from ..engine.nft import NFTConfig
 from ..engine.pruning import PruneConfig
@@ -174,17 +175,18 @@ class Config:
         self._check_size()
         return self
 
-    def warnings(self) -> list[str]:
-        """Legal values that are almost surely a mistake, one line each (for the commands to print)."""
+    def warnings(self, inherited: Inherited = never) -> list[str]:
+        """Legal values that are almost surely a mistake, one line each (for the commands to print); `inherited`
+        says which keys an earlier layer set than the switch that ignores them (layers.user_warnings)."""
         out = [
             f"warning: reward {name!r} has weight 0: it is scored and logged but does not count"
             for name, w in self.reward.weight_map().items()
             if w == 0
         ]
         out += self._policy_warnings()
-        out += self.tree.warnings() + self.splits.warnings()
+        out += self.tree.warnings(inherited) + self.splits.warnings(inherited)
         width = sampled_tree(self.tree, self.splits).leaves(self.sampler.steps)
-        out += self.budget.warnings(width, adaptive=self.splits.kind == "adaptive")
+        out += self.budget.warnings(width, self.splits.kind == "adaptive", inherited)
         if self.train.lr >= 1:
             out.append(f"warning: train.lr = {self.train.lr:g} is far above the references' 1e-5 to 1e-3")
         if self.train.clip_range >= 1:

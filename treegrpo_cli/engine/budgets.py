@@ -37,6 +37,7 @@ import torch
 from torch import Tensor
 
 from ..errors import ConfigError
+from .dynamic import Inherited, never, set_but_ignored
 
 MODES = ("off", "spread")
 
@@ -64,15 +65,12 @@ class BudgetConfig:
         if self.replace_after < 0:
             raise ConfigError(f"budget.replace_after must be >= 0 (0: never), got {self.replace_after}")
 
-    def warnings(self, width: int, adaptive: bool) -> list[str]:
+    def warnings(self, width: int, adaptive: bool, inherited: Inherited = never) -> list[str]:
         """Legal values that are almost surely a mistake, for a tree of `width` leaves (adaptive: [splits] reads
         budget.decay's estimates)."""
-        default = BudgetConfig()
         if self.mode == "off":
             names = ("floor", "min_width", "max_width") + (() if adaptive else ("decay",))
-            unused = [f"budget.{k}" for k in names if getattr(self, k) != getattr(default, k)]
-            them = "them" if len(unused) > 1 else "it"
-            return [f"warning: {', '.join(unused)} set, but budget.mode = 'off' ignores {them}"] if unused else []
+            return set_but_ignored(self, names, "budget.mode", inherited)
         lo, hi = self.bounds(width)
         if (lo >= width or hi <= width) and not self.replace_after:
             return [

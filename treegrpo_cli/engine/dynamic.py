@@ -67,6 +67,29 @@ HEURISTICS = ("off", "reward", "distance")
 
 Judge = Callable[[Tensor, list[str]], Tensor]  # x0-predictions [F, ...] (on device), their prompts -> scores [F]
 
+# inherited(key, switch): `key` got its value from an earlier config layer than `switch` (a preset's tuning that a
+# later --set switched off), so a "set, but ignored" warning would blame the user for the preset
+Inherited = Callable[[str, str], bool]
+
+
+def never(key: str, switch: str) -> bool:
+    return False
+
+
+def set_but_ignored(section: Any, names: Sequence[str], switch: str, inherited: Inherited = never) -> list[str]:
+    """The one-line warning for the keys `names` of a config `section` set away from their defaults, and not
+    inherited, that its `switch` (e.g. "tree.dynamic") ignores at its value; [] when there are none."""
+    prefix, attr = switch.split(".")
+    default = type(section)()
+    unused = [
+        f"{prefix}.{k}"
+        for k in names
+        if getattr(section, k) != getattr(default, k) and not inherited(f"{prefix}.{k}", switch)
+    ]
+    them = "them" if len(unused) > 1 else "it"
+    value = getattr(section, attr)
+    return [f"warning: {', '.join(unused)} set, but {switch} = {value!r} ignores {them}"] if unused else []
+
 
 @dataclass(frozen=True)
 class Shape:

@@ -25,7 +25,18 @@ import torch
 from torch import Tensor
 
 from ..errors import ConfigError
-from .dynamic import HEURISTICS, Judge, Shape, TreeBudgets, check_shape, split_counts, tree_evals
+from .dynamic import (
+    HEURISTICS,
+    Inherited,
+    Judge,
+    Shape,
+    TreeBudgets,
+    check_shape,
+    never,
+    set_but_ignored,
+    split_counts,
+    tree_evals,
+)
 from .protocols import Kernel, Policy, select
 from .tree import Tree
 
@@ -107,14 +118,12 @@ class TreeConfig:
                 f"{self.shape(steps).width}); raise it or set 0"
             )
 
-    def warnings(self) -> list[str]:
-        """Legal values that are almost surely a mistake: dynamic keys with tree.dynamic off, a tolerance that
-        stops nothing or everything, a group of one image."""
-        default, out = TreeConfig(), []
-        unused = [f"tree.{k}" for k in ("stop_tol", "transfer", "fallback") if getattr(self, k) != getattr(default, k)]
-        if self.dynamic == "off" and unused:
-            them = "them" if len(unused) > 1 else "it"
-            out.append(f"warning: {', '.join(unused)} set, but tree.dynamic = 'off' ignores {them}")
+    def warnings(self, inherited: Inherited = never) -> list[str]:
+        """Legal values that are almost surely a mistake: dynamic keys the user set with tree.dynamic off, a
+        tolerance that stops nothing or everything, a group of one image."""
+        out = []
+        if self.dynamic == "off":
+            out += set_but_ignored(self, ("stop_tol", "transfer", "fallback"), "tree.dynamic", inherited)
         if self.dynamic == "distance" and self.stop_tol == 0:
             out.append(
                 "warning: tree.dynamic = 'distance' with tree.stop_tol = 0 stops only identical x0-predictions: "

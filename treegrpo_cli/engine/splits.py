@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from ..errors import ConfigError
 from .budgets import BudgetConfig, PromptStats
-from .dynamic import Shape, tree_evals
+from .dynamic import Inherited, Shape, never, set_but_ignored, tree_evals
 from .rollout import TreeConfig, mix_seed
 from .sde import SamplerConfig
 
@@ -97,16 +97,11 @@ class SplitConfig:
                 f"(steps {steps}, splits.tail_guard {self.tail_guard}); lower splits.min_gap or splits.tail_guard"
             )
 
-    def warnings(self) -> list[str]:
-        """Legal values that are almost surely a mistake: keys this kind ignores, a U-shaped jitter."""
-        default = SplitConfig()
-        unused = [
-            f"splits.{f.name}"
-            for f in dataclasses.fields(self)
-            if f.name != "kind" and f.name not in USES[self.kind] and getattr(self, f.name) != getattr(default, f.name)
-        ]
-        them = "them" if len(unused) > 1 else "it"
-        out = [f"warning: {', '.join(unused)} set, but splits.kind = {self.kind!r} ignores {them}"] if unused else []
+    def warnings(self, inherited: Inherited = never) -> list[str]:
+        """Legal values that are almost surely a mistake: keys the user set that this kind ignores, a U-shaped
+        jitter."""
+        names = [f.name for f in dataclasses.fields(self) if f.name != "kind" and f.name not in USES[self.kind]]
+        out = set_but_ignored(self, names, "splits.kind", inherited)
         if self.kind == "progress" and 0 < self.kappa < 1:
             out.append(
                 f"warning: splits.kappa = {self.kappa:g} is a concentration: below 1 the Beta jitter is U-shaped and "
