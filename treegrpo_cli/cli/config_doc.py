@@ -37,7 +37,9 @@ LAYERS = """Each value comes from the last of these layers that sets it (`treegr
    `--seed`, `--model`, ...).
 
 A non-static `[schedule]` sets `tree.sde_steps` (and with `schedule.split`, `tree.split_steps`) every iteration;
-`train` warns when it overrides a value you set."""
+`train` warns when it overrides a value you set. A key that its switch ignores (`tree.stop_tol` with `tree.dynamic =
+"off"`) warns when you set it in the switch's layer or a later one; turning a preset's feature off with `--set`
+leaves the preset's tuning of it unused and says nothing."""
 
 
 def field_docs(cls: type) -> dict[str, str]:
