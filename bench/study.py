@@ -235,7 +235,8 @@ def adaptive_variants(video: bool) -> dict[str, tuple[str, tuple[str, ...]]]:
     out |= {f"branch-mix-flow/{k}": ("branch-mix-flow", (*world, *v)) for k, v in ADAPTIVE_FACTORS.items()}
     combos = [("budget", "dynamic-reward"), ("budget", "splits-progress")]
     if not video:  # TreePO's sub-group advantages alone (the fixed tree), and with its dynamic rollout (the preset)
-        out |= {"treepo": ("treepo", ('tree.dynamic="off"',)), "treepo/dynamic": ("treepo", TREEPO_DYNAMIC)}
+        fixed = ('tree.dynamic="off"', "tree.stop_tol=0")  # stop_tol is unused when off: the default keeps one config
+        out |= {"treepo": ("treepo", fixed), "treepo/dynamic": ("treepo", TREEPO_DYNAMIC)}
     if video:  # tree-grpo leads the video world; its window schedule owns the split steps (no [splits] there)
         out |= {f"tree-grpo/{k}": ("tree-grpo", (*world, *ADAPTIVE_FACTORS[k])) for k in ("dynamic-reward", "budget")}
         combos = [("budget", "dynamic-reward")]
