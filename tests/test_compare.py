@@ -13,6 +13,7 @@ from clitools import one_line_error, run
 from PIL import Image
 
 from treegrpo_cli import plots
+from treegrpo_cli.errors import ConfigError
 from treegrpo_cli.report import compare, compare_page
 
 TINY = [
@@ -501,6 +502,18 @@ def test_default_labels_split_a_preset_where_its_settings_differ(tmp_path):
     runs = two(tmp_path / "b", {"train": {"iterations": 3}}, {"train": {"iterations": 9}}, names=("a", "b"))
     cmp = compare.compare_runs(runs, labels=["same", "same"])
     assert [(g.label, g.seeds) for g in cmp.groups] == [("same", [0, 1])] and cmp.warnings == []
+
+
+def test_keys_a_switch_leaves_without_effect_are_not_what_was_run(tmp_path):
+    """tree.stop_tol with tree.dynamic off, a split kind's unused keys: the same run. Once the switch is on, a
+    differing tolerance is a different run."""
+    off = {"tree": {"dynamic": "off", "stop_tol": 0.1}, "splits": {"kind": "static", "kappa": 4.0}}
+    runs = two(tmp_path, off, {"tree": {"dynamic": "off", "stop_tol": 0.0}})
+    assert [g.seeds for g in compare.compare_runs(runs, labels=["fixed", "fixed"]).groups] == [[0, 1]]
+    tree = {"dynamic": "distance", "split_steps": [0, 3], "branch": 2}
+    runs = two(tmp_path / "b", {"tree": {**tree, "stop_tol": 0.1}}, {"tree": tree})
+    with pytest.raises(ConfigError, match="tree.stop_tol 0.1 in"):
+        compare.compare_runs(runs, labels=["dynamic", "dynamic"])
 
 
 def test_different_rewards_are_refused_unless_asked(tmp_path):

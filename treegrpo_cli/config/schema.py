@@ -196,6 +196,20 @@ class Config:
             )
         return out
 
+    def ignored(self) -> set[str]:
+        """The keys the adaptive trees' switches leave without effect (tree.dynamic, budget.mode, splits.kind):
+        runs that differ only in these ran the same thing."""
+        adaptive = self.splits.kind == "adaptive"
+        return {
+            f"{section}.{k}"
+            for section, names in (
+                ("tree", self.tree.ignored()),
+                ("budget", self.budget.ignored(adaptive)),
+                ("splits", self.splits.ignored()),
+            )
+            for k in names
+        }
+
     def _policy_warnings(self) -> list[str]:
         """[policy] keys set for a built-in model (pixel, tiny-shapes): it ignores the section; a diffusers model's
         [policy] values that are surely a mistake (PolicyConfig.warnings)."""

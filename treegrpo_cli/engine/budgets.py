@@ -65,12 +65,15 @@ class BudgetConfig:
         if self.replace_after < 0:
             raise ConfigError(f"budget.replace_after must be >= 0 (0: never), got {self.replace_after}")
 
+    def ignored(self, adaptive: bool) -> tuple[str, ...]:
+        """The keys that take no effect at this budget.mode (adaptive: [splits] reads budget.decay's estimates)."""
+        return ("floor", "min_width", "max_width") + (() if adaptive else ("decay",)) if self.mode == "off" else ()
+
     def warnings(self, width: int, adaptive: bool, inherited: Inherited = never) -> list[str]:
         """Legal values that are almost surely a mistake, for a tree of `width` leaves (adaptive: [splits] reads
         budget.decay's estimates)."""
         if self.mode == "off":
-            names = ("floor", "min_width", "max_width") + (() if adaptive else ("decay",))
-            return set_but_ignored(self, names, "budget.mode", inherited)
+            return set_but_ignored(self, self.ignored(adaptive), "budget.mode", inherited)
         lo, hi = self.bounds(width)
         if (lo >= width or hi <= width) and not self.replace_after:
             return [

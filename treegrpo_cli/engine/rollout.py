@@ -118,12 +118,14 @@ class TreeConfig:
                 f"{self.shape(steps).width}); raise it or set 0"
             )
 
+    def ignored(self) -> tuple[str, ...]:
+        """The keys that take no effect at this tree.dynamic."""
+        return ("stop_tol", "transfer", "fallback") if self.dynamic == "off" else ()
+
     def warnings(self, inherited: Inherited = never) -> list[str]:
         """Legal values that are almost surely a mistake: dynamic keys the user set with tree.dynamic off, a
         tolerance that stops nothing or everything, a group of one image."""
-        out = []
-        if self.dynamic == "off":
-            out += set_but_ignored(self, ("stop_tol", "transfer", "fallback"), "tree.dynamic", inherited)
+        out = set_but_ignored(self, self.ignored(), "tree.dynamic", inherited)
         if self.dynamic == "distance" and self.stop_tol == 0:
             out.append(
                 "warning: tree.dynamic = 'distance' with tree.stop_tol = 0 stops only identical x0-predictions: "

@@ -97,11 +97,14 @@ class SplitConfig:
                 f"(steps {steps}, splits.tail_guard {self.tail_guard}); lower splits.min_gap or splits.tail_guard"
             )
 
+    def ignored(self) -> tuple[str, ...]:
+        """The keys that take no effect at this splits.kind."""
+        return tuple(f.name for f in dataclasses.fields(self) if f.name != "kind" and f.name not in USES[self.kind])
+
     def warnings(self, inherited: Inherited = never) -> list[str]:
         """Legal values that are almost surely a mistake: keys the user set that this kind ignores, a U-shaped
         jitter."""
-        names = [f.name for f in dataclasses.fields(self) if f.name != "kind" and f.name not in USES[self.kind]]
-        out = set_but_ignored(self, names, "splits.kind", inherited)
+        out = set_but_ignored(self, self.ignored(), "splits.kind", inherited)
         if self.kind == "progress" and 0 < self.kappa < 1:
             out.append(
                 f"warning: splits.kappa = {self.kappa:g} is a concentration: below 1 the Beta jitter is U-shaped and "

@@ -20,9 +20,10 @@ FIRST_KEYS = ("model", "reward.names", "reward.weights")  # named first when set
 
 
 def what_was_run(cfg: Config) -> dict[str, Any]:
-    """The run's settings as flat keys ("train.lr"), values as JSON text, without NOT_WHAT_WAS_RUN."""
-    flat = rundir._flat(cfg.to_dict())
-    return {k: json.dumps(v, sort_keys=True) for k, v in flat.items() if k not in NOT_WHAT_WAS_RUN}
+    """The run's settings as flat keys ("train.lr"), values as JSON text, without NOT_WHAT_WAS_RUN and the keys its
+    switches leave without effect (Config.ignored: tree.stop_tol with tree.dynamic off)."""
+    flat, skip = rundir._flat(cfg.to_dict()), NOT_WHAT_WAS_RUN | cfg.ignored()
+    return {k: json.dumps(v, sort_keys=True) for k, v in flat.items() if k not in skip}
 
 
 def differing(settings: list[dict[str, Any]]) -> list[str]:
