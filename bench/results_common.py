@@ -52,10 +52,14 @@ def comparison(d: dict) -> SimpleNamespace:
     return SimpleNamespace(measure=d["measure"], groups=groups, runs=runs, target=d["target"], axis=d["axis"])
 
 
-def plot(images: dict, name: str, cmp: dict, alt: str) -> str:
+def plot(images: dict, name: str, cmp: dict, alt: str, labels: list[str] | None = None) -> str:
+    """The held-out curves of a results file's comparison, of the groups `labels` names (all when None)."""
     from treegrpo_cli.report.compare import Comparison
     from treegrpo_cli.report.compare_page import reward_plot
 
+    if labels is not None:
+        cmp = {**cmp, "groups": [g for g in cmp["groups"] if g["label"] in labels]}
+        cmp["runs"] = [r for r in cmp["runs"] if r["label"] in labels]
     images[name] = reward_plot(cast(Comparison, comparison(cmp)))  # a namespace of what it reads
     return f"![{alt}](results/{name})\n"
 

@@ -201,7 +201,7 @@ def adaptive(src: Sources, images: dict) -> str:
                 + study_tables(r)
                 + tables.savings_table(r)
                 + "\n"
-                + plot(images, f"{plan}-flops-raw.png", r["flops-raw"], f"held-out gain against TFLOPs, {world} world")
+                + gain_plots(images, plan, r, world)
                 + tied_plots(images, plan, r, world)
             )
     ties = sorted(src.names("tie_prediction*.md"), key=lambda n: (n != "tie_prediction.md", n))  # the study's first
@@ -217,6 +217,22 @@ def adaptive(src: Sources, images: dict) -> str:
             "(`--plan adaptive-lr`, `adaptive`, `adaptive-video-lr`, `adaptive-video`).\n"
         )
     return "".join(parts)
+
+
+def gain_plots(images: dict, plan: str, r: dict, world: str) -> str:
+    """Held-out gain against TFLOPs (trained weights), the baselines with the per-prompt budgets in one chart and
+    with the rules inside the tree in the other, as tied_plots splits them."""
+    labels = [g["label"] for g in r["flops-raw"]["groups"]]
+    budgets = [x for x in labels if "budget" in x]
+    roots = {r["baseline"], *(x.split("/")[0] for x in budgets)}  # each budget variant with what it adds to
+    md = ""
+    for key, what, shown in (
+        ("budgets", "per-prompt budgets", [x for x in labels if x in roots or x in budgets]),
+        ("rules", "rules inside the tree", [x for x in labels if x not in budgets]),
+    ):
+        alt = f"held-out gain (trained weights) against TFLOPs: {what}, {world} world"
+        md += plot(images, f"{plan}-flops-raw-{key}.png", r["flops-raw"], alt, shown)
+    return md
 
 
 def tied_plots(images: dict, plan: str, r: dict, world: str) -> str:
