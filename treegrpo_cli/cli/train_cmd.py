@@ -307,7 +307,7 @@ def _online(preset, config, sets, prompts, run_dir, resume, device, stop: dict) 
     d = dist.from_env()
     if resume is not None:
         cfg, run = rundir.resume_config(resume, sets), resume
-        warnings = rundir.resume_warnings(resume, sets)  # those of what --set changed
+        warnings = cfg.new_warnings(rundir.load_config(resume))  # what --set adds to those the run said
     else:
         cfg = load_config(preset, config, sets)
         warnings = user_warnings(cfg, config_layers(preset, config, sets))

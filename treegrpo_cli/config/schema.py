@@ -196,6 +196,12 @@ class Config:
             )
         return out
 
+    def new_warnings(self, before: Config) -> list[str]:
+        """The warnings this config adds to `before`'s (a resume's or `train --trees`' overrides, whose run or
+        rollout said the rest when it started)."""
+        said = set(before.warnings())
+        return [w for w in self.warnings() if w not in said]
+
     def ignored(self) -> set[str]:
         """The keys the adaptive trees' switches leave without effect (tree.dynamic, budget.mode, splits.kind):
         runs that differ only in these ran the same thing."""

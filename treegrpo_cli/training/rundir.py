@@ -178,12 +178,6 @@ def resume_config(run: Path, sets: list[str]) -> Config:
     return cfg
 
 
-def resume_warnings(run: Path, sets: list[str]) -> list[str]:
-    """What a resume has to warn about: the warnings its --set adds to those the run said when it started."""
-    said = set(load_config(run).warnings())
-    return [w for w in resume_config(run, sets).warnings() if w not in said]
-
-
 def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in d.items():

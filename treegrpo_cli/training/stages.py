@@ -315,8 +315,7 @@ def staged_config(store: ShardStore, sets: list[str]) -> Config:
 def staged_warnings(trees: Path, sets: list[str]) -> list[str]:
     """What `train --trees` has to warn about: the warnings its overrides add to those the rollout printed."""
     store = open_trees(trees)
-    said = set(config_from_dict(store.meta["config"]).warnings())
-    return [w for w in staged_config(store, sets).warnings() if w not in said]
+    return staged_config(store, sets).new_warnings(config_from_dict(store.meta["config"]))
 
 
 def credited_trees(store: ShardStore) -> tuple[Credited, list[str]]:
