@@ -390,7 +390,8 @@ def test_restored_raw_runs_are_checked_against_the_manifest(tmp_path):
     """bench/check_runs.py: a file with the manifest's sha256 and size passes; one changed or missing is named."""
     import hashlib
 
-    check = _bench("check_runs").check
+    check_runs = _bench("check_runs")
+    check = check_runs.check
     (tmp_path / "w" / "a-seed0").mkdir(parents=True)
     (tmp_path / "w" / "a-seed0" / "metrics.jsonl").write_bytes(b'{"x": 1}\n')
     digest = hashlib.sha256(b'{"x": 1}\n').hexdigest()
@@ -401,9 +402,17 @@ def test_restored_raw_runs_are_checked_against_the_manifest(tmp_path):
     assert check(tmp_path, manifest) == ["w/a-seed0/eval.jsonl: missing"]
     (tmp_path / "w" / "a-seed0" / "eval.jsonl").write_bytes(b'{"x": 2}\n')
     assert check(tmp_path, manifest) == ["w/a-seed0/eval.jsonl: differs (9 bytes, manifest 9)"]
-    # the kept manifest covers every raw file of the summaries' runs
-    kept = (ROOT / "bench" / "results" / "study-runs.tsv").read_text().splitlines()
-    assert kept[0] == "path\tsha256\tbytes" and len(kept) > 500
+    assert check(tmp_path, manifest, only="v") == []  # another study's files are not looked at
+    (tmp_path / "w" / "a-seed0" / "run.json").write_bytes(b"{}")
+    assert check_runs.unlisted(tmp_path, manifest, "w") == [
+        f"w/a-seed0/run.json\t{hashlib.sha256(b'{}').hexdigest()}\t2"
+    ]
+    assert check_runs.add(tmp_path, manifest, "w") == 1 and check_runs.unlisted(tmp_path, manifest, "w") == []
+    assert manifest.read_text().splitlines()[3].startswith("w/a-seed0/run.json\t")
+    # every raw file a committed summary names is in the kept manifest with the summary's hash and size
+    kept = ROOT / "bench" / "results" / "study-runs.tsv"
+    assert kept.read_text().splitlines()[0] == "path\tsha256\tbytes"
+    assert check_runs.summary_gaps(ROOT / "bench" / "results", kept) == []
 
 
 def test_an_adaptive_sweep_reports_against_a_label_it_holds(tmp_path, monkeypatch):
