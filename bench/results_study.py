@@ -191,7 +191,8 @@ def adaptive(src: Sources, images: dict) -> str:
         if sweep in have:
             r = src.json(sweep)
             parts.append(
-                f"\nThe {world} world's learning-rate sweep (`{r['command']}`):\n" + tables.sweep_table(r["runs"])
+                f"\nThe {world} world's learning-rate sweep (`{r['command']}`):\n"
+                + tables.sweep_table(r["runs"], trained=True)
             )
         if main in have:
             r = src.json(main)

@@ -56,12 +56,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from methods import commit, machine, train_command  # noqa: E402  (bench/ is not a package)
 from study_tables import (  # noqa: E402
     WORLD_LR,
+    best_rates,
     cost_table,
     factor_table,
     run_metrics,
     savings_table,
     signal_table,
-    sweep_gains,
     sweep_table,
     table,
 )
@@ -251,20 +251,13 @@ def adaptive_variants(video: bool) -> dict[str, tuple[str, tuple[str, ...]]]:
 FIXED_RATES = {"tree-grpo": "3e-5"}  # image world: tree-grpo at its swept rate (BEST_LR); dance-grpo at the world's
 
 
-def preferred_gain(gains: tuple[float, float | None]) -> float:
-    """A sweep's (eval weights' gain, trained weights' gain or None) -> the trained weights', else the eval's."""
-    default, raw = gains
-    return raw if raw is not None else default
-
-
 def adaptive_plan(video: bool) -> dict[str, tuple[str, tuple[str, ...]]]:
     """Every variant at its best rate of the sweep (the trained weights' final gain), once the sweep's results are
     in bench/results; before that, at the world's rate (main() says so)."""
     sweep = RESULTS / f"study-adaptive{'-video' if video else ''}-lr.json.gz"
     best: dict[str, str] = {}
     if sweep.exists():
-        for base, g in sweep_gains(json.loads(gzip.decompress(sweep.read_bytes()))["runs"]).items():
-            best[base] = max(g, key=lambda k: preferred_gain(g[k]))
+        best = best_rates(json.loads(gzip.decompress(sweep.read_bytes()))["runs"], trained=True)
     fixed = {} if video else FIXED_RATES
     return {
         label: (preset, (*sets, f"train.lr={best.get(label, fixed.get(label, WORLD_LR))}"))
@@ -402,7 +395,8 @@ def report(rows: list[dict], work: Path, args: argparse.Namespace) -> dict:
     text = json.dumps(result, indent=1) + "\n"
     (RESULTS / f"{name}.json.gz").write_bytes(gzip.compress(text.encode(), mtime=0))  # mtime 0: same bytes again
     md = table(result) + cost_table(result) + cost_table(result, raw=True)
-    md += sweep_table(rows) if args.plan == "lr" or args.plan in SWEEP_BASELINES else ""
+    md += sweep_table(rows) if args.plan == "lr" else ""
+    md += sweep_table(rows, trained=True) if args.plan in SWEEP_BASELINES else ""
     md += factor_table(rows) + signal_table(result) if args.plan == "ablation" else ""
     md += signal_table(result) + savings_table(result) if args.plan in PLAN_DEFAULTS else ""
     (RESULTS / f"{name}.md").write_text(md)

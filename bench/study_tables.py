@@ -78,15 +78,21 @@ def sweep_gains(rows: list[dict]) -> dict[str, dict[str, tuple[float, float | No
     return gains
 
 
-def best_rates(rows: list[dict]) -> dict[str, str]:
-    """variant -> the rate whose run ends with the best eval-weights gain."""
-    return {base: max(g, key=lambda k: g[k][0]) for base, g in sweep_gains(rows).items()}
+def best_rates(rows: list[dict], trained: bool = False) -> dict[str, str]:
+    """variant -> the rate whose run ends with the best gain: of the eval weights, or with trained=True of the
+    trained weights where the run scored them (the adaptive plans, whose tables read the trained weights)."""
+
+    def gain(g: tuple[float, float | None]) -> float:
+        return g[1] if trained and g[1] is not None else g[0]
+
+    return {base: max(g, key=lambda k: gain(g[k])) for base, g in sweep_gains(rows).items()}
 
 
-def sweep_table(rows: list[dict]) -> str:
+def sweep_table(rows: list[dict], trained: bool = False) -> str:
     """The learning-rate sweep per variant: each rate's final held-out gain (eval weights; the trained weights'
-    in brackets where they differ) and the rate with the best eval-weights gain, which the tables should use."""
-    gains, best = sweep_gains(rows), best_rates(rows)
+    in brackets where they differ) and the best rate, which the tables should use: by the eval weights' gain, or
+    with trained=True by the trained weights' (best_rates)."""
+    gains, best = sweep_gains(rows), best_rates(rows, trained)
     lrs = sorted({lr for g in gains.values() for lr in g}, key=float)
     head = "| variant | " + " | ".join(f"lr {lr}" for lr in lrs) + " | best |\n|---|" + "---|" * (len(lrs) + 1) + "\n"
 
@@ -99,9 +105,13 @@ def sweep_table(rows: list[dict]) -> str:
         f"| {base} | " + " | ".join(cell(g.get(lr)) for lr in lrs) + f" | {best[base]} |" for base, g in gains.items()
     ]
     seeds = sorted({r["seed"] for r in rows})
+    by = "the trained weights'" if trained else "the eval weights'"
     return (
         f"\nLearning-rate sweep (seed {', '.join(map(str, seeds))}): final held-out gain with the weights eval uses "
-        "(the trained weights' in brackets where they differ).\n\n" + head + "\n".join(lines) + "\n"
+        f"(the trained weights' in brackets where they differ); best: the rate with {by} best gain.\n\n"
+        + head
+        + "\n".join(lines)
+        + "\n"
     )
 
 

@@ -118,6 +118,33 @@ def test_the_learning_rate_sweep_names_each_variants_best_rate():
     assert "seed 100" in text
 
 
+def test_an_adaptive_sweep_names_and_runs_the_rate_with_the_best_trained_weights(tmp_path, monkeypatch):
+    """The adaptive plans time the trained weights: their sweep table's best column is the rate the plan then runs,
+    chosen by the trained weights' gain where the EMA's differs (the video world's dance-grpo/budget: the EMA is
+    best at 3e-4, the trained weights at 3e-5)."""
+    import gzip
+    import json
+
+    study = _bench("study")
+    runs = []
+    for lr, ema, raw in (("3e-5", 0.500, 0.497), ("1e-4", 0.496, 0.453), ("3e-4", 0.501, 0.395)):
+        first = {"reward_mean": 0.5, "raw/reward_mean": 0.5}
+        runs.append(
+            {
+                "label": f"dance-grpo/budget@lr{lr}",
+                "seed": 100,
+                "heldout": [first, {"reward_mean": ema, "raw/reward_mean": raw}],
+            }
+        )
+    assert TABLES.best_rates(runs) == {"dance-grpo/budget": "3e-4"}
+    text = TABLES.sweep_table(runs, trained=True)
+    assert "| dance-grpo/budget | +0.000 (-0.003) | -0.004 (-0.047) | +0.001 (-0.105) | 3e-5 |" in text
+    assert "the trained weights' best gain" in text
+    monkeypatch.setattr(study, "RESULTS", tmp_path)
+    (tmp_path / "study-adaptive-video-lr.json.gz").write_bytes(gzip.compress(json.dumps({"runs": runs}).encode()))
+    assert "train.lr=3e-5" in study.adaptive_plan(video=True)["dance-grpo/budget"][1]
+
+
 def test_the_best_lr_plan_runs_each_variant_at_its_sweeps_best_rate():
     """bench/study.py's BEST_LR is what the kept sweep (bench/results/study-lr.json.gz) chose, and the best-lr and
     ablation plans train at those rates: a sweep rerun that moves a best rate fails here until the plans follow."""
