@@ -226,6 +226,7 @@ def gain_plots(images: dict, plan: str, r: dict, world: str) -> str:
     labels = [g["label"] for g in r["flops-raw"]["groups"]]
     budgets = [x for x in labels if "budget" in x]
     roots = {r["baseline"], *(x.split("/")[0] for x in budgets)}  # each budget variant with what it adds to
+    roots |= {x for x in labels if x.split("@lr")[0] in roots}  # and that at the variant's rate (a control)
     md = ""
     for key, what, shown in (
         ("budgets", "per-prompt budgets", [x for x in labels if x in roots or x in budgets]),

@@ -253,16 +253,24 @@ FIXED_RATES = {"tree-grpo": "3e-5"}  # image world: tree-grpo at its swept rate 
 
 def adaptive_plan(video: bool) -> dict[str, tuple[str, tuple[str, ...]]]:
     """Every variant at its best rate of the sweep (the trained weights' final gain), once the sweep's results are
-    in bench/results; before that, at the world's rate (main() says so)."""
+    in bench/results; before that, at the world's rate (main() says so). A variant whose rate is not its baseline's
+    brings the baseline at its rate as a control (label BASE@lrRATE)."""
     sweep = RESULTS / f"study-adaptive{'-video' if video else ''}-lr.json.gz"
     best: dict[str, str] = {}
     if sweep.exists():
         best = best_rates(json.loads(gzip.decompress(sweep.read_bytes()))["runs"], trained=True)
     fixed = {} if video else FIXED_RATES
-    return {
-        label: (preset, (*sets, f"train.lr={best.get(label, fixed.get(label, WORLD_LR))}"))
-        for label, (preset, sets) in adaptive_variants(video).items()
-    }
+    variants = adaptive_variants(video)
+    rate = {label: best.get(label, fixed.get(label, WORLD_LR)) for label in variants}
+    plan = {label: (preset, (*sets, f"train.lr={rate[label]}")) for label, (preset, sets) in variants.items()}
+    # a control: a baseline at the rate one of its variants runs at where the sweep chose another for the baseline,
+    # so that a variant's gain on its baseline is not the rate's
+    for label in variants:
+        root = label.split("/")[0]
+        if "/" in label and root in variants and rate[label] != rate[root]:
+            preset, sets = variants[root]
+            plan.setdefault(f"{root}@lr{rate[label]}", (preset, (*sets, f"train.lr={rate[label]}")))
+    return plan
 
 
 for _video, _name in ((False, "adaptive"), (True, "adaptive-video")):

@@ -121,7 +121,7 @@ def test_the_learning_rate_sweep_names_each_variants_best_rate():
 def test_an_adaptive_sweep_names_and_runs_the_rate_with_the_best_trained_weights(tmp_path, monkeypatch):
     """The adaptive plans time the trained weights: their sweep table's best column is the rate the plan then runs,
     chosen by the trained weights' gain where the EMA's differs (the video world's dance-grpo/budget: the EMA is
-    best at 3e-4, the trained weights at 3e-5)."""
+    best at 3e-4, the trained weights at 3e-5); a variant away from its baseline's rate brings a control."""
     import gzip
     import json
 
@@ -142,7 +142,13 @@ def test_an_adaptive_sweep_names_and_runs_the_rate_with_the_best_trained_weights
     assert "the trained weights' best gain" in text
     monkeypatch.setattr(study, "RESULTS", tmp_path)
     (tmp_path / "study-adaptive-video-lr.json.gz").write_bytes(gzip.compress(json.dumps({"runs": runs}).encode()))
-    assert "train.lr=3e-5" in study.adaptive_plan(video=True)["dance-grpo/budget"][1]
+    plan = study.adaptive_plan(video=True)
+    assert "train.lr=3e-5" in plan["dance-grpo/budget"][1]
+    # dance-grpo was not in this sweep (the world's rate, 1e-4): it runs at 1e-4, and at 3e-5 as the control
+    assert plan["dance-grpo"][1][-1] == "train.lr=1e-4"
+    assert plan["dance-grpo@lr3e-5"] == ("dance-grpo", (*plan["dance-grpo"][1][:-1], "train.lr=3e-5"))
+    # a variant at its baseline's rate brings no control
+    assert "tree-grpo@lr1e-4" not in plan and [k for k in plan if "@lr" in k] == ["dance-grpo@lr3e-5"]
 
 
 def test_the_best_lr_plan_runs_each_variant_at_its_sweeps_best_rate():
