@@ -35,12 +35,17 @@ def prefix(only: str) -> str:
     return only.rstrip("/") + "/" if only else ""
 
 
+def read(manifest: Path) -> dict[str, tuple[str, int]]:
+    """The manifest: path -> (sha256, size in bytes)."""
+    rows = (line.split("\t") for line in manifest.read_text().splitlines()[1:])
+    return {path: (sha, int(size)) for path, sha, size in rows}
+
+
 def check(folder: Path, manifest: Path, only: str = "") -> list[str]:
     """One line per manifest file (under `only`/ when given) that is missing under folder or differs in sha256 or
     size."""
     bad = []
-    for line in manifest.read_text().splitlines()[1:]:
-        path, sha, size = line.split("\t")
+    for path, (sha, size) in read(manifest).items():
         if not path.startswith(prefix(only)):
             continue
         f = folder / path
@@ -48,14 +53,14 @@ def check(folder: Path, manifest: Path, only: str = "") -> list[str]:
             bad.append(f"{path}: missing")
             continue
         data = f.read_bytes()
-        if len(data) != int(size) or hashlib.sha256(data).hexdigest() != sha:
+        if len(data) != size or hashlib.sha256(data).hexdigest() != sha:
             bad.append(f"{path}: differs ({len(data)} bytes, manifest {size})")
     return bad
 
 
 def unlisted(folder: Path, manifest: Path, sub: str) -> list[str]:
     """Manifest lines (path, sha256, size) for the files under folder/sub that the manifest does not list yet."""
-    listed = {line.split("\t")[0] for line in manifest.read_text().splitlines()[1:]}
+    listed = read(manifest)
     lines = []
     for f in sorted(p for p in (folder / sub).rglob("*") if p.is_file()):
         path = f.relative_to(folder).as_posix()
@@ -68,11 +73,7 @@ def unlisted(folder: Path, manifest: Path, sub: str) -> list[str]:
 def summary_gaps(results: Path, manifest: Path) -> list[str]:
     """One line per raw file named by a committed summary (bench/results/study-*.json.gz, each run's `raw_files`)
     that the manifest lacks or lists with another hash or size."""
-    listed = {}
-    for line in manifest.read_text().splitlines()[1:]:
-        path, sha, size = line.split("\t")
-        listed[path] = (sha, int(size))
-    gaps = []
+    listed, gaps = read(manifest), []
     for f in sorted(results.glob("study-*.json.gz")):
         for run in json.loads(gzip.decompress(f.read_bytes())).get("runs", []):
             base = run["run_dir"].split("study-runs/", 1)[1]
@@ -106,7 +107,7 @@ def main() -> None:
     bad = check(args.folder, args.manifest, args.only)
     for line in bad:
         print(line)
-    n = sum(ln.startswith(prefix(args.only)) for ln in args.manifest.read_text().splitlines()[1:])
+    n = sum(path.startswith(prefix(args.only)) for path in read(args.manifest))
     print(f"{n - len(bad)} of {n} files match {args.manifest.name}", file=sys.stderr)
     sys.exit(1 if bad else 0)
 
