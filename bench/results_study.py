@@ -220,37 +220,39 @@ def adaptive(src: Sources, images: dict) -> str:
     return "".join(parts)
 
 
-def gain_plots(images: dict, plan: str, r: dict, world: str) -> str:
-    """Held-out gain against TFLOPs (trained weights), the baselines with the per-prompt budgets in one chart and
-    with the rules inside the tree in the other, as tied_plots splits them."""
-    labels = [g["label"] for g in r["flops-raw"]["groups"]]
+def chart_groups(labels: list[str], baseline: str) -> tuple[tuple[str, str, list[str]], ...]:
+    """The two charts of an adaptive plan: the per-prompt budgets beside the runs they add to (the baseline, each
+    budget variant's root, and those at a variant's rate: the controls), and the rules inside the tree with every
+    run that is not a budget."""
     budgets = [x for x in labels if "budget" in x]
-    roots = {r["baseline"], *(x.split("/")[0] for x in budgets)}  # each budget variant with what it adds to
-    roots |= {x for x in labels if x.split("@lr")[0] in roots}  # and that at the variant's rate (a control)
+    roots = {baseline, *(x.split("/")[0] for x in budgets)}
+    roots |= {x for x in labels if x.split("@lr")[0] in roots}
+    first = sorted(labels, key=lambda x: x != baseline)  # the baseline first, so it keeps its colour
+    return (
+        ("budgets", "per-prompt budgets", [x for x in first if x in roots or x in budgets]),
+        ("rules", "rules inside the tree", [x for x in first if x not in budgets]),
+    )
+
+
+def gain_plots(images: dict, plan: str, r: dict, world: str) -> str:
+    """Held-out gain against TFLOPs (trained weights), in chart_groups' two charts."""
     md = ""
-    for key, what, shown in (
-        ("budgets", "per-prompt budgets", [x for x in labels if x in roots or x in budgets]),
-        ("rules", "rules inside the tree", [x for x in labels if x not in budgets]),
-    ):
+    for key, what, shown in chart_groups([g["label"] for g in r["flops-raw"]["groups"]], r["baseline"]):
         alt = f"held-out gain (trained weights) against TFLOPs: {what}, {world} world"
         md += plot(images, f"{plan}-flops-raw-{key}.png", r["flops-raw"], alt, shown)
     return md
 
 
 def tied_plots(images: dict, plan: str, r: dict, world: str) -> str:
-    """Tied groups over training, each variant's mean over seeds against the baseline's: the per-prompt budgets in
-    one chart, the rules inside the tree (and the other baselines) in the other."""
+    """Tied groups over training, each variant's mean over seeds, in chart_groups' two charts."""
     from treegrpo_cli.plots import line_chart
 
-    curves, base = tables.tied_curves(r), r["baseline"]
-    budgets = [label for label in curves if "budget" in label]
-    groups = (("budgets", "per-prompt budgets", budgets), ("rules", "rules inside the tree", list(curves)))
+    curves = tables.tied_curves(r)
     md = "\nTied groups (zero_std_ratio) over training, mean over seeds of a 5-iteration moving mean:\n\n"
-    for key, what, labels in groups:
-        shown = [base, *(x for x in labels if x != base and (key == "budgets" or x not in budgets))]
+    for key, what, shown in chart_groups(list(curves), r["baseline"]):
         name = f"{plan}-tied-{key}.png"
-        series = {label: curves[label] for label in shown if label in curves}
         title = f"tied groups over training: {what}, {world} world"
+        series = {label: curves[label] for label in shown}
         images[name] = line_chart(series, title, "denoiser TFLOPs", "zero_std_ratio", (760, 460), y_span=(0.0, 1.0))
         md += f"![{title}](results/{name})\n"
     return md

@@ -159,6 +159,21 @@ def test_integer_ticks_are_whole_numbers():
         assert a <= lo and b >= hi
 
 
+@pytest.mark.parametrize(
+    "lo, hi, want",
+    [
+        (0, 10.3, [0, 2, 4, 6, 8, 10, 12]),  # not 0..15 by 5: a third of the chart empty
+        (0, 1, [0, 0.2, 0.4, 0.6, 0.8, 1]),
+        (0, 62, [0, 10, 20, 30, 40, 50, 60, 70]),
+        (0.5448, 0.9857, [0.5, 0.6, 0.7, 0.8, 0.9, 1.0]),
+        (-0.17, 0.14, [-0.2, -0.15, -0.1, -0.05, 0, 0.05, 0.1, 0.15]),
+    ],
+)
+def test_nice_ticks_cover_the_values_with_the_tightest_axis(lo, hi, want):
+    a, b, ticks = plots._nice_ticks(lo, hi)
+    assert ticks == pytest.approx(want) and (a, b) == pytest.approx((want[0], want[-1]))
+
+
 def reward_run(folder, evals):
     from treegrpo_cli.training import rundir
 

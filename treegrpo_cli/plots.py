@@ -68,14 +68,19 @@ def caption_height() -> int:
 
 
 def _nice_ticks(lo: float, hi: float, target: int = 5) -> tuple[float, float, list[float]]:
-    """(axis low, axis high, ticks) with a 1/2/5 x 10^k step that covers [lo, hi]."""
+    """(axis low, axis high, ticks) with a 1/2/5 x 10^k step that covers [lo, hi]: of the steps that give at most
+    target + 2 intervals, the one whose axis is tightest (0 to 10.3 runs 0 to 12 by 2, not 0 to 15 by 5)."""
     if hi - lo <= 0:
         d = abs(lo) * 0.05 or 1.0
         lo, hi = lo - d, hi + d
-    raw = (hi - lo) / target
-    mag = 10 ** math.floor(math.log10(raw))
-    step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
-    a, b = math.floor(lo / step + 1e-9), math.ceil(hi / step - 1e-9)
+    mag = 10 ** math.floor(math.log10((hi - lo) / target))
+    best: tuple[float, int, int] | None = None
+    for step in (m * mag for m in (1, 2, 5, 10, 20)):
+        a, b = math.floor(lo / step + 1e-9), math.ceil(hi / step - 1e-9)
+        if b - a <= target + 2 and (best is None or (b - a) * step < (best[2] - best[1]) * best[0] - 1e-12):
+            best = (step, a, b)
+    assert best is not None  # 20 x mag gives at most target / 2 + 2 intervals
+    step, a, b = best
     return a * step, b * step, [i * step for i in range(a, b + 1)]
 
 

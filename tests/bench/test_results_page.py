@@ -55,3 +55,17 @@ def test_every_method_of_the_wall_clock_table_has_its_papers_figures():
 
     result = json.loads((ROOT / "bench" / "results" / "methods.json").read_text())
     assert {g["label"] for g in result["compare"]["groups"]} == set(results_study.PAPERS)
+
+
+def test_the_adaptive_charts_show_each_budget_beside_what_it_adds_to():
+    _results_page()  # bench/ on the path
+    import results_study as study
+
+    labels = ["dance-grpo", "tree-grpo/budget", "branch-mix-flow", "tree-grpo", "tree-grpo@lr1e-4", "branch-mix-flow/x"]
+    budgets, rules = study.chart_groups(labels, "branch-mix-flow")
+    assert budgets == (
+        "budgets",
+        "per-prompt budgets",
+        ["branch-mix-flow", "tree-grpo/budget", "tree-grpo", "tree-grpo@lr1e-4"],
+    )
+    assert rules[2] == ["branch-mix-flow", "dance-grpo", "tree-grpo", "tree-grpo@lr1e-4", "branch-mix-flow/x"]
