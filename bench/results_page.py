@@ -202,7 +202,7 @@ def readme_block() -> str:
     raw = {g["label"]: g for g in r["flops-raw"]["groups"]}
     rows = "\n".join(
         f"| `{g['label']}` | {len(g['runs'])} | {pm(g['gain'], '+.3f')} | {pm(raw[g['label']]['gain'], '+.3f')} "
-        f"| {tables._speedup(g)} | {tables._speedup(raw[g['label']])} |"
+        f"| {tables.speedup_cell(g)} | {tables.speedup_cell(raw[g['label']])} |"
         for g in r["flops"]["groups"]
     )
     seeds = sorted({s for g in r["flops"]["groups"] for s in g["seeds"]})

@@ -125,12 +125,12 @@ def methods_table(result: dict) -> str:
         old, new, sec = PAPERS.get(g["label"], ("-", "-", "-"))
         r = raw.get(g["label"])
         minutes = g.get("curve_to_target", g.get("curve_minutes_to_target"))
-        raw_cells = f"| {pm(r['gain'], '+.3f')} | {speedup(r)} " if r else ""
+        raw_cells = f"| {pm(r['gain'], '+.3f')} | {tables.speedup_cell(r)} " if r else ""
         rows.append(
             f"| `{g['label']}` | {pm(g['forward_nfe_per_sample'], '.2f')} ({old}) "
             f"| {pm(g['backward_nfe_per_sample'], '.2f')} ({new}) | {pm(g['seconds_per_iteration'], '.2f')} ({sec}) "
             f"| {pm(g['iterations'], '.0f')} | {pm(g['gain'], '+.3f')} "
-            f"| {fmt(minutes, '.2f')} ({g['reached_target']}/{len(g['runs'])}) | {speedup(g)} "
+            f"| {fmt(minutes, '.2f')} ({g['reached_target']}/{len(g['runs'])}) | {tables.speedup_cell(g)} "
             + raw_cells
             + f"| {pm(g['peak_mib'], '.0f')} |"
         )
@@ -142,14 +142,6 @@ def methods_table(result: dict) -> str:
         f"torch {m['torch']}, commit {result['commit']}; target: dance-grpo's mean held-out gain {target}.\n"
     )
     return head + "\n".join(rows) + "\n" + foot
-
-
-def speedup(g: dict) -> str:
-    from treegrpo_cli.report.compare_page import speedup_text
-
-    if g["speedup"] is None and g.get("curve_to_target", g.get("curve_minutes_to_target")) is not None:
-        return "-"
-    return speedup_text(g["speedup"], g.get("speedup_low"), g.get("speedup_high"), none="never")
 
 
 def wall_clock(src: Sources, images: dict) -> str:

@@ -147,10 +147,14 @@ def _pm(stat: dict, fmt: str = "+.3f") -> str:
     return f"{stat['mean']:{fmt}}" + (f" ± {stat['std']:{fmt.lstrip('+')}}" if stat["n"] > 1 else "")
 
 
-def _speedup(g: dict) -> str:
+def speedup_cell(g: dict) -> str:
+    """A group's speed-up and its interval; where the mean curve has none: 'never' (it does not reach the
+    target), 'baseline never' (it does and the baseline does not) or 'at start' (it is there before training)."""
     from treegrpo_cli.report.compare_page import speedup_text
 
-    return speedup_text(g["speedup"], g["speedup_low"], g["speedup_high"], none="never")
+    t = g.get("curve_to_target", g.get("curve_minutes_to_target"))
+    none = "never" if t is None else "at start" if t == 0 else "baseline never"
+    return speedup_text(g["speedup"], g.get("speedup_low"), g.get("speedup_high"), none=none)
 
 
 def per_label(result: dict, key: str) -> dict[str, list[float]]:
@@ -184,8 +188,9 @@ def table(result: dict) -> str:
         }
         st = steps[g["label"]]
         lines.append(
-            f"| {g['label']} | {len(g['runs'])} | {_pm(g['gain'])} | {_pm(by['flops-raw']['gain'])} | {_speedup(g)} "
-            f"| {_speedup(by['flops-raw'])} | {_speedup(by['time'])} | {_speedup(by['time-raw'])} "
+            f"| {g['label']} | {len(g['runs'])} | {_pm(g['gain'])} | {_pm(by['flops-raw']['gain'])} "
+            f"| {speedup_cell(g)} "
+            f"| {speedup_cell(by['flops-raw'])} | {speedup_cell(by['time'])} | {speedup_cell(by['time-raw'])} "
             f"| {sum(st) / len(st):.1f} | {_pm(g['seconds_per_iteration'], '.1f')} "
             f"| {_tflops(g['curve_to_target'])} | {g['reached_target']} of {len(g['runs'])} |"
         )
@@ -216,8 +221,8 @@ def cost_table(result: dict, raw: bool = False) -> str:
         it, c = its[g["label"]], cost[g["label"]]
         n = "never" if it["curve_to_target"] is None else f"{it['curve_to_target']:.0f}"
         lines.append(
-            f"| {g['label']} | {c:.3f} | {cost[base] / c:.2f}x | {n} | {_speedup(it)} "
-            f"| {_tflops(g['curve_to_target'])} | {_speedup(g)} |"
+            f"| {g['label']} | {c:.3f} | {cost[base] / c:.2f}x | {n} | {speedup_cell(it)} "
+            f"| {_tflops(g['curve_to_target'])} | {speedup_cell(g)} |"
         )
     return "\n".join(lines) + "\n"
 

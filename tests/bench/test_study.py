@@ -490,3 +490,12 @@ def test_tied_groups_over_training_are_the_seeds_mean_on_the_flop_axis():
     got = TABLES.tied_curves({"runs": runs, "flops-raw": {"runs": curves}}, points=3)
     assert got["a"] == ([0.0, 1.0, 2.0], [0.25, 0.25, 0.5])
     assert got["b"] == ([0.0, 0.5, 1.0], [1.0, 1.0, 0.5])
+
+
+def test_a_speedup_cell_tells_a_group_that_never_reaches_from_a_baseline_that_never_does():
+    none = {"speedup": None, "speedup_low": None, "speedup_high": None}
+    assert TABLES.speedup_cell({**none, "curve_to_target": None}) == "never"
+    assert TABLES.speedup_cell({**none, "curve_to_target": 9.1}) == "baseline never"  # reached; the baseline not
+    assert TABLES.speedup_cell({**none, "curve_minutes_to_target": 0.0}) == "at start"
+    g = {"speedup": 1.5, "speedup_low": 0.0, "speedup_high": 2.25, "curve_to_target": 4.0}
+    assert TABLES.speedup_cell(g) == "1.50x (never-2.25)"
