@@ -148,13 +148,11 @@ def _pm(stat: dict, fmt: str = "+.3f") -> str:
 
 
 def speedup_cell(g: dict) -> str:
-    """A group's speed-up and its interval; where the mean curve has none: 'never' (it does not reach the
-    target), 'baseline never' (it does and the baseline does not) or 'at start' (it is there before training)."""
-    from treegrpo_cli.report.compare_page import speedup_text
+    """A group's speed-up and its interval, or why it has none (compare_page.speedup_cell; 'never': no reach)."""
+    from treegrpo_cli.report.compare_page import speedup_cell as cell
 
-    t = g.get("curve_to_target", g.get("curve_minutes_to_target"))
-    none = "never" if t is None else "at start" if t == 0 else "baseline never"
-    return speedup_text(g["speedup"], g.get("speedup_low"), g.get("speedup_high"), none=none)
+    at = g.get("curve_to_target", g.get("curve_minutes_to_target"))
+    return cell(g["speedup"], g.get("speedup_low"), g.get("speedup_high"), at, never="never")
 
 
 def per_label(result: dict, key: str) -> dict[str, list[float]]:

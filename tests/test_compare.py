@@ -216,6 +216,9 @@ def test_speedup_interval_counts_draws_that_never_reach_the_target():
     assert compare_page.speedup_text(None, 0.0, 1.2, none="never reaches it") == "never reaches it (never-1.20)"
     assert compare_page.speedup_text(None, 0.0, 0.0, none="never") == "never"
     assert compare_page.speedup_text(None, None, None) == "-"
+    assert compare_page.speedup_cell(None, None, None, None) == "-"  # the time-to-target column says never
+    assert compare_page.speedup_cell(None, None, None, 9.1) == "baseline never"
+    assert compare_page.speedup_cell(None, None, None, 0.0) == "at start"
 
 
 def test_a_group_without_heldout_evaluations_has_no_speedup_interval(runs, tmp_path):

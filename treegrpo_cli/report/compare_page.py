@@ -136,8 +136,17 @@ def speedup_text(speedup: float | None, low: float | None, high: float | None, n
     return (none if speedup is None else f"{speedup:.2f}x") + spread
 
 
+def speedup_cell(
+    speedup: float | None, low: float | None, high: float | None, reached_at: float | None, never: str = "-"
+) -> str:
+    """speedup_text where a group's mean curve has no speed-up: `never` when it does not reach the target,
+    'baseline never' when it does and the baseline does not, 'at start' when it is there before training."""
+    none = never if reached_at is None else "at start" if reached_at == 0 else "baseline never"
+    return speedup_text(speedup, low, high, none=none)
+
+
 def _speedup(g: GroupStats) -> str:
-    return speedup_text(g.speedup, g.speedup_low, g.speedup_high)
+    return speedup_cell(g.speedup, g.speedup_low, g.speedup_high, g.curve_to_target)
 
 
 def table_rows(cmp: Comparison) -> list[list[str]]:
