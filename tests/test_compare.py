@@ -453,6 +453,18 @@ def test_gain_times_each_run_from_its_own_start(runs):
     assert json.loads(r.stdout)["measure"] == "gain"
 
 
+def test_a_baseline_that_never_reaches_a_fixed_target_gives_a_lower_bound(runs):
+    # flow-grpo's mean gain curve ends at 5 min on +0.35: +0.4 is beyond its runs; tree-grpo's (0, 0.2, 0.425 at
+    # 0, 0.5, 1) crosses +0.4 at 0.5 + 0.2 / 0.225 * 0.5 min, so its speed-up is more than 5 over that
+    cmp = compare.compare_runs(runs, baseline="flow-grpo", gain=True, target=0.4)
+    flow, tree = cmp.groups
+    assert flow.curve_to_target is None and flow.speedup_above is None and tree.speedup is None
+    assert tree.speedup_above == pytest.approx(5.0 / (0.5 + 0.2 / 0.225 * 0.5))
+    assert compare_page.table_rows(cmp)[1][5] == "> 5.29x"
+    reached = compare.compare_runs(runs, baseline="flow-grpo", gain=True, target=0.3)
+    assert all(g.speedup_above is None for g in reached.groups)  # the baseline reaches +0.3: a ratio, no bound
+
+
 def test_the_flops_axis_refuses_runs_that_did_not_count_them(runs):
     """The fixture's runs are written without `flops_total` (an older treegrpo): one line, no zero axis."""
     with pytest.raises(compare.TreegrpoError, match="no flops_total"):

@@ -496,6 +496,23 @@ def test_a_speedup_cell_tells_a_group_that_never_reaches_from_a_baseline_that_ne
     none = {"speedup": None, "speedup_low": None, "speedup_high": None}
     assert TABLES.speedup_cell({**none, "curve_to_target": None}) == "never"
     assert TABLES.speedup_cell({**none, "curve_to_target": 9.1}) == "baseline never"  # reached; the baseline not
+    assert TABLES.speedup_cell({**none, "curve_to_target": 9.1, "speedup_above": 12 / 9.1}) == "> 1.32x"
     assert TABLES.speedup_cell({**none, "curve_minutes_to_target": 0.0}) == "at start"
     g = {"speedup": 1.5, "speedup_low": 0.0, "speedup_high": 2.25, "curve_to_target": 4.0}
     assert TABLES.speedup_cell(g) == "1.50x (never-2.25)"
+
+
+def test_a_comparison_saved_without_the_lower_bound_gets_it_from_its_baseline_runs():
+    cmp = {
+        "target": 0.25,
+        "baseline": "dance-grpo",
+        "groups": [{"label": "dance-grpo", "curve_to_target": None}, {"label": "bmf", "curve_to_target": 4.0}],
+        "runs": [
+            {"label": "dance-grpo", "heldout_curve": [[0, 0.0], [10.0, 0.2]]},
+            {"label": "dance-grpo", "heldout_curve": [[0, 0.0], [12.0, 0.1]]},  # the later end: 12 / 4
+            {"label": "bmf", "heldout_curve": [[0, 0.0], [4.0, 0.3]]},
+        ],
+    }
+    TABLES.fill_bounds(cmp)
+    assert cmp["groups"][1]["speedup_above"] == 3.0 and "speedup_above" not in cmp["groups"][0]
+    assert TABLES.speedup_cell({"speedup": None, **cmp["groups"][1]}) == "> 3.00x"

@@ -113,6 +113,7 @@ class GroupStats:
     speedup_low: float | None = None  # 95% interval over seeds drawn again (0: never reaches it)
     speedup_high: float | None = None
     speedup_reach: float | None = None  # share of those draws that reach the target
+    speedup_above: float | None = None  # the baseline never reaches it: its curve's end / this group's time
 
 
 @dataclass
@@ -405,6 +406,8 @@ def compare_runs(
             own = [curves[id(r)] for r in groups[g.label] if curves[id(r)]]
             if g.label != baseline and own and (spread := speedup_interval(base_curves, own, given)):
                 g.speedup_low, g.speedup_high, g.speedup_reach = spread
+    elif baseline is not None and base is None and target is not None:
+        lower_bounds(stats, baseline, [curves[id(r)] for r in groups[baseline]])
     return Comparison(
         target,
         baseline,
@@ -415,6 +418,20 @@ def compare_runs(
         weights="raw" if raw else "default",
         warnings=repeated_seeds(groups),
     )
+
+
+def lower_bounds(stats: list[GroupStats], baseline: str, base_curves: list[list[tuple[float, float]]]) -> None:
+    """speedup_above of every group but the baseline, whose mean curve never reaches the target."""
+    for g in stats:
+        if g.label != baseline:
+            g.speedup_above = speedup_above(base_curves, g.curve_to_target)
+
+
+def speedup_above(base_curves: list[list[tuple[float, float]]], t: float | None) -> float | None:
+    """A baseline whose mean curve never reaches the target would reach it, if ever, after its curves' end: a
+    group that reaches it at t > 0 is more than end / t times faster (None: it does not, or no curve)."""
+    end = max((c[-1][0] for c in base_curves if c), default=0.0)
+    return end / t if t and end > 0 else None
 
 
 def measured(r: RunStats, gain: bool) -> list[tuple[float, float]]:

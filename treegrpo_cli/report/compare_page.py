@@ -137,16 +137,27 @@ def speedup_text(speedup: float | None, low: float | None, high: float | None, n
 
 
 def speedup_cell(
-    speedup: float | None, low: float | None, high: float | None, reached_at: float | None, never: str = "-"
+    speedup: float | None,
+    low: float | None,
+    high: float | None,
+    reached_at: float | None,
+    never: str = "-",
+    above: float | None = None,
 ) -> str:
     """speedup_text where a group's mean curve has no speed-up: `never` when it does not reach the target,
-    'baseline never' when it does and the baseline does not, 'at start' when it is there before training."""
-    none = never if reached_at is None else "at start" if reached_at == 0 else "baseline never"
+    '> 1.32x' when it does and the baseline does not within its runs (`above`, a lower bound; 'baseline never'
+    without one), 'at start' when it is there before training."""
+    if reached_at is None:
+        none = never
+    elif reached_at == 0:
+        none = "at start"
+    else:
+        none = f"> {above:.2f}x" if above else "baseline never"
     return speedup_text(speedup, low, high, none=none)
 
 
 def _speedup(g: GroupStats) -> str:
-    return speedup_cell(g.speedup, g.speedup_low, g.speedup_high, g.curve_to_target)
+    return speedup_cell(g.speedup, g.speedup_low, g.speedup_high, g.curve_to_target, above=g.speedup_above)
 
 
 def table_rows(cmp: Comparison) -> list[list[str]]:
@@ -226,7 +237,8 @@ def page(cmp: Comparison, pngs: dict[str, bytes]) -> str:
         f"<p>axis: {html.escape(AXES[cmp.axis][1])}; "
         f"target held-out {cmp.measure}: {html.escape(target)}; baseline: {html.escape(cmp.baseline or 'none')}. "
         "Mean ± sample standard deviation over seeds; speed-up intervals: 95% of the speed-ups with both "
-        "groups' seeds drawn again with replacement (never: draws that do not reach the target).</p>\n"
+        "groups' seeds drawn again with replacement (never: draws that do not reach the target); &gt; 1.32x: a "
+        "lower bound, where the baseline does not reach the target within its runs.</p>\n"
         f"{warnings}{_html_table(cmp)}\n<h2>Reward against time, cost against reward, tied groups</h2>\n"
         f'<div class="plots">{images}</div>\n'
         f"<h2>Latest samples</h2>\n{_samples_html(cmp)}\n</body></html>\n"
