@@ -25,8 +25,9 @@ value after its end). Speed-up: the baseline group's mean-curve time over a grou
 a rerun's speed-up is expected in: the whole computation redone on seeds drawn again with replacement
 from both groups (every draw of n of n seeds when there are few, else 4096 fixed random ones; the target
 drawn again with the baseline unless --target fixes it), and the 2.5th and 97.5th percentiles of those
-speed-ups, 0 standing for a draw that never reaches the target. Other spreads over seeds: the sample
-standard deviation (0 with one run).
+speed-ups, 0 standing for a draw that never reaches the target. Where the baseline's mean curve never
+reaches the target, a group's that does has a lower bound instead: the end of the baseline's curves over the
+group's time. Other spreads over seeds: the sample standard deviation (0 with one run).
 """
 
 from __future__ import annotations
