@@ -40,7 +40,7 @@ def reward_plot(cmp: Comparison):
         curves = [measured(r, gain) for r in cmp.runs if r.label == g.label and r.heldout_curve]
         bands[g.label] = mean_band(curves, common_grid(curves)) if curves else ([], [], [], [])
         marks[g.label] = [p for c in curves for p in c]
-    label = f"target {cmp.target:.4g}" if cmp.target is not None else ""
+    label = f"target {cmp.target:{'+.3f' if gain else '.3f'}}" if cmp.target is not None else ""
     what = "held-out gain" if gain else "held-out reward"
     unit = AXES[cmp.axis][0]
     return band_chart(
