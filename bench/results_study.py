@@ -124,7 +124,7 @@ def methods_table(result: dict) -> str:
     for g in cmp["groups"]:
         old, new, sec = PAPERS.get(g["label"], ("-", "-", "-"))
         r = raw.get(g["label"])
-        minutes = g.get("curve_to_target", g.get("curve_minutes_to_target"))
+        minutes = tables.reached_at(g)
         raw_cells = f"| {pm(r['gain'], '+.3f')} | {tables.speedup_cell(r)} " if r else ""
         rows.append(
             f"| `{g['label']}` | {pm(g['forward_nfe_per_sample'], '.2f')} ({old}) "

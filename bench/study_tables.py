@@ -153,20 +153,26 @@ def fill_bounds(cmp: dict) -> None:
     from treegrpo_cli.report.compare import speedup_above
 
     base = next((g for g in cmp["groups"] if g["label"] == cmp["baseline"]), None)
-    if base is None or cmp.get("target") is None or base.get("curve_to_target") is not None:
+    if base is None or cmp.get("target") is None or reached_at(base) is not None:
         return
     curves = [[tuple(p) for p in r["heldout_curve"]] for r in cmp["runs"] if r["label"] == cmp["baseline"]]
     for g in cmp["groups"]:
         if g is not base and "speedup_above" not in g:
-            g["speedup_above"] = speedup_above(curves, g.get("curve_to_target"))
+            g["speedup_above"] = speedup_above(curves, reached_at(g))
+
+
+def reached_at(g: dict) -> float | None:
+    """A group's mean-curve time to the target (older results files name it curve_minutes_to_target)."""
+    return g.get("curve_to_target", g.get("curve_minutes_to_target"))
 
 
 def speedup_cell(g: dict) -> str:
     """A group's speed-up and its interval, or why it has none (compare_page.speedup_cell; 'never': no reach)."""
     from treegrpo_cli.report.compare_page import speedup_cell as cell
 
-    at = g.get("curve_to_target", g.get("curve_minutes_to_target"))
-    return cell(g["speedup"], g.get("speedup_low"), g.get("speedup_high"), at, "never", g.get("speedup_above"))
+    return cell(
+        g["speedup"], g.get("speedup_low"), g.get("speedup_high"), reached_at(g), "never", g.get("speedup_above")
+    )
 
 
 def per_label(result: dict, key: str) -> dict[str, list[float]]:
