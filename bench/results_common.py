@@ -57,15 +57,20 @@ def comparison(d: dict) -> SimpleNamespace:
 
 
 def plot(images: dict, name: str, cmp: dict, alt: str, labels: list[str] | None = None) -> str:
-    """The held-out curves of a results file's comparison, of the groups `labels` names (all when None)."""
+    """The held-out curves of a results file's comparison, of the groups `labels` names in its order (all, in the
+    file's order, when None): a group's colour is its place, so a baseline listed first keeps its colour."""
     from treegrpo_cli.report.compare import Comparison
     from treegrpo_cli.report.compare_page import reward_plot
 
-    if labels is not None:
-        cmp = {**cmp, "groups": [g for g in cmp["groups"] if g["label"] in labels]}
-        cmp["runs"] = [r for r in cmp["runs"] if r["label"] in labels]
+    cmp = cmp if labels is None else shown(cmp, labels)
     images[name] = reward_plot(cast(Comparison, comparison(cmp)))  # a namespace of what it reads
     return f"![{alt}](results/{name})\n"
+
+
+def shown(cmp: dict, labels: list[str]) -> dict:
+    """A saved comparison cut to the groups and runs `labels` names, its groups in the order of `labels`."""
+    groups = sorted((g for g in cmp["groups"] if g["label"] in labels), key=lambda g: labels.index(g["label"]))
+    return {**cmp, "groups": groups, "runs": [r for r in cmp["runs"] if r["label"] in labels]}
 
 
 def command(cmd: str) -> str:

@@ -197,6 +197,7 @@ def adaptive(src: Sources, images: dict) -> str:
                 + gain_plots(images, plan, r, world)
                 + tied_plots(images, plan, r, world)
             )
+        parts += [against(src.json(n)) for n in sorted(have) if n.startswith(f"study-{plan}-vs-")]
     ties = sorted(src.names("tie_prediction*.md"), key=lambda n: (n != "tie_prediction.md", n))  # the study's first
     if ties:
         parts.append(
@@ -210,6 +211,12 @@ def adaptive(src: Sources, images: dict) -> str:
             "(`--plan adaptive-lr`, `adaptive`, `adaptive-video-lr`, `adaptive-video`).\n"
         )
     return "".join(parts)
+
+
+def against(r: dict) -> str:
+    """A plan's runs timed against another of its labels (--baseline): the speed-up table only, the rest is the
+    plan's own."""
+    return f"\nThe same runs timed against `{r['baseline']}` (`{r['command']}`):\n\n" + tables.table(r)
 
 
 def chart_groups(labels: list[str], baseline: str) -> tuple[tuple[str, str, list[str]], ...]:

@@ -69,3 +69,35 @@ def test_the_adaptive_charts_show_each_budget_beside_what_it_adds_to():
         ["branch-mix-flow", "tree-grpo/budget", "tree-grpo", "tree-grpo@lr1e-4"],
     )
     assert rules[2] == ["branch-mix-flow", "dance-grpo", "tree-grpo", "tree-grpo@lr1e-4", "branch-mix-flow/x"]
+
+
+def test_a_chart_draws_its_groups_in_the_order_it_names_them():
+    """A group's colour is its place: the baseline named first is drawn first whatever the file's order."""
+    _results_page()  # bench/ on the path
+    import results_common
+
+    cmp = {
+        "groups": [{"label": "branch-mix-flow"}, {"label": "tree-grpo"}, {"label": "dance-grpo"}],
+        "runs": [{"label": "branch-mix-flow", "seed": 0}, {"label": "tree-grpo", "seed": 0}],
+    }
+    cut = results_common.shown(cmp, ["tree-grpo", "dance-grpo"])
+    assert [g["label"] for g in cut["groups"]] == ["tree-grpo", "dance-grpo"]
+    assert cut["runs"] == [{"label": "tree-grpo", "seed": 0}]
+    assert [g["label"] for g in cmp["groups"]] == ["branch-mix-flow", "tree-grpo", "dance-grpo"]  # not changed
+
+
+def test_a_plan_timed_against_another_of_its_labels_gets_its_own_table():
+    import gzip
+    import json
+
+    _results_page()  # bench/ on the path
+    import results_study as study
+
+    r = json.loads(gzip.decompress((ROOT / "bench" / "results" / "study-adaptive.json.gz").read_bytes()))
+    md = study.against({**r, "baseline": "dance-grpo", "command": "python bench/study.py --baseline dance-grpo"})
+    assert md.startswith("\nThe same runs timed against `dance-grpo` (`python bench/study.py --baseline dance-grpo`)")
+    rows = [line.split(" | ")[0].strip("| ") for line in md.splitlines() if line.startswith("| ") and "---" not in line]
+    assert rows[1:] == [g["label"] for g in r["flops"]["groups"]]  # one row a variant, under the header
+    text, _, read = _results_page().page()
+    for name in (n for n in read if n.startswith("study-adaptive") and "-vs-" in n):
+        assert f"timed against `{name.split('-vs-')[1].removesuffix('.json.gz')}`" in text
