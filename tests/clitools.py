@@ -1,12 +1,16 @@
-"""Helpers the tests share: invoke `treegrpo` in-process or as processes, check one-line errors, snapshot a
-folder, write small image folders, compare metrics rows."""
+"""Helpers the tests share: invoke `treegrpo` in-process or as processes, check one-line errors and refusals
+that leave their inputs as they were, snapshot a folder, write small image folders (and a decompression bomb's
+header), compare metrics rows."""
 
 import hashlib
 import json
 import os
 import re
+import stat
+import struct
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 from typer.testing import CliRunner
@@ -82,6 +86,48 @@ def snapshot(root: Path) -> dict[str, str]:
             else:
                 out[key] = hashlib.sha1(p.read_bytes()).hexdigest()
     return out
+
+
+def entry(path: Path):
+    """One path as it is: a link (its target, never followed), a folder, a file's sha1, or another kind."""
+    if path.is_symlink():
+        return ("link", os.readlink(path))
+    if path.is_dir():
+        return "dir"
+    if path.is_file():
+        return hashlib.sha1(path.read_bytes()).hexdigest()
+    return ("special", stat.S_IFMT(path.lstat().st_mode)) if os.path.lexists(path) else None
+
+
+def state(path: Path):
+    """What a refused command must leave as it was: everything under a folder (as snapshot, but links and FIFOs
+    are recorded, not read), or one path."""
+    if path.is_dir() and not path.is_symlink():
+        return {str(p.relative_to(path)): entry(p) for p in sorted(path.rglob("*"))}
+    return entry(path)
+
+
+def refused(args: list, needles: list[str], *watch: Path):
+    """Run `treegrpo args`: one line with every needle, no traceback, and every watched path unchanged."""
+    before = [state(p) for p in watch]
+    r = run(*args)
+    one_line_error(r, *needles)
+    assert "Traceback" not in r.output and "this is a bug" not in r.stderr  # bad input, not an internal error
+    assert [state(p) for p in watch] == before, "a refused command changed its inputs or something outside"
+    return r
+
+
+def bomb_png(path: Path, width: int = 20000, height: int = 20000) -> Path:
+    """A PNG whose header claims width x height pixels (its data is one row: a decompression bomb's header)."""
+
+    def chunk(tag: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data) & 0xFFFFFFFF)
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    body = chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\x00" * (1 + 3 * width))) + chunk(b"IEND", b"")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + body)
+    return path
 
 
 def write_pngs(folder: Path, n: int, seed: int = 0, size: int = 8) -> Path:

@@ -1,4 +1,4 @@
-"""Bad values, as a hostile user types them (issue 32, part C): counts that scale work have a stated
+"""Bad values, as a hostile user types them: counts that scale work have a stated
 maximum checked in closed form before any work; values that cannot mean anything are refused;
 config and prompt files that are not regular files say so; typer's own errors are one line; a run
 name is a name, not a path. Every case exits non-zero with one line on stderr, no traceback, within

@@ -8,11 +8,10 @@ import json
 import os
 import shutil
 import struct
-import zlib
 from pathlib import Path
 
 import pytest
-from clitools import PIXEL, one_line_error, run
+from clitools import PIXEL, bomb_png, one_line_error, run
 from PIL import Image
 
 from treegrpo_cli.errors import TreegrpoError
@@ -27,19 +26,6 @@ DEEP = "[" * 100_000 + "]" * 100_000
 def png(path: Path, size: int = 8, level: int = 90) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     Image.new("RGB", (size, size), (level, 255 - level, 30)).save(path)
-    return path
-
-
-def bomb_png(path: Path, width: int, height: int) -> Path:
-    """A PNG whose header claims width x height pixels (its data is one row)."""
-
-    def chunk(tag: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data) & 0xFFFFFFFF)
-
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    body = chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\x00" * (1 + 3 * width))) + chunk(b"IEND", b"")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(b"\x89PNG\r\n\x1a\n" + body)
     return path
 
 
