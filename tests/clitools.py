@@ -6,11 +6,13 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import stat
 import struct
 import subprocess
 import sys
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 from typer.testing import CliRunner
@@ -45,6 +47,8 @@ def one_line_error(result, *needles):
 
 
 PIXEL = ["--set", 'model="pixel-tiny"']  # the smallest built-in model: 8x8 pixels, one block
+# `treegrpo diversity` at its cheapest: pixel features, two KID subsets, no permutation test
+DIV = ["--features", "pixels", "--kid-subsets", 2, "--permutations", 0, "--by-image"]
 
 
 def treegrpo(*args, nproc: int = 1, timeout: float = 240, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -115,6 +119,18 @@ def refused(args: list, needles: list[str], *watch: Path):
     assert "Traceback" not in r.output and "this is a bug" not in r.stderr  # bad input, not an internal error
     assert [state(p) for p in watch] == before, "a refused command changed its inputs or something outside"
     return r
+
+
+def copy_trees(world: Path, tmp_path: Path, name: str = "trees") -> Path:
+    folder = tmp_path / name
+    shutil.copytree(world / name, folder)
+    return folder
+
+
+def edit_json(path: Path, fn: Callable[[dict], object]) -> None:
+    d = json.loads(path.read_text())
+    fn(d)
+    path.write_text(json.dumps(d))
 
 
 def bomb_png(path: Path, width: int = 20000, height: int = 20000) -> Path:

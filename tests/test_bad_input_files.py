@@ -15,11 +15,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from clitools import PIXEL, refused, run
+from clitools import DIV, PIXEL, copy_trees, edit_json, refused, run
 
 pytestmark = pytest.mark.slow  # end-to-end: `pytest -m "not slow"` leaves this file out
-
-DIV = ["--features", "pixels", "--kid-subsets", 2, "--permutations", 0, "--by-image"]
 
 
 @pytest.fixture(scope="module")
@@ -33,18 +31,6 @@ def world(tmp_path_factory):
     r = run("train", *PIXEL, "--preset", "branch", "--iterations", 1, "--run-dir", d / "run")
     assert r.exit_code == 0, r.output
     return d
-
-
-def copy_trees(world: Path, tmp_path: Path, name: str = "trees") -> Path:
-    folder = tmp_path / name
-    shutil.copytree(world / name, folder)
-    return folder
-
-
-def edit_json(path: Path, fn: Callable[[dict], object]) -> None:
-    d = json.loads(path.read_text())
-    fn(d)
-    path.write_text(json.dumps(d))
 
 
 def sha(path: Path) -> str:

@@ -1,24 +1,19 @@
 """Hostile image folders and output folders: a prompt map's names stay inside its folder, images are
 size-checked from their headers before anything is decoded, a set is never compared with itself, eval's options
-are checked before a model generates, and outputs never land in someone else's non-empty folder.
-
-Every refusal: a non-zero exit, exactly one line on stderr, no traceback, and nothing it was given (or
-anything outside it) changed, created or deleted."""
+are checked before a model generates, and outputs never land in someone else's non-empty folder. Each refusal
+is clitools.refused: one line, no traceback, its inputs and their surroundings left as they were."""
 
 from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from clitools import PIXEL, bomb_png, refused, run, write_pngs
+from clitools import DIV, PIXEL, bomb_png, copy_trees, edit_json, refused, run, write_pngs
 from PIL import Image
 
 pytestmark = pytest.mark.slow  # end-to-end: `pytest -m "not slow"` leaves this file out
-
-DIV = ["--features", "pixels", "--kid-subsets", 2, "--permutations", 0, "--by-image"]
 
 
 @pytest.fixture(scope="module")
@@ -31,18 +26,6 @@ def world(tmp_path_factory):
     write_pngs(d / "imgs", 3)
     write_pngs(d / "imgs2", 3, seed=5)
     return d
-
-
-def copy_trees(world: Path, tmp_path: Path, name: str = "trees") -> Path:
-    folder = tmp_path / name
-    shutil.copytree(world / name, folder)
-    return folder
-
-
-def edit_json(path: Path, fn: Callable[[dict], object]) -> None:
-    d = json.loads(path.read_text())
-    fn(d)
-    path.write_text(json.dumps(d))
 
 
 # --- eval --images: the prompt map's names confined to the folder ------------------------------
