@@ -76,24 +76,9 @@ def close(rows_a, rows_b, tol=1e-5):
                 assert a[k] == b[k], (a["iteration"], k)
 
 
-def snapshot(root: Path) -> dict[str, str]:
-    """{relative path: content digest, 'dir' or 'link -> target'} of everything under root (links not followed)."""
-    out = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in sorted(dirnames + filenames):
-            p = Path(dirpath) / name
-            key = str(p.relative_to(root))
-            if p.is_symlink():
-                out[key] = "link -> " + os.readlink(p)
-            elif p.is_dir():
-                out[key] = "dir"
-            else:
-                out[key] = hashlib.sha1(p.read_bytes()).hexdigest()
-    return out
-
-
 def entry(path: Path):
-    """One path as it is: a link (its target, never followed), a folder, a file's sha1, or another kind."""
+    """One path as it is: a link (its target, never followed), a folder, a file's sha1, or another kind (a FIFO or
+    socket: recorded, never read)."""
     if path.is_symlink():
         return ("link", os.readlink(path))
     if path.is_dir():
@@ -103,12 +88,19 @@ def entry(path: Path):
     return ("special", stat.S_IFMT(path.lstat().st_mode)) if os.path.lexists(path) else None
 
 
+def snapshot(root: Path) -> dict:
+    """{relative path: entry} of everything under root (links recorded, not followed)."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in sorted(dirnames + filenames):
+            p = Path(dirpath) / name
+            out[str(p.relative_to(root))] = entry(p)
+    return out
+
+
 def state(path: Path):
-    """What a refused command must leave as it was: everything under a folder (as snapshot, but links and FIFOs
-    are recorded, not read), or one path."""
-    if path.is_dir() and not path.is_symlink():
-        return {str(p.relative_to(path)): entry(p) for p in sorted(path.rglob("*"))}
-    return entry(path)
+    """What a refused command must leave as it was: the snapshot of a folder, or one path's entry."""
+    return snapshot(path) if path.is_dir() and not path.is_symlink() else entry(path)
 
 
 def refused(args: list, needles: list[str], *watch: Path):
