@@ -1,6 +1,7 @@
 """What a practitioner expects of any command-line tool: a version that says what runs, shell completion, one place
 that lists the environment variables, and a rollout that says when it repeats prompts."""
 
+import json
 import re
 from pathlib import Path
 
@@ -80,7 +81,11 @@ def test_rollout_names_leaves_by_prompt_and_says_when_it_repeats_prompts(tmp_pat
     assert sorted(q.name for q in (tmp_path / "once" / "images").iterdir()) == [
         *(f"p00-a-red-circle-leaf{k:02d}.png" for k in range(3)),
         *(f"p01-a-blue-square-leaf{k:02d}.png" for k in range(3)),
+        "prompts.json",  # the map `eval --images` reads
     ]
+    assert json.loads((tmp_path / "once" / "images" / "prompts.json").read_text())["p01-a-blue-square-leaf02.png"] == (
+        "a blue square"
+    )
     r = run("rollout", *PIXEL, "--prompts", p, "-n", 6, "--out", tmp_path / "thrice", "--save-images")
     assert r.exit_code == 0, r.output
     notes = [line for line in r.stderr.splitlines() if line.startswith("note:")]
@@ -88,5 +93,5 @@ def test_rollout_names_leaves_by_prompt_and_says_when_it_repeats_prompts(tmp_pat
         "note: 6 trees of 2 distinct prompts: each is rolled out in up to 3 trees "
         "(6 prompts drawn from the 2 given cycle them)"
     ]
-    names = sorted(q.name for q in (tmp_path / "thrice" / "images").iterdir())
+    names = sorted(q.name for q in (tmp_path / "thrice" / "images").iterdir() if q.suffix == ".png")
     assert len(names) == 18 and names[-1] == "p01-a-blue-square-leaf08.png"

@@ -105,6 +105,8 @@ def test_a_header_trickle_is_cut_at_the_request_deadline_not_per_read(server):
 def test_more_connections_than_the_cap_get_503_not_a_hang(server, monkeypatch):
     port = server.server_address[1]
     held = [socket.create_connection(("127.0.0.1", port)) for _ in range(remote.MAX_CONNECTIONS)]
+    for s in held:  # past their headers (idle ones would be cut for the newcomer: test_hostile_inputs_round3.py)
+        s.sendall(b"POST /score HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n")
     time.sleep(0.2)
     try:
         with pytest.raises(urllib.error.HTTPError) as e:

@@ -1,6 +1,15 @@
 """User-facing errors: the CLI turns each into one line on stderr and a non-zero exit."""
 
 
+def shown(value: object, limit: int = 200) -> str:
+    """A value read from a file or the command line, for an error line: its repr, cut short (a list of more
+    than `limit` entries is named by its size, not echoed)."""
+    if isinstance(value, (list, dict, tuple, set)) and len(value) > limit:
+        return f"{type(value).__name__} of {len(value):,} entries"
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 class TreegrpoError(Exception):
     """Bad input or a broken file; the message is one line meant for the user."""
 
@@ -20,6 +29,14 @@ class CorruptFileError(TreegrpoError):
 class DiskFullError(TreegrpoError):
     """A write that found no space left on its disk (ENOSPC, or a quota): one line naming the folder."""
 
+    def __init__(self, what: str, then: str = "run the command again"):
+        super().__init__(f"{what}; free some space and {then}")
+        self.what = what
+
+    def then(self, advice: str) -> "DiskFullError":
+        """The same line with the command's own advice for after the space is freed."""
+        return DiskFullError(self.what, advice)
+
 
 def no_space(e: BaseException) -> bool:
     """Is this exception a full disk (or quota), however a library wrapped it?"""
@@ -31,8 +48,9 @@ def no_space(e: BaseException) -> bool:
     return "No space left on device" in text or "Disk quota exceeded" in text
 
 
-def disk_full(folder: object, need: int | None = None) -> DiskFullError:
-    """The one line of a write to `folder` that found its disk full; `need`: the bytes being written."""
+def disk_full(folder: object, need: int | None = None, then: str = "run the command again") -> DiskFullError:
+    """The one line of a write to `folder` that found its disk full; `need`: the bytes being written; `then`:
+    what to do once there is space (the command's own advice: a run says how it resumes)."""
     import shutil
     from pathlib import Path
 
@@ -44,7 +62,4 @@ def disk_full(folder: object, need: int | None = None) -> DiskFullError:
         known.append(f"{shutil.disk_usage(place).free / 1e6:,.1f} MB free")
     except OSError:
         pass
-    return DiskFullError(
-        f"{folder}: no space left on its disk{' (' + ', '.join(known) + ')' if known else ''}; free some space "
-        "and run the command again (a run goes on with --resume from its last checkpoint, which is intact)"
-    )
+    return DiskFullError(f"{folder}: no space left on its disk{' (' + ', '.join(known) + ')' if known else ''}", then)

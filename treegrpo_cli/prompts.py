@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .errors import TreegrpoError
-from .store.safeio import loads_json, read_regular
+from .store.safeio import loads_json, read_text
 
 DATA = Path(__file__).parent / "data"
 DEFAULT_PROMPTS = DATA / "prompts.txt"
@@ -28,11 +28,7 @@ def load_prompts(path: Path | str | None = None) -> list[str]:
     if path is None or str(path) in BUILTIN:
         path = BUILTIN[str(path or "default")]
     path = Path(path)
-    raw = read_regular(path, "prompts file")
-    try:
-        text = raw.decode("utf-8-sig")  # a byte-order mark is not part of the first prompt
-    except UnicodeDecodeError:
-        raise TreegrpoError(f"{path}: not a UTF-8 text file") from None
+    text = read_text(path, "prompts file")  # a byte-order mark is not part of the first prompt
     if path.suffix == ".jsonl":
         prompts = [_jsonl_prompt(line, path, n) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
     else:

@@ -135,8 +135,8 @@ def guarded() -> Iterator[None]:
         yield
     except TreegrpoError as e:
         fail(str(e), e.exit_code)
-    except KeyboardInterrupt:
-        fail("interrupted", 130)
+    except KeyboardInterrupt as e:
+        fail("interrupted", getattr(e, "exit_code", 130))
     except PASS_THROUGH:
         raise
     except Exception as e:
@@ -221,6 +221,14 @@ def parse_numbers(text: str, option: str) -> list[float]:
     if not all(math.isfinite(v) for v in values):
         raise TreegrpoError(f"{option} must be finite numbers, got {text!r}")
     return values
+
+
+class Signalled(KeyboardInterrupt):
+    """SIGTERM or SIGINT where a command stops at once: "interrupted", with the shell's exit code (128 + it)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.exit_code = 128 + signum
 
 
 @contextmanager

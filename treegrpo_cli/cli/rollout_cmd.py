@@ -86,9 +86,7 @@ def rollout(
     with guarded():
         device = resolve_device(device)
         check_writable_dir(out, "--out")
-        check_own_dir(
-            out, "--out", lambda p: (p / "index.json").is_file(), "a treegrpo tree folder (it has no index.json)"
-        )
+        check_own_dir(out, "--out", _own_folder, "a treegrpo tree folder (it has no index.json)")
         sets = list(set_ or [])
         sets += [f"seed={seed}"] if seed is not None else []
         sets += [f"model={json.dumps(model)}"] if model else []
@@ -120,6 +118,13 @@ def rollout(
             f"wrote {summary['trees']} trees ({summary['leaves_per_tree']} leaves each, "
             f"{summary['nfe_per_tree']:.0f} model evaluations per tree) to {summary['out']}"
         )
+
+
+def _own_folder(path: Path) -> bool:
+    """A tree folder, or what a rollout killed at its first write left (its temporary files)."""
+    from ..store.shards import LEFTOVERS, TEMP
+
+    return (path / "index.json").is_file() or all(p.name in LEFTOVERS or TEMP.match(p.name) for p in path.iterdir())
 
 
 def repeats_note(summary: dict) -> str | None:

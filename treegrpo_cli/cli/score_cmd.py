@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from .common import DEVICE_HELP, err, guarded, parse_numbers, print_json, progress_bar
+from .common import DEVICE_HELP, command_line, err, guarded, parse_numbers, print_json, progress_bar
 
 
 def score(
@@ -76,7 +76,7 @@ def score(
         sets += [f"reward.combine={json.dumps(combine)}"] if combine else []
         sets += [f"reward.options={json.dumps(list(reward_opt))}"] if reward_opt else []
         sets += [f"advantage.estimator={json.dumps(estimator)}"] if estimator else []
-        req = ScoreRequest(trees, sets, iteration, max_iterations, device=device)
+        req = ScoreRequest(trees, sets, iteration, max_iterations, device=device, command=command_line())
         with progress_bar() as bar:
             summary = run_score(req, bar)
     if json_:

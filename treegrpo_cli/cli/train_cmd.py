@@ -15,9 +15,11 @@ import typer
 from rich.table import Table
 
 from ..errors import ConfigError, TreegrpoError
+from ..store import faults
 from .common import (
     DEVICE_HELP,
     MODEL_PANEL,
+    Signalled,
     command_line,
     device_notes,
     err,
@@ -231,21 +233,35 @@ def train(
     if nproc_per_node > 1 and "RANK" not in os.environ:
         _relaunch(nproc_per_node)
     stop: dict = {}
-    with guarded():
-        _refuse_ignored(trees, resume, iterations, preset, config, prompts)
-        device = resolve_device(device)
-        sets = _sets(set_, model, reward, weights, iterations, seed, max_batch, reward_opt)
-        sets += [f"rollout.num_prompts={num_prompts}"] if num_prompts else []
-        sets += policy_sets(revision, finetune, lora_rank, lora_alpha, lora_targets, dtype, gradient_checkpointing)
-        sets += _log_sets(log)
-        if trees is not None:
-            if "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-                raise TreegrpoError("train --trees makes one update in one process; run it without --nproc-per-node")
-            summary = _staged(trees, run_dir, sets, device)
-        else:
-            summary = _online(preset or DEFAULT_PRESET, config, sets, prompts, run_dir, resume, device, stop)
-    if summary:  # other ranks of a data-parallel run return none
-        _report(summary, json_)
+    with on_stop_signals(partial(_outside_loop, stop)):  # the loop installs its own; this covers the rest
+        with guarded():
+            _refuse_ignored(trees, resume, iterations, preset, config, prompts)
+            device = resolve_device(device)
+            sets = _sets(set_, model, reward, weights, iterations, seed, max_batch, reward_opt)
+            sets += [f"rollout.num_prompts={num_prompts}"] if num_prompts else []
+            sets += policy_sets(revision, finetune, lora_rank, lora_alpha, lora_targets, dtype, gradient_checkpointing)
+            sets += _log_sets(log)
+            if trees is not None:
+                if "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+                    raise TreegrpoError(
+                        "train --trees makes one update in one process; run it without --nproc-per-node"
+                    )
+                summary = _staged(trees, run_dir, sets, device)
+            else:
+                summary = _online(preset or DEFAULT_PRESET, config, sets, prompts, run_dir, resume, device, stop)
+            faults.point("train.summary")
+            if summary:  # other ranks of a data-parallel run return none
+                _report(summary, json_)
+        _ending(summary, stop)
+
+
+def _ending(summary: dict, stop: dict) -> None:
+    """The last lines of a run a signal reached: stopped early (its resume command, the signal's exit code), or
+    complete when the signal came too late to stop it."""
+    late = stop.get("late") or stop.get("signal")
+    if late and summary and not summary.get("stopped_early"):
+        name = signal.Signals(late).name
+        err.print(f"{name} came too late to stop the run before its last iteration: it is complete, every file written")
     if summary.get("stopped_early"):
         err.print(
             f"stopped early after {summary['iterations']} iterations (saved in the last checkpoint); "
@@ -255,6 +271,14 @@ def train(
             soft_wrap=True,
         )
         raise typer.Exit(STOP_CODES.get(int(stop.get("signal") or signal.SIGTERM), 143))
+
+
+def _outside_loop(stop: dict, signum: int, frame) -> None:
+    """SIGTERM or SIGINT outside the training loop's own handling: before it, the command stops at once (nothing
+    written yet); after it, while the summary is printed, the signal is noted and the finished run says so."""
+    if not stop.get("done"):
+        raise Signalled(signum)
+    stop.setdefault("late", signum)
 
 
 def _refuse_ignored(trees, resume, iterations, preset, config, prompts) -> None:
@@ -413,7 +437,9 @@ def _train_rank(req, train_loop, d, cfg, run, stop: dict, header: list[str]) -> 
 
     if not d.main:  # rank 0 speaks for the run; a signal to any rank stops them all after the iteration
         with graceful_stop(stop, quiet=True) as flag:
-            return train_loop(req, Hooks(should_stop=lambda: flag["stop"]))
+            summary = train_loop(req, Hooks(should_stop=lambda: flag["stop"]))
+            stop["done"] = True
+            return summary
     with graceful_stop(stop) as flag, progress_bar(quiet=("rollout", "score", "update", "iterations", "eval")) as bar:
 
         def note(message: str) -> None:
@@ -439,7 +465,9 @@ def _train_rank(req, train_loop, d, cfg, run, stop: dict, header: list[str]) -> 
         hooks = Hooks(
             progress=bar, on_row=on_row, on_eval=on_eval, should_stop=lambda: flag["stop"], note=note, started=started
         )
-        return train_loop(req, hooks)
+        summary = train_loop(req, hooks)
+        stop["done"] = True  # a signal from here on finds the run complete
+        return summary
 
 
 def _staged(trees: Path, run_dir, sets, device) -> dict:

@@ -10,13 +10,12 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
-import tomllib
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
 from ..models.base import DTYPE_NAMES
-from ..store.safeio import TooDeep, loads_toml, read_regular, shown
+from ..store.safeio import TooDeep, loads_toml, read_text, shown
 from .schema import SECTIONS, TOP_LEVEL, Config
 
 # the presets shipped inside the package (treegrpo_cli.presets), else the repository's presets/ folder
@@ -46,11 +45,11 @@ def preset_names() -> list[str]:
 
 def read_toml(path: Path) -> dict[str, Any]:
     path = Path(path)
-    raw = read_regular(path, "config file", ConfigError)
+    text = read_text(path, "config file", ConfigError)  # a byte-order mark (Windows editors) reads too
     try:
-        return loads_toml(raw.decode("utf-8-sig"))  # a byte-order mark (Windows editors) reads too
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path}: not valid TOML ({e})") from None
+        return loads_toml(text)
+    except ValueError as e:  # a TOMLDecodeError, or an integer of more than 4,300 digits
+        raise ConfigError(f"{path}: not valid TOML ({str(e)[:200]})") from None
 
 
 # --- composing -------------------------------------------------------------------------------
@@ -146,7 +145,7 @@ def parse_set(item: str) -> tuple[str, Any]:
         value = loads_toml(f"v = {raw}")["v"]
     except TooDeep as e:
         raise ConfigError(f"--set {shown(key)}: {e}") from None
-    except tomllib.TOMLDecodeError:
+    except ValueError:  # not a TOML literal (or an integer of more than 4,300 digits): a bare word
         value = raw
     if key not in set(_valid_keys()):
         raise _unknown(key)
@@ -170,6 +169,8 @@ def _coerce(cls: type, name: str, value: Any) -> Any:
 
 
 ALLOW_INF = {"tree.branch_s"}  # the one float key where inf means something (independent children)
+MAX_ENTRIES = 1000  # of a list value (no list of steps is longer than the 1,000 steps a sampler takes)
+MAX_CHARS = 4096  # of a string value (a path longer than this is no path on Linux)
 _TYPE_WORDS = {"int": "an integer", "float": "a number", "str": "a string", "bool": "true or false"}
 
 
@@ -205,10 +206,24 @@ def _check_value(key: str, typ: str, value: Any) -> None:
     base = typ.removesuffix(" | None")
     if not _type_ok(base, value):
         raise ConfigError(f"{key} must be {_describe(typ)}, got {shown(value)}")
+    _check_size(key, value)
     nums = value if isinstance(value, tuple) else (value,)
     for v in nums:
         if isinstance(v, float) and (math.isnan(v) or (math.isinf(v) and key not in ALLOW_INF)):
             raise ConfigError(f"{key} must be a finite number, got {shown(value)}")
+
+
+def _check_size(key: str, value: Any) -> None:
+    """A list or string of a size no setting takes is refused here, by its size: later checks quote what they
+    refuse, and a 2-million-entry list or a path longer than the system takes is never passed on."""
+    if isinstance(value, tuple) and len(value) > MAX_ENTRIES:
+        raise ConfigError(f"{key} has {len(value):,} entries, more than the maximum of {MAX_ENTRIES:,}")
+    texts = value if isinstance(value, tuple) else (value,)
+    for v in texts:
+        if isinstance(v, str) and len(v) > MAX_CHARS:
+            raise ConfigError(
+                f"{key}: {shown(v, 60)} is {len(v):,} characters long, more than the maximum of {MAX_CHARS:,}"
+            )
 
 
 def build(flat: dict[str, Any]) -> Config:
@@ -226,6 +241,8 @@ def build(flat: dict[str, Any]) -> Config:
     for k, typ in TOP_LEVEL.items():
         if k in top and not _type_ok(typ.__name__, top[k]):
             raise ConfigError(f"{k} must be {_TYPE_WORDS[typ.__name__]}, got {shown(top[k])}")
+        if k in top:
+            _check_size(k, top[k])
     return Config(**top, **sections).validate()
 
 
@@ -323,7 +340,7 @@ def for_model(tables: Any, model: str, source: str) -> dict[str, Any]:
     flat = {name: flatten(v) for name, v in tables.items()}
     for name, vals in flat.items():
         if "model" in vals:
-            raise ConfigError(f"{source}: [for_model.{name}] cannot set the model")
+            raise ConfigError(f"{source}: [for_model.{shown(name)}] cannot set the model")
     return flat.get(model, {})
 
 

@@ -18,7 +18,7 @@ from ..engine.rollout import TreeConfig
 from ..engine.schedules import ScheduleConfig
 from ..engine.sde import MAX_STEPS, SamplerConfig
 from ..engine.splits import SplitConfig, check_adaptive, densest_steps, sampled_tree
-from ..errors import ConfigError
+from ..errors import ConfigError, shown
 from ..models.base import PolicyConfig
 
 COMBINES = ("rewards", "advantages")
@@ -50,16 +50,16 @@ class RewardConfig:
             raise ConfigError("reward.names is empty: name at least one reward (e.g. --reward shapes)")
         twice = sorted({n for n in self.names if self.names.count(n) > 1})
         if twice:
-            raise ConfigError(f"reward.names has {twice[0]!r} twice; name each reward once, with one weight")
+            raise ConfigError(f"reward.names has {shown(twice[0])} twice; name each reward once, with one weight")
         w = self.weights or tuple(1.0 for _ in self.names)
         if len(w) != len(self.names):
             raise ConfigError(f"reward.weights has {len(w)} values for {len(self.names)} rewards")
         if all(x == 0 for x in w):
             raise ConfigError(
-                f"reward.weights are all zero ({list(w)}): every image would score 0 and nothing would train"
+                f"reward.weights are all zero ({shown(list(w))}): every image would score 0 and nothing would train"
             )
         if self.combine not in COMBINES:
-            raise ConfigError(f"reward.combine must be one of {', '.join(COMBINES)}; got {self.combine!r}")
+            raise ConfigError(f"reward.combine must be one of {', '.join(COMBINES)}; got {shown(self.combine)}")
         return dict(zip(self.names, map(float, w), strict=True))
 
 
@@ -189,6 +189,7 @@ class Config:
         out += self.budget.warnings(width, self.splits.kind == "adaptive", inherited)
         if self.train.lr >= 1:
             out.append(f"warning: train.lr = {self.train.lr:g} is far above the references' 1e-5 to 1e-3")
+        out += self.train.warnings()
         if self.train.clip_range >= 1:
             out.append(
                 f"warning: train.clip_range = {self.train.clip_range:g} clips nothing (ratios from 0 up pass); "
@@ -263,8 +264,8 @@ class Config:
             tree.validate(self.sampler.steps, self.sampler.decode)
         except ConfigError as e:
             raise ConfigError(
-                f"schedule.split = {self.schedule.split!r} splits at {list(tree.split_steps)} (schedule.window = "
-                f"{self.schedule.window}): {e}"
+                f"schedule.split = {shown(self.schedule.split)} splits at {shown(list(tree.split_steps))} "
+                f"(schedule.window = {self.schedule.window}): {e}"
             ) from None
 
     def rollout_nodes(self, num_prompts: int | None = None) -> tuple[int, int]:
@@ -338,7 +339,7 @@ def check_run_name(name: str) -> None:
     ):
         if bad:
             raise ConfigError(
-                f"name {name!r} {why}: a run name is a name, not a path (the run folder is runs/<name>-<time>)"
+                f"name {shown(name)} {why}: a run name is a name, not a path (the run folder is runs/<name>-<time>)"
             )
 
 

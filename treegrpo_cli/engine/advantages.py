@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
-from ..errors import ConfigError
+from ..errors import ConfigError, shown
 from .tree import leaf_mask
 
 ESTIMATORS = ("flat", "branch", "treegrpo", "treepo")
@@ -64,9 +64,9 @@ class AdvantageConfig:
             ("shared_edge", self.shared_edge, SHARED_EDGES),
         ):
             if value not in allowed:
-                raise ConfigError(f"advantage.{name} must be one of {', '.join(allowed)}; got {value!r}")
+                raise ConfigError(f"advantage.{name} must be one of {', '.join(allowed)}; got {shown(value)}")
         if self.ddof not in (0, 1):
-            raise ConfigError(f"advantage.ddof must be one of 0, 1; got {self.ddof!r}")
+            raise ConfigError(f"advantage.ddof must be one of 0, 1; got {shown(self.ddof)}")
         for name, number, ok, rule in (
             ("eps", self.eps, self.eps >= 0, ">= 0"),
             ("beta", self.beta, self.beta >= 0, ">= 0"),
@@ -74,9 +74,9 @@ class AdvantageConfig:
             ("temperature", self.temperature, self.temperature > 0, "> 0"),
         ):
             if not (ok and math.isfinite(number)):
-                raise ConfigError(f"advantage.{name} must be finite and {rule}; got {number!r}")
+                raise ConfigError(f"advantage.{name} must be finite and {rule}; got {shown(number)}")
         if self.clamp is not None and not (self.clamp > 0):
-            raise ConfigError(f"advantage.clamp must be > 0 or None (off); got {self.clamp!r}")
+            raise ConfigError(f"advantage.clamp must be > 0 or None (off); got {shown(self.clamp)}")
 
 
 @dataclass
@@ -329,11 +329,11 @@ def combine(
     """Several rewards: "rewards" = estimate on sum_k w_k r_k; "advantages" (MixGRPO, TreeGRPO
     multi-reward) = sum_k w_k estimate(r_k), valid from the first reward, clamped after summing."""
     if mode not in COMBINE_MODES:
-        raise ConfigError(f"reward.combine must be one of {', '.join(COMBINE_MODES)}; got {mode!r}")
+        raise ConfigError(f"reward.combine must be one of {', '.join(COMBINE_MODES)}; got {shown(mode)}")
     if not rewards:
         raise ConfigError("at least one reward is needed")
     if set(rewards) != set(weights):
-        raise ConfigError(f"reward weights name {sorted(weights)} but the rewards are {sorted(rewards)}")
+        raise ConfigError(f"reward weights name {shown(sorted(weights))} but the rewards are {shown(sorted(rewards))}")
     names = list(rewards)
     if mode == "rewards":
         total = sum(float(weights[k]) * rewards[k].double() for k in names)

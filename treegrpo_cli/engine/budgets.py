@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..errors import ConfigError
+from ..errors import ConfigError, shown
 from .dynamic import Inherited, never, set_but_ignored
 
 MODES = ("off", "spread")
@@ -53,7 +53,7 @@ class BudgetConfig:
 
     def validate(self) -> None:
         if self.mode not in MODES:
-            raise ConfigError(f"budget.mode must be one of {', '.join(MODES)}; got {self.mode!r}")
+            raise ConfigError(f"budget.mode must be one of {', '.join(MODES)}; got {shown(self.mode)}")
         if not 0 <= self.decay < 1:
             raise ConfigError(f"budget.decay must be in [0, 1), got {self.decay}")
         if not (self.floor >= 0 and math.isfinite(self.floor)):

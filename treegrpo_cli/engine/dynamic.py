@@ -61,7 +61,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..errors import ConfigError
+from ..errors import ConfigError, shown
 
 HEURISTICS = ("off", "reward", "distance")
 
@@ -135,7 +135,9 @@ def tree_evals(shape: Shape, steps: int, branch: int) -> int:
 def check_shape(shape: Shape, steps: int) -> None:
     s = shape.split_steps
     if list(s) != sorted(set(s)) or any(not 0 <= x < steps for x in s):
-        raise ConfigError(f"a tree's split steps {list(s)} must be distinct, ascending and within 0..{steps - 1}")
+        raise ConfigError(
+            f"a tree's split steps {shown(list(s))} must be distinct, ascending and within 0..{steps - 1}"
+        )
     if shape.width < 1 or (not s and shape.width != 1):
         raise ConfigError(f"a tree's width must be >= 1 (exactly 1 without split steps), got {shape.width}")
 

@@ -16,13 +16,14 @@ Optional KL to a reference policy (Flow-GRPO): beta * ||mu_theta - mu_ref||^2 / 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from ..errors import ConfigError
+from ..errors import ConfigError, shown
 from .protocols import Conditions, Kernel, Policy, select
 from .sde import gaussian_log_prob
 from .tree import Tree
@@ -32,6 +33,7 @@ TRANSITION_NORMS = ("tree", "accum")
 KL_FORMS = ("paper", "code")
 PARALLELS = ("replicate", "fsdp")
 OBJECTIVES = ("grpo", "nft")
+LR_SCHEDULES = ("constant", "linear", "cosine")
 
 
 TRACKERS = ("tensorboard", "wandb")
@@ -41,7 +43,17 @@ TRACKERS = ("tensorboard", "wandb")
 class TrainConfig:
     iterations: int = 100  # online iterations (rollout, score, update)
     lr: float = 1e-5  # AdamW's learning rate
-    weight_decay: float = 1e-4  # AdamW's decoupled weight decay
+    # how the learning rate moves over the run, by iteration (every optimizer step of iteration i takes one rate, the
+    # metrics row's lr): "constant" | "linear" | "cosine": after the warm-up, from lr at iteration warmup_iterations
+    # down toward lr x lr_min_ratio at train.iterations: lr x (r + (1 - r) f), r = lr_min_ratio, f = 1 - t (linear)
+    # or (1 + cos(pi t)) / 2 (cosine), t = (i - warmup_iterations) / (iterations - warmup_iterations). A function of
+    # the iteration, so a resumed run repeats it; extending a run with --iterations moves the rest of its decay
+    lr_schedule: str = "constant"
+    warmup_iterations: int = 0  # a linear warm-up: iteration i < warmup_iterations trains at lr x (i + 1) /
+    # (warmup_iterations + 1), then the schedule starts at lr (0 = off)
+    lr_min_ratio: float = 0.0  # linear, cosine: the decay's floor as a fraction of lr, in [0, 1] (0: toward 0)
+    weight_decay: float = 1e-4  # AdamW's decoupled weight decay (each step scales the weights by 1 - lr x weight_decay
+    # at that step's rate; 0 = off)
     beta1: float = 0.9  # AdamW's first-moment decay
     beta2: float = 0.999  # AdamW's second-moment decay
     clip_range: float = 1e-3  # eps of the ratio clip (BranchGRPO 1e-3; DanceGRPO, Flow-GRPO 1e-4)
@@ -77,26 +89,29 @@ class TrainConfig:
 
     def validate(self) -> None:
         if self.loss_norm not in LOSS_NORMS:
-            raise ConfigError(f"train.loss_norm must be one of {', '.join(LOSS_NORMS)}; got {self.loss_norm!r}")
+            raise ConfigError(f"train.loss_norm must be one of {', '.join(LOSS_NORMS)}; got {shown(self.loss_norm)}")
         if self.transition_norm not in TRANSITION_NORMS:
             raise ConfigError(
-                f"train.transition_norm must be one of {', '.join(TRANSITION_NORMS)}; got {self.transition_norm!r}"
+                f"train.transition_norm must be one of {', '.join(TRANSITION_NORMS)}; got {shown(self.transition_norm)}"
             )
+        self._validate_lr()
         if self.objective not in OBJECTIVES:
-            raise ConfigError(f"train.objective must be one of {', '.join(OBJECTIVES)}; got {self.objective!r}")
+            raise ConfigError(f"train.objective must be one of {', '.join(OBJECTIVES)}; got {shown(self.objective)}")
         if self.parallel not in PARALLELS:
-            raise ConfigError(f"train.parallel must be one of {', '.join(PARALLELS)}; got {self.parallel!r}")
+            raise ConfigError(f"train.parallel must be one of {', '.join(PARALLELS)}; got {shown(self.parallel)}")
         bad = [x for x in self.log if x not in TRACKERS]
         if bad or len(set(self.log)) != len(self.log):
-            raise ConfigError(f"train.log takes each of {', '.join(TRACKERS)} at most once; got {list(self.log)}")
+            raise ConfigError(
+                f"train.log takes each of {', '.join(TRACKERS)} at most once; got {shown(list(self.log))}"
+            )
         if self.kl_form not in KL_FORMS:
-            raise ConfigError(f"train.kl_form must be one of {', '.join(KL_FORMS)}; got {self.kl_form!r}")
+            raise ConfigError(f"train.kl_form must be one of {', '.join(KL_FORMS)}; got {shown(self.kl_form)}")
         if not isinstance(self.ema_every, int) or self.ema_every < 0:
             raise ConfigError(
-                f"train.ema_every must be an integer >= 0 (0 = once per iteration); got {self.ema_every!r}"
+                f"train.ema_every must be an integer >= 0 (0 = once per iteration); got {shown(self.ema_every)}"
             )
         if not isinstance(self.accum_trees, int) or self.accum_trees < 0:
-            raise ConfigError(f"train.accum_trees must be an integer >= 0 (0 = off); got {self.accum_trees!r}")
+            raise ConfigError(f"train.accum_trees must be an integer >= 0 (0 = off); got {shown(self.accum_trees)}")
         for name in ("iterations", "minibatches", "accum_edges", "save_every", "keep_last"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
@@ -112,9 +127,56 @@ class TrainConfig:
             if not getattr(self, name) >= 0:
                 raise ConfigError(f"train.{name} must be >= 0 (0 = off), got {getattr(self, name)}")
 
+    def _validate_lr(self) -> None:
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ConfigError(
+                f"train.lr_schedule must be one of {', '.join(LR_SCHEDULES)}; got {shown(self.lr_schedule)}"
+            )
+        if not isinstance(self.warmup_iterations, int) or self.warmup_iterations < 0:
+            raise ConfigError(
+                f"train.warmup_iterations must be an integer >= 0 (0 = off); got {shown(self.warmup_iterations)}"
+            )
+        if not 0 <= self.lr_min_ratio <= 1:
+            raise ConfigError(f"train.lr_min_ratio must be in [0, 1], got {self.lr_min_ratio}")
+        if not 0 <= self.weight_decay < math.inf:
+            raise ConfigError(f"train.weight_decay must be >= 0 (0 = off), got {self.weight_decay}")
+
+    def warnings(self) -> list[str]:
+        """Legal learning-rate settings that are almost surely a mistake, one line each."""
+        out = []
+        if self.warmup_iterations >= self.iterations:
+            out.append(
+                f"warning: train.warmup_iterations = {self.warmup_iterations} is not below train.iterations = "
+                f"{self.iterations}: the learning rate never reaches train.lr"
+            )
+        if self.lr_schedule == "constant" and self.lr_min_ratio != TrainConfig.lr_min_ratio:
+            out.append('warning: train.lr_min_ratio set, but train.lr_schedule = "constant" ignores it')
+        return out
+
+
+def lr_at(cfg: TrainConfig, iteration: int) -> float:
+    """The learning rate of every optimizer step of iteration `iteration` (from 0): train.lr_schedule after
+    train.warmup_iterations of linear warm-up. A function of the iteration alone, so a resumed run repeats it."""
+    warm = cfg.warmup_iterations
+    if iteration < warm:
+        return cfg.lr * (iteration + 1) / (warm + 1)
+    if cfg.lr_schedule == "constant":
+        return cfg.lr
+    t = min((iteration - warm) / max(cfg.iterations - warm, 1), 1.0)
+    f = 1.0 - t if cfg.lr_schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * t))
+    floor = cfg.lr_min_ratio
+    return cfg.lr * (floor + (1.0 - floor) * f)
+
 
 def make_optimizer(params: list[torch.nn.Parameter], cfg: TrainConfig) -> torch.optim.AdamW:
+    """AdamW at train.lr (the trainer sets each iteration's rate, lr_at, before its update)."""
     return torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay)
+
+
+def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
+    """Every parameter group's learning rate, for the optimizer steps that follow."""
+    for group in opt.param_groups:
+        group["lr"] = lr
 
 
 def clipped_loss(new_lp: Tensor, old_lp: Tensor, adv: Tensor, clip: float) -> tuple[Tensor, Tensor]:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from ..errors import ConfigError
+from ..errors import ConfigError, shown
 from .protocols import Conditions, Policy, select
 from .rollout import mix_seed
 
@@ -50,13 +50,13 @@ class NFTConfig:
     def validate(self) -> None:
         for name, value, allowed in (("adv_mode", self.adv_mode, ADV_MODES), ("decay", self.decay, DECAYS)):
             if value not in allowed:
-                raise ConfigError(f"nft.{name} must be one of {', '.join(allowed)}; got {value!r}")
+                raise ConfigError(f"nft.{name} must be one of {', '.join(allowed)}; got {shown(value)}")
         if not (self.beta > 0 and self.adv_clip > 0):
-            raise ConfigError(f"nft.beta and nft.adv_clip must be > 0; got {self.beta!r}, {self.adv_clip!r}")
+            raise ConfigError(f"nft.beta and nft.adv_clip must be > 0; got {shown(self.beta)}, {shown(self.adv_clip)}")
         if not 0 < self.timestep_fraction <= 1:
-            raise ConfigError(f"nft.timestep_fraction must be in (0, 1]; got {self.timestep_fraction!r}")
+            raise ConfigError(f"nft.timestep_fraction must be in (0, 1]; got {shown(self.timestep_fraction)}")
         if not isinstance(self.steps, int) or self.steps < 1:
-            raise ConfigError(f"nft.steps must be a whole number >= 1; got {self.steps!r}")
+            raise ConfigError(f"nft.steps must be a whole number >= 1; got {shown(self.steps)}")
 
     def trained_levels(self, steps: int) -> int:
         """Noise levels trained per sample: int(steps x timestep_fraction), at least 1 (10 steps: 9)."""

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..errors import ConfigError
+from ..errors import ConfigError, shown
 from .advantages import depth_levels, num_children, subtree_sum
 from .sde import DECODES
 from .tree import leaf_mask
@@ -51,11 +51,11 @@ class PruneConfig:
 
     def validate(self) -> None:
         if self.width not in WIDTHS:
-            raise ConfigError(f"pruning.width must be one of {', '.join(WIDTHS)}; got {self.width!r}")
+            raise ConfigError(f"pruning.width must be one of {', '.join(WIDTHS)}; got {shown(self.width)}")
         if self.depth_direction not in (-1, 1):
-            raise ConfigError(f"pruning.depth_direction must be one of -1, 1; got {self.depth_direction!r}")
+            raise ConfigError(f"pruning.depth_direction must be one of -1, 1; got {shown(self.depth_direction)}")
         if not (0 < self.extreme_frac <= 0.5):
-            raise ConfigError(f"pruning.extreme_frac must be in (0, 0.5]; got {self.extreme_frac!r}")
+            raise ConfigError(f"pruning.extreme_frac must be in (0, 0.5]; got {shown(self.extreme_frac)}")
         for name, value, low in (
             ("depth_window", self.depth_window, 0),
             ("depth_start", self.depth_start, 0),
@@ -63,17 +63,17 @@ class PruneConfig:
             ("depth_stop", self.depth_stop, 0),
         ):
             if not isinstance(value, int) or value < low:
-                raise ConfigError(f"pruning.{name} must be an integer >= {low}; got {value!r}")
+                raise ConfigError(f"pruning.{name} must be an integer >= {low}; got {shown(value)}")
         if not 0 < self.timestep_fraction <= 1:
-            raise ConfigError(f"pruning.timestep_fraction must be in (0, 1]; got {self.timestep_fraction!r}")
+            raise ConfigError(f"pruning.timestep_fraction must be in (0, 1]; got {shown(self.timestep_fraction)}")
         if not (self.active_until >= 0 and math.isfinite(self.active_until)):
-            raise ConfigError(f"pruning.active_until must be finite and >= 0; got {self.active_until!r}")
+            raise ConfigError(f"pruning.active_until must be finite and >= 0; got {shown(self.active_until)}")
 
 
 def base_mask(parent: Tensor, sde: Tensor, depth: Tensor, steps: int, decode: str, train_last: bool = False) -> Tensor:
     """[N] bool: edges that may be trained at all (before any pruning)."""
     if decode not in DECODES:
-        raise ConfigError(f"sampler.decode must be one of {', '.join(DECODES)}; got {decode!r}")
+        raise ConfigError(f"sampler.decode must be one of {', '.join(DECODES)}; got {shown(decode)}")
     keep = (parent >= 0) & sde.bool()
     if decode == "x0" and not train_last:  # the scored image is the last x0-prediction: the last action is noise
         keep &= depth != steps

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from ..errors import ConfigError
+from ..errors import ConfigError, shown
 from .dynamic import (
     HEURISTICS,
     Inherited,
@@ -71,9 +71,9 @@ class TreeConfig:
     def validate(self, steps: int, decode: str) -> None:
         bad = [s for s in self.split_steps if not 0 <= s < steps]
         if bad:
-            raise ConfigError(f"tree.split_steps {bad} outside the {steps} denoising steps 0..{steps - 1}")
+            raise ConfigError(f"tree.split_steps {shown(bad)} outside the {steps} denoising steps 0..{steps - 1}")
         if len(set(self.split_steps)) != len(self.split_steps):
-            raise ConfigError(f"tree.split_steps has repeated steps: {list(self.split_steps)}")
+            raise ConfigError(f"tree.split_steps has repeated steps: {shown(list(self.split_steps))}")
         if self.split_steps and self.branch < 2:
             raise ConfigError(f"tree.branch must be >= 2 when splitting, got {self.branch}")
         if decode == "x0" and steps - 1 in self.split_steps:
@@ -82,7 +82,9 @@ class TreeConfig:
                 "the x0-prediction; move it earlier or set sampler.decode = 'final'"
             )
         if self.branch_noise not in BRANCH_NOISES:
-            raise ConfigError(f"tree.branch_noise must be one of {', '.join(BRANCH_NOISES)}; got {self.branch_noise!r}")
+            raise ConfigError(
+                f"tree.branch_noise must be one of {', '.join(BRANCH_NOISES)}; got {shown(self.branch_noise)}"
+            )
         if not self.branch_s > 0:  # s = 0: every child gets the shared noise, all siblings identical
             raise ConfigError(f"tree.branch_s must be > 0 (inf: independent children), got {self.branch_s}")
         if self.trees_per_prompt < 1:
@@ -93,12 +95,12 @@ class TreeConfig:
                 f"{MAX_TREES_PER_PROMPT:,} trees per prompt"
             )
         if self.sde_steps is not None and any(not 0 <= s < steps for s in self.sde_steps):
-            raise ConfigError(f"tree.sde_steps {list(self.sde_steps)} outside 0..{steps - 1}")
+            raise ConfigError(f"tree.sde_steps {shown(list(self.sde_steps))} outside 0..{steps - 1}")
         self._validate_budget(steps)
 
     def _validate_budget(self, steps: int) -> None:
         if self.dynamic not in HEURISTICS:
-            raise ConfigError(f"tree.dynamic must be one of {', '.join(HEURISTICS)}; got {self.dynamic!r}")
+            raise ConfigError(f"tree.dynamic must be one of {', '.join(HEURISTICS)}; got {shown(self.dynamic)}")
         if not (self.stop_tol >= 0 and math.isfinite(self.stop_tol)):
             raise ConfigError(f"tree.stop_tol must be finite and >= 0, got {self.stop_tol}")
         for name in ("width", "max_evals"):
@@ -108,8 +110,9 @@ class TreeConfig:
             raise ConfigError(f"tree.width = {self.width} needs split steps (a tree without splits has one leaf)")
         if self.dynamic != "off" and len(self._splits(steps)) < 2:
             raise ConfigError(
-                f"tree.dynamic = {self.dynamic!r} decides at the split steps after the first: it needs >= 2 split "
-                f'steps and tree.split_steps has {self._splits(steps)}; add split steps or set tree.dynamic = "off"'
+                f"tree.dynamic = {shown(self.dynamic)} decides at the split steps after the first: it needs >= 2 "
+                f"split steps and tree.split_steps has {shown(self._splits(steps))}; add split steps or set "
+                'tree.dynamic = "off"'
             )
         need = tree_evals(self.shape(steps), steps, self.branch)
         if self.max_evals and self.max_evals < need:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..errors import ConfigError
+from ..errors import ConfigError, shown
 from .rollout import TreeConfig, mix_seed
 from .sde import DECODES
 
@@ -47,11 +47,11 @@ class ScheduleConfig:
 
     def validate(self, steps: int, decode: str = "x0") -> None:
         if self.kind not in KINDS:
-            raise ConfigError(f"schedule.kind must be one of {', '.join(KINDS)}; got {self.kind!r}")
+            raise ConfigError(f"schedule.kind must be one of {', '.join(KINDS)}; got {shown(self.kind)}")
         if self.split not in SPLITS:
-            raise ConfigError(f"schedule.split must be one of {', '.join(SPLITS)}; got {self.split!r}")
+            raise ConfigError(f"schedule.split must be one of {', '.join(SPLITS)}; got {shown(self.split)}")
         if decode not in DECODES:
-            raise ConfigError(f"sampler.decode must be one of {', '.join(DECODES)}; got {decode!r}")
+            raise ConfigError(f"sampler.decode must be one of {', '.join(DECODES)}; got {shown(decode)}")
         for name, value, low in (
             ("window", self.window, 1),
             ("start", self.start, 0),
@@ -59,15 +59,15 @@ class ScheduleConfig:
             ("every", self.every, 1),
         ):
             if not _is_int(value) or value < low:
-                raise ConfigError(f"schedule.{name} must be an integer >= {low}; got {value!r}")
+                raise ConfigError(f"schedule.{name} must be an integer >= {low}; got {shown(value)}")
         if not isinstance(self.r, (int, float)) or isinstance(self.r, bool) or not 0 < self.r <= 1:
-            raise ConfigError(f"schedule.r must be in (0, 1]; got {self.r!r}")
+            raise ConfigError(f"schedule.r must be in (0, 1]; got {shown(self.r)}")
         if self.max_step is not None and (not _is_int(self.max_step) or not 1 <= self.max_step <= steps):
-            raise ConfigError(f"schedule.max_step must be an integer in 1..{steps} or null; got {self.max_step!r}")
+            raise ConfigError(f"schedule.max_step must be an integer in 1..{steps} or null; got {shown(self.max_step)}")
         if self.kind == "static":
             if self.split != "none":
                 raise ConfigError(
-                    f"schedule.split {self.split!r} needs a moving window; "
+                    f"schedule.split {shown(self.split)} needs a moving window; "
                     "schedule.kind 'static' keeps the tree config as written"
                 )
             return
@@ -99,7 +99,7 @@ class ScheduleConfig:
         last = {"none": -1, "first": limit - w, "all": limit - 1}[self.split]
         if decode == "x0" and last >= steps - 1:
             raise ConfigError(
-                f"schedule.split {self.split!r} would split at the last step {steps - 1} with "
+                f"schedule.split {shown(self.split)} would split at the last step {steps - 1} with "
                 f"sampler.decode 'x0'; set schedule.max_step <= {steps - 1}"
             )
 
@@ -121,7 +121,7 @@ def geometric_probs(steps: int, window: int, r: float) -> Tensor:
     if n < 1:
         raise ConfigError(f"schedule.window must be <= {steps - 1} for kind 'geometric'; got {window}")
     if not 0 < r <= 1:
-        raise ConfigError(f"schedule.r must be in (0, 1]; got {r!r}")
+        raise ConfigError(f"schedule.r must be in (0, 1]; got {shown(r)}")
     if r == 1:
         return torch.full((n,), 1.0 / n, dtype=torch.float64)
     i = torch.arange(n, dtype=torch.float64)

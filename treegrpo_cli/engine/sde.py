@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..errors import ConfigError
+from ..errors import ConfigError, shown
 from .protocols import Kernel
 
 GRIDS = ("shifted", "flow-match-euler", "model")
@@ -85,7 +85,7 @@ class SamplerConfig:
             ("decode", self.decode, DECODES),
         ):
             if value not in allowed:
-                raise ConfigError(f"sampler.{name} must be one of {', '.join(allowed)}; got {value!r}")
+                raise ConfigError(f"sampler.{name} must be one of {', '.join(allowed)}; got {shown(value)}")
 
 
 def time_shift(u: Tensor, shift: float) -> Tensor:
@@ -96,7 +96,7 @@ def check_grid(sigmas: Tensor, steps: int) -> Tensor:
     """A given grid as [T+1] float64, refused unless it falls strictly from at most 1 to exactly 0."""
     s = torch.as_tensor(sigmas, dtype=torch.float64).flatten().cpu()
     if len(s) != steps + 1 or not bool((s[1:] < s[:-1]).all()) or float(s[0]) > 1 or float(s[-1]) != 0:
-        raise ConfigError(f"a sigma grid must fall strictly from <= 1 to 0 in {steps} steps; got {s.tolist()}")
+        raise ConfigError(f"a sigma grid must fall strictly from <= 1 to 0 in {steps} steps; got {shown(s.tolist())}")
     return s
 
 
@@ -261,7 +261,9 @@ class DDIMKernel:
         if len(timesteps) != cfg.steps:
             raise ConfigError(f"DDIM grid has {len(timesteps)} timesteps for {cfg.steps} steps")
         if prediction_type not in PREDICTIONS:
-            raise ConfigError(f"unsupported prediction type {prediction_type!r} (supported: {', '.join(PREDICTIONS)})")
+            raise ConfigError(
+                f"unsupported prediction type {shown(prediction_type)} (supported: {', '.join(PREDICTIONS)})"
+            )
         self.cfg, self.eta, self.prediction_type, self.clip_sample = cfg, float(eta), prediction_type, clip_sample
         t = timesteps.long().cpu()
         prev = t - num_train_timesteps // cfg.steps

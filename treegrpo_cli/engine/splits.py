@@ -29,7 +29,7 @@ import math
 import random
 from dataclasses import dataclass
 
-from ..errors import ConfigError
+from ..errors import ConfigError, shown
 from .budgets import BudgetConfig, PromptStats
 from .dynamic import Inherited, Shape, never, set_but_ignored, tree_evals
 from .rollout import TreeConfig, mix_seed
@@ -61,9 +61,9 @@ class SplitConfig:
 
     def validate(self, steps: int, decode: str, tree_splits: tuple[int, ...]) -> None:
         if self.kind not in KINDS:
-            raise ConfigError(f"splits.kind must be one of {', '.join(KINDS)}; got {self.kind!r}")
+            raise ConfigError(f"splits.kind must be one of {', '.join(KINDS)}; got {shown(self.kind)}")
         if self.low_reward not in LOW_REWARD:
-            raise ConfigError(f"splits.low_reward must be one of {', '.join(LOW_REWARD)}; got {self.low_reward!r}")
+            raise ConfigError(f"splits.low_reward must be one of {', '.join(LOW_REWARD)}; got {shown(self.low_reward)}")
         for name, low in (("over", 0), ("min_gap", 1), ("tail_guard", 0)):
             if getattr(self, name) < low:
                 raise ConfigError(f"splits.{name} must be >= {low}, got {getattr(self, name)}")
@@ -144,7 +144,8 @@ def check_adaptive(
     budget.validate()
     if splits.kind != "static" and schedule_split != "none":
         raise ConfigError(
-            f"splits.kind = {splits.kind!r} and schedule.split = {schedule_split!r} both set the split steps; keep one"
+            f"splits.kind = {shown(splits.kind)} and schedule.split = {shown(schedule_split)} both set the split "
+            "steps; keep one"
         )
     if splits.kind == "adaptive" and sampler.solver != "euler":
         raise ConfigError(
@@ -167,7 +168,7 @@ def check_adaptive(
     # the lists themselves were checked by splits.validate, and their trees' forwards by _check_cap
     if splits.kind == "progress" and tree.dynamic != "off" and len(splits.early) < 2:
         raise ConfigError(
-            f"tree.dynamic = {tree.dynamic!r} decides at the split steps after the first: it needs >= 2, and "
+            f"tree.dynamic = {shown(tree.dynamic)} decides at the split steps after the first: it needs >= 2, and "
             f"splits.early and splits.late list {len(splits.early)}"
         )
 
@@ -183,12 +184,12 @@ def _check_cap(tree: TreeConfig, splits: SplitConfig, budget: BudgetConfig, step
     need = tree_evals(Shape(dense, wide), steps, tree.branch)
     if need > tree.max_evals:
         what = " and ".join(
-            ([f"splits.kind = {splits.kind!r}"] if splits.kind != "static" else [])
+            ([f"splits.kind = {shown(splits.kind)}"] if splits.kind != "static" else [])
             + (["budget.mode = 'spread'"] if budget.mode != "off" else [])
         )
         raise ConfigError(
             f"tree.max_evals = {tree.max_evals} is below the {need} forwards of the largest tree that {what} may "
-            f"sample (splits at {list(dense)}, {wide} leaves); raise it or set 0 (each tree's own)"
+            f"sample (splits at {shown(list(dense))}, {wide} leaves); raise it or set 0 (each tree's own)"
         )
 
 

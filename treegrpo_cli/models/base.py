@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from ..engine.protocols import Conditions, Policy, select  # noqa: F401  (re-exported for the adapters)
-from ..errors import ConfigError
+from ..errors import ConfigError, shown
 from .speed import ATTENTION_DEFAULT, attention_backends
 
 FINETUNES = ("lora", "full")
@@ -66,28 +66,28 @@ class PolicyConfig:
 
     def validate(self) -> None:
         if self.finetune not in FINETUNES:
-            raise ConfigError(f"policy.finetune must be one of {', '.join(FINETUNES)}; got {self.finetune!r}")
+            raise ConfigError(f"policy.finetune must be one of {', '.join(FINETUNES)}; got {shown(self.finetune)}")
         if self.cfg_uncond not in CFG_UNCOND:
-            raise ConfigError(f"policy.cfg_uncond must be one of {', '.join(CFG_UNCOND)}; got {self.cfg_uncond!r}")
+            raise ConfigError(f"policy.cfg_uncond must be one of {', '.join(CFG_UNCOND)}; got {shown(self.cfg_uncond)}")
         if self.dtype not in DTYPES:
-            raise ConfigError(f"policy.dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
+            raise ConfigError(f"policy.dtype must be one of {', '.join(DTYPES)}; got {shown(self.dtype)}")
         if self.weights not in WEIGHTS:
-            raise ConfigError(f"policy.weights must be one of {', '.join(WEIGHTS)}; got {self.weights!r}")
+            raise ConfigError(f"policy.weights must be one of {', '.join(WEIGHTS)}; got {shown(self.weights)}")
         if self.size not in SIZES:
-            raise ConfigError(f"policy.size must be one of {', '.join(SIZES)}; got {self.size!r}")
+            raise ConfigError(f"policy.size must be one of {', '.join(SIZES)}; got {shown(self.size)}")
         if self.size == "tiny" and self.weights != "random":
             raise ConfigError(
                 'policy.size = "tiny" builds a small model from config: it needs policy.weights = "random"'
             )
         if self.compile not in COMPILES:
-            raise ConfigError(f"policy.compile must be one of {', '.join(COMPILES)}; got {self.compile!r}")
+            raise ConfigError(f"policy.compile must be one of {', '.join(COMPILES)}; got {shown(self.compile)}")
         if not 0.0 <= self.checkpoint_blocks <= 1.0:
             raise ConfigError(
                 f"policy.checkpoint_blocks is a share of the blocks, 0 to 1; got {self.checkpoint_blocks}"
             )
         if self.attention != ATTENTION_DEFAULT and self.attention not in attention_backends():
             raise ConfigError(
-                f"policy.attention must be one of {', '.join(attention_backends())}; got {self.attention!r}"
+                f"policy.attention must be one of {', '.join(attention_backends())}; got {shown(self.attention)}"
             )
         for name in ("lora_rank", "lora_alpha", "resolution", "max_sequence_length", "frames"):
             value = getattr(self, name)

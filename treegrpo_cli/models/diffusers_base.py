@@ -432,7 +432,8 @@ class DiffusersPolicy(ABC):
         from peft.utils import get_peft_model_state_dict
 
         layers = self._lora_layers(get_peft_model_state_dict(self.denoiser))
-        meta = self.denoiser.peft_config["default"].to_dict()
+        meta = self.denoiser.peft_config["default"].to_dict()  # sets sorted: the same export gives the same bytes
+        meta = {k: sorted(v) if isinstance(v, set) else v for k, v in meta.items()}
         type(self.pipe).save_lora_weights(
             out, **{f"{self.denoiser_attr}_lora_layers": layers, f"{self.denoiser_attr}_lora_adapter_metadata": meta}
         )

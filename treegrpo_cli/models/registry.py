@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..errors import ConfigError, TreegrpoError
+from ..errors import ConfigError, TreegrpoError, shown
 from . import catalog, hub
 from .base import Policy, PolicyConfig
 from .pixel import PixelConfig, PixelPolicy
@@ -97,7 +97,9 @@ def load_policy(
     names = [*MODELS, *hub.KNOWN]
     close = difflib.get_close_matches(name, names, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
-    raise ConfigError(f"unknown model {name!r} (available: {', '.join(names)}, a hub id or a diffusers folder){hint}")
+    raise ConfigError(
+        f"unknown model {shown(name)} (available: {', '.join(names)}, a hub id or a diffusers folder){hint}"
+    )
 
 
 def _load_diffusers(name: str, device: str | torch.device, opts: PolicyConfig, text_encoders: bool) -> Policy:

@@ -31,7 +31,7 @@ from torch import Tensor
 
 from ..errors import ConfigError, TreegrpoError
 from ..preflight import check_image
-from ..store.safeio import contained, loads_json
+from ..store.safeio import contained, loads_json, read_text
 from .base import Conditions
 from .catalog import AdapterCard
 from .diffusers_base import DiffusersPolicy
@@ -224,10 +224,10 @@ def first_frames(path: str, name: str) -> dict[str, Path]:
             '(rows {"prompt": ..., "image": PATH}; a --prompts file of such rows works)'
         )
     file = Path(path).expanduser()
-    if not file.is_file():
+    if not file.exists():
         raise TreegrpoError(f"policy.images: no file at {file}")
     out: dict[str, Path] = {}
-    for n, line in enumerate(file.read_text(encoding="utf-8").splitlines(), 1):
+    for n, line in enumerate(read_text(file, "policy.images file").splitlines(), 1):
         if not line.strip():
             continue
         try:

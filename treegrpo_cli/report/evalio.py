@@ -15,7 +15,9 @@ Outputs under --out DIR:
                           file, prompt, one column per metric
     samples.png           the first 16 images, captioned with their prompt and first metric
     samples-baseline.png  the same for the baseline
-A non-empty --out folder must hold only these files (an earlier eval's, which are replaced).
+A non-empty --out folder must hold only these files (an earlier eval's, which are replaced). results.json,
+the record of the others, is removed first and written last: a folder without it is an eval that did not
+finish, and the same command replaces it.
 """
 
 from __future__ import annotations
@@ -35,8 +37,10 @@ from torch import Tensor
 
 from ..errors import TreegrpoError
 from ..plots import image_grid, save_png
-from ..store.safeio import contained, loads_json
-from ..store.shards import atomic_write
+from ..store import faults
+from ..store.safeio import contained, loads_json, read_text
+from ..store.shards import INDEX, atomic_write
+from ..store.trees import IMAGES, open_trees
 from ..training.sampling import Chunk
 from .media import check_media, read_media
 
@@ -107,16 +111,20 @@ def _inside(folder: Path, name: str, map_path: Path) -> Path:
 
 
 def is_eval_output(folder: Path) -> bool:
-    """A folder that holds only the files `treegrpo eval --out` writes (and their temporary files)."""
-    return all(
-        p.name in OUTPUTS or (p.name.startswith(".results.") and p.name.endswith(".tmp")) for p in folder.iterdir()
-    )
+    """A folder that holds only the files `treegrpo eval --out` writes (and the temporary files of a killed one)."""
+    return all(p.name in OUTPUTS or _eval_temp(p.name) for p in folder.iterdir())
+
+
+def _eval_temp(name: str) -> bool:
+    """A temporary file of one of the outputs (atomic_write's `.NAME.XXXXXXXX.tmp`)."""
+    return any(name.startswith(f".{o}.") and name.endswith(".tmp") for o in OUTPUTS)
 
 
 def _json_pairs(path: Path) -> list[tuple[str, str]]:
+    text = read_text(path, "prompt map")
     try:
-        d = loads_json(path.read_text())
-    except (ValueError, UnicodeDecodeError):
+        d = loads_json(text)
+    except ValueError:
         raise TreegrpoError(f"{path}: not valid JSON") from None
     if not isinstance(d, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in d.items()):
         raise TreegrpoError(f'{path}: expected an object {{"image.png": "prompt", ...}}')
@@ -124,9 +132,10 @@ def _json_pairs(path: Path) -> list[tuple[str, str]]:
 
 
 def _csv_pairs(path: Path) -> list[tuple[str, str]]:
+    text = read_text(path, "prompt map")
     try:
-        rows = list(csv.DictReader(io.StringIO(path.read_text())))
-    except (csv.Error, UnicodeDecodeError) as e:
+        rows = list(csv.DictReader(io.StringIO(text)))
+    except csv.Error as e:
         raise TreegrpoError(f"{path}: not a readable CSV file ({e})") from None
     if rows and not {"image", "prompt"} <= set(rows[0]):
         raise TreegrpoError(f"{path}: expected a header with the columns image and prompt")
@@ -138,6 +147,8 @@ def image_folder(folder: Path, prompts_file: Path | None, batch: int) -> Source:
     folder = Path(folder)
     if not folder.is_dir():
         raise TreegrpoError(f"{folder}: no such image folder")
+    if prompts_file is None and (folder.parent / INDEX).is_file() and folder.name == IMAGES:
+        open_trees(folder.parent, scores=False)  # a rollout's --save-images: refused while its rollout is unfinished
     map_path, pairs = prompt_map(folder, prompts_file)
     for path, _ in pairs:  # every header before any image is decoded or scored
         check_media(path)
@@ -171,13 +182,19 @@ def write_outputs(out: Path, summary: dict[str, Any], scored: dict[str, Scored])
     """results.json, results.csv and the sample grids under `out`; returns the paths written."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").unlink(missing_ok=True)  # the record of the outputs goes first and comes back last
+    for p in out.iterdir():
+        if _eval_temp(p.name) and p.is_file():  # what a killed eval left
+            p.unlink()
     files = [out / "results.json", out / "results.csv"]
     for name, s in scored.items():
         if s.grid is not None:
             path = out / ("samples.png" if name == "model" else f"samples-{name}.png")
             save_png(image_grid(_grid_size(s.grid), s.grid_captions, scale=_scale(s.grid)), path)
             files.append(path)
+            faults.point("eval.file")
     atomic_write(out / "results.csv", _csv(scored).encode())
+    faults.point("eval.file")
     body = {**summary, "files": [str(f) for f in files]}
     atomic_write(out / "results.json", (json.dumps(body, indent=1) + "\n").encode())
     return [str(f) for f in files]

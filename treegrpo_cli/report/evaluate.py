@@ -30,7 +30,7 @@ from ..models import hub
 from ..models.base import Policy
 from ..models.registry import MODELS, load_policy
 from ..rewards.base import DTYPES, Reward, spec
-from ..store.checkpoint import MANIFEST, check_checkpoint, list_checkpoints, load_checkpoint
+from ..store.checkpoint import MANIFEST, check_checkpoint, damaged_checkpoints, list_checkpoints, load_checkpoint
 from ..training.sampling import BATCH, Chunk, build_rewards, sample_chunks, score, stream_seed
 from .evalio import GRID_IMAGES, Scored, Source, image_folder
 
@@ -193,6 +193,9 @@ def find_checkpoint(path: Path) -> Path:
         return path
     done = list_checkpoints(path) or list_checkpoints(path / "checkpoints")
     if not done:
+        damaged = damaged_checkpoints(path) or damaged_checkpoints(path / "checkpoints")
+        if damaged:  # named, never used
+            raise TreegrpoError(f"{path}: no complete checkpoint; {damaged[-1][1]}")
         raise TreegrpoError(f"{path}: no training checkpoint (a step-N folder with {MANIFEST}, or a run folder)")
     return done[-1]
 

@@ -8,6 +8,7 @@ Registered rewards (see docs/rewards.md for weights, environment variables and s
     shapes, jpeg-compressibility, jpeg-incompressibility   no weights, no options
     hps, pick, imagereward, clip, aesthetic                 reward models from local weights files
     motion-shapes, videoalign                               video rewards (`video = True`: whole clips)
+    ocr                                                     text rendering (RapidOCR, the `ocr` extra)
 
 A model reward's factory takes `device`, `dtype` and its own options (e.g. `checkpoint`); the
 registry imports the modules of every reward at once, but those modules import open_clip or
@@ -25,7 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
-from ..errors import ConfigError
+from ..errors import ConfigError, shown
 
 
 @runtime_checkable
@@ -52,7 +53,8 @@ class RewardSpec:
 
 
 _REGISTRY: dict[str, RewardSpec] = {}
-BUILTINS = ("jpeg", "shapes", "motion", "hps", "pick", "imagereward", "clip", "aesthetic", "videoalign")  # rewards/
+# the modules of rewards/ that register the built-in rewards
+BUILTINS = ("jpeg", "shapes", "motion", "hps", "pick", "imagereward", "clip", "aesthetic", "videoalign", "ocr")
 DTYPES = {
     "float32": torch.float32,
     "fp32": torch.float32,
@@ -90,7 +92,7 @@ def spec(name: str) -> RewardSpec:
     if name not in _REGISTRY:
         close = difflib.get_close_matches(name, _REGISTRY, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise ConfigError(f"unknown reward {name!r} (available: {', '.join(sorted(_REGISTRY))}){hint}")
+        raise ConfigError(f"unknown reward {shown(name)} (available: {', '.join(sorted(_REGISTRY))}){hint}")
     return _REGISTRY[name]
 
 
@@ -102,11 +104,11 @@ def check_rewards(names: list[str] | tuple[str, ...], options: dict[str, dict[st
         bad = sorted(set(options.get(name, {})) - set(s.options))
         if bad:
             raise ConfigError(
-                f"reward {name!r} has no option {bad[0]!r} (its options: {', '.join(s.options) or 'none'})"
+                f"reward {shown(name)} has no option {shown(bad[0])} (its options: {', '.join(s.options) or 'none'})"
             )
     stray = sorted(set(options) - set(names))
     if stray:
-        raise ConfigError(f"reward options for {stray[0]!r}, which the reward list does not name")
+        raise ConfigError(f"reward options for {shown(stray[0])}, which the reward list does not name")
 
 
 def check_weights(names: list[str] | tuple[str, ...], options: dict[str, dict[str, str]]) -> None:
@@ -124,7 +126,7 @@ def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
     if dtype is None or isinstance(dtype, torch.dtype):
         return dtype
     if dtype not in DTYPES:
-        raise ConfigError(f"unknown dtype {dtype!r} (use one of {', '.join(DTYPES)})")
+        raise ConfigError(f"unknown dtype {shown(dtype)} (use one of {', '.join(DTYPES)})")
     return DTYPES[dtype]
 
 
@@ -139,7 +141,7 @@ def get_reward(
     bad = sorted(set(options) - set(s.options))
     if bad:
         valid = ", ".join(s.options) or "none"
-        raise ConfigError(f"reward {name!r} has no option {bad[0]!r} (its options: {valid})")
+        raise ConfigError(f"reward {shown(name)} has no option {shown(bad[0])} (its options: {valid})")
     if s.on_device:
         return s.factory(device=torch.device(device or "cpu"), dtype=parse_dtype(dtype) or torch.float32, **options)
     return s.factory(**options)
@@ -152,10 +154,12 @@ def parse_reward_options(items: list[str] | tuple[str, ...]) -> dict[str, dict[s
         key, sep, value = item.partition("=")
         name, dot, opt = key.strip().partition(".")
         if not sep or not dot or not name or not opt:
-            raise ConfigError(f"reward options look like NAME.KEY=VALUE (e.g. hps.checkpoint=/path); got {item!r}")
+            raise ConfigError(f"reward options look like NAME.KEY=VALUE (e.g. hps.checkpoint=/path); got {shown(item)}")
         allowed = spec(name).options
         if opt not in allowed:
-            raise ConfigError(f"reward {name!r} has no option {opt!r} (its options: {', '.join(allowed) or 'none'})")
+            raise ConfigError(
+                f"reward {shown(name)} has no option {shown(opt)} (its options: {', '.join(allowed) or 'none'})"
+            )
         out.setdefault(name, {})[opt] = value.strip()
     return out
 
@@ -166,7 +170,7 @@ def parse_rewards(names: str, weights: str | None = None) -> dict[str, float]:
     if not keys:
         raise ConfigError("no reward named; pass --reward NAME[,NAME]")
     if len(set(keys)) != len(keys):
-        raise ConfigError(f"reward named twice in {names!r}")
+        raise ConfigError(f"reward named twice in {shown(names)}")
     for k in keys:
         spec(k)  # fail early on an unknown name, without building a model
     if weights is None:
@@ -174,7 +178,7 @@ def parse_rewards(names: str, weights: str | None = None) -> dict[str, float]:
     try:
         w = [float(x) for x in weights.split(",")]
     except ValueError:
-        raise ConfigError(f"--weights must be numbers separated by commas, got {weights!r}") from None
+        raise ConfigError(f"--weights must be numbers separated by commas, got {shown(weights)}") from None
     if len(w) != len(keys):
         raise ConfigError(f"{len(keys)} rewards but {len(w)} weights")
     return dict(zip(keys, w, strict=True))

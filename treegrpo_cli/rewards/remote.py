@@ -20,10 +20,11 @@ stated shape: it never evaluates, imports or unpickles anything it receives, cap
 sizes, and binds to loopback unless told otherwise.
 
 Bounds (the constants below): the server cuts a request whose headers or body do not arrive in time (a trickle
-too), serves MAX_CONNECTIONS at once, holds at most MAX_IN_FLIGHT bytes of requests, answers every malformed
-one with a 4xx and drops clients that hang up without a word; with a token (TOKEN_ENV) every request must carry
-it. The client gives each try `timeout` seconds in all, reads at most MAX_ANSWER bytes, and backs off at most
-MAX_BACKOFF seconds between tries.
+too), serves MAX_CONNECTIONS at once (cutting those still sending their headers, oldest first, for new ones:
+rewards/slots.py), holds at most MAX_IN_FLIGHT bytes of requests, answers every malformed one with a 4xx and
+drops clients that hang up without a word; with a token (TOKEN_ENV) every request must carry it. The client gives
+each try `timeout` seconds in all, reads at most MAX_ANSWER bytes, and backs off at most MAX_BACKOFF seconds
+between tries.
 """
 
 from __future__ import annotations
@@ -49,12 +50,13 @@ from torch import Tensor
 
 from ..errors import ConfigError, TreegrpoError
 from ..store.safeio import loads_json, shown
+from .slots import Slots
 
 VERSION = 1
 MAX_BODY = 1 << 30  # bytes of one request
 MAX_SIDE = 4096  # pixels of an image side
 MAX_BATCH = 4096  # images of one request
-MAX_CONNECTIONS = 64  # connections served at once; more are answered 503 and closed
+MAX_CONNECTIONS = 64  # connections served at once; more are answered 503 and closed (rewards/slots.py)
 MAX_IN_FLIGHT = 6 * MAX_BODY  # bytes that requests being read, decoded and scored may hold (6x each body)
 HEADER_SECONDS = 10.0  # a request's line and headers arrive within this, all together
 BODY_SECONDS = 120.0  # then its body within this
@@ -316,7 +318,7 @@ BUSY += b"Content-Length: %d\r\n\r\n%s" % (len(_BUSY), _BUSY)  # to a connection
 
 
 class RewardServer(ThreadingHTTPServer):
-    """ThreadingHTTPServer with bounds: at most MAX_CONNECTIONS served at once (the rest get 503), a deep
+    """ThreadingHTTPServer with bounds: at most MAX_CONNECTIONS served at once (Slots: the rest get 503), a deep
     listen backlog, and clients that hang up or time out dropped without a traceback."""
 
     daemon_threads = True
@@ -326,7 +328,7 @@ class RewardServer(ThreadingHTTPServer):
         self, address: tuple[str, int], handler: type, log: Callable[[str], None], rewards: dict[str, Any], token: str
     ):
         self.rewards, self.token, self.scoring = rewards, token, threading.Lock()
-        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self.slots = Slots(MAX_CONNECTIONS)
         self.memory = _Budget(MAX_IN_FLIGHT)
         self.log = log
         family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
@@ -334,7 +336,7 @@ class RewardServer(ThreadingHTTPServer):
         super().__init__(address, handler)
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self.slots.acquire(blocking=False):
+        if not self.slots.take(request):
             try:
                 request.sendall(BUSY)
             except OSError:
@@ -347,7 +349,7 @@ class RewardServer(ThreadingHTTPServer):
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self.slots.release()
+            self.slots.give(request)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         e = sys.exc_info()[1]
@@ -390,6 +392,11 @@ class _Handler(BaseHTTPRequestHandler):
             self.connection.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
+
+    def parse_request(self) -> bool:
+        ok = super().parse_request()  # reads the headers
+        self.server.slots.headers_in(self.connection)
+        return ok
 
     def finish(self) -> None:
         self.watchdog.cancel()

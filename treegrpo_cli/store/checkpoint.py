@@ -10,6 +10,12 @@
     trainer_state.json                     iteration, seed, wall time
     manifest.json                          sha256 of every file above; written last, checked on load
 
+A process killed at any moment leaves nothing a reader takes as whole. A checkpoint is written in a
+dot-named temporary folder and renamed to step-N; keep-last retires an old one by renaming it back to a
+dot-name before deleting it. Readers list only step-N folders whose manifest lists every file a
+checkpoint needs and whose listed files are all there (`problem`); the next save (or resume) of the same
+run sweeps the dot-named leftovers of a killed writer (`tidy`).
+
 Reading validates the folder's own files as a whole before any weight is read (`check_checkpoint`):
 manifest.json maps plain file names of the folder (no separator, no '..', no link out) to sha256s and
 lists every file a checkpoint needs; the shard indexes name only files the manifest lists;
@@ -35,6 +41,7 @@ from safetensors.torch import load_file, save_file
 from safetensors.torch import save as st_save
 
 from ..errors import CorruptFileError, TreegrpoError, disk_full, no_space
+from . import faults
 from .safeio import loads_json
 from .shards import SHA256_HEX, atomic_write, check_file_name, file_sha256, kind_of, shown
 
@@ -86,6 +93,7 @@ def _write_sharded(folder: Path, stem: str, tensors: dict[str, torch.Tensor], li
         part = {k: _whole(tensors[k]).cpu().contiguous() for k in keys}  # only this shard on the CPU
         save_file(part, str(folder / name))
         _fsync_file(folder / name)
+        faults.point("checkpoint.shard")
         files.append(name)
         index.update({k: name for k in keys})
     atomic_write(folder / f"{stem}.index.json", json.dumps({"weight_map": index}, indent=1).encode())
@@ -128,8 +136,10 @@ def _optimizer_from_files(tensors: dict[str, torch.Tensor], meta_bytes: bytes) -
 
 
 def save_checkpoint(folder: Path, ck: Checkpoint, keep_last: int, shard_bytes: int | None = None) -> Path:
-    """Write step-N atomically (temp folder, fsync, rename), then drop all but the newest keep_last."""
+    """Write step-N atomically (temp folder, fsync, rename), then retire all but the newest keep_last.
+    The caller holds the run's lock: the dot-named leftovers of an earlier, killed save are swept first."""
     folder.mkdir(parents=True, exist_ok=True)
+    sweep(folder)
     tmp = Path(tempfile.mkdtemp(prefix=f".step-{ck.step}.", dir=folder))
     try:
         _write_parts(tmp, ck, shard_bytes or SHARD_BYTES)
@@ -138,14 +148,56 @@ def save_checkpoint(folder: Path, ck: Checkpoint, keep_last: int, shard_bytes: i
         if no_space(e):
             raise disk_full(folder, _state_bytes(ck)) from None
         raise
+    faults.point("checkpoint.written")
     final = folder / f"step-{ck.step}"
     if final.exists():
-        shutil.rmtree(final)
+        retire(final)
     os.replace(tmp, final)
     _fsync_dir(folder)
-    for old in list_checkpoints(folder)[:-keep_last]:
-        shutil.rmtree(old, ignore_errors=True)
+    faults.point("checkpoint.renamed")
+    rotate(folder, keep_last)
     return final
+
+
+def retire(path: Path) -> None:
+    """Delete a checkpoint so that no reader ever sees part of one: renamed to a dot-name first (one atomic
+    step, after which no reader lists it), then removed; a kill in between leaves a leftover `sweep` removes."""
+    hidden = path.with_name(f".{path.name}.retired-{os.getpid()}")
+    os.replace(path, hidden)
+    _fsync_dir(path.parent)
+    faults.point("checkpoint.retire")
+    shutil.rmtree(hidden, ignore_errors=True)
+
+
+def rotate(folder: Path, keep_last: int, damaged: bool = True) -> None:
+    """Keep the newest keep_last complete checkpoints; retire every other step-N (damaged ones too, unless
+    `damaged` is False: a resume names them and leaves them to the next save)."""
+    done = list_checkpoints(folder)
+    keep = set(done[-keep_last:]) if keep_last > 0 else set()
+    for path in _step_folders(folder) if damaged else done:
+        if path not in keep:
+            retire(path)
+
+
+def sweep(folder: Path) -> list[str]:
+    """Remove what killed writers left in a checkpoints folder: the dot-named temporary folders of a save or
+    a retirement (never a step-N). The caller holds the run's lock. Returns the names removed."""
+    if not folder.is_dir():
+        return []
+    gone = []
+    for p in folder.iterdir():
+        if p.name.startswith(".step-") and p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+            gone.append(p.name)
+    return sorted(gone)
+
+
+def tidy(folder: Path, keep_last: int) -> list[str]:
+    """A resume's first write: leftovers swept and keep-last applied to the complete checkpoints, as the save a
+    kill interrupted would have left them. Returns the names swept."""
+    gone = sweep(folder)
+    rotate(folder, keep_last, damaged=False)
+    return gone
 
 
 def _state_bytes(ck: Checkpoint) -> int:
@@ -182,12 +234,36 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def list_checkpoints(folder: Path) -> list[Path]:
-    """Complete checkpoints (those with a manifest), oldest first."""
+def _step_folders(folder: Path) -> list[Path]:
+    """Every step-N folder (complete or not), oldest first."""
     if not folder.is_dir():
         return []
-    done = [p for p in folder.glob("step-*") if (p / MANIFEST).is_file() and p.name[5:].isdigit()]
-    return sorted(done, key=lambda p: int(p.name[5:]))
+    steps = [
+        p
+        for p in folder.glob("step-*")
+        if p.name[5:].isdigit() and p.name[5:].isascii() and p.is_dir() and not p.is_symlink()
+    ]
+    return sorted(steps, key=lambda p: int(p.name[5:]))
+
+
+def problem(path: Path) -> str | None:
+    """Why a step-N folder is not a complete checkpoint (None when it is): its manifest read and checked as a
+    whole, every file it lists present. Hashes nothing."""
+    try:
+        read_manifest(path)
+    except TreegrpoError as e:
+        return str(e)
+    return None
+
+
+def damaged_checkpoints(folder: Path) -> list[tuple[Path, str]]:
+    """(step-N, why) of every step-N folder that is not a complete checkpoint, oldest first."""
+    return [(p, why) for p in _step_folders(folder) if (why := problem(p)) is not None]
+
+
+def list_checkpoints(folder: Path) -> list[Path]:
+    """Complete checkpoints (a manifest that lists every file a checkpoint needs, all present), oldest first."""
+    return [p for p in _step_folders(folder) if problem(p) is None]
 
 
 def _read_json(path: Path) -> Any:
@@ -279,6 +355,8 @@ def load_checkpoint(path: Path) -> Checkpoint:
     """Read and verify one step-N folder: its own files validated first (check_checkpoint), then every
     file's sha256 against the manifest (streamed), then the tensors."""
     path = Path(path)
+    if not path.exists():  # listed a moment ago: keep-last retired it while this process read the folder
+        raise TreegrpoError(f"{path}: no longer there (the run's keep-last rotation removed it); run the command again")
     manifest, _ = _validated(path)
     for name, digest in manifest.items():
         if file_sha256(path / name) != digest:

@@ -6,30 +6,26 @@ limit, and one containment check for every path found inside a folder the tool r
     loads_toml(text)           the same for TOML (a tomllib.TOMLDecodeError, itself a ValueError)
     contained(root, path, ..)  path, after checking that it resolves (links followed, at any depth of a
                                folder walked) to a file or folder inside root; one TreegrpoError otherwise
-    shown(value)               a value for an error line: its repr, cut short (a 2-million-entry list is
+    shown(value)               (errors.shown) a value for an error line: its repr, cut short (a huge list is
                                named by its size, not echoed)
+    read_text(path, what)      a user's text file, UTF-8 (a byte-order mark dropped): bytes that are not
+                               UTF-8 are one line naming the file and the line they are on (utf8_text)
 
 The module imports nothing of the tool's but its errors (nor torch): every layer above the engine may use it.
 """
 
 from __future__ import annotations
 
+import codecs
 import json
 import tomllib
 from pathlib import Path
 from typing import Any
 
 from ..errors import TreegrpoError
+from ..errors import shown as shown  # here for the callers that read files (errors.py: the engine's too)
 
 MAX_DEPTH = 64  # levels of nested arrays and objects in any JSON or TOML document the tool reads
-
-
-def shown(value: Any, limit: int = 200) -> str:
-    """A value read from a file or the command line, for an error line: its repr, cut short."""
-    if isinstance(value, (list, dict, tuple)) and len(value) > limit:
-        return f"{type(value).__name__} of {len(value):,} entries"
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def depth(obj: Any) -> int:
@@ -86,6 +82,25 @@ def read_regular(path: Path, what: str, error: type[TreegrpoError] = TreegrpoErr
     if not path.is_file():
         raise error(f"{what} {path} is not a regular file")
     return path.read_bytes()
+
+
+def read_text(path: Path, what: str, error: type[TreegrpoError] = TreegrpoError) -> str:
+    """The text of a user's file (read_regular's checks first): UTF-8, a byte-order mark dropped."""
+    return utf8_text(read_regular(path, what, error), path, error)
+
+
+def utf8_text(raw: bytes, path: Path | str, error: type[TreegrpoError] = TreegrpoError) -> str:
+    """raw as UTF-8 text (a leading byte-order mark dropped); bytes that are not UTF-8 are one line naming the
+    file, the line and the column (in bytes) of the first of them."""
+    body = raw[len(codecs.BOM_UTF8) :] if raw.startswith(codecs.BOM_UTF8) else raw
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = body.count(b"\n", 0, e.start) + 1
+        column = e.start - (body.rfind(b"\n", 0, e.start) + 1) + 1
+        raise error(
+            f"{path}:{line}: not UTF-8 text (byte 0x{body[e.start]:02x} at column {column}); save the file as UTF-8"
+        ) from None
 
 
 def contained(root: Path, path: Path, what: str = "") -> Path:

@@ -37,6 +37,8 @@ META_KEY = "treegrpo"  # the one __metadata__ entry: a JSON object
 SHARD_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*\Z")  # a shard's name: letters, digits, '-' and '_'
 SHA256_HEX = re.compile(r"[0-9a-f]{64}\Z")
 LEFTOVERS = (".lock",)  # what a folder's writer holds (training/runlock.py) or leaves: not someone else's files
+# atomic_write's temporary file of an index or a shard (a writer killed mid-write): swept by the next writer
+TEMP = re.compile(r"\.(index\.json|[A-Za-z0-9][A-Za-z0-9_-]*\.safetensors)\.[A-Za-z0-9_]{8}\.tmp\Z")
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -171,7 +173,11 @@ class ShardStore:
         if old is not None:  # overwrite: delete the old folder's shards (its own files), not just forget them
             for entry in old.index["shards"].values():
                 (root / entry["file"]).unlink(missing_ok=True)
+            old.sweep()
         root.mkdir(parents=True, exist_ok=True)
+        for p in root.iterdir() if root.is_dir() else []:  # a killed writer's temporary files
+            if TEMP.match(p.name) and p.is_file():
+                p.unlink(missing_ok=True)
         store = cls(root, {"format": FORMAT, "version": VERSION, "kind": kind, "meta": meta, "shards": {}})
         store._write_index()
         return store
@@ -201,22 +207,30 @@ class ShardStore:
     def validate(self) -> None:
         """Checks of a kind of folder beyond the index's own (a subclass's); none here."""
 
+    def sweep(self) -> None:
+        """Remove the files of this folder's own writer besides its shards (a subclass's: sample images)."""
+
     @classmethod
     def check_target(cls, root: Path, overwrite: bool, option: str = "--out") -> Self | None:
-        """Read-only checks before a folder of shards is created at root: a new or empty folder, or (with
-        overwrite) a treegrpo folder whose index is intact, returned so that its own shards can be deleted.
-        A non-empty folder without an index is someone else's: never written into."""
+        """Read-only checks before a folder of shards is created at root: a new or empty folder, or a treegrpo
+        folder whose index is intact that is replaced (with overwrite) or is a killed writer's leftover (a
+        subclass's `leftover`), returned so that its own shards can be deleted. A non-empty folder without an
+        index is someone else's: never written into (a killed writer's temporary files aside)."""
         root = Path(root)
         if root.exists() and not root.is_dir():
             raise TreegrpoError(f"{option} {root} exists and is not a folder")
         if (root / INDEX).exists():
-            if not overwrite:
-                raise TreegrpoError(
-                    f"{root} already holds a treegrpo {INDEX}; choose another {option} or pass --overwrite"
-                )
-            return cls.open(root)
+            if overwrite:
+                return cls.open(root)
+            try:
+                old = cls.open(root)
+            except TreegrpoError:
+                old = None
+            if old is not None and old.leftover():
+                return old
+            raise TreegrpoError(f"{root} already holds a treegrpo {INDEX}; choose another {option} or pass --overwrite")
         try:
-            foreign = root.is_dir() and any(p.name not in LEFTOVERS for p in root.iterdir())
+            foreign = root.is_dir() and any(p.name not in LEFTOVERS and not TEMP.match(p.name) for p in root.iterdir())
         except OSError as e:
             raise TreegrpoError(f"{option} {root}: cannot list it ({e.strerror or e})") from None
         if foreign:
@@ -225,12 +239,19 @@ class ShardStore:
             )
         return None
 
+    def leftover(self) -> bool:
+        """Is this folder what a killed writer left (the same command may replace it)? A subclass says; no here."""
+        return False
+
     # -- index -----------------------------------------------------------------------------
     @property
     def meta(self) -> dict[str, Any]:
         return self.index["meta"]
 
-    def update_meta(self, **values: Any) -> None:
+    def update_meta(self, *drop: str, **values: Any) -> None:
+        """Set meta fields and drop others, in one write of the index."""
+        for key in drop:
+            self.index["meta"].pop(key, None)
         self.index["meta"].update(values)
         self._write_index()
 

@@ -11,6 +11,11 @@ too (the two are written together).
 
 `open_trees` validates index.json as a whole before anything is read: the shard entries (shards.py),
 their names and roles, and the types of the meta fields the commands use.
+
+A folder is whole when its writers finished: `rollout` writes meta.complete false first and true last, and
+`score` records meta.scoring_pass (its command) before it removes any earlier scores and replaces it with
+meta.scoring after the last scores shard. Readers refuse anything else in one line naming the command to run
+again; the same `rollout` command replaces its own killed folder, and `score` rescoring is always allowed.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ KIND = "trees"
 SCORES = ("rewards", "advantages")  # written by `score` beside the trees shard of the same number
 TREES_SHA = "trees_sha256"  # in a rewards or advantages shard's metadata: the trees shard it scores
 _ROLE_NAME = re.compile(r"(trees|rewards|advantages)-(\d{5,})\Z")
+IMAGES = "images"  # rollout --save-images: the leaf PNGs and their prompts.json
+_LEAF_PNG = re.compile(r"p\d+-[a-z0-9-]*-leaf\d+\.png\Z")  # training/stages.py leaf_image_name
 _COUNTS = ("iteration", "num_prompts", "trees_per_prompt", "evals_per_tree", "nfe", "num_trees")
 
 
@@ -106,6 +113,39 @@ class TreeStore(ShardStore):
                 raise CorruptFileError(f"{path}: shards[{name!r}] scores trees-{m.group(2)}, which it does not list")
         check_meta(self.meta, path)
 
+    def leftover(self) -> bool:
+        """A rollout that did not finish (killed, or out of space): the same rollout command replaces it."""
+        return self.meta.get("complete") is False
+
+    def sweep(self) -> None:
+        """The sample images an earlier rollout of this folder wrote (images/: its leaf PNGs and prompts.json)."""
+        folder = self.root / IMAGES
+        if folder.is_dir() and not folder.is_symlink():
+            for p in folder.iterdir():
+                if (_LEAF_PNG.match(p.name) or p.name == "prompts.json") and p.is_file() and not p.is_symlink():
+                    p.unlink()
+
+    def problem(self, scores: bool = True) -> str | None:
+        """Why a reader may not use this folder as whole (None when it may): a rollout that did not finish, or
+        (scores) a scoring pass that did not; each with the command to run again."""
+        meta, root = self.meta, self.root
+        if meta.get("complete") is False:
+            again = _cut(meta.get("command") or f"treegrpo rollout --out {root}")
+            return f"{root}: an incomplete rollout (its writer stopped before the end); roll it out again: {again}"
+        if not scores:
+            return None
+        redo = f"score it again: {_cut(meta.get('scoring_pass') or f'treegrpo score {root}')}"
+        if "scoring_pass" in meta:
+            return f"{root}: a scoring pass that did not finish (killed, or out of space); {redo}"
+        trees = self.names("trees")
+        for role in SCORES:
+            have = len(self.names(role))
+            if have and ("scoring" not in meta or have != len(trees)):
+                return f"{root}: {have} of {len(trees)} trees shards have {role} (an interrupted scoring); {redo}"
+        if "scoring" in meta and not self.names("rewards"):
+            return f"{root}: meta.scoring is recorded but no rewards shard is listed; {redo}"
+        return None
+
     def write(self, name: str, role: str, tensors: dict[str, Tensor], meta: dict[str, Any] | None = None) -> None:
         if role in SCORES:  # bind the scores to the bytes of the trees they score
             trees = self.index["shards"].get(f"trees-{name.rsplit('-', 1)[-1]}")
@@ -141,7 +181,11 @@ def check_meta(meta: dict[str, Any], path: Path) -> None:
             raise CorruptFileError(f"{path}: meta.{key} must be a whole number >= 0, got {shown(meta[key])}")
     if "seed" in meta and type(meta["seed"]) is not int:
         raise CorruptFileError(f"{path}: meta.seed must be a whole number, got {shown(meta['seed'])}")
-    for key, typ, what in (("command", str, "a string"), ("complete", bool, "true or false")):
+    for key, typ, what in (
+        ("command", str, "a string"),
+        ("complete", bool, "true or false"),
+        ("scoring_pass", str, "a string"),
+    ):
         if key in meta and not isinstance(meta[key], typ):
             raise CorruptFileError(f"{path}: meta.{key} must be {what}, got {shown(meta[key])}")
     model = meta.get("model", {"name": ""})
@@ -179,6 +223,15 @@ def _check_scoring(scoring: Any, path: Path) -> None:
             raise CorruptFileError(f"{path}: meta.scoring.{key} must be a whole number >= 0, got {shown(scoring[key])}")
 
 
-def open_trees(root: Path) -> TreeStore:
-    """A tree folder, its index validated as a whole (no shard is read)."""
-    return TreeStore.open(root, kind=KIND)
+def _cut(command: str, most: int = 500) -> str:
+    """A recorded command for an error line: at most `most` characters."""
+    return command if len(command) <= most else command[: most - 3] + "..."
+
+
+def open_trees(root: Path, scores: bool = True) -> TreeStore:
+    """A whole tree folder, its index validated as a whole (no shard is read): a rollout that finished and,
+    unless `scores` is False (score itself), no scoring pass left half done. One line otherwise."""
+    store = TreeStore.open(root, kind=KIND)
+    if (why := store.problem(scores)) is not None:
+        raise TreegrpoError(why)
+    return store

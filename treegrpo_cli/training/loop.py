@@ -18,8 +18,9 @@ from typing import Any, cast
 
 from ..config import Config
 from ..engine.rollout import Progress
-from ..errors import TreegrpoError
-from ..store.checkpoint import list_checkpoints, load_checkpoint
+from ..errors import DiskFullError, TreegrpoError, disk_full, no_space
+from ..store import faults
+from ..store.checkpoint import list_checkpoints, load_checkpoint, tidy
 from . import dist, rundir, runlock, runlog, tracking
 from .dist import SINGLE, Dist
 from .heldout import heldout_row
@@ -66,7 +67,26 @@ def train(req: TrainRequest, hooks: Hooks = Hooks()) -> dict[str, Any]:
         if req.resume:
             rundir.check_resumable(req.run_dir, req.config)  # damaged files: refused before anything is written
         hooks.started()
-        return _train(req, hooks, held)
+        try:
+            return _train(req, hooks, held)
+        except DiskFullError as e:
+            raise e.then(_resume_advice(req.run_dir)) from None
+        except OSError as e:  # a full disk that a library reported as it is
+            if not no_space(e):
+                raise
+            raise disk_full(e.filename or req.run_dir).then(_resume_advice(req.run_dir)) from None
+
+
+def _resume_advice(run: Path) -> str:
+    """What a run stopped by a full disk does next: resume from its last checkpoint, or from iteration 0 when it
+    wrote none, or start again when not even its run folder was written."""
+    if not (run / rundir.RUN_JSON).is_file():
+        return "run the command again"
+    done = list_checkpoints(run / rundir.CHECKPOINTS)
+    cmd = rundir.resume_command(run)
+    if not done:
+        return f"continue with `{cmd}`: it starts again from iteration 0 (no checkpoint was written yet)"
+    return f"continue with `{cmd}`: it goes on from its last checkpoint, {done[-1].name}, which is intact"
 
 
 def _train(req: TrainRequest, hooks: Hooks, held: ExitStack) -> dict[str, Any]:
@@ -153,6 +173,7 @@ def _close(
         _missing_pictures(trainer, req, hooks)  # a resume repeats what a stopped run did not finish
     if cfg.train.eval_samples and finished and _main_says(lambda: last_eval() < trainer.step, trainer, d):
         _heldout(trainer, req, hooks, wall)  # also after a run killed between its last checkpoint and this
+    faults.point("train.close")
     if finished and d.main and cfg.train.sample_every:  # titled with the last held-out reward
         path = rundir.before_after(req.run_dir, trainer.step)
         if path is not None:
@@ -228,6 +249,9 @@ def _resume(trainer: Trainer, req: TrainRequest, hooks: Hooks) -> None:
     said = req.dist.main  # rank 0 speaks for the run
     if said and (change := rundir.code_change(run)):
         hooks.note(change)
+    if req.dist.main:  # under the run's lock: a killed save's or retirement's leftovers go, keep-last holds
+        tidy(run / rundir.CHECKPOINTS, trainer.cfg.train.keep_last)
+    dist.barrier(req.dist)
     good, other = rundir.scan_checkpoints(run)
     for name, why in other:
         hooks.note(f"warning: {run / rundir.CHECKPOINTS / name}: {why}; skipped")

@@ -30,6 +30,7 @@ from ..config import Config, config_from_dict
 from ..errors import ConfigError, TreegrpoError
 from ..plots import band_chart, headed, image_grid, save_png, side_by_side
 from ..rewards.base import weighted_sum
+from ..store.checkpoint import problem
 from ..store.safeio import contained, loads_json
 from ..store.shards import atomic_write
 from .runlock import LOCK
@@ -303,6 +304,8 @@ def scan_checkpoints(run: Path) -> tuple[list[Path], list[tuple[str, str]]]:
             other.append((name, "not a folder"))
         elif not (p / "manifest.json").is_file():
             other.append((name, "no manifest.json (an incomplete or damaged checkpoint)"))
+        elif (why := problem(p)) is not None:
+            other.append((name, f"incomplete or damaged ({why.removeprefix(str(p) + '/').removeprefix(str(p))})"))
         else:
             good.append(p)
     return sorted(good, key=lambda p: int(p.name[5:])), other

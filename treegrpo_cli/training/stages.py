@@ -6,6 +6,7 @@ callback `progress(phase, done, total)`.
 
 from __future__ import annotations
 
+import json
 import re
 from collections import Counter
 from dataclasses import dataclass, field, replace
@@ -22,8 +23,18 @@ from ..engine.tree import cat_trees
 from ..errors import ConfigError, TreegrpoError
 from ..models.registry import load_policy
 from ..rewards.base import score_leaves, weighted_sum
-from ..store.shards import ShardStore
-from ..store.trees import KIND, TreeShard, open_trees, read_tree_shard, shard_name, write_tree_shard
+from ..store import faults
+from ..store.shards import ShardStore, atomic_write
+from ..store.trees import (
+    IMAGES,
+    KIND,
+    TreeShard,
+    TreeStore,
+    open_trees,
+    read_tree_shard,
+    shard_name,
+    write_tree_shard,
+)
 from . import rundir, runlock, runlog
 from .sampling import build_rewards, leaf_images, make_judge
 from .steps import Credited, credit, on_nodes, plan_iteration
@@ -85,7 +96,7 @@ def run_rollout(req: RolloutRequest, progress: Progress = _noop) -> dict[str, An
         "evals_per_tree": plan.tree.model_evals(T) * policy.evals_per_row,
         "complete": False,
     }
-    ShardStore.check_target(req.out, req.overwrite)  # before the lock creates the folder: never in a foreign one
+    TreeStore.check_target(req.out, req.overwrite)  # before the lock creates the folder: never in a foreign one
     with runlock.lock(req.out, create=True):  # one writer per tree folder
         return _write_rollout(req, policy, sde, plan, meta, progress)
 
@@ -96,10 +107,11 @@ def _write_rollout(
     cfg, ids, T = req.config, plan.prompt_ids, req.config.sampler.steps
     rewards = build_rewards(cfg.reward, req.device) if cfg.tree.dynamic == "reward" else {}
     judge = make_judge(cfg.tree, cfg.reward, policy, rewards)  # tree.dynamic = "reward" scores x0-predictions
-    store = ShardStore.create(req.out, KIND, meta, overwrite=req.overwrite)
+    store = TreeStore.create(req.out, KIND, meta, overwrite=req.overwrite)  # a killed rollout's folder: replaced
     nfe, offset, leaves, chunks = 0, 0, 0, range(0, len(ids), req.prompts_per_shard)
     repeats = max(Counter(ids).values()) * plan.tree.trees_per_prompt  # the most trees of one prompt
     written: dict[int, int] = {}  # prompt id -> leaf images written
+    names: dict[str, str] = {}  # leaf image file -> its prompt
     digits = (max(2, len(str(len(req.prompts) - 1))), max(2, len(str(repeats * plan.tree.leaves(T) - 1))))
     for k, a in enumerate(chunks):
         chunk = ids[a : a + req.prompts_per_shard]
@@ -119,9 +131,12 @@ def _write_rollout(
         shard = TreeShard(k, tree, leaf_images(policy, tree), {i: req.prompts[i] for i in chunk}, offset, n)
         write_tree_shard(store, shard)
         if req.save_images:
-            _save_images(req.out / "images", shard, written, *digits)
+            _save_images(req.out / IMAGES, shard, written, *digits, names)
+        faults.point("rollout.shard")
         nfe, offset, leaves = nfe + n, offset + tree.num_trees, leaves + int(tree.is_leaf().sum())
-    store.update_meta(nfe=nfe, num_trees=offset, complete=True)
+    if req.save_images:  # the image -> prompt map `eval --images` reads
+        atomic_write(req.out / IMAGES / "prompts.json", (json.dumps(names, indent=1) + "\n").encode())
+    store.update_meta(nfe=nfe, num_trees=offset, complete=True)  # last: the folder is whole
     return {
         "out": str(req.out),
         "trees": offset,
@@ -153,9 +168,12 @@ def leaf_image_name(prompt_id: int, prompt: str, leaf: int, id_digits: int = 2, 
     return f"p{prompt_id:0{id_digits}d}-{slug(prompt)}-leaf{leaf:0{leaf_digits}d}.png"
 
 
-def _save_images(folder: Path, s: TreeShard, counts: dict[int, int], id_digits: int, leaf_digits: int) -> None:
+def _save_images(
+    folder: Path, s: TreeShard, counts: dict[int, int], id_digits: int, leaf_digits: int, names: dict[str, str]
+) -> None:
     """Each leaf as a PNG named by its prompt and its number among that prompt's leaves so far (`counts`: prompt
-    id -> leaves written, over every shard; a prompt drawn again, or with several trees, keeps counting)."""
+    id -> leaves written, over every shard; a prompt drawn again, or with several trees, keeps counting); `names`
+    gets each file's prompt."""
     folder.mkdir(parents=True, exist_ok=True)
     for j, node in enumerate(s.tree.leaves().tolist()):
         pid = int(s.tree.tree_prompt[s.tree.tree[node]])
@@ -163,6 +181,7 @@ def _save_images(folder: Path, s: TreeShard, counts: dict[int, int], id_digits: 
         counts[pid] = k + 1
         name = leaf_image_name(pid, s.prompts[pid], k, id_digits, leaf_digits)
         Image.fromarray(s.leaf_image[j].permute(1, 2, 0).numpy()).save(folder / name)
+        names[name] = s.prompts[pid]
 
 
 # --- score -----------------------------------------------------------------------------------
@@ -180,6 +199,7 @@ class ScoreRequest:
     max_iterations: int | None = None  # None: the config's train.iterations (pruning.active_until)
     batch_size: int = 64
     device: str = "cpu"
+    command: str = ""  # recorded while the pass runs: what to run again if it is killed
 
 
 def scoring_config(store: ShardStore, sets: list[str]) -> Config:
@@ -198,13 +218,13 @@ def run_score(req: ScoreRequest, progress: Progress = _noop) -> dict[str, Any]:
     """Score every leaf with the config's rewards (options, device), then write rewards, advantages and
     trained-edge masks beside the trees: the online loop's scoring and credit assignment, over all shards.
     One writer per tree folder: a second score (or a rollout) of the same folder is refused while it runs."""
-    open_trees(req.root)  # a tree folder, before its lock file is made
+    open_trees(req.root, scores=False)  # a whole rollout, before its lock file is made; rescoring is allowed
     with runlock.lock(req.root):
         return _score_locked(req, progress)
 
 
 def _score_locked(req: ScoreRequest, progress: Progress) -> dict[str, Any]:
-    store = open_trees(req.root)
+    store = open_trees(req.root, scores=False)
     cfg = scoring_config(store, req.sets)
     it = store.meta.get("iteration", 0) if req.iteration is None else req.iteration
     if req.max_iterations is not None:
@@ -216,8 +236,12 @@ def _score_locked(req: ScoreRequest, progress: Progress) -> dict[str, Any]:
     scores = [score_leaves(rewards, s.leaf_image, s.leaf_prompts(), req.batch_size, progress) for s in shards]
     tree = cat_trees([s.tree for s in shards])
     adv, trained = credit(cfg, tree, {n: torch.cat([sc[n] for sc in scores]) for n in weights}, it)
+    # the earlier scoring record goes before its shards do; the new one comes after the last new shard
+    store.update_meta("scoring", scoring_pass=req.command or f"treegrpo score {req.root}")
+    faults.point("score.cleared")
     _write_scores(store, shards, scores, weights, adv, trained)
     store.update_meta(
+        "scoring_pass",
         scoring={
             "rewards": weights,
             "combine": cfg.reward.combine,
@@ -227,7 +251,7 @@ def _score_locked(req: ScoreRequest, progress: Progress) -> dict[str, Any]:
             "sets": list(req.sets),
             "iteration": it,
             "max_iterations": cfg.train.iterations,
-        }
+        },
     )
     leaf_r = torch.cat([weighted_sum(sc, weights) for sc in scores])
     return {
@@ -257,6 +281,7 @@ def _write_scores(store, shards: list, scores: list[dict[str, torch.Tensor]], we
             "leaf_advantage": adv.leaf[sl],
         }
         store.write(shard_name("advantages", s.index), "advantages", advantages)
+        faults.point("score.shard")
         a += s.tree.num_nodes
 
 

@@ -13,7 +13,7 @@ import torch
 
 from ..config import Config
 from ..engine.budgets import PromptStats
-from ..engine.grpo import Batch, Parallel, grpo_update, make_optimizer
+from ..engine.grpo import Batch, Parallel, grpo_update, lr_at, make_optimizer, set_lr
 from ..engine.nft import NFTBatch, OldPolicy, decay_at, nft_update
 from ..engine.rollout import Progress, mix_seed
 from ..engine.sde import FlowSDE, make_kernel
@@ -267,6 +267,8 @@ class Trainer:
         """Iteration `it`'s update of credited trees (`prompts`: this process's, one per tree): NFT on every leaf's
         advantage, or GRPO on the trained edges (every process's batch planned together); then its metrics row."""
         cfg, d = self.cfg, self.d
+        lr = lr_at(cfg.train, it)  # the iteration's rate (train.lr_schedule), set before its first step
+        set_lr(self.opt, lr)
         cond = self.policy.encode(prompts)
         if self.old is not None:
             upd = self.update_nft(nft_batch(cfg, it, c, d.rank, cond), progress)
@@ -278,7 +280,7 @@ class Trainer:
             par = parallel_plan(whole_plan, cfg, it, c.starts, d, self.sharded) if d.active else None
             upd = self.update(batch, update_generator(cfg, it), par, progress)
             credited = c.edge[c.trained]
-        return metrics_row(c, it, credited, upd, self.opt.param_groups[0]["lr"])
+        return metrics_row(c, it, credited, upd, lr)
 
     def save(self, run: Path, main: bool = True) -> Path | None:
         """The checkpoint of the run so far under run/checkpoints/step-N, written by the main process (a sharded
