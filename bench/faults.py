@@ -8,8 +8,9 @@ random moment of the reference's duration:
     train     resumed (`train --resume`, or the same command when no run folder was written yet) until it exits 0;
               held when its metrics rows (timings aside) and last checkpoint's tensors equal the reference's bit for
               bit, its checkpoints are the reference's step-N names, and no dot-named leftover is there
-    rollout   `inspect` exits 0 on a folder equal to the reference's, or refuses in one line that names the
-              rollout command; the same command rerun gives the reference's folder byte for byte
+    rollout   `inspect` exits 0 on a folder equal to the reference's (the kill came after the last write), or
+              refuses in one line that names the rollout command, and the same command rerun gives the
+              reference's folder byte for byte
     score     the same with `score` on a copy of the reference rollout ("score it again")
     eval      `eval --images --out` rerun gives the reference's results.csv and samples.png
     export    `export` rerun gives the reference's folder byte for byte; no OUT until it is whole
@@ -147,6 +148,9 @@ def train_trial(work: Path, ref: Path, kill: dict[str, Any]) -> dict[str, Any]:
 def rerun_trial(work: Path, args: list[str], out: str, ref: dict[str, str], kill: dict[str, Any], reader) -> dict:
     rc = treegrpo(args, work, **kill)
     said = reader(work) if rc != 0 else "finished before the kill"
+    if said in ("whole", "finished before the kill"):  # the kill came after the last write: nothing to redo
+        same = files(work / out) == ref
+        return {"killed_rc": rc, "reader": said, "rerun_rc": None, "same": same, "held": same}
     rerun = treegrpo(args, work)
     same = rerun == 0 and files(work / out) == ref
     return {"killed_rc": rc, "reader": said, "rerun_rc": rerun, "same": same, "held": same and said is not None}
@@ -159,7 +163,7 @@ def tree_reader(needle: str):
             return "no index.json yet"
         rc = treegrpo(["inspect", "trees"], work)
         if rc == 0:
-            return "whole"
+            return "whole"  # then compared with the reference
         return "refused" if one_line_refusal(treegrpo.last_stderr, needle) else None  # type: ignore[attr-defined]
 
     return read

@@ -181,6 +181,7 @@ def test_a_killed_scoring_is_refused_by_every_reader_and_scoring_again_finishes_
     (out / ".lock").unlink(missing_ok=True)
     scored = snapshot(out)
     killed("score", "trees", "--reward", "jpeg-compressibility", fault=point, cwd=here)
+    (out / ".rewards-00001.safetensors.k1ll3d00.tmp").write_bytes(b"half a shard")  # a kill inside a write
     for args in readers(out, cwd / "trees", tmp_path):
         refused_in_one_line(run(*args), "scoring pass that did not finish", "score it again: treegrpo score trees")
     ok("score", "trees", "--reward", "jpeg-compressibility", cwd=here)
@@ -271,3 +272,23 @@ def test_an_export_onto_a_full_disk_gives_export_advice(tmp_path, monkeypatch):
     r = run("export", d, "--out", tmp_path / "x")
     refused_in_one_line(r, "no space left", "run the command again")
     assert "--resume" not in r.stderr and not (tmp_path / "x").exists() and not list(tmp_path.glob(".x.export-*"))
+
+
+def test_a_full_disk_before_the_first_checkpoint_says_the_resume_starts_again(tmp_path, monkeypatch):
+    from treegrpo_cli.store import checkpoint
+
+    def full(*a, **kw):
+        raise RuntimeError('IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })')
+
+    monkeypatch.setattr(checkpoint, "save_file", full)
+    d = tmp_path / "r"
+    r = run("train", *TRAIN, "--iterations", 2, "--run-dir", d)
+    line = r.stderr.strip().splitlines()[-1]
+    assert r.exit_code == 1 and "no space left" in line and "last checkpoint" not in line, r.stderr
+    assert f"treegrpo train --resume {d}" in line and "starts again from iteration 0" in line, line
+    monkeypatch.undo()
+    r = run("train", *TRAIN, "--iterations", 1, "--run-dir", tmp_path / "s")
+    assert r.exit_code == 0
+    monkeypatch.setattr(checkpoint, "save_file", full)
+    r = run("train", "--resume", tmp_path / "s", "--iterations", 2)
+    assert "goes on from its last checkpoint, step-1, which is intact" in r.stderr.strip().splitlines()[-1], r.stderr

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
+import os
 from pathlib import Path
 
 from .errors import TreegrpoError
@@ -28,6 +30,8 @@ def load_prompts(path: Path | str | None = None) -> list[str]:
     if path is None or str(path) in BUILTIN:
         path = BUILTIN[str(path or "default")]
     path = Path(path)
+    if not os.path.lexists(path):
+        raise TreegrpoError(f"prompts file not found: {path}{_builtin_hint(str(path))}")
     text = read_text(path, "prompts file")  # a byte-order mark is not part of the first prompt
     if path.suffix == ".jsonl":
         prompts = [_jsonl_prompt(line, path, n) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
@@ -36,6 +40,17 @@ def load_prompts(path: Path | str | None = None) -> list[str]:
     if not prompts:
         raise TreegrpoError(f"{path}: no prompts in the file")
     return prompts
+
+
+def _builtin_hint(name: str) -> str:
+    """Of a --prompts that is no file: the built-in lists it is close to (general -> general-train, general-test),
+    or, for a bare name, every built-in list."""
+    close = difflib.get_close_matches(name, BUILTIN, n=3, cutoff=0.6) if len(name) < 100 else []
+    if close:
+        return f"; did you mean the built-in list {' or '.join(repr(c) for c in close)}?"
+    if "/" not in name and "." not in name:
+        return f" (nor a built-in list: {', '.join(BUILTIN)})"
+    return ""
 
 
 def _jsonl_prompt(line: str, path: Path, n: int) -> str:

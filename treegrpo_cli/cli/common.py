@@ -257,3 +257,22 @@ def device_notes(device: str, model: str | None = None, weights: str = "pretrain
                 + (', or --set policy.size="tiny" to try the path' if weights == "random" else "")
             )
     return notes
+
+
+def duration(seconds: float) -> str:
+    """Seconds as a person reads them: 0.9 s, 57 s, 3.2 min, 1 h 05 min."""
+    if not math.isfinite(seconds):
+        return str(seconds)
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    if seconds < 59.5:
+        return f"{seconds:.0f} s"
+    if seconds < 3600 - 30:
+        return f"{seconds / 60:.1f} min"
+    hours, minutes = divmod(round(seconds / 60), 60)
+    return f"{hours} h {minutes:02d} min"
+
+
+def number(v: float) -> str:
+    """A float with four significant digits (3e-05, 0.7657, 12.7), not four decimals that round it to 0.0000."""
+    return f"{v:.4g}"

@@ -20,6 +20,11 @@ def show(
     model: Annotated[str | None, typer.Option(help=model_help("the preset's"))] = None,
     config: Annotated[Path | None, typer.Option("--config", help="A TOML config file layered over the preset.")] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="Override one key (repeatable).")] = None,
+    reward: Annotated[str | None, typer.Option(help="Reward name(s), comma separated (as for train).")] = None,
+    prompts: Annotated[
+        str | None, typer.Option(help="Training prompts: a .txt/.jsonl file or a built-in list (as for train).")
+    ] = None,
+    iterations: Annotated[int | None, typer.Option(min=1, help="Online iterations (as for train).")] = None,
     explain: Annotated[bool, typer.Option("--explain", help="Name the layer each value comes from.")] = False,
     json_: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
@@ -32,15 +37,23 @@ def show(
       treegrpo config show --set train.lr=3e-5 --json
     """
     from ..config import config_layers, load_config, user_warnings
-    from .train_cmd import DEFAULT_PRESET
+    from .train_cmd import DEFAULT_PRESET, option_sets
 
     with guarded():
-        sets = [*(set_ or []), *([f"model={json.dumps(model)}"] if model else [])]
+        # the --set items train makes of the same options, after the user's own (so the options win, as in train)
+        given = {
+            "--model": option_sets(model=model),
+            "--reward": option_sets(reward=reward),
+            "--iterations": option_sets(iterations=iterations),
+            "--prompts": [f"rollout.prompts={json.dumps(prompts)}"] if prompts else [],
+        }
+        sets = [*(set_ or []), *(item for items in given.values() for item in items)]
         cfg = load_config(preset or DEFAULT_PRESET, config, sets)
         layers = config_layers(preset or DEFAULT_PRESET, config, sets)
+        option_of = {item.split("=", 1)[0].strip(): option for option, items in given.items() for item in items}
         origin: dict[str, str] = {}
         for layer, values in layers:
-            origin.update(dict.fromkeys(values, layer))
+            origin.update({k: option_of.get(k, layer) if layer == "--set" else layer for k in values})
         for w in user_warnings(cfg, layers):  # what train would say, on stderr
             err.print(one_line(w), highlight=False, markup=False, soft_wrap=True)
     values = dotted(cfg.to_dict())

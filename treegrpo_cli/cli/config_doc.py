@@ -155,7 +155,8 @@ def markdown() -> str:
         "",
         "Every key a preset, a `--config` file or `--set` may give, with its default. In a TOML file a key",
         "`section.key` is `key` under `[section]`; on the command line it is `--set section.key=value` (strings in",
-        'double quotes: `--set model="flux-dev"`).',
+        "double quotes: `--set model=\"flux-dev\"`; lists in brackets, `--set 'tree.split_steps=[0, 3]'`, or comma",
+        "separated: `--set reward.names=shapes,jpeg-compressibility`).",
         "",
         LAYERS,
     ]

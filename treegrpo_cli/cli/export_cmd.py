@@ -17,6 +17,13 @@ def export(
     ] = True,
     overwrite: Annotated[bool, typer.Option(help="Write into a folder that is not empty.")] = False,
     device: Annotated[str, typer.Option(help=DEVICE_HELP + " (the model is loaded there).")] = "auto",
+    dtype: Annotated[
+        str | None,
+        typer.Option(
+            help="The base model's weights while exporting: auto (bf16 on CUDA, fp32 elsewhere), bf16 or fp32 "
+            "(default: the run's policy.dtype). The exported weights are those of the checkpoint either way."
+        ),
+    ] = None,
     json_: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Export a checkpoint in diffusers' format: LoRA weights for pipe.load_lora_weights, or a full model folder.
@@ -27,14 +34,20 @@ def export(
 
       treegrpo export runs/flux-branch --step 200 --no-ema --out exports/step-200
     """
+    from ..errors import ConfigError, shown
+    from ..models.base import DTYPE_NAMES, DTYPES
     from ..preflight import check_writable_dir, resolve_device
     from ..training.export import ExportRequest, export_checkpoint
 
     with guarded():
         device = resolve_device(device)
+        if dtype is not None:
+            dtype = DTYPE_NAMES.get(dtype, dtype)  # torch's spellings too, as policy.dtype takes them
+            if dtype not in DTYPES:
+                raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}; got {shown(dtype)}")
         check_writable_dir(out, "--out")
         say = (lambda m: None) if json_ else (lambda m: err.print(m, highlight=False, markup=False, soft_wrap=True))
-        summary = export_checkpoint(ExportRequest(run, out, step, ema, overwrite, device), say)
+        summary = export_checkpoint(ExportRequest(run, out, step, ema, overwrite, device, dtype), say)
     if json_:
         print_json(summary)
     else:

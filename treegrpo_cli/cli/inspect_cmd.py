@@ -1,19 +1,25 @@
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.table import Table
 
-from .common import guarded, one_line, out, print_json
+from .common import duration, guarded, number, one_line, out, print_json
 
 
 def inspect(
-    trees: Annotated[Path, typer.Argument(help="A tree folder written by `treegrpo rollout`.")],
+    trees: Annotated[
+        Path, typer.Argument(help="A tree folder written by `treegrpo rollout` (or a run folder of `treegrpo train`).")
+    ],
     json_: Annotated[bool, typer.Option("--json", help="Every node of every tree as JSON.")] = False,
 ) -> None:
     """Summarise a tree folder: shape, model evaluations, rewards, advantages, trained edges.
+
+    Given a training run folder (run.json), a short summary of the run: its config, iterations, last checkpoint
+    and held-out reward.
 
     Examples:
 
@@ -21,9 +27,18 @@ def inspect(
 
       treegrpo inspect runs/trees --json
     """
+    from ..report.run_report import inspect_run, is_run_folder
     from ..report.tree_report import inspect_trees
+    from ..store.shards import INDEX
 
     with guarded():
+        if is_run_folder(trees) and not (trees / INDEX).exists():
+            run = inspect_run(trees)
+            if json_:
+                print_json(run)
+            else:
+                _render_run(run)
+            return
         report = inspect_trees(trees, with_nodes=json_)
     if json_:
         print_json({"trees": report["trees"], "meta": report["meta"], "groups": report["groups"]})
@@ -79,6 +94,34 @@ def _render(report: dict) -> None:
             _mean_std(d["advantage_mean"], d["advantage_std"]),
         )
     out.print(table)
+
+
+def _render_run(run: dict) -> None:
+    """A training run folder's summary, and the commands that read more of it; paths whole, never cut."""
+    folder = run["run_dir"]
+    rows = {"config": f"{run['config']}, model {run['model']}, reward {', '.join(run['rewards'])}"}
+    done = f"{run['iterations']} of {run['planned_iterations']}"
+    rows["iterations"] = done + (f" ({duration(run['minutes'] * 60)} of training)" if run["minutes"] else "")
+    rows["last checkpoint"] = run["last_checkpoint"] or "none complete yet"
+    if "heldout_after" in run:
+        rows["held-out reward"] = (
+            f"{number(run['heldout_before'])} at iteration {run['heldout_before_iteration']}, "
+            f"{number(run['heldout_after'])} at iteration {run['heldout_after_iteration']} "
+            f"({run['heldout_gain']:+.4g})"
+        )
+    elif "heldout_before" in run:
+        rows["held-out reward"] = f"{number(run['heldout_before'])} at iteration {run['heldout_before_iteration']}"
+    else:
+        rows["held-out reward"] = "not evaluated"
+    quoted = shlex.quote(folder)
+    rows["more"] = (
+        f"treegrpo compare {quoted} (its curves), treegrpo eval --checkpoint {quoted} (its samples' rewards), "
+        f"treegrpo export {quoted} --out DIR (its weights)"
+    )
+    lines = [f"training run {folder} (a run folder of `treegrpo train`, not a tree folder)"]
+    lines += [f"  {key + ':':<17}{value}" for key, value in rows.items()]
+    for line in lines:
+        out.print(one_line(line), highlight=False, soft_wrap=True)
 
 
 def _mean_std(mean: float | None, std: float | None) -> str:

@@ -22,11 +22,13 @@ from .common import (
     Signalled,
     command_line,
     device_notes,
+    duration,
     err,
     fail,
     guarded,
     internal_error,
     model_help,
+    number,
     on_stop_signals,
     one_line,
     out,
@@ -80,6 +82,11 @@ def _sets(set_, model, reward, weights, iterations, seed, max_batch, reward_opt=
     return sets
 
 
+def option_sets(model: str | None = None, reward: str | None = None, iterations: int | None = None) -> list[str]:
+    """The --set items train makes of its --model, --reward and --iterations (`config show` takes them too)."""
+    return _sets(None, model, reward, None, iterations, None, None)
+
+
 def _log_sets(log: str | None) -> list[str]:
     if log is None:
         return []
@@ -124,7 +131,13 @@ def train(
         list[str] | None, typer.Option("--set", help="Override one key, e.g. --set train.lr=1e-4 (repeatable).")
     ] = None,
     model: Annotated[str | None, typer.Option(help=model_help("the preset's"))] = None,
-    reward: Annotated[str | None, typer.Option(help="Reward name(s), comma separated.")] = None,
+    reward: Annotated[
+        str | None,
+        typer.Option(
+            help="Reward name(s), comma separated: built-in, an installed plugin's, FILE.py:FUNCTION, MODULE:FUNCTION "
+            "or http://HOST:PORT (docs/rewards.md)."
+        ),
+    ] = None,
     weights: Annotated[str | None, typer.Option(help="Reward weights, comma separated.")] = None,
     reward_opt: Annotated[
         list[str] | None,
@@ -483,18 +496,32 @@ def _staged(trees: Path, run_dir, sets, device) -> dict:
         return train_from_trees(StagedRequest(trees, run, sets, device, command_line()), bar)
 
 
+# the summary's durations (rundir.summary's minutes; a staged update's metrics row: wall and seconds per phase)
+DURATIONS = {"minutes": 60.0, "wall": 1.0}
+
+
+def summary_value(key: str, v: object) -> str:
+    """One value of the summary table: durations as a person reads them (57 s, 3.2 min), other floats to four
+    significant digits (an lr of 3e-05 is not 0.0000); --json keeps the numbers."""
+    if key in DURATIONS and isinstance(v, (int, float)) and not isinstance(v, bool):
+        return duration(v * DURATIONS[key])
+    if key == "seconds" and isinstance(v, dict):
+        return ", ".join(f"{k} {duration(s) if isinstance(s, (int, float)) else s}" for k, s in v.items())
+    return number(v) if isinstance(v, float) else str(v)
+
+
 def _report(summary: dict, as_json: bool) -> None:
     if as_json:
         print_json(summary)
         return
     table = Table(title="training summary", show_header=False)
     for k, v in summary.items():
-        table.add_row(k, f"{v:.4f}" if isinstance(v, float) else str(v))
+        table.add_row("training time" if k == "minutes" else k, summary_value(k, v))
     out.print(table)
     if "reward_first_tenth" in summary:
         out.print(
-            f"mean reward, first tenth of the iterations: {summary['reward_first_tenth']:.4f}; "
-            f"last tenth: {summary['reward_last_tenth']:.4f}"
+            f"mean reward, first tenth of the iterations: {number(summary['reward_first_tenth'])}; "
+            f"last tenth: {number(summary['reward_last_tenth'])}"
         )
     for first, last in summary.get("stalled_iterations", []):
         err.print(
@@ -503,6 +530,6 @@ def _report(summary: dict, as_json: bool) -> None:
         )
     if "heldout_after" in summary:
         out.print(
-            f"held-out reward (ODE samples of the eval prompts): {summary['heldout_before']:.4f} before, "
-            f"{summary['heldout_after']:.4f} after ({summary['heldout_gain']:+.4f})"
+            f"held-out reward (ODE samples of the eval prompts): {number(summary['heldout_before'])} before, "
+            f"{number(summary['heldout_after'])} after ({summary['heldout_gain']:+.4g})"
         )

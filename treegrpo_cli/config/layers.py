@@ -146,10 +146,35 @@ def parse_set(item: str) -> tuple[str, Any]:
     except TooDeep as e:
         raise ConfigError(f"--set {shown(key)}: {e}") from None
     except ValueError:  # not a TOML literal (or an integer of more than 4,300 digits): a bare word
-        value = raw
+        value = _bare_list(key, raw)
     if key not in set(_valid_keys()):
         raise _unknown(key)
     return key, value
+
+
+FREE_TEXT_LISTS = {"reward.options"}  # entries (NAME.KEY=VALUE) whose value may hold a comma: never split
+
+
+def _bare_list(key: str, raw: str) -> Any:
+    """A --set value that is no TOML literal: a bare word, or for a list key a comma-separated list as train's
+    options take them (reward.names=shapes,jpeg-compressibility: words; tree.split_steps=0,3: numbers), with or
+    without the brackets (a shell drops the quotes of reward.names=["shapes","hps"] unless the item is quoted)."""
+    section, _, name = key.partition(".")
+    fields = {f.name: str(f.type) for f in dataclasses.fields(SECTIONS[section])} if section in SECTIONS else {}
+    typ = fields.get(name, "")
+    bracketed = raw.startswith("[") and raw.endswith("]")
+    if not typ.startswith("tuple[") or key in FREE_TEXT_LISTS or not ("," in raw or bracketed):
+        return raw
+    body = raw[1:-1] if bracketed else raw
+    if typ.startswith("tuple[str"):
+        return [w.strip() for w in body.split(",") if w.strip()]
+    try:
+        return loads_toml(f"v = [{body}]")["v"]
+    except (ValueError, TooDeep):
+        raise ConfigError(
+            f"--set {key}: {shown(raw, 60)} is not a list of numbers; write it comma separated ({key}=0,3) or as a "
+            f"TOML list, quoted for the shell (--set '{key}=[0, 3]')"
+        ) from None
 
 
 def _coerce(cls: type, name: str, value: Any) -> Any:

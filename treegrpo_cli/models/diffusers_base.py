@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from ..compat import ensure_torchvision
 from ..errors import ConfigError, TreegrpoError
+from ..store.shards import sorted_metadata
 from .base import Conditions, PolicyConfig
 from .catalog import AdapterCard
 from .flops import Formula
@@ -437,6 +438,7 @@ class DiffusersPolicy(ABC):
         type(self.pipe).save_lora_weights(
             out, **{f"{self.denoiser_attr}_lora_layers": layers, f"{self.denoiser_attr}_lora_adapter_metadata": meta}
         )
+        sorted_metadata(out / "pytorch_lora_weights.safetensors")  # the same export, the same bytes
         return ["pytorch_lora_weights.safetensors"]
 
     def _lora_layers(self, peft_state: dict[str, Tensor]) -> dict[str, Tensor]:

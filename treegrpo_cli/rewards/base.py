@@ -10,6 +10,9 @@ Registered rewards (see docs/rewards.md for weights, environment variables and s
     motion-shapes, videoalign                               video rewards (`video = True`: whole clips)
     ocr                                                     text rendering (RapidOCR, the `ocr` extra)
 
+Plugins (rewards/plugins.py): an entry point of the group `treegrpo.rewards` by its name, FILE.py:FUNCTION and
+MODULE:FUNCTION; `register()` adds a reward in-process.
+
 A model reward's factory takes `device`, `dtype` and its own options (e.g. `checkpoint`); the
 registry imports the modules of every reward at once, but those modules import open_clip or
 transformers only inside their factories, so nothing heavy loads until such a reward is requested.
@@ -78,8 +81,11 @@ def register(
 
 
 def available() -> list[str]:
+    """The built-in and registered rewards, and the installed plugins' (their entry points, none loaded)."""
+    from .plugins import entry_points
+
     _load_builtins()
-    return sorted(_REGISTRY)
+    return sorted({*_REGISTRY, *entry_points()})
 
 
 def spec(name: str) -> RewardSpec:
@@ -89,11 +95,20 @@ def spec(name: str) -> RewardSpec:
         from .remote import RemoteReward
 
         return RewardSpec(name, lambda: RemoteReward(name), summary="a reward served over HTTP")
-    if name not in _REGISTRY:
-        close = difflib.get_close_matches(name, _REGISTRY, n=1)
+    from . import plugins  # FILE.py:FN, MODULE:FN and the entry points of treegrpo.rewards (rewards/plugins.py)
+
+    if name in _REGISTRY:
+        if (clash := plugins.clash(name)) is not None:
+            raise ConfigError(clash)
+        return _REGISTRY[name]
+    found = plugins.plugin_spec(name)
+    if found is None:
+        names = [*_REGISTRY, *plugins.entry_points()]
+        close = difflib.get_close_matches(name, names, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise ConfigError(f"unknown reward {shown(name)} (available: {', '.join(sorted(_REGISTRY))}){hint}")
-    return _REGISTRY[name]
+        hint += "; a file's reward is named FILE.py:FUNCTION" if name.endswith(".py") else ""
+        raise ConfigError(f"unknown reward {shown(name)} (available: {', '.join(sorted(names))}){hint}")
+    return found
 
 
 def check_rewards(names: list[str] | tuple[str, ...], options: dict[str, dict[str, str]]) -> None:
@@ -152,7 +167,7 @@ def parse_reward_options(items: list[str] | tuple[str, ...]) -> dict[str, dict[s
     out: dict[str, dict[str, str]] = {}
     for item in items:
         key, sep, value = item.partition("=")
-        name, dot, opt = key.strip().partition(".")
+        name, dot, opt = key.strip().rpartition(".")  # the last dot: a plugin's name may hold dots (my.py:fn)
         if not sep or not dot or not name or not opt:
             raise ConfigError(f"reward options look like NAME.KEY=VALUE (e.g. hps.checkpoint=/path); got {shown(item)}")
         allowed = spec(name).options

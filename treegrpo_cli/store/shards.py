@@ -62,6 +62,31 @@ def atomic_write(path: Path, data: bytes) -> None:
         raise
 
 
+def sorted_metadata(path: Path) -> None:
+    """Rewrite a safetensors file's header in place with its __metadata__ entries in sorted order (safetensors
+    writes them in a random order, so the same tensors and metadata give other bytes in another process). The
+    header keeps its length (padded with spaces, as safetensors pads it); a header that would grow is left as is."""
+    with open(path, "r+b") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+        meta = header.get("__metadata__")
+        if not isinstance(meta, dict):
+            return
+        header["__metadata__"] = dict(sorted(meta.items()))
+        new = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+        if len(new) <= n:
+            f.seek(8)
+            f.write(new + b" " * (n - len(new)))
+
+
+def sweep_temp(root: Path) -> None:
+    """Remove a killed writer's temporary files (atomic_write's, of an index or a shard) from a folder of shards;
+    the caller is its one writer (it holds the folder's lock)."""
+    for p in Path(root).iterdir():
+        if TEMP.match(p.name) and p.is_file() and not p.is_symlink():
+            p.unlink(missing_ok=True)
+
+
 def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -175,9 +200,7 @@ class ShardStore:
                 (root / entry["file"]).unlink(missing_ok=True)
             old.sweep()
         root.mkdir(parents=True, exist_ok=True)
-        for p in root.iterdir() if root.is_dir() else []:  # a killed writer's temporary files
-            if TEMP.match(p.name) and p.is_file():
-                p.unlink(missing_ok=True)
+        sweep_temp(root)
         store = cls(root, {"format": FORMAT, "version": VERSION, "kind": kind, "meta": meta, "shards": {}})
         store._write_index()
         return store

@@ -12,6 +12,7 @@ a folder that is not empty, treegrpo_export.json is removed first and moved in l
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -38,6 +39,7 @@ class ExportRequest:
     ema: bool = True  # export the EMA weights when the checkpoint has them
     overwrite: bool = False
     device: str = "cpu"
+    dtype: str | None = None  # the base model's weights (auto, bf16, fp32); None: the run's policy.dtype
 
 
 def pick_checkpoint(run_dir: Path, step: int | None) -> Path:
@@ -65,7 +67,9 @@ def export_checkpoint(req: ExportRequest, note: Callable[[str], None] = lambda m
     ck = load_checkpoint(path)
     use_ema = req.ema and ck.ema is not None
     note(f"loading {cfg.model} on {req.device} (no text encoders) ...")
-    policy = load_policy(cfg.model, req.device, cfg.policy, text_encoders=False)
+    opts = cfg.policy if req.dtype is None else dataclasses.replace(cfg.policy, dtype=req.dtype)
+    opts.validate()  # a dtype of the request: auto, bf16 or fp32
+    policy = load_policy(cfg.model, req.device, opts, text_encoders=False)
     if not hasattr(policy, "export"):
         raise TreegrpoError(
             f"model {cfg.model!r} has no diffusers format; its weights are the model-*.safetensors shards of {path}"

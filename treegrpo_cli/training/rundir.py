@@ -30,6 +30,7 @@ from ..config import Config, config_from_dict
 from ..errors import ConfigError, TreegrpoError
 from ..plots import band_chart, headed, image_grid, save_png, side_by_side
 from ..rewards.base import weighted_sum
+from ..rewards.plugins import RECORD, check_file_record, file_record
 from ..store.checkpoint import problem
 from ..store.safeio import contained, loads_json
 from ..store.shards import atomic_write
@@ -134,6 +135,7 @@ def create(
         "treegrpo": code_version(),
         "config": cfg.to_dict(),
         "prompts": {k: prompt_record(v) for k, v in (prompts or {}).items()},
+        **({RECORD: files} if (files := file_record(cfg.reward.names)) else {}),  # a resume checks them
         **(setup or {}),
     }
     atomic_write(run / RUN_JSON, (json.dumps(info, indent=1) + "\n").encode())
@@ -333,6 +335,8 @@ def check_resumable(run: Path, cfg: Config) -> None:
     check_layout(run)
     read_metrics(run)
     read_evals(run)
+    if RECORD in (info := read_info(run)):  # the run's file rewards are the files it started with
+        check_file_record(info[RECORD], cfg.reward.names, str(run / RUN_JSON))
     now = _flat(loads_json(json.dumps(cfg.to_dict())))
     good, _ = scan_checkpoints(run)
     for path in reversed(good):
@@ -362,6 +366,20 @@ def reward_plot(run: Path) -> None:
     save_png(side_by_side(panels), run / "reward.png")
 
 
+def reward_band(rows: list[MetricsRow]) -> tuple[list[float], list[float]]:
+    """(low, high) of reward.png's training band: each iteration's mean ± std of its leaves' rewards, clipped to
+    the lowest and highest reward it saw (reward_min, reward_max; rows written before those were kept: unclipped),
+    so that a reward capped at 1 never draws its band above 1."""
+    low, high = [], []
+    for r in rows:
+        m = float(r["reward_mean"])
+        d = float(r["reward_std"]) if is_number(r.get("reward_std")) else float("nan")
+        lo, hi = r.get("reward_min"), r.get("reward_max")
+        low.append(max(m - d, float(lo)) if is_number(lo) else m - d)
+        high.append(min(m + d, float(hi)) if is_number(hi) else m + d)
+    return low, high
+
+
 def _reward_panel(rows: list[MetricsRow], evals: list[EvalRow], minutes: bool, title: str, xlabel: str):
     walls = {r["iteration"]: r["wall"] for r in rows}
 
@@ -374,16 +392,8 @@ def _reward_panel(rows: list[MetricsRow], evals: list[EvalRow], minutes: bool, t
         return float(wall or 0.0) / 60
 
     xs, mean = [x(r, False) for r in rows], [float(r["reward_mean"]) for r in rows]
-    std = [float(r["reward_std"]) if is_number(r.get("reward_std")) else float("nan") for r in rows]
     training = "training reward (mean ± std of its samples)"
-    bands = {
-        training: (
-            xs,
-            mean,
-            [m - d for m, d in zip(mean, std, strict=True)],
-            [m + d for m, d in zip(mean, std, strict=True)],
-        )
-    }
+    bands = {training: (xs, mean, *reward_band(rows))}
     marks = {training: list(zip(xs, mean, strict=True)) if len(rows) <= 60 else []}
     ema = any(is_number(e.get("raw/reward_mean")) for e in evals)
 

@@ -67,6 +67,8 @@ class MetricsRow(TypedDict, total=False):
     # the leaves' rewards (weighted sum over the run's rewards) and their spread within prompt groups
     reward_mean: float
     reward_std: float
+    reward_min: float
+    reward_max: float
     zero_std_ratio: float
     tied_leaf_share: float
     reward_group_std: float

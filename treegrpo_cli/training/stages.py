@@ -24,7 +24,7 @@ from ..errors import ConfigError, TreegrpoError
 from ..models.registry import load_policy
 from ..rewards.base import score_leaves, weighted_sum
 from ..store import faults
-from ..store.shards import ShardStore, atomic_write
+from ..store.shards import ShardStore, atomic_write, sweep_temp
 from ..store.trees import (
     IMAGES,
     KIND,
@@ -225,6 +225,7 @@ def run_score(req: ScoreRequest, progress: Progress = _noop) -> dict[str, Any]:
 
 def _score_locked(req: ScoreRequest, progress: Progress) -> dict[str, Any]:
     store = open_trees(req.root, scores=False)
+    sweep_temp(req.root)  # what a killed score left besides its record
     cfg = scoring_config(store, req.sets)
     it = store.meta.get("iteration", 0) if req.iteration is None else req.iteration
     if req.max_iterations is not None:

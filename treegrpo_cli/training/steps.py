@@ -202,6 +202,9 @@ def metrics_row(c: Credited, it: int, adv_trained: Tensor, upd: dict[str, Any], 
         "iteration": it,
         "reward_mean": float(total.mean()),
         "reward_std": float(total.std()) if total.numel() > 1 else 0.0,
+        # the leaves' extremes: reward.png's std band stays inside them
+        "reward_min": float(total.min()) if leaves else float("nan"),
+        "reward_max": float(total.max()) if leaves else float("nan"),
         **group_spread(total, group),
     }
     for n, s in scores.items():
