@@ -9,8 +9,9 @@ random moment of the reference's duration:
               held when its metrics rows (timings aside) and last checkpoint's tensors equal the reference's bit for
               bit, its checkpoints are the reference's step-N names, and no dot-named leftover is there
     rollout   `inspect` exits 0 on a folder equal to the reference's (the kill came after the last write), or
-              refuses in one line that names the rollout command, and the same command rerun gives the
-              reference's folder byte for byte
+              refuses in one line that names the rollout command (or, killed before its first write, finds
+              nothing or a whole earlier folder), and the same command rerun gives the reference's folder byte
+              for byte
     score     the same with `score` on a copy of the reference rollout ("score it again")
     eval      `eval --images --out` rerun gives the reference's results.csv and samples.png
     export    `export` rerun gives the reference's folder byte for byte; no OUT until it is whole
@@ -148,9 +149,8 @@ def train_trial(work: Path, ref: Path, kill: dict[str, Any]) -> dict[str, Any]:
 def rerun_trial(work: Path, args: list[str], out: str, ref: dict[str, str], kill: dict[str, Any], reader) -> dict:
     rc = treegrpo(args, work, **kill)
     said = reader(work) if rc != 0 else "finished before the kill"
-    if said in ("whole", "finished before the kill"):  # the kill came after the last write: nothing to redo
-        same = files(work / out) == ref
-        return {"killed_rc": rc, "reader": said, "rerun_rc": None, "same": same, "held": same}
+    if said in ("whole", "finished before the kill") and files(work / out) == ref:  # killed after its last write
+        return {"killed_rc": rc, "reader": said, "rerun_rc": None, "same": True, "held": True}
     rerun = treegrpo(args, work)
     same = rerun == 0 and files(work / out) == ref
     return {"killed_rc": rc, "reader": said, "rerun_rc": rerun, "same": same, "held": same and said is not None}

@@ -10,12 +10,13 @@ sd3.5-medium, sd3.5-large, qwen-image (20B), flux2-dev (32B), flux2-klein-4b, -9
 sd1.5, wan2.1-t2v-1.3b, wan2.1-t2v-14b (videos of policy.frames, 33). The policy is what
 `--set policy.weights="random"` builds (models/releases.py): the release's architecture from its configs with
 random bf16 weights, built on the meta device and filled on the GPU from a seeded normal (no download), and
-random prompt embeddings of the text encoders' real shapes, so no text encoder is loaded. Images are never
-decoded here: random leaf rewards drive the advantages, which changes nothing in what the GPU does per node.
+random prompt embeddings of the text encoders' real shapes, so no text encoder is loaded. Leaves are decoded
+and scored by a stub reward of random scores (its own time is nil; the decode is in the score phase).
 Each case is one preset x one
 fine-tuning mode (LoRA with the adapter's defaults, or full fine-tuning with AdamW on every weight); each
-iteration runs the library's rollout (engine/rollout.py) and GRPO update (engine/grpo.py) through the
-model's adapter and records seconds and torch.cuda.max_memory_allocated per phase. A case that runs out of
+iteration is the training path itself, `Trainer.iteration` (training/trainer.py: rollout, decode and score with a
+stub reward of random scores, credit, the preset's update), and records its phases' seconds from the metrics row
+and torch.cuda.max_memory_allocated over the iteration. A case that runs out of
 memory is recorded as such. The last iteration is the steady-state number (the first includes CUDA warm-up).
 
 Model FLOP utilisation (MFU) of each phase: model FLOPs / (seconds x the GPU's dense bf16 peak,
@@ -46,20 +47,19 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from model_specs import MODELS, TRANSFORMERS  # noqa: E402  (bench/ is not a package)
 
-from treegrpo_cli.config import load_config, parse_set
-from treegrpo_cli.engine.credit import assign_credit
-from treegrpo_cli.engine.grpo import Batch, grpo_update, make_optimizer
-from treegrpo_cli.engine.rollout import mix_seed, rollout
-from treegrpo_cli.engine.schedules import tree_for_iteration
-from treegrpo_cli.engine.sde import make_kernel
+from treegrpo_cli.config import Config, load_config, parse_set
 from treegrpo_cli.errors import ConfigError
 from treegrpo_cli.models.base import PolicyConfig
 from treegrpo_cli.models.diffusers_base import quiet_diffusers
-from treegrpo_cli.models.registry import load_policy
+from treegrpo_cli.rewards.base import register
 from treegrpo_cli.store.shards import atomic_write
+from treegrpo_cli.training.trainer import Trainer
 
 PRESETS = ("dance-grpo", "branch", "branch-mix", "tree-grpo", "tree-grpo-mean", "branch-mix-flow")
 PEAK_TFLOPS = {"H100": 989.4, "H200": 989.4, "A100": 312.0, "L40S": 362.1, "A10G": 70.0}  # dense bf16
+
+
+STUB = "bench-random"  # the stub reward (stub_reward), registered in this process only
 
 
 def peak_flops(args: argparse.Namespace, device: torch.device) -> float | None:
@@ -103,18 +103,17 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def make_policy(args: argparse.Namespace, mode: str, device: torch.device, dtype: torch.dtype):
-    """The release with random weights, as `--set policy.weights="random"` builds it (models/releases.py): the
-    denoiser and autoencoder from their configs, random prompt embeddings of the text encoders' shapes."""
-    opts = PolicyConfig(
-        weights="random",
-        size="tiny" if args.tiny else "full",
-        finetune=mode,
-        dtype="bf16" if dtype == torch.bfloat16 else "fp32",
-        resolution=args.resolution,
-        gradient_checkpointing=not args.no_gradient_checkpointing,
-    )
-    return load_policy(args.model, device, dataclasses.replace(opts, **policy_sets(args.sets)))
+def case_config(preset: str, mode: str, args: argparse.Namespace, dtype: torch.dtype) -> Config:
+    """The preset on the release with random weights, as `--set policy.weights="random"` builds it
+    (models/releases.py), its leaves scored by the stub reward, args.prompts prompts an iteration."""
+    sets = [f'model="{args.model}"', 'policy.weights="random"', f'policy.size="{"tiny" if args.tiny else "full"}"']
+    sets += [f'policy.finetune="{mode}"', f'policy.dtype="{"bf16" if dtype == torch.bfloat16 else "fp32"}"']
+    sets += [f"policy.gradient_checkpointing={str(not args.no_gradient_checkpointing).lower()}"]
+    sets += [f"policy.resolution={args.resolution}"] if args.resolution else []
+    sets += [f"rollout.max_batch={args.max_batch}", f"rollout.num_prompts={args.prompts}"]
+    sets += [f'reward.names=["{STUB}"]', "reward.weights=[1.0]", "train.eval_samples=0", "train.sample_every=0"]
+    policy_sets(args.sets)  # checked: policy.KEY=VALUE items only
+    return load_config(preset, sets=sets + list(args.sets))
 
 
 def policy_sets(sets: list[str]) -> dict[str, Any]:
@@ -162,62 +161,55 @@ class Clock:
         self.peak_gib = torch.cuda.max_memory_allocated() / 2**30 if self.cuda else None
 
 
-def iteration(policy, kernel, opt, cfg, it: int, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
-    """One rollout + GRPO update of the preset, random leaf rewards; seconds and peak memory of each."""
-    prompts, ids, T = [f"prompt {k}" for k in range(args.prompts)], list(range(args.prompts)), cfg.sampler.steps
-    tree_cfg = tree_for_iteration(cfg.tree, cfg.schedule, T, it, cfg.seed, cfg.sampler.decode)
-    with Clock(device) as roll:
-        tree, nfe = rollout(policy, prompts, ids, kernel, tree_cfg, mix_seed(cfg.seed, it), max_batch=args.max_batch)
-    leaves = tree.leaves()
-    reward = torch.full((tree.num_nodes,), float("nan"))
-    reward[leaves] = torch.rand(len(leaves), generator=torch.Generator().manual_seed(it))
-    adv, trained = assign_credit(
-        tree,
-        {"random": reward},
-        weights={"random": 1.0},
-        combine_mode="rewards",
-        advantage=cfg.advantage,
-        pruning=cfg.pruning,
-        steps=T,
-        decode=cfg.sampler.decode,
-        iteration=it,
-        max_iterations=cfg.train.iterations,
-    )
-    batch = Batch(tree, trained, adv.edge, policy.encode([prompts[int(p)] for p in tree.tree_prompt]))
-    with Clock(device) as upd:
-        metrics = grpo_update(
-            policy, opt, kernel, batch, cfg.train, torch.Generator().manual_seed(it), max_batch=args.max_batch
-        )
-    fwd, bwd = model_flops(policy)  # nfe and train_evals count network rows (2 per latent row under true CFG)
-    rollout_flops, train_flops = nfe * fwd, metrics.get("train_evals", 0) * (fwd + bwd)
+def iteration(trainer: Trainer, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    """One iteration of the training path (Trainer.iteration: rollout, decode and score, credit, update) of the
+    preset; seconds of each phase from its metrics row, peak memory over the iteration."""
+    prompts = [f"prompt {k}" for k in range(args.prompts)]
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    row = trainer.iteration(prompts, lambda *a: None)
+    sec = row["seconds"]
+    peak_gib = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
+    fwd, bwd = model_flops(trainer.policy)  # nfe and train_evals count network rows (2 per latent row under CFG)
+    nfe, train_evals = row["rollout_evals"], row.get("train_evals", 0)
+    rollout_flops, train_flops = nfe * fwd, train_evals * (fwd + bwd)
     peak = peak_flops(args, device)
 
-    def mfu(f: float, sec: float) -> float | None:
-        return f / (sec * peak) if peak else None
+    def mfu(f: float, s: float) -> float | None:
+        return f / (s * peak) if peak else None
 
     return {
-        "iteration": it,
-        "rollout_s": roll.seconds,
-        "train_s": upd.seconds,
-        "total_s": roll.seconds + upd.seconds,
-        "rollout_peak_gib": roll.peak_gib,
-        "train_peak_gib": upd.peak_gib,
-        "leaves": int(len(leaves)),
+        "iteration": row["iteration"],
+        "rollout_s": sec["rollout"],
+        "score_s": sec["score"],
+        "train_s": sec["update"],
+        "total_s": sec["total"],
+        "rollout_peak_gib": peak_gib,  # the iteration's peak: rollout and update share it
+        "train_peak_gib": peak_gib,
+        "leaves": row["leaves"],
         "rollout_evals": nfe,
-        "trained_edges": int(trained.sum()),
-        "train_evals": metrics.get("train_evals", 0),
-        "ratio_first_dev": metrics.get("ratio_first_dev"),
+        "trained_edges": row["trained_edges"],
+        "train_evals": train_evals,
+        "ratio_first_dev": row.get("ratio_first_dev"),
         "forward_gflops": fwd / 1e9,
         "backward_gflops": bwd / 1e9,
         "rollout_tflops": rollout_flops / 1e12,
         "train_tflops": train_flops / 1e12,
-        "rollout_mfu": mfu(rollout_flops, roll.seconds),
-        "train_mfu": mfu(train_flops, upd.seconds),
+        "rollout_mfu": mfu(rollout_flops, sec["rollout"]),
+        "train_mfu": mfu(train_flops, sec["update"]),
     }
 
 
+def stub_reward(images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+    """Random leaf rewards (seeded by the batch's size and first pixel): a reward that costs nothing, so the
+    timings are the model's."""
+    g = torch.Generator().manual_seed(len(prompts) * 7919 + int(images.flatten()[0].item() * 1e6))
+    return torch.rand(len(prompts), generator=g)
+
+
 def run_case(preset: str, mode: str, args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> dict:
-    cfg = load_config(preset, sets=[f"rollout.max_batch={args.max_batch}"])
+    cfg = case_config(preset, mode, args, dtype)
     case: dict[str, Any] = {
         "preset": preset,
         "mode": mode,
@@ -225,15 +217,14 @@ def run_case(preset: str, mode: str, args: argparse.Namespace, device: torch.dev
         "leaves_per_tree": cfg.tree.leaves(cfg.sampler.steps),
         "iterations": [],
     }
-    policy = None
+    trainer = None
     try:
-        policy = make_policy(args, mode, device, dtype)
-        params = policy.trainable_parameters()
+        trainer = Trainer(cfg, str(device))
+        params = trainer.policy.trainable_parameters()
         case["trainable_params"] = sum(p.numel() for p in params)
-        case["total_params"] = sum(p.numel() for p in policy.denoiser.parameters())
-        kernel, opt = make_kernel(policy, cfg.sampler), make_optimizer(params, cfg.train)
-        for it in range(args.iterations):
-            case["iterations"].append(iteration(policy, kernel, opt, cfg, it, args, device))
+        case["total_params"] = sum(p.numel() for p in trainer.policy.denoiser.parameters())
+        for _ in range(args.iterations):
+            case["iterations"].append(iteration(trainer, args, device))
     except torch.OutOfMemoryError as e:
         case["error"] = f"out of memory: {str(e).splitlines()[0]}"
         case["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
@@ -241,7 +232,7 @@ def run_case(preset: str, mode: str, args: argparse.Namespace, device: torch.dev
         case["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         traceback.print_exc()
     finally:
-        del policy
+        del trainer
         gc.collect()
         # out of memory leaves CUDA usable (freeing the cache lets the next case run); after another error, such
         # as an illegal address, every call into CUDA raises again
@@ -276,6 +267,7 @@ def print_table(results: list[dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    register(STUB, lambda: stub_reward, summary="random leaf rewards (bench/flux_iteration.py)")
     args = parse(argv)
     if not args.tiny and not torch.cuda.is_available():
         print(

@@ -43,9 +43,9 @@ def median_seconds(fn, repeat: int) -> float:
     return statistics.median(times)
 
 
-def dense_trees(n_trees: int, branch: int = 2, levels: int = 4, seed: int = 0):
+def dense_trees(n_trees: int, branch: int = 2, levels: int = 4, seed: int = 0) -> dict[str, torch.Tensor]:
     """n_trees complete `branch`-ary trees of `levels` splits (16 leaves each by default), two per group:
-    (parent, depth, tree, group, reward, log_prob), all [N], rewards on the leaves only."""
+    estimate's keywords parent, depth, tree, group, reward, log_prob, all [N], rewards on the leaves only."""
     size = sum(branch**level for level in range(levels + 1))  # heap order: node i's parent is (i-1)//branch
     parent, depth = [-1], [0]
     for i in range(1, size):
@@ -60,7 +60,14 @@ def dense_trees(n_trees: int, branch: int = 2, levels: int = 4, seed: int = 0):
     reward[leaf] = torch.rand(int(leaf.sum()), generator=gen, dtype=torch.float64)
     log_prob = -1.0 + 0.05 * torch.randn(n_trees * size, generator=gen, dtype=torch.float64)
     log_prob[par < 0] = float("nan")
-    return par, d1.repeat(n_trees), tree, tree // 2, reward, log_prob
+    return {
+        "parent": par,
+        "depth": d1.repeat(n_trees),
+        "tree": tree,
+        "group": tree // 2,
+        "reward": reward,
+        "log_prob": log_prob,
+    }
 
 
 def main() -> None:
@@ -74,10 +81,10 @@ def main() -> None:
     images, shapes = render_prompts(prompts, 9), get_reward("shapes")
     result = {f"shapes reward, {args.images} images": median_seconds(lambda: shapes(images, prompts), args.repeat)}
     trees = dense_trees(args.trees)
-    nodes = trees[0].numel() // args.trees
+    nodes = trees["parent"].numel() // args.trees
     for name, cfg in ESTIMATORS.items():
         result[f"{name} advantages, {args.trees} trees of {nodes} nodes"] = median_seconds(
-            lambda cfg=cfg: estimate(cfg, *trees), args.repeat
+            lambda cfg=cfg: estimate(cfg, **trees), args.repeat
         )
     for name, s in result.items():
         print(f"{name:56s} {s * 1000:8.1f} ms")

@@ -26,13 +26,14 @@ def run(*args):
     return runner.invoke(app, [str(a) for a in args])
 
 
-# the lines `train` prints before it loads the model (cli/train_cmd.py run_header): an error found while loading
+# the lines `train` prints before it loads the model (cli/train_report.py run_header): an error found while loading
 # (a LoRA target the model lacks) comes after them
 RUN_HEADER = re.compile(
     r"^((starting|resuming) \S+: model .*|device: \S+( \(no GPU seen by torch\))?|run folder: .*|"
     r"loading .+ \.\.\.|.+ ready on \S+ in [\d.]+s|reading \S*step-\d+|writing the .* weights of step \d+ to .* \.\.\.|"
     r"warning: \S+ has [\d.]+ billion denoiser parameters and is about to be built on the CPU.*|"
     r"warning: \S+ from .* is overridden every iteration by schedule\.kind .*|"  # the user's tree under a schedule
+    r"rollout\.num_prompts \d+ -> \d+: \d+ for each of \d+ processes|"  # a new run's prompts on N processes
     r"held-out (reward|evaluation) at iteration \d+: .*|iteration \d+: reward .*)$"  # progress before an error
 )
 

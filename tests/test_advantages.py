@@ -4,12 +4,13 @@ multi-reward combination, clamping and config errors."""
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import pytest
 import torch
 from treeshapes import dense_tree
 
-from treegrpo_cli.engine.advantages import AdvantageConfig, Advantages, combine, estimate
+from treegrpo_cli.engine.advantages import ESTIMATORS, AdvantageConfig, Advantages, combine, estimate
 from treegrpo_cli.errors import ConfigError
 
 NAN = math.nan
@@ -26,7 +27,8 @@ EX_LOGP = torch.tensor([NAN, -1.0, -1.2, -0.9, -1.1, -1.0, -1.0])
 
 
 def example(cfg: AdvantageConfig, reward: torch.Tensor = EX_REWARD) -> Advantages:
-    return estimate(cfg, EX_PARENT, EX_DEPTH, EX_TREE, EX_GROUP, reward, EX_LOGP)
+    nodes = Nodes(EX_PARENT, EX_DEPTH, EX_TREE, EX_GROUP, reward, EX_LOGP)
+    return estimate(cfg, **nodes._asdict())
 
 
 def close(actual, expected, tol=TOL):
@@ -44,7 +46,18 @@ def one_hot_reward(leaf: int) -> torch.Tensor:
 # --- dense BranchGRPO trees ---------------------------------------------------------------------
 
 
-def batch(trees, groups, rewards, seed=0):
+class Nodes(NamedTuple):
+    """A batch's [N] tensors under estimate's keywords."""
+
+    parent: torch.Tensor
+    depth: torch.Tensor
+    tree: torch.Tensor
+    group: torch.Tensor
+    reward: torch.Tensor
+    log_prob: torch.Tensor
+
+
+def batch(trees, groups, rewards, seed=0) -> Nodes:
     """Concatenate (parent, depth) trees; rewards[i] is the [leaves] reward of tree i."""
     gen = torch.Generator().manual_seed(seed)
     ps, ds, ts, gs, rs, off = [], [], [], [], [], 0
@@ -61,7 +74,7 @@ def batch(trees, groups, rewards, seed=0):
     parent = torch.cat(ps)
     logp = -1.0 + 0.05 * torch.randn(parent.numel(), generator=gen, dtype=torch.float64)
     logp[parent < 0] = NAN
-    return parent, torch.cat(ds), torch.cat(ts), torch.cat(gs), torch.cat(rs), logp
+    return Nodes(parent, torch.cat(ds), torch.cat(ts), torch.cat(gs), torch.cat(rs), logp)
 
 
 def zscore(x, ddof=1):
@@ -168,8 +181,8 @@ def test_treepo_subgroups_across_trees():
     # each tree's 4 leaves (its root splits) and each 2-leaf subtree.
     t = (EX_PARENT, EX_DEPTH)
     r = torch.tensor([1.0, 2.0, 3.0, 4.0])
-    parent, depth, tree, group, reward, logp = batch([t, t], [0, 0], [r, r + 4])
-    a = estimate(AdvantageConfig("treepo", ddof=0, clamp=None), parent, depth, tree, group, reward, logp)
+    nodes = batch([t, t], [0, 0], [r, r + 4])
+    a = estimate(AdvantageConfig("treepo", ddof=0, clamp=None), **nodes._asdict())
     rr = torch.cat([r, r + 4]).double()
     d0 = rr - rr.mean()
     d1 = rr - torch.tensor([2.5] * 4 + [6.5] * 4, dtype=torch.float64)
@@ -190,8 +203,9 @@ def test_fused_is_uniform_leaf_mean_for_path_estimators():
 def test_branch_dense_tree():
     gen = torch.Generator().manual_seed(1)
     r = torch.rand(16, generator=gen, dtype=torch.float64)
-    parent, depth, tree, group, reward, logp = batch([dense_tree()], [0], [r])
-    a = estimate(AdvantageConfig("branch", clamp=None), parent, depth, tree, group, reward, logp)
+    nodes = batch([dense_tree()], [0], [r])
+    parent, depth = nodes.parent, nodes.depth
+    a = estimate(AdvantageConfig("branch", clamp=None), **nodes._asdict())
     assert a.valid.tolist() == [False] + [True] * (parent.numel() - 1)  # only the root is alone
     assert float(a.edge[0]) == 0.0
     leaves = torch.nonzero(~torch.isnan(a.leaf)).flatten()
@@ -208,13 +222,13 @@ def test_branch_dense_tree():
 def test_branch_per_tree_vs_treegrpo_per_group():
     gen = torch.Generator().manual_seed(2)
     r = torch.rand(16, generator=gen, dtype=torch.float64)
-    parent, depth, tree, group, reward, logp = batch([dense_tree()] * 2, [7, 7], [r, 10 * r + 5])
-    deep = depth >= 10
-    br = estimate(AdvantageConfig("branch", clamp=None), parent, depth, tree, group, reward, logp)
+    nodes = batch([dense_tree()] * 2, [7, 7], [r, 10 * r + 5])
+    deep, tree = nodes.depth >= 10, nodes.tree
+    br = estimate(AdvantageConfig("branch", clamp=None), **nodes._asdict())
     e0, e1 = br.edge[deep & (tree == 0)], br.edge[deep & (tree == 1)]
     close(e1, e0.tolist(), tol=1e-5)  # scale removed independently in each tree
     close(e0[-16:], zscore(r).tolist(), tol=1e-5)
-    tg = estimate(AdvantageConfig("treegrpo", clamp=None), parent, depth, tree, group, reward, logp)
+    tg = estimate(AdvantageConfig("treegrpo", clamp=None), **nodes._asdict())
     leaves = torch.nonzero(~torch.isnan(tg.leaf)).flatten()
     close(tg.leaf[leaves], zscore(torch.cat([r, 10 * r + 5])).tolist(), tol=1e-5)  # jointly
     assert not torch.allclose(tg.leaf[leaves[:16]], tg.leaf[leaves[16:]], atol=0.1)
@@ -223,10 +237,8 @@ def test_branch_per_tree_vs_treegrpo_per_group():
 def test_flat_global_std_keeps_group_means():
     r0, r1 = torch.tensor([0.0, 1.0]), torch.tensor([10.0, 14.0])
     chain2 = (torch.tensor([-1, 0, 0, 1, 2]), torch.tensor([0, 1, 1, 2, 2]))
-    parent, depth, tree, group, reward, logp = batch([chain2] * 2, [0, 1], [r0, r1])
-    a = estimate(
-        AdvantageConfig("flat", flat_std="global", ddof=1, clamp=None), parent, depth, tree, group, reward, logp
-    )
+    nodes = batch([chain2] * 2, [0, 1], [r0, r1])
+    a = estimate(AdvantageConfig("flat", flat_std="global", ddof=1, clamp=None), **nodes._asdict())
     s = torch.tensor([0.0, 1.0, 10.0, 14.0]).std()
     leaves = torch.nonzero(~torch.isnan(a.leaf)).flatten()
     close(a.leaf[leaves], [(-0.5 / s).item(), (0.5 / s).item(), (-2 / s).item(), (2 / s).item()])
@@ -246,7 +258,7 @@ def test_every_estimator_runs_on_64_dense_trees():
         AdvantageConfig("treepo", treepo_weight="group_size"),
     ]
     for cfg in cfgs:
-        a = estimate(cfg, *args)
+        a = estimate(cfg, **args._asdict())
         assert a.edge.dtype == torch.float32 and bool(torch.isfinite(a.edge).all())
 
 
@@ -329,7 +341,7 @@ def test_clamp():
 @pytest.mark.parametrize(
     "field,value,choices",
     [
-        ("estimator", "ppo", "flat, branch, treegrpo, treepo"),
+        ("estimator", "ppo", ", ".join(ESTIMATORS)),
         ("weighting", "paper", "leaf-softmax, recursive"),
         ("backup", "max", "logprob, mean"),
         ("flat_std", "batch", "group, global"),

@@ -158,11 +158,19 @@ def test_adaptive_moves_a_low_reward_prompt_earlier_or_later():
     base = (0, 3, 6, 9)
 
     def mean_first(cfg, pid):
-        return sum(sum(adaptive_steps(cfg, base, 20, "x0", it, 0, pid, s)) for it in range(200)) / 200
+        return (
+            sum(
+                sum(adaptive_steps(cfg, base, steps=20, decode="x0", it=it, seed=0, prompt_id=pid, stats=s))
+                for it in range(200)
+            )
+            / 200
+        )
 
     assert mean_first(early, 1) < mean_first(early, 2) and mean_first(late, 1) > mean_first(late, 2)
-    assert adaptive_steps(early, base, 20, "x0", 0, 0, 99, s) == base  # never drawn: the tree's own steps
-    assert adaptive_steps(early, base, 20, "x0", 0, 0, 1, None) == base
+    assert (
+        adaptive_steps(early, base, steps=20, decode="x0", it=0, seed=0, prompt_id=99, stats=s) == base
+    )  # never drawn: the tree's own steps
+    assert adaptive_steps(early, base, steps=20, decode="x0", it=0, seed=0, prompt_id=1, stats=None) == base
 
 
 def test_no_draw_splits_earlier_than_the_densest_steps():
@@ -182,7 +190,11 @@ def test_no_draw_splits_earlier_than_the_densest_steps():
         if cfg.kind == "progress":
             draws = {progress_steps(cfg, 20, "x0", it, 300, 0) for it in range(300)}
         else:
-            draws = {adaptive_steps(cfg, base, 20, "x0", it, 0, p, s) for it in range(30) for p in range(40)}
+            draws = {
+                adaptive_steps(cfg, base, steps=20, decode="x0", it=it, seed=0, prompt_id=p, stats=s)
+                for it in range(30)
+                for p in range(40)
+            }
         costs = [tree_evals(Shape(d, 16), 20, 2) for d in draws]
         assert max(costs) <= bound, (cfg, dense, max(costs))
         assert max(costs) == bound or not tight, (cfg, dense)

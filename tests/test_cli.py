@@ -235,7 +235,7 @@ def test_inspect_table_shows_rewards_and_advantages_per_depth(branch_dir):
 
 
 def test_an_iteration_line_says_its_ties_and_what_a_dynamic_rollout_did():
-    from treegrpo_cli.cli.train_cmd import iteration_line
+    from treegrpo_cli.cli.train_report import iteration_line
 
     row = {"iteration": 3, "reward_mean": 0.5, "reward_std": 0.25, "zero_std_ratio": 0.375, "seconds": {"total": 2.04}}
     assert iteration_line(row) == "iteration 3: reward 0.5000 ± 0.2500, 38% of groups tied, 2.0s"

@@ -33,6 +33,7 @@ def _worker(rank: int, port: int, out: str) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     from treegrpo_cli.config import load_config
+    from treegrpo_cli.engine import grpo
     from treegrpo_cli.training import dist
     from treegrpo_cli.training import trainer as trainer_module
 
@@ -40,13 +41,13 @@ def _worker(rank: int, port: int, out: str) -> None:
     cfg = load_config("branch", sets=['model="pixel-tiny"', "rollout.num_prompts=4", "seed=5"])
     trainer = trainer_module.Trainer(cfg, "cpu", d)
     seen = {}
-    real = trainer_module.grpo_update
+    real = grpo.grpo_update
 
     def spy(policy, opt, sde, batch, *a, **k):
         seen["tree"] = batch.tree
         return real(policy, opt, sde, batch, *a, **k)
 
-    trainer_module.grpo_update = spy
+    grpo.grpo_update = spy
     trainer.iteration(
         ["a red circle", "two blue squares", "a green triangle", "a big yellow square", "a purple circle"],
         lambda *a: None,
@@ -143,10 +144,16 @@ def test_the_launcher_reports_a_process_s_own_error_over_the_teardown_noise_afte
 
 
 @pytest.mark.slow
-def test_prompts_that_do_not_split_evenly_are_refused_before_anything_is_written(tmp_path):
-    r = treegrpo(*SETS, "--set", "rollout.num_prompts=3", "--run-dir", tmp_path / "r", nproc=2, timeout=120)
-    assert r.returncode != 0 and "divisible by the 2 processes" in r.stderr, r.stderr
-    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "r").exists()
+def test_prompts_that_do_not_split_evenly_are_rounded_up_and_said(tmp_path):
+    """A command written for one process runs as it is on two: 3 prompts an iteration become 4, said in the
+    run's first lines and kept in its config (a resume on two processes finds them divisible)."""
+    r = treegrpo(*SETS, "--set", "rollout.num_prompts=3", "--iterations", 1, "--run-dir", tmp_path / "r", nproc=2)
+    assert r.returncode == 0, r.stderr
+    assert "rollout.num_prompts 3 -> 4: 2 for each of 2 processes" in r.stderr.splitlines()[2], r.stderr
+    info = json.loads((tmp_path / "r" / "run.json").read_text())
+    assert info["config"]["rollout"]["num_prompts"] == 4
+    r = treegrpo("--resume", tmp_path / "r", "--iterations", 2, nproc=2)
+    assert r.returncode == 0 and "num_prompts 3 ->" not in r.stderr, r.stderr
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from treegrpo_cli.config import load_config
-from treegrpo_cli.engine.advantages import AdvantageConfig, estimate
+from treegrpo_cli.engine.advantages import ESTIMATORS, AdvantageConfig, estimate
 from treegrpo_cli.engine.credit import assign_credit
 from treegrpo_cli.engine.dynamic import (
     Shape,
@@ -93,38 +93,38 @@ def _cost(b):  # the last split of 20 steps at step 9: every leaf's chain of 10 
 
 
 def test_stopped_paths_hand_their_budget_to_the_active_ones_evenly():
-    p = plan_split([2, 2, 2, 2], [False, True, True, False], _cost, 2, 0, room=80)
+    p = plan_split([2, 2, 2, 2], [False, True, True, False], cost=_cost, branch=2, later=0, room=80)
     assert p.budget == [3, 1, 1, 3] and p.counts == [3, 1, 1, 3] and p.stopped == 2 and not p.fallback
-    odd = plan_split([2, 2, 2], [False, True, False], _cost, 2, 0, room=60)
+    odd = plan_split([2, 2, 2], [False, True, False], cost=_cost, branch=2, later=0, room=60)
     assert odd.budget == [3, 1, 2]  # the first active node takes the odd unit (TreePO's fixed_avg)
 
 
 def test_no_transfer_drops_the_spare_budget_and_fallback_keeps_the_width():
-    p = plan_split([2, 2, 2, 2], [False, True, True, False], _cost, 2, 0, room=80, transfer=False)
+    p = plan_split([2, 2, 2, 2], [False, True, True, False], cost=_cost, branch=2, later=0, room=80, transfer=False)
     assert p.budget == [2, 1, 1, 2] and sum(p.counts) == 6
-    everyone = plan_split([2, 2], [True, True], _cost, 2, 0, room=40)
+    everyone = plan_split([2, 2], [True, True], cost=_cost, branch=2, later=0, room=40)
     assert everyone.fallback and everyone.budget == [3, 1]  # the first stopped node is re-activated: 4 leaves
-    none = plan_split([2, 2], [True, True], _cost, 2, 0, room=40, fallback=False)
+    none = plan_split([2, 2], [True, True], cost=_cost, branch=2, later=0, room=40, fallback=False)
     assert not none.fallback and none.budget == [1, 1]
 
 
 def test_the_cap_takes_back_the_last_given_units_first():
     # at split index 1 of (0, 3, 6, 9), budgets 4 and 4; the second stops: its 3 spare units go to the first
     cost = lambda b: subtree_evals(b, 1, (0, 3, 6, 9), 20, 2)  # noqa: E731
-    loose = plan_split([4, 4], [False, True], cost, 2, 2, room=10_000)
+    loose = plan_split([4, 4], [False, True], cost=cost, branch=2, later=2, room=10_000)
     assert loose.budget == [7, 1] and loose.taken_back == 0
     need = cost(7) + cost(1)
-    tight = plan_split([4, 4], [False, True], cost, 2, 2, room=need - 1)
+    tight = plan_split([4, 4], [False, True], cost=cost, branch=2, later=2, room=need - 1)
     assert tight.budget == [6, 1] and tight.taken_back == 1 and cost(6) + cost(1) <= need - 1
-    assert plan_split([4, 4], [False, False], cost, 2, 2, room=2 * cost(4)).budget == [4, 4]
+    assert plan_split([4, 4], [False, False], cost=cost, branch=2, later=2, room=2 * cost(4)).budget == [4, 4]
 
 
 def test_a_predicted_tie_gets_no_budget_whatever_its_own():
     # node 1 (budget 1) ties node 0 as node 2 does: node 2's two spare units go to node 0 alone, not to node 1
-    p = plan_split([2, 1, 3], [False, True, True], _cost, 2, 0, room=10_000)
+    p = plan_split([2, 1, 3], [False, True, True], cost=_cost, branch=2, later=0, room=10_000)
     assert p.budget == [4, 1, 1] and p.out == [False, True, True] and p.stopped == 1
     # a frontier that is one cluster led by a budget-1 node: the fallback re-activates the first node with budget
-    one = plan_split([1, 4], [True, True], _cost, 2, 0, room=10_000)
+    one = plan_split([1, 4], [True, True], cost=_cost, branch=2, later=0, room=10_000)
     assert one.budget == [1, 4] and one.fallback and one.out == [True, False]
 
 
@@ -275,7 +275,7 @@ LOGP = torch.zeros(11)
 
 
 def _est(cfg):
-    return estimate(cfg, PARENT, DEPTH, ZERO, ZERO, REWARD, LOGP)
+    return estimate(cfg, parent=PARENT, depth=DEPTH, tree=ZERO, group=ZERO, reward=REWARD, log_prob=LOGP)
 
 
 def test_flat_on_the_irregular_tree():
@@ -330,17 +330,18 @@ def test_treepo_gives_a_tied_group_nothing_and_whitens_the_rest_without_it():
     reward = torch.cat([REWARD, torch.where(REWARD.isnan(), math.nan, 2.0)])
     two = torch.tensor([0] * 11 + [1] * 11)
     cfg = AdvantageConfig("treepo", ddof=0, treepo_weight="average", clamp=None)
-    a = estimate(cfg, parent, DEPTH.repeat(2), two, two, reward, LOGP.repeat(2))
+    a = estimate(cfg, parent=parent, depth=DEPTH.repeat(2), tree=two, group=two, reward=reward, log_prob=LOGP.repeat(2))
     raw = [-2.0, ((2 - 3) + (2 - 11 / 3)) / 2, ((3 - 3) + (3 - 11 / 3)) / 2, ((6 - 3) + (6 - 11 / 3)) / 2]
     m = sum(raw) / 4
     sd = math.sqrt(sum((x - m) ** 2 for x in raw) / 4)
     assert torch.allclose(a.leaf[7:11], torch.tensor([(x - m) / sd for x in raw]), atol=1e-5)
     assert torch.equal(a.leaf[18:], torch.zeros(4)) and torch.equal(a.edge[12:], torch.zeros(10))
-    tied = estimate(cfg, PARENT, DEPTH, ZERO, ZERO, torch.where(REWARD.isnan(), math.nan, 2.0), LOGP)
+    tie = torch.where(REWARD.isnan(), math.nan, 2.0)
+    tied = estimate(cfg, parent=PARENT, depth=DEPTH, tree=ZERO, group=ZERO, reward=tie, log_prob=LOGP)
     assert torch.equal(tied.leaf[7:], torch.zeros(4))  # a batch of ties: nothing to whiten, no nan
 
 
-@pytest.mark.parametrize("estimator", ["flat", "branch", "treegrpo", "treepo"])
+@pytest.mark.parametrize("estimator", list(ESTIMATORS))
 def test_estimators_keep_their_invariants_on_dynamic_rollouts(policy, estimator):
     _, tree, _, st = _roll(policy, ['tree.dynamic="distance"', f"tree.stop_tol={TOL}", "tree.transfer=true"])
     assert st["early_stops"] > 0

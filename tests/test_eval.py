@@ -143,12 +143,12 @@ def _checkpoint(run_dir, shift_model: float, shift_ema: float):
         return {k: v + d for k, v in state.items()}
 
     ck = Checkpoint(
-        1,
-        moved(shift_model),
-        moved(shift_ema),
-        {"state": {}, "param_groups": []},
-        {"torch": torch.get_rng_state()},
-        {"step": 1, "seed": 0, "config": cfg.to_dict()},
+        step=1,
+        model=moved(shift_model),
+        ema=moved(shift_ema),
+        optimizer={"state": {}, "param_groups": []},
+        rng={"torch": torch.get_rng_state()},
+        state={"step": 1, "seed": 0, "config": cfg.to_dict()},
     )
     return save_checkpoint(run_dir / "checkpoints", ck, keep_last=2)
 

@@ -132,7 +132,7 @@ def test_an_nft_iteration_samples_with_the_old_policy_and_takes_one_step():
     assert any(not torch.equal(a, b) for a, b in zip(theta, before, strict=True))
     d = row["old_decay"]
     assert d == pytest.approx(0.001)
-    for o, a, b in zip(t.old.tensors, before, theta, strict=True):  # old = d x initial + (1 - d) x trained
+    for o, a, b in zip(t.update.old.tensors, before, theta, strict=True):  # old = d x initial + (1 - d) x trained
         torch.testing.assert_close(o, d * a + (1 - d) * b)
     fwd, bwd = t.flops_row
     assert t.add_to_totals(row)["flops"] == 60 * fwd + 54 * (
@@ -145,14 +145,14 @@ def test_an_nft_iteration_samples_with_the_old_policy_and_takes_one_step():
 def test_the_rollout_uses_the_old_weights():
     t = _trainer()
     with torch.no_grad():
-        for o in t.old.tensors:
+        for o in t.update.old.tensors:
             o.add_(1.0)
-    old = [o.clone() for o in t.old.tensors]
+    old = [o.clone() for o in t.update.old.tensors]
     trained = [p.detach().clone() for p in t.policy.trainable_parameters()]
     with t.sampling_policy():
         assert all(torch.equal(p, o) for p, o in zip(t.policy.trainable_parameters(), old, strict=True))
     assert all(torch.equal(p, q) for p, q in zip(t.policy.trainable_parameters(), trained, strict=True))
-    assert all(torch.equal(o, q) for o, q in zip(t.old.tensors, old, strict=True))
+    assert all(torch.equal(o, q) for o, q in zip(t.update.old.tensors, old, strict=True))
 
 
 @pytest.mark.slow

@@ -175,7 +175,7 @@ def test_nice_ticks_cover_the_values_with_the_tightest_axis(lo, hi, want):
 
 
 def reward_run(folder, evals):
-    from treegrpo_cli.training import rundir
+    from treegrpo_cli.training import runplots
 
     rows = [
         {"iteration": i, "reward_mean": 0.3 + 0.04 * i, "reward_std": 0.1, "wall": 20.0 * (i + 1)} for i in range(6)
@@ -183,7 +183,7 @@ def reward_run(folder, evals):
     folder.mkdir()
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (folder / "eval.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
-    rundir.reward_plot(folder)
+    runplots.reward_plot(folder)
     return Image.open(folder / "reward.png").convert("RGB")
 
 
@@ -206,7 +206,7 @@ def test_reward_png_has_the_heldout_curves_the_std_band_and_two_titles(tmp_path)
 
 
 def test_before_after_titles_carry_each_sides_heldout_mean(tmp_path, monkeypatch):
-    from treegrpo_cli.training import rundir
+    from treegrpo_cli.training import grids
 
     (tmp_path / "samples").mkdir()
     for step in (0, 3):
@@ -218,8 +218,8 @@ def test_before_after_titles_carry_each_sides_heldout_mean(tmp_path, monkeypatch
         + "\n"
     )
     titles = []
-    monkeypatch.setattr(rundir, "headed", lambda image, lines: titles.append(lines) or plots.headed(image, lines))
-    assert rundir.before_after(tmp_path, 3) == tmp_path / "before_after.png"
+    monkeypatch.setattr(grids, "headed", lambda image, lines: titles.append(lines) or plots.headed(image, lines))
+    assert grids.before_after(tmp_path, 3) == tmp_path / "before_after.png"
     assert titles == [
         ["before: the base model", "held-out mean reward 0.2500"],
         ["after 3 iterations", "held-out mean reward 0.5000"],

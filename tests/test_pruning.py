@@ -47,10 +47,10 @@ def test_base_mask_sde_and_x0_last_edge():
     parent = torch.tensor([-1, 0, 1, 2, 2])
     depth = torch.tensor([0, 1, 2, 3, 3])
     sde = torch.tensor([False, True, False, True, True])  # the edge into node 2 is an ODE step
-    assert base_mask(parent, sde, depth, 3, "x0").tolist() == [False, True, False, False, False]
-    assert base_mask(parent, sde, depth, 3, "final").tolist() == [False, True, False, True, True]
+    assert base_mask(parent, sde=sde, depth=depth, steps=3, decode="x0").tolist() == [False, True, False, False, False]
+    assert base_mask(parent, sde=sde, depth=depth, steps=3, decode="final").tolist() == [False, True, False, True, True]
     with pytest.raises(ConfigError, match="x0, final"):
-        base_mask(parent, sde, depth, 3, "latent")
+        base_mask(parent, sde=sde, depth=depth, steps=3, decode="latent")
 
 
 def test_width_none_keeps_everything():
@@ -134,7 +134,7 @@ def test_depth_window_off():
 def test_prune_combines_base_width_depth_and_stops_after_active_until():
     parent, depth, tree, value, leaf_adv = batch(1)
     sde = torch.ones(parent.numel(), dtype=torch.bool)
-    base = base_mask(parent, sde, depth, 20, "x0")
+    base = base_mask(parent, sde=sde, depth=depth, steps=20, decode="x0")
     cfg = PruneConfig(width="parent-top1", depth_window=4, depth_start=15, active_until=0.5)
     width = width_mask(cfg, parent, depth, tree, value, leaf_adv)
     on = prune(

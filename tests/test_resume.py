@@ -122,7 +122,7 @@ def test_a_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_
         calls.append(1)
         return {**out, "loss": math.nan} if len(calls) == 3 else out
 
-    monkeypatch.setattr("treegrpo_cli.training.trainer.grpo_update", poisoned)
+    monkeypatch.setattr("treegrpo_cli.engine.grpo.grpo_update", poisoned)
     cfg = load_config(
         "tree-grpo",
         sets=[

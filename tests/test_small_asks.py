@@ -83,7 +83,7 @@ def test_export_passes_dtype_to_the_model_it_loads(trained, tmp_path, monkeypatc
 
 
 def test_summary_values_keep_their_digits_and_say_durations_readably():
-    from treegrpo_cli.cli.train_cmd import summary_value
+    from treegrpo_cli.cli.train_report import summary_value
 
     assert summary_value("lr", 3e-05) == "3e-05" and summary_value("approx_kl", 2e-05) == "2e-05"
     assert summary_value("reward_last_tenth", -0.765740692615509) == "-0.7657"
@@ -96,7 +96,7 @@ def test_summary_values_keep_their_digits_and_say_durations_readably():
 
 
 def test_the_printed_summary_has_no_rounded_away_numbers_and_json_keeps_numbers(trained, capsys):
-    from treegrpo_cli.cli.train_cmd import _report
+    from treegrpo_cli.cli.train_report import report_summary as _report
 
     _, printed = trained
     assert "0.0000" not in printed and "training time" in printed
@@ -114,7 +114,7 @@ def test_the_printed_summary_has_no_rounded_away_numbers_and_json_keeps_numbers(
 
 
 def test_the_reward_band_stays_inside_the_rewards_seen():
-    from treegrpo_cli.training.rundir import reward_band
+    from treegrpo_cli.training.runplots import reward_band
 
     rows = [
         {"iteration": 0, "reward_mean": 0.95, "reward_std": 0.15, "reward_min": 0.7, "reward_max": 1.0},
@@ -126,8 +126,8 @@ def test_the_reward_band_stays_inside_the_rewards_seen():
 
 
 def test_a_run_keeps_each_iterations_extremes_and_its_band_inside_them(trained):
-    from treegrpo_cli.training.rundir import reward_band
     from treegrpo_cli.training.runlog import read_metrics
+    from treegrpo_cli.training.runplots import reward_band
 
     rows = read_metrics(trained[0])
     low, high = reward_band(rows)

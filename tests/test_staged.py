@@ -47,7 +47,7 @@ def online(preset: str, iteration: int, monkeypatch, extra: tuple[str, ...] = ()
         return real_update(policy, opt, sde, batch, *a, **k)
 
     monkeypatch.setattr(overlap, "score_leaves", score)
-    monkeypatch.setattr("treegrpo_cli.training.trainer.grpo_update", update)
+    monkeypatch.setattr("treegrpo_cli.engine.grpo.grpo_update", update)
     trainer = Trainer(cfg, "cpu")
     trainer.step = iteration
     seen["row"] = trainer.iteration(load_prompts(cfg.rollout.prompts), lambda *a: None)
@@ -168,4 +168,4 @@ def test_staged_nft_equals_online(preset, iteration, tmp_path):
     assert out["optimizer_steps"] == 1 and ck.old is not None
     for k, v in trainer.policy.trainable_state().items():
         assert torch.equal(v, ck.model[k]), k
-        assert torch.equal(trainer.old_state()[k], ck.old[k]), k
+        assert torch.equal(trainer.checkpoint({}).old[k], ck.old[k]), k

@@ -81,7 +81,12 @@ def test_checkpoints_are_written_in_shards_and_load_back(tmp_path):
     sum(p.sum() for p in params).backward()
     opt.step()
     ck = Checkpoint(
-        3, model, {k: v * 2 for k, v in model.items()}, opt.state_dict(), {"torch": torch.get_rng_state()}, {"step": 3}
+        step=3,
+        model=model,
+        ema={k: v * 2 for k, v in model.items()},
+        optimizer=opt.state_dict(),
+        rng={"torch": torch.get_rng_state()},
+        state={"step": 3},
     )
     path = save_checkpoint(tmp_path / "ck", ck, keep_last=2, shard_bytes=2 * 1024)
     shards = sorted(p.name for p in path.glob("model-*.safetensors"))

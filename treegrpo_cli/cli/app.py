@@ -105,7 +105,7 @@ def version_lines() -> list[str]:
 
     from ..errors import TreegrpoError
     from ..preflight import resolve_device
-    from ..training.rundir import code_version
+    from ..training.provenance import code_version
 
     commit = code_version()["commit"]
     cuda = torch.version.cuda

@@ -14,9 +14,11 @@ import inspect
 import io
 import textwrap
 import tokenize
+from collections.abc import Callable
 from typing import Any
 
 from ..config import SECTIONS, TOP_LEVEL, Config
+from ..engine.advantages import choices
 
 TOP_DOCS = {
     "name": "the run's name: runs/<name>-<time> when no --run-dir is given (a preset sets its own)",
@@ -42,8 +44,27 @@ A non-static `[schedule]` sets `tree.sde_steps` (and with `schedule.split`, `tre
 leaves the preset's tuning of it unused and says nothing."""
 
 
+# keys whose description is generated from a registry rather than their field's comment (it would go stale)
+GENERATED_DOCS: dict[str, Callable[[], str]] = {
+    "advantage.estimator": lambda: f"{choices()} (a key below that the estimator does not read warns when set)",
+}
+
+
 def field_docs(cls: type) -> dict[str, str]:
-    """{field: description} of a dataclass, from the comments around its fields in the source."""
+    """{field: description} of a dataclass, from the comments around its fields in the source (of the class and
+    of the dataclasses it is made of: the [train] section joins the update's keys and the run's)."""
+    out: dict[str, str] = {}
+    for base in _made_of(cls):
+        out.update(_own_field_docs(base))
+    return out
+
+
+def _made_of(cls: type) -> list[type]:
+    """The dataclasses whose fields `cls` holds, the first-declared last (each declares its own in its source)."""
+    return [b for b in reversed(cls.__mro__) if dataclasses.is_dataclass(b) and "__annotations__" in vars(b)]
+
+
+def _own_field_docs(cls: type) -> dict[str, str]:
     source = textwrap.dedent(inspect.getsource(cls))
     body = ast.parse(source).body[0]
     assert isinstance(body, ast.ClassDef)
@@ -100,14 +121,19 @@ def reference() -> list[dict[str, Any]]:
         docs, hints = field_docs(cls), _annotations(cls)
         for f in dataclasses.fields(cls):
             default = f.default if f.default is not dataclasses.MISSING else None
-            rows.append({"key": f"{section}.{f.name}", "type": hints[f.name], "default": default, "doc": docs[f.name]})
+            key = f"{section}.{f.name}"
+            doc = GENERATED_DOCS[key]() if key in GENERATED_DOCS else docs[f.name]
+            rows.append({"key": key, "type": hints[f.name], "default": default, "doc": doc})
     return rows
 
 
 def _annotations(cls: type) -> dict[str, str]:
-    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0]
-    assert isinstance(body, ast.ClassDef)
-    return {_name(n): ast.unparse(n.annotation) for n in body.body if isinstance(n, ast.AnnAssign) and _is_field(n)}
+    out: dict[str, str] = {}
+    for base in _made_of(cls):
+        body = ast.parse(textwrap.dedent(inspect.getsource(base))).body[0]
+        assert isinstance(body, ast.ClassDef)
+        out.update({_name(n): ast.unparse(n.annotation) for n in body.body if isinstance(n, ast.AnnAssign)})
+    return out
 
 
 SECTION_DOCS = {

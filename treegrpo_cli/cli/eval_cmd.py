@@ -111,7 +111,7 @@ def eval_(
     """
     from ..preflight import check_own_dir, check_writable_dir, resolve_device
     from ..report.evalio import OUTPUTS, is_eval_output, write_outputs
-    from ..report.evaluate import EvalRequest, run_eval
+    from ..report.evaluate import EvalRequest, check_needs, run_eval
     from ..rewards.base import parse_reward_options
 
     with guarded():
@@ -140,6 +140,7 @@ def eval_(
             sets=tuple(set_ or []),
         )
         _what_to_score(req, metric, prompts, num_prompts, num_images)
+        check_needs(req)  # every model, baseline and metric with its files: one line, before any image is made
         with progress_bar() as bar:
             summary, scored = run_eval(req, bar)
         if out is not None:
@@ -158,7 +159,7 @@ def _what_to_score(
     """Fill in req's metrics (default: the run's or the config's rewards) and, when it generates, its prompts and
     images per prompt, its size checked before any model is loaded."""
     from ..config import check_eval_size
-    from ..prompts import load_prompts
+    from ..prompts import held_out_prompts, load_prompts
     from ..report.evaluate import default_num_images, source_config
 
     cfg = source_config(req) if req.images is None else None  # the run's or the config's defaults
@@ -170,7 +171,9 @@ def _what_to_score(
             raise ConfigError("--num-prompts selects generation prompts; it does not apply to --images")
         return
     req.num_images = num_images or default_num_images(req, cfg)
-    req.prompts = load_prompts(prompts or cfg.rollout.eval_prompts)[:num_prompts]
+    r = cfg.rollout  # the run's held-out prompts: their own list, or those it split off its training prompts
+    held = load_prompts(prompts) if prompts else held_out_prompts(r.prompts, r.eval_prompts, r.eval_split, cfg.seed)
+    req.prompts = held[:num_prompts]
     check_eval_size(len(req.prompts), req.num_images, req.steps)  # bounded work, before any model is loaded
 
 

@@ -80,7 +80,6 @@ def rollout(
     """
     from ..config import config_layers, load_config, user_warnings
     from ..preflight import check_own_dir, check_writable_dir, resolve_device
-    from ..prompts import load_prompts
     from ..training.stages import RolloutRequest, run_rollout
 
     with guarded():
@@ -97,7 +96,7 @@ def rollout(
             err.print(one_line(w), highlight=False, markup=False, soft_wrap=True)
         req = RolloutRequest(
             cfg,
-            load_prompts(prompts or cfg.rollout.prompts),
+            _training_prompts(prompts or cfg.rollout.prompts, cfg),
             out,
             num_prompts,
             prompts_per_shard,
@@ -118,6 +117,14 @@ def rollout(
             f"wrote {summary['trees']} trees ({summary['leaves_per_tree']} leaves each, "
             f"{summary['nfe_per_tree']:.0f} model evaluations per tree) to {summary['out']}"
         )
+
+
+def _training_prompts(path: str, cfg) -> list:
+    """The prompts `train` trains on: the file's, less those rollout.eval_split holds out."""
+    from ..prompts import load_prompts, split_prompts
+
+    prompts = load_prompts(path)
+    return split_prompts(prompts, cfg.rollout.eval_split, cfg.seed)[0] if cfg.rollout.eval_split else prompts
 
 
 def _own_folder(path: Path) -> bool:

@@ -1,12 +1,22 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from .common import DEVICE_HELP, command_line, err, guarded, parse_numbers, print_json, progress_bar
+
+ADVANTAGES = Path(__file__).resolve().parents[1] / "engine" / "advantages.py"
+
+
+def declared_estimators(source: Path = ADVANTAGES) -> list[str]:
+    """The advantage estimators that engine/advantages.py registers (`@estimator("name", ...)`), read from its source:
+    the module loads torch and the CLI's help does not (tests/test_extension_points.py checks them against the
+    registry)."""
+    return re.findall(r'^@estimator\(\s*"([^"]+)"', source.read_text(encoding="utf-8"), re.M)
 
 
 def score(
@@ -22,7 +32,8 @@ def score(
         typer.Option(help="'rewards' (weighted sum of scores) or 'advantages' (of per-reward advantages)."),
     ] = None,
     estimator: Annotated[
-        str | None, typer.Option(help="flat | branch | treegrpo | treepo (default: the rollout preset's).")
+        str | None,
+        typer.Option(help=f"{' | '.join(declared_estimators())} (default: the rollout preset's)."),
     ] = None,
     reward_opt: Annotated[
         list[str] | None,

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -12,7 +13,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.table import Table
 
 from ..errors import ConfigError, TreegrpoError
 from ..store import faults
@@ -21,22 +21,19 @@ from .common import (
     MODEL_PANEL,
     Signalled,
     command_line,
-    device_notes,
-    duration,
     err,
     fail,
     guarded,
     internal_error,
     model_help,
-    number,
     on_stop_signals,
     one_line,
-    out,
     parse_numbers,
-    print_json,
     progress_bar,
     set_error_dir,
 )
+from .dryrun_cmd import dry_run as dry_run_report
+from .train_report import iteration_line, report_summary, run_header
 
 if TYPE_CHECKING:
     from ..training.runlog import EvalRow, MetricsRow
@@ -146,7 +143,23 @@ def train(
     prompts: Annotated[
         str | None,
         typer.Option(
-            help="Training prompts: a .txt/.jsonl file or a built-in list (shapes-train, ...); default: the model's."
+            help="Training prompts: .txt, .jsonl, .json, .csv, .tsv, .parquet, a saved dataset folder, or a built-in "
+            "list (shapes-train, ...); a record's other fields are its metadata. Default: the model's."
+        ),
+    ] = None,
+    eval_prompts: Annotated[
+        str | None,
+        typer.Option(
+            "--eval-prompts", help="Held-out prompts (the held-out reward, before_after.png, eval): a file or list."
+        ),
+    ] = None,
+    eval_split: Annotated[
+        float | None,
+        typer.Option(
+            "--eval-split",
+            min=0,
+            help="Hold out this many of --prompts (a count, or a share below 1), drawn with the seed, instead of "
+            "--eval-prompts.",
         ),
     ] = None,
     iterations: Annotated[int | None, typer.Option(min=1, help="Online iterations.")] = None,
@@ -230,6 +243,14 @@ def train(
             "under torchrun, its own.",
         ),
     ] = 1,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Load nothing: check the config, prompts, rewards and files; print an iteration's model evaluations, "
+            "trained edges, TFLOPs and memory per process (--json: as JSON); exit 2 if anything is missing.",
+        ),
+    ] = False,
 ) -> None:
     """Train online: roll out trees, score, compute advantages, prune, update; checkpoints and exact resume.
 
@@ -243,7 +264,7 @@ def train(
     """
     from ..preflight import resolve_device
 
-    if nproc_per_node > 1 and "RANK" not in os.environ:
+    if nproc_per_node > 1 and "RANK" not in os.environ and not dry_run:
         _relaunch(nproc_per_node)
     stop: dict = {}
     with on_stop_signals(partial(_outside_loop, stop)):  # the loop installs its own; this covers the rest
@@ -252,8 +273,12 @@ def train(
             device = resolve_device(device)
             sets = _sets(set_, model, reward, weights, iterations, seed, max_batch, reward_opt)
             sets += [f"rollout.num_prompts={num_prompts}"] if num_prompts else []
+            sets += [f"rollout.eval_prompts={json.dumps(eval_prompts)}"] if eval_prompts else []
+            sets += [f"rollout.eval_split={eval_split}"] if eval_split is not None else []
             sets += policy_sets(revision, finetune, lora_rank, lora_alpha, lora_targets, dtype, gradient_checkpointing)
             sets += _log_sets(log)
+            if dry_run:
+                dry_run_report(preset or DEFAULT_PRESET, config, sets, prompts, resume, trees, nproc_per_node, json_)
             if trees is not None:
                 if "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1:
                     raise TreegrpoError(
@@ -264,7 +289,7 @@ def train(
                 summary = _online(preset or DEFAULT_PRESET, config, sets, prompts, run_dir, resume, device, stop)
             faults.point("train.summary")
             if summary:  # other ranks of a data-parallel run return none
-                _report(summary, json_)
+                report_summary(summary, json_)
         _ending(summary, stop)
 
 
@@ -335,49 +360,46 @@ def _relaunch(nproc: int) -> None:
 def _online(preset, config, sets, prompts, run_dir, resume, device, stop: dict) -> dict:
     from ..config import config_layers, load_config, user_warnings
     from ..preflight import check_writable_dir
-    from ..prompts import load_prompts
-    from ..training import dist, rundir
+    from ..prompts import run_prompts
+    from ..training import dist, resumecheck, rundir
     from ..training.loop import TrainRequest
     from ..training.loop import train as train_loop
+    from ..training.needs import check_train
 
     sets = sets + ([f"rollout.prompts={json.dumps(prompts)}"] if prompts else [])  # recorded in run.json
     d = dist.from_env()
     if resume is not None:
-        cfg, run = rundir.resume_config(resume, sets), resume
+        cfg, run = resumecheck.resume_config(resume, sets), resume
         warnings = cfg.new_warnings(rundir.load_config(resume))  # what --set adds to those the run said
     else:
         cfg = load_config(preset, config, sets)
         warnings = user_warnings(cfg, config_layers(preset, config, sets))
         run = Path(dist.gather(str(run_dir or Path("runs") / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"), d)[0])
+    if d.main:  # the model, its files and every reward's: one line naming all that is missing, before any print
+        check_train(cfg)
     for w in warnings if d.main else []:
         err.print(one_line(w), highlight=False, markup=False, soft_wrap=True)
     if resume is None and d.main:
         rundir.check_new(run)
         check_writable_dir(run, "--run-dir")
     set_error_dir(run)  # an internal error's traceback goes to the run folder (once it exists)
+    scaled, n = [], dist.scaled_prompts(cfg.rollout.num_prompts, d.world)
+    if resume is None and n != cfg.rollout.num_prompts:  # a new run's prompts an iteration: a multiple of the ranks
+        scaled = [
+            f"rollout.num_prompts {cfg.rollout.num_prompts} -> {n}: {n // d.world} for each of {d.world} processes"
+        ]
+        cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, num_prompts=n))
     dist.shard(cfg.rollout.num_prompts, d)  # divisible by the processes, before anything is written
-    train_prompts, eval_prompts = load_prompts(cfg.rollout.prompts), load_prompts(cfg.rollout.eval_prompts)
+    r = cfg.rollout
+    train_prompts, eval_prompts = run_prompts(r.prompts, r.eval_prompts, r.eval_split, cfg.seed)
     if resume is not None:
-        rundir.check_prompts(run, "train", train_prompts)
-        rundir.check_prompts(run, "eval", eval_prompts)
-    if d.main:
-        _check_weights(cfg)
+        resumecheck.check_prompts(run, "train", train_prompts)
+        resumecheck.check_prompts(run, "eval", eval_prompts)
     req = TrainRequest(cfg, train_prompts, eval_prompts, run, resume is not None, device, command_line(), d)
     given = {item.split("=", 1)[0].strip() for item in sets}
-    header = [*run_header(cfg, device, resume is None, given), f"run folder: {run}"]  # said once the run is ours
+    header = [*run_header(cfg, device, resume is None, given), *scaled, f"run folder: {run}"]  # once the run is ours
     train_rank = partial(_train_rank, req, train_loop, d, cfg, run, stop, header)
     return _train_group(train_rank, d) if d.active else train_rank()
-
-
-def _check_weights(cfg) -> None:
-    """Every reward name, then the model's and the rewards' weights: one line before anything is printed."""
-    from ..models.registry import check_available
-    from ..rewards.base import check_rewards, check_weights, parse_reward_options
-
-    reward_opts = parse_reward_options(cfg.reward.options)
-    check_rewards(cfg.reward.names, reward_opts)  # every name, before loading
-    check_available(cfg.model, cfg.policy)
-    check_weights(cfg.reward.names, reward_opts)
 
 
 def _train_group(train_rank: Callable[[], dict], d) -> dict:
@@ -405,44 +427,6 @@ def _train_group(train_rank: Callable[[], dict], d) -> dict:
         if done and not d.main:  # rank 0 reports; the others leave now: gloo's threads can still be
             sys.stdout.flush()  # winding down, and the interpreter's teardown then aborts the process
             os._exit(0)  # ("terminate called without an active exception")
-
-
-def run_header(cfg, device: str, new: bool, given: set[str] | frozenset[str] = frozenset()) -> list[str]:
-    """The run's first lines: what it trains, on what, where, and where each choice came from (`given`: the keys
-    the command line set)."""
-    from ..models.hub import KNOWN
-
-    p, n = cfg.policy, cfg.train.iterations
-
-    def source(key: str, release: str) -> str:
-        if not new:
-            return "the run's"
-        if key in given:
-            return "given"
-        return release if cfg.model in KNOWN else "the model's default"
-
-    weights = f" ({p.weights} weights, {p.size} size)" if p.weights == "random" else ""
-    lines = [
-        f"{'starting' if new else 'resuming'} {cfg.name}: model {cfg.model}{weights}; "
-        f"reward {', '.join(cfg.reward.names)} ({source('reward.names', 'the paper reward of the preset')}); "
-        f"prompts {cfg.rollout.prompts} (held out: {cfg.rollout.eval_prompts}; "
-        f"{source('rollout.prompts', 'the shipped general prompts')}); {n} iteration{'s' * (n != 1)}"
-    ]
-    return lines + device_notes(device, cfg.model, p.weights, p.size)
-
-
-def iteration_line(row: MetricsRow) -> str:
-    """An iteration's line: its reward, the share of prompt groups that tied (no advantage), what a dynamic rollout
-    stopped and saved, and its seconds."""
-    parts = [f"iteration {row['iteration']}: reward {row['reward_mean']:.4f} ± {row['reward_std']:.4f}"]
-    if "zero_std_ratio" in row:
-        parts.append(f"{row['zero_std_ratio']:.0%} of groups tied")
-    if row.get("early_stops"):
-        saved = row.get("evals_saved", 0) / max(row.get("evals_saved", 0) + row.get("rollout_evals", 0), 1)
-        parts.append(f"{row['early_stops']} early stops" + (f" ({saved:.0%} of the forwards saved)" if saved else ""))
-    if row.get("replaced"):
-        parts.append(f"{row['replaced']} tied prompts replaced")
-    return ", ".join([*parts, f"{row['seconds']['total']:.1f}s"])
 
 
 def _train_rank(req, train_loop, d, cfg, run, stop: dict, header: list[str]) -> dict:
@@ -497,39 +481,3 @@ def _staged(trees: Path, run_dir, sets, device) -> dict:
 
 
 # the summary's durations (rundir.summary's minutes; a staged update's metrics row: wall and seconds per phase)
-DURATIONS = {"minutes": 60.0, "wall": 1.0}
-
-
-def summary_value(key: str, v: object) -> str:
-    """One value of the summary table: durations as a person reads them (57 s, 3.2 min), other floats to four
-    significant digits (an lr of 3e-05 is not 0.0000); --json keeps the numbers."""
-    if key in DURATIONS and isinstance(v, (int, float)) and not isinstance(v, bool):
-        return duration(v * DURATIONS[key])
-    if key == "seconds" and isinstance(v, dict):
-        return ", ".join(f"{k} {duration(s) if isinstance(s, (int, float)) else s}" for k, s in v.items())
-    return number(v) if isinstance(v, float) else str(v)
-
-
-def _report(summary: dict, as_json: bool) -> None:
-    if as_json:
-        print_json(summary)
-        return
-    table = Table(title="training summary", show_header=False)
-    for k, v in summary.items():
-        table.add_row("training time" if k == "minutes" else k, summary_value(k, v))
-    out.print(table)
-    if "reward_first_tenth" in summary:
-        out.print(
-            f"mean reward, first tenth of the iterations: {number(summary['reward_first_tenth'])}; "
-            f"last tenth: {number(summary['reward_last_tenth'])}"
-        )
-    for first, last in summary.get("stalled_iterations", []):
-        err.print(
-            f"warning: iterations {first}-{last} trained nothing (every group's leaves scored the same)",
-            highlight=False,
-        )
-    if "heldout_after" in summary:
-        out.print(
-            f"held-out reward (ODE samples of the eval prompts): {number(summary['heldout_before'])} before, "
-            f"{number(summary['heldout_after'])} after ({summary['heldout_gain']:+.4g})"
-        )

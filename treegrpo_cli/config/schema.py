@@ -70,7 +70,10 @@ class RolloutConfig:
     prompts: str = (
         "default"  # training prompts: a file, or a built-in list (default, shapes-train, shapes-test, shapes-pretrain)
     )
-    eval_prompts: str = "default"  # prompts of the sample grids
+    eval_prompts: str = "default"  # held-out prompts: the held-out reward, sample grids, before_after.png, eval
+    # held out from `prompts` instead of `eval_prompts`: a whole count >= 1 or a share in (0, 1) of the list, drawn
+    # with the seed (0 = off)
+    eval_split: float = 0.0
     max_nodes: int = 1_000_000  # refuse a rollout whose trees would hold more nodes than this (each keeps its latent)
     max_tree_gib: float = 32.0  # refuse a rollout whose node latents would take more host memory than this
     # chunks of an iteration's prompts whose scoring overlaps the next chunk's rollout (training/overlap.py);
@@ -92,6 +95,62 @@ class RolloutConfig:
                 )
         if not self.max_tree_gib > 0:
             raise ConfigError(f"rollout.max_tree_gib must be > 0, got {self.max_tree_gib}")
+        split = self.eval_split
+        if not (0 <= split < MAX_PROMPTS) or (split >= 1 and split != int(split)):
+            raise ConfigError(
+                f"rollout.eval_split must be 0 (off), a share in (0, 1) or a whole count >= 1, got {shown(split)}"
+            )
+
+
+PARALLELS = ("replicate", "fsdp")
+TRACKERS = ("tensorboard", "wandb")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """The run's own keys of the [train] section: its cadence, budgets, trackers and processes (training/)."""
+
+    save_every: int = 25  # checkpoint every N iterations (and at the end)
+    keep_last: int = 2  # checkpoints kept
+    sample_every: int = 25  # captioned sample grid every N iterations (0 = off)
+    eval_samples: int = 2  # ODE draws per eval prompt for the held-out reward before and after (0 = off)
+    eval_every: int = 0  # also a held-out evaluation every this many iterations (0 = off)
+    eval_every_minutes: float = 0.0  # also a held-out evaluation every this many minutes of training (0 = off)
+    max_minutes: float = 0.0  # finish after the iteration that reaches this many minutes of training (0 = off)
+    eval_every_tflops: float = 0.0  # also a held-out evaluation every this many denoiser TFLOPs of training (0 = off)
+    max_tflops: float = 0.0  # finish after the iteration that reaches this many denoiser TFLOPs (0 = off): a budget
+    # that does not move with the machine's load, so a rerun repeats a run exactly
+    log: tuple[str, ...] = ()  # run trackers fed beside metrics.jsonl: "tensorboard", "wandb" (training/tracking.py)
+    parallel: str = "replicate"  # several processes: "replicate" (whole weights on every rank, gradients summed:
+    # DDP's scheme) | "fsdp" (FSDP2 fully_shard of the denoiser, for full fine-tuning)
+
+    def validate(self) -> None:
+        if self.parallel not in PARALLELS:
+            raise ConfigError(f"train.parallel must be one of {', '.join(PARALLELS)}; got {shown(self.parallel)}")
+        bad = [x for x in self.log if x not in TRACKERS]
+        if bad or len(set(self.log)) != len(self.log):
+            raise ConfigError(
+                f"train.log takes each of {', '.join(TRACKERS)} at most once; got {shown(list(self.log))}"
+            )
+        for name in ("save_every", "keep_last"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("sample_every", "eval_samples", "eval_every", "eval_every_minutes", "max_minutes"):
+            if not getattr(self, name) >= 0:
+                raise ConfigError(f"train.{name} must be >= 0 (0 = off), got {getattr(self, name)}")
+        for name in ("eval_every_tflops", "max_tflops"):
+            if not getattr(self, name) >= 0:
+                raise ConfigError(f"train.{name} must be >= 0 (0 = off), got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class TrainSection(RunConfig, TrainConfig):
+    """The [train] section: the update's keys (engine/grpo.py TrainConfig) and the run's (RunConfig) in one
+    table, so a preset or config file sets both as train.KEY."""
+
+    def validate(self) -> None:
+        TrainConfig.validate(self)
+        RunConfig.validate(self)
 
 
 SECTIONS: dict[str, type] = {
@@ -104,7 +163,7 @@ SECTIONS: dict[str, type] = {
     "schedule": ScheduleConfig,
     "splits": SplitConfig,
     "budget": BudgetConfig,
-    "train": TrainConfig,
+    "train": TrainSection,
     "nft": NFTConfig,
     "policy": PolicyConfig,
 }
@@ -126,7 +185,7 @@ class Config:
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     splits: SplitConfig = field(default_factory=SplitConfig)  # split steps that move with training (engine/splits.py)
     budget: BudgetConfig = field(default_factory=BudgetConfig)  # per-prompt leaf budgets (engine/budgets.py)
-    train: TrainConfig = field(default_factory=TrainConfig)
+    train: TrainSection = field(default_factory=TrainSection)
     nft: NFTConfig = field(default_factory=NFTConfig)  # train.objective = "nft" only (engine/nft.py)
     policy: PolicyConfig = field(default_factory=PolicyConfig)  # diffusers models only (models/base.py)
 
@@ -184,7 +243,7 @@ class Config:
             if w == 0
         ]
         out += self._policy_warnings()
-        out += self.tree.warnings(inherited) + self.splits.warnings(inherited)
+        out += self.advantage.warnings(inherited) + self.tree.warnings(inherited) + self.splits.warnings(inherited)
         width = sampled_tree(self.tree, self.splits).leaves(self.sampler.steps)
         out += self.budget.warnings(width, self.splits.kind == "adaptive", inherited)
         if self.train.lr >= 1:

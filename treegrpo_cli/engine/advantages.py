@@ -17,20 +17,28 @@ Every estimator is a pure function of flat per-node tensors (see tree.py for the
 
 Shapes: N nodes over all trees of the batch; nodes are breadth-first, so a parent is always at a
 smaller depth (and id) than its children. All arithmetic is float64; results are float32.
+
+An estimator is written in one place: its function, decorated `@estimator("name", reads=(...))` with the
+AdvantageConfig keys it reads. The registry (REGISTRY) gives the names advantage.estimator takes (ESTIMATORS), the
+dispatch of `estimate`, the warning for a key the chosen estimator does not read (AdvantageConfig.warnings) and the
+help that lists the estimators (the config reference; `treegrpo score --estimator`'s help reads the decorators from
+this file's source, as the CLI starts without torch).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
 
 from ..errors import ConfigError, shown
+from .dynamic import Inherited, never, set_but_ignored
 from .tree import leaf_mask
 
-ESTIMATORS = ("flat", "branch", "treegrpo", "treepo")
 FLAT_STDS = ("group", "global")
 WEIGHTINGS = ("leaf-softmax", "recursive")
 BACKUPS = ("logprob", "mean")
@@ -41,7 +49,7 @@ COMBINE_MODES = ("rewards", "advantages")
 
 @dataclass(frozen=True)
 class AdvantageConfig:
-    estimator: str = "branch"  # "flat" | "branch" | "treegrpo" | "treepo"
+    estimator: str = "branch"  # the estimator (one of ESTIMATORS; the config reference lists them from REGISTRY)
     ddof: int = 1  # std correction: 1 unbiased (DanceGRPO, BranchGRPO code), 0 population
     eps: float = 1e-8  # added to the std
     flat_std: str = "group"  # flat: "group" (DanceGRPO) | "global" (Flow-GRPO: batch std, group mean)
@@ -56,7 +64,7 @@ class AdvantageConfig:
 
     def validate(self) -> None:
         for name, value, allowed in (
-            ("estimator", self.estimator, ESTIMATORS),
+            ("estimator", self.estimator, tuple(ESTIMATORS)),
             ("flat_std", self.flat_std, FLAT_STDS),
             ("weighting", self.weighting, WEIGHTINGS),
             ("backup", self.backup, BACKUPS),
@@ -77,6 +85,17 @@ class AdvantageConfig:
                 raise ConfigError(f"advantage.{name} must be finite and {rule}; got {shown(number)}")
         if self.clamp is not None and not (self.clamp > 0):
             raise ConfigError(f"advantage.clamp must be > 0 or None (off); got {shown(self.clamp)}")
+
+    def unread(self) -> tuple[str, ...]:
+        """The keys the chosen estimator does not read (none for an unknown estimator: validate says it)."""
+        if self.estimator not in REGISTRY:
+            return ()
+        reads = set(REGISTRY[self.estimator].reads) | set(OWN_KEYS)
+        return tuple(f.name for f in dataclasses.fields(self) if f.name not in reads)
+
+    def warnings(self, inherited: Inherited = never) -> list[str]:
+        """A key set that the chosen estimator ignores (advantage.backup with branch): one line."""
+        return set_but_ignored(self, self.unread(), "advantage.estimator", inherited)
 
 
 @dataclass
@@ -174,7 +193,9 @@ def _zscore(x: Tensor, key: Tensor, ddof: int, eps: float) -> Tensor:
 
 
 @dataclass
-class _Batch:
+class Batch:
+    """What an estimator reads: the batch's per-node tensors on the CPU."""
+
     parent: Tensor  # [N] int64
     depth: Tensor  # [N] int64
     tree: Tensor  # [N] int64
@@ -192,14 +213,57 @@ class _Batch:
         )
 
 
-def _batch(parent, depth, tree, group, reward, log_prob) -> _Batch:
+EstimatorFn = Callable[[AdvantageConfig, Batch], Advantages]  # before the final clamp and float32
+
+
+@dataclass(frozen=True)
+class Estimator:
+    """One registered advantage estimator (the `estimator` decorator makes it)."""
+
+    name: str  # what advantage.estimator names it
+    fn: EstimatorFn
+    reads: tuple[str, ...]  # the AdvantageConfig keys it reads, besides OWN_KEYS (the others warn when set)
+
+
+REGISTRY: dict[str, Estimator] = {}  # name -> Estimator, in registration order
+ESTIMATORS = REGISTRY.keys()  # the names (a live view: an estimator registered later is listed too)
+OWN_KEYS = ("estimator", "clamp")  # read by `estimate` itself, whatever the estimator
+
+
+def estimator(name: str, reads: Sequence[str] = ()) -> Callable[[EstimatorFn], EstimatorFn]:
+    """Register the decorated function as the estimator `name` that reads the AdvantageConfig keys `reads`."""
+    keys = {f.name for f in dataclasses.fields(AdvantageConfig)}
+    unknown = sorted(set(reads) - keys)
+    if unknown:
+        raise ValueError(f"estimator {name!r} reads {', '.join(unknown)}: not AdvantageConfig keys")
+    if name in REGISTRY:
+        raise ValueError(f"estimator {name!r} is registered twice")
+
+    def register(fn: EstimatorFn) -> EstimatorFn:
+        REGISTRY[name] = Estimator(name, fn, tuple(reads))
+        return fn
+
+    return register
+
+
+def choices() -> str:
+    """The estimators' names for a help string: "flat" | "branch" | ..."""
+    return " | ".join(f'"{name}"' for name in ESTIMATORS)
+
+
+def readers(key: str) -> list[str]:
+    """The estimators that read the AdvantageConfig key `key` (every one for OWN_KEYS)."""
+    return [e.name for e in REGISTRY.values() if key in e.reads or key in OWN_KEYS]
+
+
+def _batch(parent, depth, tree, group, reward, log_prob) -> Batch:
     n = parent.numel()
     for name, t in (("depth", depth), ("tree", tree), ("group", group), ("reward", reward), ("log_prob", log_prob)):
         if t.shape != (n,):
             raise ValueError(f"{name} has shape {tuple(t.shape)}, expected ({n},) like parent")
     parent, depth = parent.long().cpu(), depth.long().cpu()
     lp = log_prob.detach().cpu().double()
-    return _Batch(
+    return Batch(
         parent,
         depth,
         tree.long().cpu(),
@@ -211,7 +275,7 @@ def _batch(parent, depth, tree, group, reward, log_prob) -> _Batch:
     )
 
 
-def _from_leaves(cfg: AdvantageConfig, b: _Batch, leaf_adv: Tensor) -> Advantages:
+def from_leaves(cfg: AdvantageConfig, b: Batch, leaf_adv: Tensor) -> Advantages:
     """Path estimators: each edge gets the mean (or sum) of its descendant leaves' advantages."""
     x = torch.where(b.leaf, leaf_adv, 0.0)
     edge = subtree_sum(b.parent, b.levels, x)  # [N]
@@ -226,7 +290,8 @@ def _from_leaves(cfg: AdvantageConfig, b: _Batch, leaf_adv: Tensor) -> Advantage
     )
 
 
-def _flat(cfg: AdvantageConfig, b: _Batch) -> Advantages:
+@estimator("flat", reads=("ddof", "eps", "flat_std", "shared_edge"))
+def _flat(cfg: AdvantageConfig, b: Batch) -> Advantages:
     ids = torch.nonzero(b.leaf).flatten()  # [L]
     r, g = b.reward[ids], b.group[ids]
     mean, std, _ = _stats(r, g, cfg.ddof)
@@ -234,10 +299,10 @@ def _flat(cfg: AdvantageConfig, b: _Batch) -> Advantages:
         std = torch.full_like(r, float(_stats(r, torch.zeros_like(g), cfg.ddof)[1][0]))
     adv = torch.full_like(b.reward, math.nan)
     adv[ids] = (r - mean) / (std + cfg.eps)
-    return _from_leaves(cfg, b, adv)
+    return from_leaves(cfg, b, adv)
 
 
-def _branch_fused(cfg: AdvantageConfig, b: _Batch) -> Tensor:
+def _branch_fused(cfg: AdvantageConfig, b: Batch) -> Tensor:
     """[N] fused reward: uniform (beta 0), paper leaf softmax, or the code's recursive softmax."""
     if cfg.beta == 0:
         return torch.where(b.leaf, b.reward, b.leaf_mean(b.reward))
@@ -246,7 +311,8 @@ def _branch_fused(cfg: AdvantageConfig, b: _Batch) -> Tensor:
     )
 
 
-def _branch(cfg: AdvantageConfig, b: _Batch) -> Advantages:
+@estimator("branch", reads=("ddof", "eps", "beta", "weighting", "min_std"))
+def _branch(cfg: AdvantageConfig, b: Batch) -> Advantages:
     fused = _branch_fused(cfg, b)  # [N]
     key = b.tree * (int(b.depth.max()) + 1) + b.depth  # [N] (tree, depth)
     mean, std, cnt = _stats(fused, key, cfg.ddof)
@@ -256,7 +322,8 @@ def _branch(cfg: AdvantageConfig, b: _Batch) -> Advantages:
     return Advantages(edge=adv, valid=valid, leaf=torch.where(b.leaf, adv, math.nan), fused=fused)
 
 
-def _treegrpo(cfg: AdvantageConfig, b: _Batch) -> Advantages:
+@estimator("treegrpo", reads=("ddof", "eps", "backup", "temperature"))
+def _treegrpo(cfg: AdvantageConfig, b: Batch) -> Advantages:
     ids = torch.nonzero(b.leaf).flatten()  # [L]
     leaf = torch.full_like(b.reward, math.nan)
     leaf[ids] = _zscore(b.reward[ids], b.group[ids], cfg.ddof, cfg.eps)
@@ -266,7 +333,8 @@ def _treegrpo(cfg: AdvantageConfig, b: _Batch) -> Advantages:
     return Advantages(edge=torch.where(valid, edge, 0.0), valid=valid, leaf=leaf, fused=b.leaf_mean(b.reward))
 
 
-def _treepo(cfg: AdvantageConfig, b: _Batch) -> Advantages:
+@estimator("treepo", reads=("ddof", "eps", "treepo_weight", "shared_edge"))
+def _treepo(cfg: AdvantageConfig, b: Batch) -> Advantages:
     ids = torch.nonzero(b.leaf).flatten()  # [L]
     r = b.reward[ids]  # [L]
     _, g = torch.unique(b.group, return_inverse=True)  # [N] compact group
@@ -294,10 +362,7 @@ def _treepo(cfg: AdvantageConfig, b: _Batch) -> Advantages:
     z[keep] = _zscore(a[keep], torch.zeros_like(ids[keep]), cfg.ddof, cfg.eps)  # batch whitening
     leaf = torch.full_like(b.reward, math.nan)
     leaf[ids] = z
-    return _from_leaves(cfg, b, leaf)
-
-
-_ESTIMATORS = {"flat": _flat, "branch": _branch, "treegrpo": _treegrpo, "treepo": _treepo}
+    return from_leaves(cfg, b, leaf)
 
 
 def _finish(cfg: AdvantageConfig, a: Advantages) -> Advantages:
@@ -306,12 +371,19 @@ def _finish(cfg: AdvantageConfig, a: Advantages) -> Advantages:
 
 
 def estimate(
-    cfg: AdvantageConfig, parent: Tensor, depth: Tensor, tree: Tensor, group: Tensor, reward: Tensor, log_prob: Tensor
+    cfg: AdvantageConfig,
+    *,
+    parent: Tensor,
+    depth: Tensor,
+    tree: Tensor,
+    group: Tensor,
+    reward: Tensor,
+    log_prob: Tensor,
 ) -> Advantages:
     """Advantages of every edge of a batch of trees; all inputs [N] (see the module docstring)."""
     cfg.validate()
     b = _batch(parent, depth, tree, group, reward, log_prob)
-    return _finish(cfg, _ESTIMATORS[cfg.estimator](cfg, b))
+    return _finish(cfg, REGISTRY[cfg.estimator].fn(cfg, b))
 
 
 def combine(
@@ -335,12 +407,13 @@ def combine(
     if set(rewards) != set(weights):
         raise ConfigError(f"reward weights name {shown(sorted(weights))} but the rewards are {shown(sorted(rewards))}")
     names = list(rewards)
+    nodes = {"parent": parent, "depth": depth, "tree": tree, "group": group, "log_prob": log_prob}
     if mode == "rewards":
         total = sum(float(weights[k]) * rewards[k].double() for k in names)
         assert isinstance(total, Tensor)  # rewards is not empty
-        return estimate(cfg, parent, depth, tree, group, total, log_prob)
+        return estimate(cfg, reward=total, **nodes)
     raw = replace(cfg, clamp=None)
-    parts = [(float(weights[k]), estimate(raw, parent, depth, tree, group, rewards[k], log_prob)) for k in names]
+    parts = [(float(weights[k]), estimate(raw, reward=rewards[k], **nodes)) for k in names]
     edge, leaf, fused = (sum(w * getattr(a, f).double() for w, a in parts) for f in ("edge", "leaf", "fused"))
     valid = parts[0][1].valid
     return _finish(cfg, Advantages(edge=torch.where(valid, edge, 0.0), valid=valid, leaf=leaf, fused=fused))

@@ -36,7 +36,9 @@ def assign_credit(
         mode=combine_mode,
     )
     base = (
-        base_mask(tree.parent, tree.sde, tree.depth, steps, decode, pruning.train_last)
+        base_mask(
+            tree.parent, sde=tree.sde, depth=tree.depth, steps=steps, decode=decode, train_last=pruning.train_last
+        )
         & adv.valid
         & step_mask(pruning, tree.depth, steps)
     )

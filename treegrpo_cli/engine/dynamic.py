@@ -201,6 +201,7 @@ class SplitPlan:
 def plan_split(
     budgets: list[int],
     stop: list[bool],
+    *,
     cost: Callable[[int], int],
     branch: int,
     later: int,
@@ -251,6 +252,7 @@ class TreeBudgets:
 def split_counts(
     cfg: Any,
     step: int,
+    *,
     steps: int,
     node_tree: list[int],
     node_budget: list[int],
@@ -279,12 +281,12 @@ def split_counts(
         plan = plan_split(
             [node_budget[f] for f in nodes],
             [stop.get(f, False) or out[f] for f in nodes],
-            functools.partial(_below, j=j, splits=splits, steps=T, branch=cfg.branch),
-            cfg.branch,
-            len(splits) - 1 - j,
-            trees.cap[t] - trees.spent[t],
-            cfg.transfer,
-            cfg.fallback,
+            cost=functools.partial(_below, j=j, splits=splits, steps=T, branch=cfg.branch),
+            branch=cfg.branch,
+            later=len(splits) - 1 - j,
+            room=trees.cap[t] - trees.spent[t],
+            transfer=cfg.transfer,
+            fallback=cfg.fallback,
         )
         for f, b, c, o in zip(nodes, plan.budget, plan.counts, plan.out, strict=True):
             counts[f], budgets[f], out[f] = c, share(b, c), o

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -27,16 +28,12 @@ from ..errors import ConfigError, shown
 from .protocols import Conditions, Kernel, Policy, select
 from .sde import gaussian_log_prob
 from .tree import Tree
+from .update import UPDATES, Context, Credited, Update, register_update
 
 LOSS_NORMS = ("mean", "node-sum", "per-transition")
 TRANSITION_NORMS = ("tree", "accum")
 KL_FORMS = ("paper", "code")
-PARALLELS = ("replicate", "fsdp")
-OBJECTIVES = ("grpo", "nft")
 LR_SCHEDULES = ("constant", "linear", "cosine")
-
-
-TRACKERS = ("tensorboard", "wandb")
 
 
 @dataclass(frozen=True)
@@ -72,20 +69,8 @@ class TrainConfig:
     ema_every: int = 1  # an EMA update after optimizer step s (counted over the run) when (s + 1) % ema_every == 0, as
     # Flow-GRPO's EMAModuleWrapper (its code: 8); 0 = once per iteration, after its last step (DanceGRPO's code)
     ema_warmup: bool = False  # decay min((1 + s) / (10 + s), ema_decay) at optimizer step s (Flow-GRPO's code)
-    save_every: int = 25  # checkpoint every N iterations (and at the end)
-    keep_last: int = 2  # checkpoints kept
-    sample_every: int = 25  # captioned sample grid every N iterations (0 = off)
-    eval_samples: int = 2  # ODE draws per eval prompt for the held-out reward before and after (0 = off)
-    eval_every_minutes: float = 0.0  # also a held-out evaluation every this many minutes of training (0 = off)
-    max_minutes: float = 0.0  # finish after the iteration that reaches this many minutes of training (0 = off)
-    eval_every_tflops: float = 0.0  # also a held-out evaluation every this many denoiser TFLOPs of training (0 = off)
-    max_tflops: float = 0.0  # finish after the iteration that reaches this many denoiser TFLOPs (0 = off): a budget
-    # that does not move with the machine's load, so a rerun repeats a run exactly
     objective: str = "grpo"  # "grpo": the clipped policy gradient on SDE edges | "nft": DiffusionNFT on the leaves
     # (engine/nft.py, the [nft] section)
-    log: tuple[str, ...] = ()  # run trackers fed beside metrics.jsonl: "tensorboard", "wandb" (training/tracking.py)
-    parallel: str = "replicate"  # several processes: "replicate" (whole weights on every rank, gradients summed:
-    # DDP's scheme) | "fsdp" (FSDP2 fully_shard of the denoiser, for full fine-tuning)
 
     def validate(self) -> None:
         if self.loss_norm not in LOSS_NORMS:
@@ -95,15 +80,8 @@ class TrainConfig:
                 f"train.transition_norm must be one of {', '.join(TRANSITION_NORMS)}; got {shown(self.transition_norm)}"
             )
         self._validate_lr()
-        if self.objective not in OBJECTIVES:
-            raise ConfigError(f"train.objective must be one of {', '.join(OBJECTIVES)}; got {shown(self.objective)}")
-        if self.parallel not in PARALLELS:
-            raise ConfigError(f"train.parallel must be one of {', '.join(PARALLELS)}; got {shown(self.parallel)}")
-        bad = [x for x in self.log if x not in TRACKERS]
-        if bad or len(set(self.log)) != len(self.log):
-            raise ConfigError(
-                f"train.log takes each of {', '.join(TRACKERS)} at most once; got {shown(list(self.log))}"
-            )
+        if self.objective not in UPDATES:  # every registered update (engine/update.py)
+            raise ConfigError(f"train.objective must be one of {', '.join(UPDATES)}; got {shown(self.objective)}")
         if self.kl_form not in KL_FORMS:
             raise ConfigError(f"train.kl_form must be one of {', '.join(KL_FORMS)}; got {shown(self.kl_form)}")
         if not isinstance(self.ema_every, int) or self.ema_every < 0:
@@ -112,7 +90,7 @@ class TrainConfig:
             )
         if not isinstance(self.accum_trees, int) or self.accum_trees < 0:
             raise ConfigError(f"train.accum_trees must be an integer >= 0 (0 = off); got {shown(self.accum_trees)}")
-        for name in ("iterations", "minibatches", "accum_edges", "save_every", "keep_last"):
+        for name in ("iterations", "minibatches", "accum_edges"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
         for name in ("lr", "clip_range", "max_grad_norm"):
@@ -120,12 +98,8 @@ class TrainConfig:
                 raise ConfigError(f"train.{name} must be > 0, got {getattr(self, name)}")
         if not 0 <= self.ema_decay < 1:
             raise ConfigError(f"train.ema_decay must be in [0, 1) (0 = off), got {self.ema_decay}")
-        for name in ("kl_beta", "sample_every", "eval_samples"):
-            if not getattr(self, name) >= 0:
-                raise ConfigError(f"train.{name} must be >= 0 (0 = off), got {getattr(self, name)}")
-        for name in ("eval_every_minutes", "max_minutes", "eval_every_tflops", "max_tflops"):
-            if not getattr(self, name) >= 0:
-                raise ConfigError(f"train.{name} must be >= 0 (0 = off), got {getattr(self, name)}")
+        if not self.kl_beta >= 0:
+            raise ConfigError(f"train.kl_beta must be >= 0 (0 = off), got {self.kl_beta}")
 
     def _validate_lr(self) -> None:
         if self.lr_schedule not in LR_SCHEDULES:
@@ -418,3 +392,29 @@ def _metrics(ratios, losses, norms, kls, evals, first: list[Tensor], cfg: TrainC
     if kls:
         out["kl_ref"] = float(torch.cat(kls).mean())
     return out
+
+
+@register_update
+class GRPOUpdate(Update):
+    """The clipped policy gradient on a tree's trained SDE edges (every process's batch planned together)."""
+
+    objective = "grpo"
+
+    def learn(self, c: Credited, cond: Conditions, it: int, ctx: Context) -> tuple[dict[str, Any], Tensor]:
+        own = slice(c.starts[ctx.ranks.rank], c.starts[ctx.ranks.rank] + c.tree.num_nodes)
+        batch = Batch(c.tree, c.trained[own], c.edge[own], cond)
+        par = ctx.ranks.plan(Batch(c.whole, c.trained, c.edge, {}), c.starts, it)
+        out = grpo_update(
+            ctx.policy,
+            ctx.opt,
+            ctx.sde,
+            batch,
+            self.cfg.train,
+            ctx.gen,
+            max_batch=ctx.max_batch,
+            ref=ctx.ref,
+            after_step=ctx.after_step,
+            parallel=par,
+            progress=ctx.progress,
+        )
+        return out, c.edge[c.trained]

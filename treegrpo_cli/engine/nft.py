@@ -22,13 +22,17 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from ..errors import ConfigError, shown
-from .protocols import Conditions, Policy, select
+from ..errors import ConfigError, TreegrpoError, shown
+from .grpo import canonical_key
+from .protocols import Conditions, Kernel, Policy, select
 from .rollout import mix_seed
+from .sde import FlowSDE
+from .update import Context, Credited, Update, register_update
 
 ADV_MODES = ("all", "positive_only", "negative_only", "one_only", "binary")
 DECAYS = ("hard", "ramp", "delayed-ramp")
@@ -247,3 +251,83 @@ def _chunk_terms(
             kls.append(kl)
         losses.append(loss)
     return torch.cat(losses), (torch.cat(kls) if kls else None)
+
+
+@register_update
+class NFTUpdate(Update):
+    """DiffusionNFT on every leaf's advantage; it owns the old (sampling) policy, which rollouts sample with and
+    which trails the trained one after each iteration (checkpoint tensors `old-*.safetensors`)."""
+
+    objective = "nft"
+    extra_forwards = 1  # the old policy's forward beside each trained one
+
+    def __init__(self, cfg: Any, policy: Policy, sde: Kernel):
+        super().__init__(cfg, policy, sde)
+        if not isinstance(sde, FlowSDE):
+            raise TreegrpoError(
+                f"train.objective = nft trains a flow-matching model's velocity; {policy.name} samples "
+                "with its own kernel (an epsilon-prediction model): use a GRPO preset"
+            )
+        self.old = OldPolicy(list(policy.trainable_parameters()))
+
+    def sampling(self, params: list[nn.Parameter]) -> Any:
+        return self.old.swapped(params)
+
+    def learn(self, c: Credited, cond: Conditions, it: int, ctx: Context) -> tuple[dict[str, Any], Tensor]:
+        train = self.cfg.train
+        out = nft_update(
+            ctx.policy,
+            self.old,
+            ctx.opt,
+            ctx.sde.sigmas,
+            self.batch(c, cond, it, ctx),
+            self.cfg.nft,
+            kl_beta=train.kl_beta,
+            max_grad_norm=train.max_grad_norm,
+            seed=mix_seed(self.cfg.seed, 0x4EF7),
+            max_batch=ctx.max_batch,
+            ref=ctx.ref,
+            after_step=ctx.after_step,
+            sync=ctx.ranks.sum_gradients,
+            gather=ctx.ranks.gather,
+            progress=ctx.progress,
+        )
+        return out, c.leaf[c.whole.is_leaf()]  # NFT trains every leaf, on its advantage
+
+    def batch(self, c: Credited, cond: Conditions, it: int, ctx: Context) -> NFTBatch:
+        """This process's leaves (rows of c.tree.image_latent) with their r (from c.leaf: every leaf's advantage,
+        NaN elsewhere) and seeds, and the global step plan: the whole batch's leaves, ordered by their canonical
+        key (tree, position in it: the same in one process or several), drawn at random into nft.steps parts of
+        equal size, each one optimizer step."""
+        tree, whole, starts, rank = c.tree, c.whole, c.starts, ctx.ranks.rank
+        leaves = whole.leaves()  # [L_all] global node ids, ascending
+        keys = canonical_key(whole)[leaves]
+        order = torch.argsort(keys)
+        perm = torch.randperm(len(order), generator=ctx.gen)
+        parts = [keys[order[p]] for p in torch.tensor_split(perm, self.cfg.nft.steps)]
+        own = (leaves >= starts[rank]) & (leaves < starts[rank + 1])
+        own_keys = keys[own]  # in the order of tree.leaves(): local ids ascending
+        local_leaves = tree.leaves()
+        return NFTBatch(
+            x0=tree.image_latent.float(),
+            cond={k: v[tree.tree[local_leaves].to(v.device)] for k, v in cond.items()},
+            r=optimality(c.leaf[leaves[own]], self.cfg.nft).to(tree.image_latent.device),
+            keys=own_keys * 1_000_003 + it,  # a sample's noise seed: its key and the iteration (drawn anew)
+            groups=[torch.nonzero(torch.isin(own_keys, p)).flatten() for p in parts],
+            denominators=[float(len(p)) for p in parts],
+        )
+
+    def follow(self, params: list[nn.Parameter], ctx: Context) -> dict[str, Any]:
+        decay = decay_at(ctx.optimizer_steps(), self.cfg.nft.decay)
+        self.old.follow(params, decay)
+        return {"old_decay": decay}
+
+    def state(self, names: list[str]) -> dict[str, dict[str, Tensor]]:
+        return {"old": dict(zip(names, self.old.tensors, strict=True))}
+
+    def load(self, groups: dict[str, dict[str, Tensor]], names: list[str], step: int) -> None:
+        old = groups.get("old")
+        if old is None:
+            raise TreegrpoError(f"checkpoint step-{step} holds no NFT sampling policy (old-*.safetensors)")
+        pairs = zip(names, self.old.tensors, strict=True)  # NFT runs unsharded
+        self.old.tensors = [old[k].to(t.device, t.dtype).clone() for k, t in pairs]

@@ -6,12 +6,10 @@ turns prompts into conditions, (latent, sigma, condition) into a velocity, and l
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
 
 from torch import Tensor, nn
-
-if TYPE_CHECKING:
-    from .sde import StepResult
 
 Conditions = dict[str, Tensor]  # every tensor has the prompt batch as its first dim
 
@@ -60,6 +58,15 @@ class Policy(Protocol):
     # engine.sde.FlowSDE(sampler_cfg); see engine.sde.make_kernel.
     # Optional: `flops_per_row() -> (forward, backward) | None`: denoiser FLOPs of one network row (one CFG
     # half); callers multiply by the evaluations run (models/flops.py).
+
+
+@dataclass
+class StepResult:
+    """What a Kernel's step returns (engine.sde.FlowSDE, engine.sde.DDIMKernel)."""
+
+    mean: Tensor  # [B, C, H, W] fp32 mean of the next state (the ODE step when std is 0)
+    std: Tensor  # [B] fp32 per-sample std of the transition (0 for an ODE step)
+    x0: Tensor  # [B, C, H, W] fp32 clean-image prediction x - sigma*v
 
 
 @runtime_checkable

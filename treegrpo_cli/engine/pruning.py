@@ -70,7 +70,9 @@ class PruneConfig:
             raise ConfigError(f"pruning.active_until must be finite and >= 0; got {shown(self.active_until)}")
 
 
-def base_mask(parent: Tensor, sde: Tensor, depth: Tensor, steps: int, decode: str, train_last: bool = False) -> Tensor:
+def base_mask(
+    parent: Tensor, *, sde: Tensor, depth: Tensor, steps: int, decode: str, train_last: bool = False
+) -> Tensor:
     """[N] bool: edges that may be trained at all (before any pruning)."""
     if decode not in DECODES:
         raise ConfigError(f"sampler.decode must be one of {', '.join(DECODES)}; got {shown(decode)}")

@@ -286,10 +286,22 @@ def _forward(policy: Policy, x: Tensor, sigma: Tensor, cond, rows: Tensor, max_b
     return torch.cat(out)
 
 
-def _noised(cfg, sde: Kernel, lvl: _Level, kids, noisy: list[bool], kid_sde: list[bool], std0, reps, mean, shape):
+def _noised(
+    cfg: TreeConfig,
+    sde: Kernel,
+    *,
+    lvl: _Level,
+    kids: list[list[int]],
+    noisy: list[bool],
+    kid_sde: list[bool],
+    std0: Tensor,
+    reps: Tensor,
+    mean: Tensor,
+) -> tuple[Tensor, Tensor]:
     """The children's latents and log-probs [sum(counts)]: each SDE node's children get noise from their own seeds
-    (correlated siblings) and one batched Gaussian step; an ODE node's children are its mean (log-prob NaN)."""
-    dev = mean.device
+    (correlated siblings) and one batched Gaussian step; an ODE node's children are its mean (log-prob NaN).
+    kids[f]: node f's child seeds; std0, reps [F]: each node's step std and children; mean: the children's means."""
+    dev, shape = mean.device, tuple(mean.shape[1:])
     lat, lp = mean, torch.full((mean.shape[0],), float("nan"), device=dev)
     if not any(noisy):
         return lat, lp
@@ -328,12 +340,22 @@ def _expand(
     if mixed and sde.cfg.solver != "euler":
         raise ConfigError("trees of one batch with different split steps need sampler.solver = 'euler'")
     res = sde.step(x, v, torch.full((n,), step, dtype=torch.long), torch.tensor(noisy), lvl.prev_x0)
-    counts, budgets, out = split_counts(cfg, step, sde.cfg.steps, lvl.tree, lvl.budget, res.x0, trees, judge, lvl.out)
+    counts, budgets, out = split_counts(
+        cfg,
+        step,
+        steps=sde.cfg.steps,
+        node_tree=lvl.tree,
+        node_budget=lvl.budget,
+        x0=res.x0,
+        trees=trees,
+        judge=judge,
+        node_out=lvl.out,
+    )
     reps = torch.tensor(counts, device=dev)
     mean = res.mean.repeat_interleave(reps, dim=0)  # [sum(counts), C, H, W]
     kids = [[mix_seed(s, c) for c in range(k)] for s, k in zip(lvl.seed, counts, strict=True)]  # child seeds
     kid_sde = [z for z, k in zip(noisy, counts, strict=True) for _ in range(k)]
-    lat, lp = _noised(cfg, sde, lvl, kids, noisy, kid_sde, res.std, reps, mean, tuple(x.shape[1:]))
+    lat, lp = _noised(cfg, sde, lvl=lvl, kids=kids, noisy=noisy, kid_sde=kid_sde, std0=res.std, reps=reps, mean=mean)
     last = step == sde.cfg.steps - 1
     nxt = _Level()
     for f in range(n):

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from ..errors import ConfigError, shown
-from .protocols import Kernel
+from .protocols import Kernel, StepResult
 
 GRIDS = ("shifted", "flow-match-euler", "model")
 NOISES = ("dance", "flow", "cps")
@@ -125,13 +125,6 @@ def diffusion_coefficient(cfg: SamplerConfig, sigma: Tensor, sigma_max_below_one
         return torch.full_like(sigma, cfg.eta)
     denom = 1 - torch.where(sigma >= 1, torch.full_like(sigma, sigma_max_below_one), sigma)
     return cfg.eta * torch.sqrt(sigma / denom)
-
-
-@dataclass
-class StepResult:
-    mean: Tensor  # [B, C, H, W] fp32 mean of the next state (the ODE step when std is 0)
-    std: Tensor  # [B] fp32 per-sample std of the transition (0 for an ODE step)
-    x0: Tensor  # [B, C, H, W] fp32 clean-image prediction x - sigma*v
 
 
 class FlowSDE:

@@ -244,6 +244,7 @@ def progress_steps(cfg: SplitConfig, steps: int, decode: str, it: int, iteration
 def adaptive_steps(
     cfg: SplitConfig,
     tree_splits: tuple[int, ...],
+    *,
     steps: int,
     decode: str,
     it: int,

@@ -39,6 +39,9 @@ class AdapterCard:
     # release name -> that release's settings beyond the adapter's (SD3.5 Large's card samples at guidance 3.5)
     release_defaults: dict[str, dict[str, object]] = field(default_factory=dict)
     video: bool = False  # its samples are clips [B, 3, F, H, W]
+    # releases whose hub repository is gated: the hub serves their files only to a logged-in account (a token) that
+    # accepted the release's terms on its page
+    gated: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,11 @@ def entries() -> dict[str, Entry]:
 def known() -> dict[str, tuple[str, str]]:
     """Release name -> (hub id, adapter name), over every adapter's releases."""
     return {r: (hub_id, e.card.name) for e in entries().values() for r, hub_id in e.card.releases.items()}
+
+
+def gated() -> set[str]:
+    """Hub ids of the gated releases (their cards' `gated`)."""
+    return {e.card.releases[r] for e in entries().values() for r in e.card.gated}
 
 
 def pipelines() -> dict[str, str]:

@@ -75,6 +75,7 @@ class FluxPolicy(DiffusersPolicy):
         family="FLUX.1",
         pipelines=("FluxPipeline",),
         releases={"flux-dev": "black-forest-labs/FLUX.1-dev", "flux-schnell": "black-forest-labs/FLUX.1-schnell"},
+        gated=("flux-dev",),  # FLUX.1 [dev] non-commercial license: accepted on the hub; schnell (Apache 2.0) is open
         defaults={"rollout.max_batch": 8, "policy.gradient_checkpointing": True},
     )
     denoiser_attr = "transformer"

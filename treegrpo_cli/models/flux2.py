@@ -83,6 +83,8 @@ class Flux2Policy(DiffusersPolicy):
         },
         defaults={"rollout.max_batch": 8, "policy.gradient_checkpointing": True},
         grid="model",
+        # the FLUX non-commercial license's releases are gated on the hub; [klein] 4B (Apache 2.0) is open
+        gated=("flux2-dev", "flux2-klein-9b", "flux2-klein-base-9b"),
     )
     text_encoder_attrs = ("text_encoder",)
     lora_defaults = FLUX2_LORA

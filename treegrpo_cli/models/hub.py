@@ -23,6 +23,7 @@ from . import catalog
 KNOWN: dict[str, tuple[str, str]] = catalog.known()
 PIPELINES: dict[str, str] = catalog.pipelines()
 RELEASE_DEFAULTS: dict[str, dict[str, object]] = catalog.release_defaults()
+GATED: set[str] = catalog.gated()  # hub ids of the gated releases (their cards')
 TEXT_PARTS = ("text_encoder", "text_encoder_2", "text_encoder_3", "tokenizer", "tokenizer_2", "tokenizer_3")
 OPTIONAL_PARTS = ("safety_checker", "feature_extractor", "image_encoder")
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -57,6 +58,26 @@ def repo_id(name: str) -> str:
     return KNOWN[name][0] if name in KNOWN else name
 
 
+def gated_note(repo: str) -> str:
+    """What a gated hub repository asks before `hf download` can fetch it ("" for an open one)."""
+    if repo.lower() not in {g.lower() for g in GATED}:
+        return ""
+    return (
+        f"{repo} is a gated repository: accept its terms at https://huggingface.co/{repo} while logged in, then "
+        "give the hub a token of that account (`hf auth login`, or $HF_TOKEN) before downloading"
+    )
+
+
+def release_of(name: str) -> str | None:
+    """The release (KNOWN name) that `name` spells another way: its hub id or the id's last part, in any case
+    ('black-forest-labs/FLUX.1-dev', 'FLUX.1-dev', 'Flux-Dev' -> 'flux-dev'); None when none is."""
+    low = name.strip().lower()
+    for release, (repo, _) in KNOWN.items():
+        if low in (release, repo.lower(), repo.split("/")[-1].lower()):
+            return release
+    return None
+
+
 def resolve(name: str, revision: str | None = None, download: bool = False) -> Path:
     """The local folder of --model: the folder itself, or its snapshot in the hub cache."""
     folder = local_dir(name)
@@ -77,11 +98,15 @@ def resolve(name: str, revision: str | None = None, download: bool = False) -> P
             if download
             else "downloads are off (policy.download = true allows one)"
         )
+        gate = gated_note(repo)
+        known = release_of(name) if name not in KNOWN else None
         raise TreegrpoError(
             f"model weights for {what} are missing: no snapshot (model_index.json, transformer/ or "
             f"unet/, vae/, text_encoder/, tokenizer/, scheduler/) in the local Hugging Face cache "
-            f"{cache}, and {how}; fetch them with `hf download {repo}`, or pass --model with a local "
-            "folder holding the diffusers pipeline"
+            f"{cache} ($HF_HUB_CACHE, else $HF_HOME/hub), and {how}; fetch them with `hf download {repo}`, or "
+            "pass --model with a local folder holding the diffusers pipeline"
+            + (f" ({gate})" if gate else "")
+            + (f"; did you mean --model {known!r} (the release, with its card's settings)?" if known else "")
         ) from None
 
 
@@ -163,12 +188,18 @@ def missing_files(folder: Path, text_encoders: bool = True) -> list[str]:
     return missing
 
 
-def check_complete(folder: Path, text_encoders: bool = True) -> None:
+def check_complete(folder: Path, text_encoders: bool = True, name: str | None = None) -> None:
+    """Every file the pipeline needs is in `folder` (the text encoders' too, unless text_encoders is False); `name`:
+    the --model it came from (a hub snapshot's says how to complete it)."""
     missing = missing_files(folder, text_encoders)
     if missing:
         shown = ", ".join(missing[:6]) + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")
+        repo = repo_id(name) if name is not None and local_dir(name) is None else None
+        fetch = f"complete the snapshot with `hf download {repo}`, or " if repo else ""
+        gate = gated_note(repo) if repo else ""
         raise TreegrpoError(
-            f"{folder}: missing {shown}; pass --model with a local folder holding the complete diffusers pipeline"
+            f"{folder}: missing {shown}; {fetch}pass --model with a local folder holding the complete diffusers "
+            "pipeline" + (f" ({gate})" if gate else "")
         )
 
 

@@ -94,10 +94,21 @@ def load_policy(
         return _load_dit(name, device)
     if hub.is_diffusers_name(name):
         return _load_diffusers(name, device, opts or PolicyConfig(), text_encoders)
+    raise unknown_model(name) or ConfigError(f"unknown model {shown(name)}")
+
+
+def unknown_model(name: str) -> ConfigError | None:
+    """None when a loader takes `name` (a built-in, a release, a weights file, a folder or a hub id); else the one
+    line that says it is unknown, naming the model meant where one is close in any case or hub spelling
+    ('FLUX.1-dev' and 'Flux-Dev' -> 'flux-dev'). Reads no file but the folder test."""
+    if name in _PIXEL or name in EMBEDDED or name.endswith(".safetensors") or hub.is_diffusers_name(name):
+        return None
     names = [*MODELS, *hub.KNOWN]
-    close = difflib.get_close_matches(name, names, n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
-    raise ConfigError(
+    low = name.strip().lower()
+    close = hub.release_of(name) or next((n for n in names if n.lower() == low), None)
+    close = close or next(iter(difflib.get_close_matches(low, names, n=1)), None)
+    hint = f"; did you mean {close!r}?" if close else ""
+    return ConfigError(
         f"unknown model {shown(name)} (available: {', '.join(names)}, a hub id or a diffusers folder){hint}"
     )
 
@@ -108,7 +119,7 @@ def _load_diffusers(name: str, device: str | torch.device, opts: PolicyConfig, t
     require_extra(("diffusers", "transformers", "peft"), "models", name)
     folder = hub.resolve(name, opts.revision, opts.download)
     kind = hub.pipeline_kind(folder)
-    hub.check_complete(folder, text_encoders)
+    hub.check_complete(folder, text_encoders, name)
     from .diffusers_base import load_pipeline, quiet_diffusers, torch_dtype
 
     quiet_diffusers()  # the torchvision guard first: transformers imports it
@@ -120,13 +131,43 @@ def _load_diffusers(name: str, device: str | torch.device, opts: PolicyConfig, t
 
 
 def check_available(name: str, opts: PolicyConfig) -> None:
-    """The files --model needs are there (a diffusers model's snapshot complete): one line naming what is missing and
-    how to supply it, before a run prints or writes anything. Loads nothing."""
-    if opts.weights == "random" or name in _PIXEL or name in EMBEDDED or name.endswith(".safetensors"):
+    """--model names a model and the files it needs are there (a weights file; a diffusers model's snapshot
+    complete, its text encoders' files included): one line naming what is missing and how to supply it, before a run
+    prints or writes anything. Loads nothing."""
+    unknown = unknown_model(name)
+    if unknown is not None:
+        raise unknown
+    if opts.weights == "random":
+        from . import releases
+
+        releases.check_random(name, opts.size)
+        require_extra(("diffusers", "transformers", "peft", "accelerate"), "models", f"{name} with random weights")
+        return
+    if name in EMBEDDED or name.endswith(".safetensors"):
+        path = EMBEDDED.get(name, (Path(name), ""))[0]
+        if not _is_file(path):
+            raise _dit_missing(name, path)
         return
     if hub.is_diffusers_name(name):
         require_extra(("diffusers", "transformers", "peft"), "models", name)
-        hub.check_complete(hub.resolve(name, opts.revision, opts.download))
+        hub.check_complete(hub.resolve(name, opts.revision, opts.download), name=name)
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except (OSError, ValueError):  # no file can have this name (too long, a NUL byte)
+        return False
+
+
+def _dit_missing(name: str, path: Path) -> TreegrpoError:
+    script = "pretrain_shapes_video.py" if name == "tiny-shapes-video" else "pretrain_shapes.py"
+    how = (
+        f"reinstall treegrpo, or rebuild them with `python scripts/{script}`"
+        if name in EMBEDDED
+        else "pass --model with a file written by scripts/pretrain_shapes.py or pretrain_shapes_video.py"
+    )
+    return TreegrpoError(f"model weights not found: {path}; {how}")
 
 
 def _load_random(name: str, device: str | torch.device, opts: PolicyConfig) -> Policy:
@@ -174,18 +215,8 @@ def _load_dit(name: str, device: str | torch.device) -> Policy:
     from .video_latent import VideoLatentPolicy
 
     path, sha256 = EMBEDDED.get(name, (Path(name), ""))
-    try:
-        found = path.is_file()
-    except (OSError, ValueError):  # no file can have this name (too long, a NUL byte)
-        found = False
-    if not found:
-        script = "pretrain_shapes_video.py" if name == "tiny-shapes-video" else "pretrain_shapes.py"
-        how = (
-            f"reinstall treegrpo, or rebuild them with `python scripts/{script}`"
-            if name in EMBEDDED
-            else "pass --model with a file written by scripts/pretrain_shapes.py or pretrain_shapes_video.py"
-        )
-        raise TreegrpoError(f"model weights not found: {path}; {how}")
+    if not _is_file(path):
+        raise _dit_missing(name, path)
     net, ae, meta = load_weights(path, sha256 or None)
     cls = VideoLatentPolicy if meta.get("frames") else LatentDiTPolicy
     return cls(

@@ -110,15 +110,28 @@ def random_module(cls_name: str, config: dict[str, Any], device: Any, dtype: tor
     return net.to(device).eval()
 
 
-def random_pipeline(spec: Release, tiny: bool, device: Any, dtype: torch.dtype, seed: int = SEED) -> Any:
-    """The release's diffusers pipeline: random denoiser and autoencoder, its scheduler, no text encoders."""
+def empty_module(cls_name: str, config: dict[str, Any]) -> nn.Module:
+    """A diffusers model of `config` with every parameter on the meta device: its shapes, no memory, no values."""
+    import diffusers
+
+    with torch.device("meta"):  # parameters and buffers (a position table's arithmetic costs nothing there)
+        return getattr(diffusers, cls_name)(**config).eval()
+
+
+def random_pipeline(
+    spec: Release, tiny: bool, device: Any, dtype: torch.dtype, seed: int = SEED, meta: bool = False
+) -> Any:
+    """The release's diffusers pipeline: random denoiser and autoencoder, its scheduler, no text encoders (meta: the
+    modules' parameters on the meta device, shapes without values: what a model costs, models/estimate.py)."""
     import inspect
 
     import diffusers
 
-    denoiser = random_module(spec.transformer, spec.tiny if tiny else spec.config, device, dtype, seed)
-    vae_cfg = spec.vae["tiny"] if tiny else spec.vae["config"]
-    vae = random_module(spec.vae["class"], vae_cfg, device, dtype, seed + 1)
+    def module(cls_name: str, config: dict[str, Any], offset: int) -> nn.Module:
+        return empty_module(cls_name, config) if meta else random_module(cls_name, config, device, dtype, seed + offset)
+
+    denoiser = module(spec.transformer, spec.tiny if tiny else spec.config, 0)
+    vae = module(spec.vae["class"], spec.vae["tiny"] if tiny else spec.vae["config"], 1)
     scheduler = getattr(diffusers, spec.scheduler["class"])(**spec.scheduler["config"])
     cls = getattr(diffusers, spec.pipeline)
     params = inspect.signature(cls.__init__).parameters

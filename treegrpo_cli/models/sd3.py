@@ -58,6 +58,7 @@ class SD3Policy(DiffusersPolicy):
         scheduler={"sampler.shift": ("shift", 3.0), "sampler.num_train_timesteps": ("num_train_timesteps", 1000)},
         # SD3.5 Large's model card samples at guidance 3.5 (Medium 4.5, the adapter's default, as Flow-GRPO trains it)
         release_defaults={"sd3.5-large": {"policy.guidance": 3.5}},
+        gated=("sd3.5-medium", "sd3.5-large"),  # the Stability AI Community License, accepted on the hub
     )
     denoiser_attr = "transformer"
     text_encoder_attrs = ("text_encoder", "text_encoder_2", "text_encoder_3")

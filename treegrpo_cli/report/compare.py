@@ -3,7 +3,7 @@ per iteration, model evaluations per sample and memory, grouped by label (the pr
 and spread over seeds.
 
 Groups are what was run: each run's run.json config (model, rewards, every setting but its seed, its name and the
-keys that only change how it runs, rundir.RESUMABLE). Runs given one --label must have run the same settings,
+keys that only change how it runs, resumecheck.RESUMABLE). Runs given one --label must have run the same settings,
 or compare refuses them naming the keys that differ; runs without --label are grouped by preset name and split
 where their settings differ (the label then names the differing keys). A seed repeated in a group is a warning
 (its spread is not over seeds). Runs scored by different rewards are not on one axis: refused unless
@@ -46,7 +46,7 @@ from ..errors import TreegrpoError
 from ..store.safeio import contained
 from ..training import rundir, runlog
 from ..training.runlog import EvalRow, MetricsRow
-from .compare_groups import check_one_reward, group_runs, repeated_seeds, what_was_run
+from .compare_groups import RunStats, check_one_reward, group_runs, repeated_seeds, what_was_run
 
 PHASES = ("rollout", "score", "update")
 GRID_POINTS = 64  # points of the common grid a group's mean curve is drawn on
@@ -66,30 +66,6 @@ class Stat:
     mean: float | None
     std: float | None
     n: int
-
-
-@dataclass
-class RunStats:
-    folder: str
-    label: str
-    preset: str
-    seed: int
-    iterations: int
-    heldout_curve: list[tuple[float, float]]  # (x on the comparison's axis, held-out reward)
-    final_heldout: float | None
-    gain: float | None  # final held-out minus the first
-    seconds_per_iteration: float | None
-    phase_seconds: dict[str, float | None]
-    forward_nfe_per_sample: float | None  # mean rollout_evals_per_leaf
-    backward_nfe_per_sample: float | None  # mean train_evals_per_leaf
-    peak_mib: float | None
-    zero_std_ratio: float | None = None  # mean over iterations: the share of groups whose rewards all tie
-    zero_std_curve: list[tuple[float, float]] = field(default_factory=list)  # (iteration, zero_std_ratio)
-    model: str = ""
-    rewards: list[str] = field(default_factory=list)
-    images_per_second: float | None = None  # mean over iterations
-    to_target: float | None = None  # None: never reaches the target (or no target)
-    sample_grid: str | None = None  # the latest samples/step-N.png
 
 
 @dataclass

@@ -4,25 +4,49 @@ settings, runs of different rewards refused, a seed repeated in a group warned a
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any
 
 from ..config import Config
 from ..errors import ConfigError
-from ..training import rundir
-
-if TYPE_CHECKING:
-    from .compare import RunStats
+from ..training import resumecheck
 
 # Config keys that do not say what a run learned: its seed (a group's runs differ in it), its name and
-# description, and the keys a resume may change (how long and how it runs: rundir.RESUMABLE).
-NOT_WHAT_WAS_RUN = {"seed", "name", "description"} | rundir.RESUMABLE
+# description, and the keys a resume may change (how long and how it runs: resumecheck.RESUMABLE).
+NOT_WHAT_WAS_RUN = {"seed", "name", "description"} | resumecheck.RESUMABLE
 FIRST_KEYS = ("model", "reward.names", "reward.weights")  # named first when settings differ
+
+
+@dataclass
+class RunStats:
+    """One run as `treegrpo compare` reads it (compare.load_run) and groups it (group_runs)."""
+
+    folder: str
+    label: str
+    preset: str
+    seed: int
+    iterations: int
+    heldout_curve: list[tuple[float, float]]  # (x on the comparison's axis, held-out reward)
+    final_heldout: float | None
+    gain: float | None  # final held-out minus the first
+    seconds_per_iteration: float | None
+    phase_seconds: dict[str, float | None]
+    forward_nfe_per_sample: float | None  # mean rollout_evals_per_leaf
+    backward_nfe_per_sample: float | None  # mean train_evals_per_leaf
+    peak_mib: float | None
+    zero_std_ratio: float | None = None  # mean over iterations: the share of groups whose rewards all tie
+    zero_std_curve: list[tuple[float, float]] = field(default_factory=list)  # (iteration, zero_std_ratio)
+    model: str = ""
+    rewards: list[str] = field(default_factory=list)
+    images_per_second: float | None = None  # mean over iterations
+    to_target: float | None = None  # None: never reaches the target (or no target)
+    sample_grid: str | None = None  # the latest samples/step-N.png
 
 
 def what_was_run(cfg: Config) -> dict[str, Any]:
     """The run's settings as flat keys ("train.lr"), values as JSON text, without NOT_WHAT_WAS_RUN and the keys its
     switches leave without effect (Config.ignored: tree.stop_tol with tree.dynamic off)."""
-    flat, skip = rundir._flat(cfg.to_dict()), NOT_WHAT_WAS_RUN | cfg.ignored()
+    flat, skip = resumecheck.flat_keys(cfg.to_dict()), NOT_WHAT_WAS_RUN | cfg.ignored()
     return {k: json.dumps(v, sort_keys=True) for k, v in flat.items() if k not in skip}
 
 

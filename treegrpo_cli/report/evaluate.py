@@ -16,7 +16,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -29,10 +29,13 @@ from ..errors import ConfigError, TreegrpoError
 from ..models import hub
 from ..models.base import Policy
 from ..models.registry import MODELS, load_policy
-from ..rewards.base import DTYPES, Reward, spec
+from ..rewards.base import DTYPES, Reward, parse_reward_options, spec
 from ..store.checkpoint import MANIFEST, check_checkpoint, damaged_checkpoints, list_checkpoints, load_checkpoint
 from ..training.sampling import BATCH, Chunk, build_rewards, sample_chunks, score, stream_seed
 from .evalio import GRID_IMAGES, Scored, Source, image_folder
+
+if TYPE_CHECKING:
+    from ..training.needs import ModelNeed
 
 # --- treegrpo eval ---------------------------------------------------------------------------
 
@@ -98,6 +101,40 @@ def eval_rewards(req: EvalRequest) -> dict[str, Reward]:
         raise ConfigError(f"reward options for {stray[0]!r}, which --metric does not name")
     reward = source_config(req).reward if req.images is None else Config().reward
     return build_rewards(reward, req.device, names=names, options=req.reward_options, dtype=req.reward_dtype)
+
+
+def check_needs(req: EvalRequest) -> None:
+    """The pre-flight of `eval` (training/needs.py): the model (--model's or the checkpoint's), the baseline's and
+    every metric's reward, with their files; one error line naming all that is missing, before any image is made."""
+    from ..training.needs import ModelNeed, check
+
+    stray = sorted(set(req.reward_options) - set(req.metrics))
+    if stray:
+        raise ConfigError(f"reward options for {stray[0]!r}, which --metric does not name")
+    cfg = source_config(req) if req.images is None else None  # the model's or the checkpoint's run's config
+    models = []
+    if cfg is not None:
+        models.append(ModelNeed(cfg.model, cfg.policy, f"--checkpoint {req.checkpoint}" if req.checkpoint else ""))
+        models += [_baseline_need(req.baseline)] if req.baseline else []
+    reward = cfg.reward if cfg is not None else Config().reward
+    options = {n: o for n, o in parse_reward_options(reward.options).items() if n in req.metrics}
+    for n, o in req.reward_options.items():
+        options[n] = {**options.get(n, {}), **o}
+    check(models, req.metrics, options)
+
+
+def _baseline_need(baseline: str) -> ModelNeed:
+    """--baseline as the model it loads: a checkpoint's (its run's config) or a model name under its defaults."""
+    from ..training.needs import ModelNeed
+
+    if Path(baseline).is_dir():
+        state = check_checkpoint(find_checkpoint(Path(baseline)))
+        if "config" not in state:
+            raise TreegrpoError(f"{baseline}: the checkpoint does not record its config")
+        cfg = config_from_dict(state["config"])
+    else:
+        cfg = load_config(sets=[f"model={json.dumps(baseline)}"])  # as load_source_policy builds it
+    return ModelNeed(cfg.model, cfg.policy, f"--baseline {baseline}")
 
 
 def run_eval(

@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from ..errors import ConfigError, shown
+from ..store.trees import to_uint8
 
 
 @runtime_checkable
@@ -104,7 +105,8 @@ def spec(name: str) -> RewardSpec:
     found = plugins.plugin_spec(name)
     if found is None:
         names = [*_REGISTRY, *plugins.entry_points()]
-        close = difflib.get_close_matches(name, names, n=1)
+        low = name.lower()  # HPS -> hps: any case, then the closest spelling
+        close = [n for n in names if n.lower() == low] or difflib.get_close_matches(low, names, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         hint += "; a file's reward is named FILE.py:FUNCTION" if name.endswith(".py") else ""
         raise ConfigError(f"unknown reward {shown(name)} (available: {', '.join(sorted(names))}){hint}")
@@ -216,25 +218,34 @@ def score_leaves(
     frame_stride: int = 1,
 ) -> dict[str, Tensor]:
     """{name: [L] float32} for images [L, 3, H, W] or videos [L, 3, F, H, W] (float in [0, 1] or uint8), scored in
-    batches. A video meets an image reward frame by frame: every frame_stride-th frame from the first is scored
-    with the clip's prompt and the clip's score is their mean; a reward with `video = True` takes the clips."""
+    batches through score_batch (reward_images: every reward sees the uint8 image as float). A video meets an image
+    reward frame by frame: every frame_stride-th frame from the first is scored with the clip's prompt and the
+    clip's score is their mean; a reward with `video = True` takes the clips."""
     if frame_stride < 1:
         raise ConfigError(f"frame_stride must be >= 1, got {frame_stride}")
     out = {}
     for name, fn in rewards.items():
         vals = []
         for a in range(0, len(prompts), batch):
-            x = images[a : a + batch]
-            x = x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
-            vals.append(score_batch(fn, x, prompts[a : a + batch], frame_stride).float().cpu())
+            vals.append(score_batch(fn, images[a : a + batch], prompts[a : a + batch], frame_stride).float().cpu())
             if progress:
                 progress(f"score {name}", min(a + batch, len(prompts)), len(prompts))
         out[name] = torch.cat(vals) if vals else torch.zeros(0)
     return out
 
 
+def reward_images(images: Tensor) -> Tensor:
+    """The one encoding every reward is handed (training online and staged, held-out evaluation, sample grids,
+    `treegrpo eval`, the reward server): the picture as the uint8 a tree folder stores, as float32 in [0, 1]
+    (uint8 / 255). Float images (a decode) are clamped and rounded to uint8 first (store.trees.to_uint8), so a
+    picture scores the same whether it is scored as decoded or after it was stored."""
+    return (images if images.dtype == torch.uint8 else to_uint8(images)).float() / 255.0
+
+
 def score_batch(fn: Reward, x: Tensor, prompts: list[str], stride: int = 1) -> Tensor:
-    """fn on images [B, 3, H, W]; on videos [B, 3, F, H, W] the mean over frames 0, stride, 2 stride, ..."""
+    """fn on images [B, 3, H, W] (float in [0, 1] or uint8), encoded by reward_images; on videos [B, 3, F, H, W]
+    the mean over frames 0, stride, 2 stride, ... Every path that scores with a reward calls it through here."""
+    x = reward_images(x)
     if x.dim() == 4 or getattr(fn, "video", False):
         return fn(x, prompts)
     return frame_mean(fn, x, prompts, stride)

@@ -7,8 +7,9 @@ both strings normalised first: lower case, whitespace removed. So the score is i
 with more text around it), about 1 - 1/n for one wrong letter, 0 for nothing read or nothing alike. This is
 `flow_grpo/ocr.py` of Flow-GRPO (Liu et al. 2025), which removes only " " where we remove all whitespace.
 
-The target is the first text in double quotes of the prompt (`a sign that says "OPEN"` -> OPEN; curly quotes
-too), or an explicit per-image target (`targets=`, e.g. a prompt's metadata); a prompt with neither is an error.
+The target is an explicit per-image target (`targets=`), else the prompt record's `text` field (its metadata:
+`{"prompt": "a shop sign", "text": "OPEN"}` in a .jsonl), else the first text in double quotes of the prompt
+(`a sign that says "OPEN"` -> OPEN; curly quotes too); a prompt with none of them is an error.
 
 The engine is RapidOCR (`rapidocr-onnxruntime`, the `ocr` extra): PaddleOCR's PP-OCRv4 detector and recogniser as
 ONNX files inside its wheel, run on the CPU by onnxruntime, offline. Settings follow Flow-GRPO's PaddleOCR call: no
@@ -28,6 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..engine.prompt import prompt_meta
 from ..errors import ConfigError, TreegrpoError
 from .base import register
 from .jpeg import to_uint8
@@ -35,6 +37,7 @@ from .vision import as_int
 
 QUOTED = re.compile(r'"([^"]*)"|\u201c([^\u201d]*)\u201d')  # "..." or “...”
 INSTALL = "pip install 'treegrpo[ocr]'"
+META_KEY = "text"  # the metadata field of a prompt record that holds its target text
 
 
 def quoted_text(prompt: str) -> str | None:
@@ -79,6 +82,8 @@ def targets_of(prompts: list[str], targets: Sequence[str | None] | None) -> list
     out = []
     for i, prompt in enumerate(prompts):
         given = targets[i] if targets is not None else None
+        meta = prompt_meta(prompt).get(META_KEY)  # the prompt record's own target text
+        given = given if given is not None else (meta if isinstance(meta, str) else None)
         text = given if given is not None else quoted_text(prompt)
         if text is None:
             raise ConfigError(f"ocr reward: prompt {prompt!r} has no text in double quotes and no target was given")

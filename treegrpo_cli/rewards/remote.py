@@ -9,7 +9,7 @@ Wire format, version 1 (JSON over HTTP/1.1; the standard library on both sides: 
 request per batch is far from needing more):
 
     GET  /info   -> {"version": 1, "rewards": ["shapes", ...]}
-    POST /score  {"version": 1, "reward": "shapes", "prompts": [B strings],
+    POST /score  {"version": 1, "reward": "shapes", "prompts": [B strings], "meta": [B objects] (optional),
                   "images": {"dtype": "uint8", "shape": [B, 3, H, W], "data": base64 of the B*3*H*W bytes}}
          -> {"version": 1, "reward": "shapes", "scores": [B numbers]}   or   {"error": "..."} with status 400
 
@@ -48,8 +48,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..engine.prompt import Prompt, prompt_meta
 from ..errors import ConfigError, TreegrpoError
 from ..store.safeio import loads_json, shown
+from ..store.trees import to_uint8
+from .base import score_batch
 from .slots import Slots
 
 VERSION = 1
@@ -105,7 +108,7 @@ class RemoteReward:
 
     def __call__(self, images: Tensor, prompts: list[str]) -> Tensor:
         """images [B, 3, H, W] float in [0, 1] -> scores [B], a request per `batch` images."""
-        u8 = (images.detach().float().clamp(0, 1) * 255).round().to(torch.uint8).cpu().contiguous()
+        u8 = to_uint8(images).contiguous()  # what reward_images hands an in-process reward, as uint8
         out = []
         for a in range(0, len(prompts), self.batch):
             out.append(self._score(u8[a : a + self.batch], prompts[a : a + self.batch]))
@@ -118,6 +121,8 @@ class RemoteReward:
             "prompts": prompts,
             "images": {"dtype": "uint8", "shape": list(u8.shape), "data": _b64(u8)},
         }
+        if any(prompt_meta(p) for p in prompts):  # each prompt record's metadata, for a reward that reads it
+            body["meta"] = [prompt_meta(p) for p in prompts]
         answer = self._call("POST", "/score", json.dumps(body).encode())
         scores = answer.get("scores")
         if not isinstance(scores, list) or not all(_number(s) for s in scores):
@@ -274,6 +279,10 @@ def decode_request(raw: bytes, served: dict[str, Any]) -> tuple[str, Tensor, lis
         raise ValueError(f"this server scores {', '.join(served)}, not {shown(name, 60)}")
     if not isinstance(prompts, list) or not all(isinstance(p, str) for p in prompts):
         raise ValueError("prompts must be a list of strings")
+    meta = body.get("meta", [{}] * len(prompts))
+    if not isinstance(meta, list) or len(meta) != len(prompts) or not all(isinstance(m, dict) for m in meta):
+        raise ValueError("meta, when given, must be a list of one object per prompt")
+    prompts = [Prompt(p, m) for p, m in zip(prompts, meta, strict=True)]
     if not isinstance(images, dict) or images.get("dtype") != "uint8":
         raise ValueError('images must be {"dtype": "uint8", "shape": [B, 3, H, W], "data": base64}')
     shape = images.get("shape")
@@ -459,7 +468,7 @@ class _Handler(BaseHTTPRequestHandler):
         t0 = time.perf_counter()
         try:
             with self.server.scoring, torch.no_grad():
-                scores = self.server.rewards[name](u8.float().div_(255.0), prompts).float().cpu().tolist()
+                scores = score_batch(self.server.rewards[name], u8, prompts).float().cpu().tolist()
         except Exception as e:  # the reward's own failure: one line here, a 500 there
             self.server.log(f"{name}: {type(e).__name__}: {str(e)[:200]}")
             return self._send(500, {"error": f"{name} failed: {type(e).__name__}: {str(e)[:200]}"})

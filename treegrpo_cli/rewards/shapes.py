@@ -1,5 +1,8 @@
 """The verifiable `shapes` reward (GenEval-style): parse the prompt, detect the shapes, score with partial credit.
 
+The targets come from the prompt record's metadata when it has GenEval's `include` list (`from_meta`), else from
+the prompt's text in the world's grammar: a user's own prompt file drives the verifier with its metadata.
+
 Score of one image for a parsed prompt, in [0, 1]:
     (W_OBJECT * object + W_COUNT * count + W_SIZE * size + W_RELATION * relation) / (sum of the weights used)
     * EXTRA_DECAY ** (number of detected shapes whose colour and kind the prompt does not ask for)
@@ -23,13 +26,15 @@ score between circles and squares: a denser signal for RL, the same score for th
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from ..errors import ConfigError
+from ..engine.prompt import prompt_meta
+from ..errors import ConfigError, shown
 from ..world.detect import Det, detect
-from ..world.shapes import Group, Prompt, parse_prompt
+from ..world.shapes import COLOURS, KINDS, RELATIONS, SIZES, Group, Prompt, parse_prompt
 from .base import register
 
 W_OBJECT, W_COUNT, W_SIZE, W_RELATION = 0.5, 0.2, 0.15, 0.3
@@ -92,13 +97,53 @@ def shapes_scores(images: Tensor, prompts: list[str], soft: bool = False) -> Ten
     if len(images) != len(prompts):
         raise ValueError(f"{len(images)} images but {len(prompts)} prompts")
     x = images.float() / 255.0 if images.dtype == torch.uint8 else images.float().clamp(0, 1)
-    parsed = [(i, p) for i, p in enumerate(map(_parse, prompts)) if p is not None]  # prompts in the grammar
+    targets = [from_meta(prompt_meta(p), p) or _parse(p) for p in prompts]  # a record's metadata, else its text
+    parsed = [(i, p) for i, p in enumerate(targets) if p is not None]  # prompts in the grammar
     keep = [i for i, _ in parsed]
     out = torch.zeros(len(prompts), dtype=torch.float32)
     if keep:
         for (i, p), dets in zip(parsed, detect(x[keep]), strict=True):
             out[i] = score_detections(p, dets, soft)
     return out
+
+
+def from_meta(meta: dict[str, Any], text: str) -> Prompt | None:
+    """The targets of a prompt record's GenEval-style metadata, or None when it has no `include`:
+        {"include": [{"class": "circle", "color": "red", "count": 2, "size": "big"},
+                     {"class": "square", "color": "blue", "position": ["left of", 0]}]}
+    one or two objects (class: a kind of the world, color: one of its colours, count >= 1 (default 1), size
+    optional); a second object's `position` [relation, 0] asks it to stand in that relation to the first
+    (GenEval's form). GenEval's `exclude` is implied: the count term wants exactly `count`."""
+    include = meta.get("include")
+    if include is None:
+        return None
+    where = f"shapes reward: the metadata of prompt {shown(str(text), 80)}"
+    if not isinstance(include, list) or not 1 <= len(include) <= 2:
+        raise ConfigError(f"{where}: include must list one or two objects, got {shown(include, 120)}")
+    groups = [_group(o, where) for o in include]
+    position = include[1].get("position") if len(include) == 2 else None
+    if position is None:
+        return Prompt("count" if groups[0].count > 1 else "single", tuple(groups))
+    if not (isinstance(position, list) and len(position) == 2 and position[0] in RELATIONS and position[1] == 0):
+        raise ConfigError(f"{where}: position must be [one of {', '.join(RELATIONS)}, 0], got {shown(position)}")
+    return Prompt("relation", (groups[1], groups[0]), position[0])  # the second object REL the first
+
+
+def _group(obj: Any, where: str) -> Group:
+    """One object of `include` as a Group of the world."""
+    if not isinstance(obj, dict):
+        raise ConfigError(f"{where}: each object of include must be an object, got {shown(obj, 80)}")
+    kind, colour, count, size = obj.get("class"), obj.get("color"), obj.get("count", 1), obj.get("size")
+    checks = [
+        (kind in KINDS, f"class must be one of {', '.join(KINDS)}, got {shown(kind)}"),
+        (colour in COLOURS, f"color must be one of {', '.join(COLOURS)}, got {shown(colour)}"),
+        (type(count) is int and 1 <= count <= 9, f"count must be a whole number from 1 to 9, got {shown(count)}"),
+        (size is None or size in SIZES, f"size must be one of {', '.join(SIZES)}, got {shown(size)}"),
+    ]
+    for ok, why in checks:
+        if not ok:
+            raise ConfigError(f"{where}: {why}")
+    return Group(str(colour), str(kind), size, count)
 
 
 class ShapesReward:

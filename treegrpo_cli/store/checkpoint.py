@@ -3,7 +3,8 @@
     model-00001-of-0000K.safetensors ...   the trainable weights, in shards of at most SHARD_BYTES,
     model.index.json                       with the index of which tensor is in which shard
     ema-*.safetensors, ema.index.json      their exponential moving average (when enabled)
-    old-*.safetensors, old.index.json      the sampling ("old") policy's weights (DiffusionNFT only)
+    STEM-*.safetensors, STEM.index.json    an update's own tensors (engine/update.py state(): DiffusionNFT's
+                                           sampling policy is `old`)
     optimizer-*.safetensors, optimizer.index.json   optimizer tensors (state.<param>.<key>)
     optimizer.json                         param groups and scalar state
     rng.safetensors                        torch's RNG states: the CPU generator and every CUDA device's
@@ -30,9 +31,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +48,8 @@ from .safeio import loads_json
 from .shards import SHA256_HEX, atomic_write, check_file_name, file_sha256, kind_of, shown
 
 MANIFEST = "manifest.json"
+OWN_STEMS = ("model", "optimizer", "ema")  # the run's tensor groups; any other STEM.index.json is the update's
+SHARD_STEM = re.compile(r"[a-z][a-z0-9_]*\Z")
 STATE = "trainer_state.json"
 REQUIRED = (STATE, "optimizer.json", "rng.safetensors")  # besides the model and optimizer tensors
 
@@ -58,7 +62,13 @@ class Checkpoint:
     optimizer: dict[str, Any]  # torch optimizer state_dict
     rng: dict[str, torch.Tensor]  # "torch": the CPU generator's state; "cuda.<i>": each CUDA device's
     state: dict[str, Any]  # trainer state (JSON-able)
-    old: dict[str, torch.Tensor] | None = None  # DiffusionNFT's sampling policy, trailing the trained one
+    # the update's own tensor groups, {file stem: tensors} (DiffusionNFT: {"old": its sampling policy})
+    update_state: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
+
+    @property
+    def old(self) -> dict[str, torch.Tensor] | None:
+        """DiffusionNFT's sampling policy, trailing the trained one (None: not an NFT checkpoint)."""
+        return self.update_state.get("old")
 
 
 SHARD_BYTES = 2 * 2**30
@@ -112,7 +122,10 @@ def follow_checkpoint_gathers(ck: Checkpoint) -> None:
     """A rank that writes nothing while another saves a sharded checkpoint: gather every tensor in the
     order save_checkpoint does and drop it (no rank holds the whole state)."""
     opt_tensors, _ = _optimizer_parts(ck.optimizer)
-    extra = [*(ck.ema.values() if ck.ema is not None else []), *(ck.old.values() if ck.old is not None else [])]
+    extra = [
+        *(ck.ema.values() if ck.ema is not None else []),
+        *(t for g in ck.update_state.values() for t in g.values()),
+    ]
     for t in [*ck.model.values(), *opt_tensors.values(), *extra]:
         if hasattr(t, "full_tensor"):
             _whole(t)
@@ -202,7 +215,7 @@ def tidy(folder: Path, keep_last: int) -> list[str]:
 
 def _state_bytes(ck: Checkpoint) -> int:
     """The bytes of a checkpoint's tensors (what a step folder needs, give or take its small files)."""
-    parts = [ck.model, _optimizer_parts(ck.optimizer)[0], ck.ema or {}, ck.old or {}]
+    parts = [ck.model, _optimizer_parts(ck.optimizer)[0], ck.ema or {}, *ck.update_state.values()]
     return sum(t.numel() * t.element_size() for p in parts for t in p.values())
 
 
@@ -212,8 +225,10 @@ def _write_parts(tmp: Path, ck: Checkpoint, limit: int) -> list[str]:
     names = _write_sharded(tmp, "model", ck.model, limit) + _write_sharded(tmp, "optimizer", opt_tensors, limit)
     if ck.ema is not None:
         names += _write_sharded(tmp, "ema", ck.ema, limit)
-    if ck.old is not None:
-        names += _write_sharded(tmp, "old", ck.old, limit)
+    for stem, tensors in sorted(ck.update_state.items()):
+        if stem in OWN_STEMS or not SHARD_STEM.match(stem):
+            raise ValueError(f"an update's checkpoint tensors may not be named {stem!r}")
+        names += _write_sharded(tmp, stem, tensors, limit)
     small = {
         "rng.safetensors": st_save({k: v.cpu().contiguous() for k, v in ck.rng.items()}),
         "trainer_state.json": json.dumps(ck.state, indent=1).encode(),
@@ -339,7 +354,7 @@ def _weight_map(path: Path, stem: str, manifest: dict[str, str]) -> dict[str, st
 
 def _validated(path: Path) -> tuple[dict[str, str], dict[str, Any]]:
     manifest = read_manifest(path)
-    for stem in ("model", "optimizer", "ema", "old"):
+    for stem in _stems(manifest):
         if f"{stem}.index.json" in manifest:
             _weight_map(path, stem, manifest)
     return manifest, read_state(path)
@@ -375,8 +390,14 @@ def load_checkpoint(path: Path) -> Checkpoint:
         optimizer=optimizer,
         rng=_load(path / "rng.safetensors"),
         state=state,
-        old=_read_tensors(path, "old", manifest) if _has(path, "old", manifest) else None,
+        update_state={s: _read_tensors(path, s, manifest) for s in _stems(manifest) if s not in OWN_STEMS},
     )
+
+
+def _stems(manifest: dict[str, str]) -> list[str]:
+    """The tensor groups a checkpoint's manifest lists: model, optimizer, ema and the update's own."""
+    sharded = [n[: -len(".index.json")] for n in manifest if n.endswith(".index.json")]
+    return [*sharded, *(s for s in ("model", "optimizer", "ema") if f"{s}.safetensors" in manifest)]
 
 
 def _has(path: Path, stem: str, manifest: dict) -> bool:

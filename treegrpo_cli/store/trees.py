@@ -1,6 +1,7 @@
 """Trees, rewards and advantages on disk (see docs/format.md).
 
-    trees-NNNNN       the Tree tensors + leaf_image [L, 3, H, W] uint8; meta: prompts, tree_offset, nfe
+    trees-NNNNN       the Tree tensors + leaf_image [L, 3, H, W] uint8; meta: prompts, tree_offset, nfe,
+                      prompt_meta (each prompt's metadata, when it has any)
     rewards-NNNNN     reward/<name> [N] float32 (NaN on internal nodes), reward [N] (weighted sum)
     advantages-NNNNN  advantage [N], valid [N], trained [N], fused [N], leaf_advantage [N]
 
@@ -28,6 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..engine.prompt import Prompt, prompt_meta
 from ..engine.tree import Tree
 from ..errors import CorruptFileError, TreegrpoError
 from .shards import INDEX, ShardStore, kind_of, shown
@@ -55,7 +57,7 @@ class TreeShard:
     index: int  # shard number
     tree: Tree
     leaf_image: Tensor  # [L, 3, H, W] uint8
-    prompts: dict[int, str]  # prompt id -> text
+    prompts: dict[int, str]  # prompt id -> text (a Prompt with its metadata)
     tree_offset: int  # global id of this shard's tree 0
     nfe: int  # model evaluations spent on this shard
 
@@ -66,7 +68,11 @@ class TreeShard:
 
 def write_tree_shard(store: ShardStore, s: TreeShard) -> None:
     tensors = dict(s.tree.tensors(), leaf_image=s.leaf_image)
-    meta = {"prompts": {str(k): v for k, v in s.prompts.items()}, "tree_offset": s.tree_offset, "nfe": s.nfe}
+    meta: dict[str, Any] = {"prompts": {str(k): v for k, v in s.prompts.items()}, "tree_offset": s.tree_offset}
+    meta["nfe"] = s.nfe
+    extra = {str(k): m for k, v in s.prompts.items() if (m := prompt_meta(v))}
+    if extra:  # each prompt's metadata, for the rewards that read it (absent when no prompt has any)
+        meta["prompt_meta"] = extra
     store.write(shard_name("trees", s.index), "trees", tensors, meta)
 
 
@@ -74,7 +80,8 @@ def read_tree_shard(store: ShardStore, name: str) -> TreeShard:
     tensors, meta = store.read(name)
     try:
         tree = Tree.from_tensors(tensors)
-        prompts = {int(k): str(v) for k, v in meta["prompts"].items()}
+        extra = meta.get("prompt_meta", {})
+        prompts: dict[int, str] = {int(k): Prompt(str(v), extra.get(k)) for k, v in meta["prompts"].items()}
         missing = sorted({int(p) for p in tree.tree_prompt.tolist()} - set(prompts))
         if missing:
             raise ValueError(f"no prompt text for prompt id {missing[0]}")

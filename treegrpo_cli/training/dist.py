@@ -67,6 +67,12 @@ def shutdown() -> None:
         tdist.destroy_process_group()
 
 
+def scaled_prompts(n: int, world: int) -> int:
+    """rollout.num_prompts for `world` processes: n when they divide it, else the next multiple of world (so a
+    command written for one GPU runs as it is on eight: at least one prompt a process)."""
+    return -(-n // world) * world
+
+
 def shard(n: int, d: Dist) -> slice:
     """This rank's contiguous part of n items (n divisible by the world size)."""
     if n % d.world:

@@ -21,7 +21,7 @@ from ..engine.rollout import Progress
 from ..errors import DiskFullError, TreegrpoError, disk_full, no_space
 from ..store import faults
 from ..store.checkpoint import list_checkpoints, load_checkpoint, tidy
-from . import dist, rundir, runlock, runlog, tracking
+from . import dist, grids, resumecheck, rundir, runlock, runlog, runplots, tracking
 from .dist import SINGLE, Dist
 from .heldout import heldout_row
 from .runlog import EvalRow, MetricsRow
@@ -65,7 +65,7 @@ def train(req: TrainRequest, hooks: Hooks = Hooks()) -> dict[str, Any]:
         if req.resume and req.dist.main:  # one writer per run folder: refused before the model loads
             held.enter_context(runlock.lock(req.run_dir))
         if req.resume:
-            rundir.check_resumable(req.run_dir, req.config)  # damaged files: refused before anything is written
+            resumecheck.check_resumable(req.run_dir, req.config)  # damaged files: refused before anything is written
         hooks.started()
         try:
             return _train(req, hooks, held)
@@ -120,8 +120,10 @@ def _train(req: TrainRequest, hooks: Hooks, held: ExitStack) -> dict[str, Any]:
             stall = _record(req, hooks, row, stall)
         if works:
             _outputs(trainer, req, stopped, finished, hooks)
-            due = _crossed(cfg.train.eval_every_minutes * 60, last_wall, wall) or _crossed(
-                cfg.train.eval_every_tflops, last_tflops, trainer.totals["flops_total"] / 1e12
+            due = (
+                _crossed(cfg.train.eval_every_minutes * 60, last_wall, wall)
+                or _crossed(cfg.train.eval_every_tflops, last_tflops, trainer.totals["flops_total"] / 1e12)
+                or bool(cfg.train.eval_every and trainer.step % cfg.train.eval_every == 0)
             )
             if not (finished or stopped) and due:
                 t = time.perf_counter()
@@ -175,7 +177,7 @@ def _close(
         _heldout(trainer, req, hooks, wall)  # also after a run killed between its last checkpoint and this
     faults.point("train.close")
     if finished and d.main and cfg.train.sample_every:  # titled with the last held-out reward
-        path = rundir.before_after(req.run_dir, trainer.step)
+        path = grids.before_after(req.run_dir, trainer.step)
         if path is not None:
             hooks.on_image("before_after", path, trainer.step)
     dist.barrier(d)
@@ -221,12 +223,12 @@ def _missing_pictures(trainer: Trainer, req: TrainRequest, hooks: Hooks) -> None
     grid = req.run_dir / "samples" / f"step-{trainer.step}.png"
     if _main_says(lambda: not grid.is_file(), trainer, req.dist):
         _grid(trainer, req, trainer.step, hooks)
-    if req.dist.main and (path := rundir.missing_pictures(req.run_dir, trainer.step)) is not None:
+    if req.dist.main and (path := grids.missing_pictures(req.run_dir, trainer.step)) is not None:
         hooks.on_image("before_after", path, trainer.step)
 
 
 def _grid(trainer: Trainer, req: TrainRequest, step: int, hooks: Hooks) -> None:
-    path = rundir.sample_grid(
+    path = grids.sample_grid(
         req.run_dir,
         trainer.policy,
         trainer.sde,
@@ -247,7 +249,7 @@ def _resume(trainer: Trainer, req: TrainRequest, hooks: Hooks) -> None:
     rows = runlog.read_metrics(run)
     runlog.read_evals(run)  # damaged lines: refuse before anything
     said = req.dist.main  # rank 0 speaks for the run
-    if said and (change := rundir.code_change(run)):
+    if said and (change := resumecheck.code_change(run)):
         hooks.note(change)
     if req.dist.main:  # under the run's lock: a killed save's or retirement's leftovers go, keep-last holds
         tidy(run / rundir.CHECKPOINTS, trainer.cfg.train.keep_last)
@@ -317,7 +319,7 @@ def _heldout(trainer: Trainer, req: TrainRequest, hooks: Hooks, wall: float) -> 
     if req.dist.main:
         stamped = cast(EvalRow, {"iteration": trainer.step, "wall": wall, **trainer.totals, **row})
         runlog.append_eval(req.run_dir, stamped)
-        rundir.reward_plot(req.run_dir)  # with its held-out curve
+        runplots.reward_plot(req.run_dir)  # with its held-out curve
         hooks.on_eval(stamped)
 
 
@@ -325,4 +327,4 @@ def _save(trainer: Trainer, req: TrainRequest) -> None:
     """Rank 0 writes the checkpoint (Trainer.save), then reward.png."""
     trainer.save(req.run_dir, req.dist.main)
     if req.dist.main:
-        rundir.reward_plot(req.run_dir)
+        runplots.reward_plot(req.run_dir)

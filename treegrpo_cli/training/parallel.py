@@ -1,5 +1,6 @@
 """Data-parallel pieces of an iteration: the policy sharded (FSDP2), every rank's tree structure and scores
-gathered into the whole batch, and this rank's part of the global minibatch plan."""
+gathered into the whole batch, this rank's part of the global minibatch plan, and `Processes`, the ranks an
+update reaches them through."""
 
 from __future__ import annotations
 
@@ -76,3 +77,19 @@ def parallel_plan(whole: Batch, cfg: Config, it: int, starts: list[int], d: Dist
         chunks,  # FSDP reduce-scatters
         dist.clip_sharded_gradients,
     )
+
+
+class Processes:
+    """The other processes of a data-parallel run as an update reaches them (engine/update.py Ranks)."""
+
+    def __init__(self, cfg: Config, d: Dist, sharded: bool):
+        self.cfg, self.d, self.sharded, self.rank = cfg, d, sharded, d.rank
+
+    def sum_gradients(self, params: list[torch.nn.Parameter]) -> None:
+        dist.sum_gradients(params, self.d)
+
+    def gather(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat(dist.gather(x, self.d))
+
+    def plan(self, whole: Batch, starts: list[int], it: int) -> Parallel:
+        return parallel_plan(whole, self.cfg, it, starts, self.d, self.sharded)

@@ -26,16 +26,17 @@ from typing import Any
 
 import torch
 
-from ..engine.rollout import TreeConfig, rollout
 from ..engine.sde import FlowSDE, SamplerConfig, time_shift
 from ..errors import TreegrpoError
 from ..models.dit import DiTConfig, TinyDiT
 from ..models.latent import AEConfig, LatentDiTPolicy, ShapesAE, latent_dit_config
 from ..models.latent_file import dit_config_from, load_weights, save_weights
-from ..rewards.shapes import shapes_scores
+from ..rewards.base import reward_images
+from ..rewards.shapes import ShapesReward, shapes_scores
 from ..store.safeio import loads_json
 from ..store.shards import atomic_write
 from ..world.shapes import CAPTION_NOISE, load_split, render_pretrain_batch, sample_pretrain_prompts
+from .sampling import sample_scores
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,7 @@ def train_autoencoder(
                 "stage": "autoencoder",
                 "step": cfg.ae_steps,
                 "recon_mse": float(((rec - images) ** 2).mean()),
-                "recon_reward": float(shapes_scores(rec, captions).mean()),
+                "recon_reward": float(shapes_scores(reward_images(rec), captions).mean()),
             }
         )
     return ae.requires_grad_(False).eval()
@@ -135,12 +136,11 @@ def flow_loss(
 
 
 def evaluate(policy: LatentDiTPolicy, prompts: list[str], steps: int, seed: int = 1234) -> float:
-    """Mean `shapes` reward of one ODE sample per prompt."""
+    """Mean `shapes` reward of one ODE sample per prompt: one rollout of them all from `seed` (the pretraining's
+    own, not a named stream), sampled, decoded and scored through sampling.py."""
     sde = FlowSDE(SamplerConfig(steps=steps))
-    tree, _ = rollout(policy, prompts, list(range(len(prompts))), sde, TreeConfig(sde_steps=()), seed)
-    with torch.no_grad():
-        images = policy.decode(tree.image_latent)
-    return float(shapes_scores(images, prompts).mean())
+    scores = sample_scores(policy, sde, prompts, {"shapes": ShapesReward()}, seed, batch=max(len(prompts), 1))
+    return float(scores["shapes"].mean())
 
 
 def own_distribution_prompts(n: int = 120, seed: int = 777) -> list[str]:

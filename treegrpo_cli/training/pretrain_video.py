@@ -22,14 +22,14 @@ from typing import Any
 
 import torch
 
-from ..engine.rollout import TreeConfig, rollout
 from ..engine.sde import FlowSDE, SamplerConfig
 from ..models.latent import ShapesAE
 from ..models.latent_file import load_weights, save_weights
 from ..models.video_latent import VideoLatentPolicy, new_video_model
-from ..rewards.motion import motion_scores
+from ..rewards.motion import MotionShapesReward
 from ..world.motion import FRAMES, noisy_clip, split_motion_prompts
 from .pretrain import PretrainConfig, flow_step, lr_at
+from .sampling import sample_scores
 
 
 def clips_batch(prompts: list[str], n: int, g: torch.Generator) -> tuple[list[str], torch.Tensor]:
@@ -68,12 +68,13 @@ class ClipBank:
 
 
 def evaluate_clips(policy: VideoLatentPolicy, prompts: list[str], steps: int, seed: int = 1234) -> float:
-    """Mean `motion-shapes` reward of one ODE sample per prompt."""
-    tree, _ = rollout(
-        policy, prompts, list(range(len(prompts))), FlowSDE(SamplerConfig(steps=steps)), TreeConfig(sde_steps=()), seed
+    """Mean `motion-shapes` reward of one ODE sample per prompt: one rollout of them all from `seed`, sampled,
+    decoded and scored through sampling.py."""
+    sde = FlowSDE(SamplerConfig(steps=steps))
+    scores = sample_scores(
+        policy, sde, prompts, {"motion-shapes": MotionShapesReward()}, seed, batch=max(len(prompts), 1)
     )
-    with torch.no_grad():
-        return float(motion_scores(policy.decode(tree.image_latent), prompts).mean())
+    return float(scores["motion-shapes"].mean())
 
 
 def pretrain_video(

@@ -1,5 +1,5 @@
 """Sampling and scoring: prompts -> samples -> decoded images -> reward scores. The one path of the held-out
-evaluation during training (heldout.py), the run's sample grids (rundir.py), `treegrpo eval`
+evaluation during training (heldout.py), the run's sample grids (grids.py), `treegrpo eval`
 (report/evaluate.py) and the trees `diversity --generate` writes (stages.run_rollout decodes with leaf_images).
 
 Seeds: every stream of noise these commands draw is named in SEEDS, and a stream's seed is
@@ -50,7 +50,7 @@ def stream_seed(seed: int, stream: str) -> int:
 
 @dataclass
 class Chunk:
-    images: Tensor  # [b, 3, (F,) H, W] float in [0, 1], CPU
+    images: Tensor  # [b, 3, (F,) H, W] float in [0, 1], CPU, as decoded (a reward sees them as reward_images does)
     prompts: list[str]  # [b]
     keys: list[dict[str, Any]]  # per image: prompt_id and sample, or file
 
@@ -116,7 +116,8 @@ def sample_chunks(
 
 
 def score(rewards: dict[str, Reward], chunk: Chunk) -> dict[str, Tensor]:
-    """{name: [b] float32 CPU}: every reward of a chunk's images."""
+    """{name: [b] float32 CPU}: every reward of a chunk's images, in the encoding the training leaves are scored in
+    (score_batch: rewards.base.reward_images, the uint8 picture as float)."""
     return {n: score_batch(fn, chunk.images, chunk.prompts).float().cpu() for n, fn in rewards.items()}
 
 
@@ -175,7 +176,7 @@ def make_judge(tree: TreeConfig, reward: RewardConfig, policy: Policy, rewards: 
 
     def judge(x0: Tensor, prompts: list[str]) -> Tensor:
         with torch.no_grad():
-            images = to_uint8(policy.decode(x0)).float() / 255.0
+            images = to_uint8(policy.decode(x0))  # scored as the leaves are (score_batch: reward_images)
         scores = {n: score_batch(fn, images, prompts).float().cpu() for n, fn in rewards.items()}
         return weighted_sum(scores, weights)
 

@@ -360,15 +360,15 @@ def credited_trees(store: ShardStore) -> tuple[Credited, list[str]]:
 
     steps = store.meta["sde_steps"]
     c = Credited(
-        tree,
-        tree,
-        [0, tree.num_nodes],
-        scores,
-        weights,
-        cat("advantage"),
-        cat("trained"),
-        cat("leaf_advantage"),
-        int(store.meta["nfe"]),
-        None if steps == "all" else tuple(steps),
+        tree=tree,
+        whole=tree,
+        starts=[0, tree.num_nodes],
+        scores=scores,
+        weights=weights,
+        edge=cat("advantage"),
+        trained=cat("trained"),
+        leaf=cat("leaf_advantage"),
+        nfe=int(store.meta["nfe"]),
+        sde_steps=None if steps == "all" else tuple(steps),
     )
     return c, [s.prompts[int(p)] for s in shards for p in s.tree.tree_prompt]

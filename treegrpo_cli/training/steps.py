@@ -20,6 +20,7 @@ from ..engine.rollout import TreeConfig, mix_seed
 from ..engine.schedules import tree_for_iteration
 from ..engine.splits import adaptive_steps, progress_steps
 from ..engine.tree import Tree
+from ..engine.update import Credited  # noqa: F401  (the trees an update trains on: built here and in stages.py)
 from ..errors import ConfigError
 from ..rewards.base import weighted_sum
 from .runlog import MetricsRow
@@ -34,22 +35,6 @@ class IterationPlan:
     seed: int
     shapes: list[Shape] | None = None  # per prompt: split steps and leaf budget ([splits], [budget]); None: the tree's
     skipped: tuple[int, ...] = ()  # prompts budget.replace_after swapped out (they rest: engine/budgets.py)
-
-
-@dataclass
-class Credited:
-    """One iteration's trees, scored and credited: what its update trains on and its metrics row reports."""
-
-    tree: Tree  # this process's trees
-    whole: Tree  # every process's trees, in rank order (one process: `tree`)
-    starts: list[int]  # where each process's nodes start in `whole`, and where the last ends
-    scores: dict[str, Tensor]  # {reward: [L]} the scores of `whole`'s leaves
-    weights: dict[str, float]  # {reward: weight} they were credited with
-    edge: Tensor  # [N] edge advantages of `whole`'s nodes
-    trained: Tensor  # [N] bool: the edges a GRPO update trains
-    leaf: Tensor  # [N] leaf advantages (an NFT update's)
-    nfe: int  # model evaluations of the rollout, over every process
-    sde_steps: tuple[int, ...] | None  # the stochastic steps of the trees (None: every step)
 
 
 def plan_iteration(
@@ -78,7 +63,12 @@ def plan_iteration(
         base = tuple(sorted(s for s in set(tree_cfg.split_steps) if 0 <= s < T))
         widths = allocate(cfg.budget, stats, ids, tree_cfg.leaves(T))
         shapes = [
-            Shape(adaptive_steps(cfg.splits, base, T, decode, it, cfg.seed, p, stats), w)
+            Shape(
+                adaptive_steps(
+                    cfg.splits, base, steps=T, decode=decode, it=it, seed=cfg.seed, prompt_id=p, stats=stats
+                ),
+                w,
+            )
             if cfg.splits.kind == "adaptive"
             else Shape(base, w)
             for p, w in zip(ids, widths, strict=True)

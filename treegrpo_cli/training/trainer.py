@@ -5,19 +5,19 @@ staged `train --trees`' (stages.py): the NFT or GRPO update, its metrics row and
 from __future__ import annotations
 
 import time
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
 
 from ..config import Config
+from ..engine import nft as _nft  # noqa: F401  (registers the NFT update)
 from ..engine.budgets import PromptStats
-from ..engine.grpo import Batch, Parallel, grpo_update, lr_at, make_optimizer, set_lr
-from ..engine.nft import NFTBatch, OldPolicy, decay_at, nft_update
+from ..engine.grpo import lr_at, make_optimizer, set_lr
 from ..engine.rollout import Progress, mix_seed
-from ..engine.sde import FlowSDE, make_kernel
-from ..errors import TreegrpoError
+from ..engine.sde import make_kernel
+from ..engine.update import Context, OneProcess, Ranks, make_update
 from ..models.base import Policy
 from ..models.flops import device_peak_flops
 from ..models.registry import load_policy
@@ -25,9 +25,8 @@ from ..rewards.base import weighted_sum
 from ..store.checkpoint import Checkpoint, follow_checkpoint_gathers, save_checkpoint
 from . import dist, rundir, runlog
 from .dist import SINGLE, Dist
-from .nft import nft_batch
 from .overlap import chunk_count, rollout_and_score
-from .parallel import parallel_plan, shard_policy, whole_batch
+from .parallel import Processes, shard_policy, whole_batch
 from .runlog import MetricsRow
 from .sampling import build_rewards, make_judge
 from .steps import (
@@ -64,12 +63,8 @@ class Trainer:
         if self.sharded:
             shard_policy(self.policy, device)
         self.opt = make_optimizer(list(self.policy.trainable_parameters()), cfg.train)
-        self.old = OldPolicy(list(self.policy.trainable_parameters())) if cfg.train.objective == "nft" else None
-        if self.old is not None and not isinstance(self.sde, FlowSDE):
-            raise TreegrpoError(
-                f"train.objective = nft trains a flow-matching model's velocity; {self.policy.name} samples "
-                "with its own kernel (an epsilon-prediction model): use a GRPO preset"
-            )
+        self.update = make_update(cfg, self.policy, self.sde)  # the objective's update (engine/update.py)
+        self.ranks: Ranks = Processes(cfg, d, self.sharded) if d.active else OneProcess()
         self.ema = (
             {k: v.detach().clone() for k, v in self.policy.trainable_state().items()}
             if cfg.train.ema_decay > 0
@@ -97,8 +92,8 @@ class Trainer:
 
     @property
     def extra_forwards(self) -> int:
-        """Forwards beside each trained one: the KL reference's, NFT's old policy's."""
-        return int(self.ref is not None) + int(self.old is not None)
+        """Forwards beside each trained one: the KL reference's, the update's own (NFT's old policy's)."""
+        return int(self.ref is not None) + self.update.extra_forwards
 
     def add_to_totals(self, row: MetricsRow) -> dict[str, int]:
         """An iteration's denoiser FLOPs and reward-model images, and the run's totals with them."""
@@ -116,82 +111,26 @@ class Trainer:
         if every and (self.opt_steps + 1) % every == 0:
             self.update_ema()
 
-    def update(
-        self, batch: Batch, gen: torch.Generator, parallel: Parallel | None = None, progress: Progress | None = None
-    ) -> dict[str, Any]:
-        """One iteration's GRPO update, with the EMA updates its schedule asks for (train.ema_every)."""
-        self.ema_updates = 0
-        out = grpo_update(
-            self.policy,
-            self.opt,
-            self.sde,
-            batch,
-            self.cfg.train,
-            gen,
-            max_batch=self.cfg.rollout.max_batch,
-            ref=self.ref,
-            after_step=self.after_step,
-            parallel=parallel,
-            progress=progress,
-        )
-        if self.cfg.train.ema_every == 0:  # once per iteration (DanceGRPO's code)
-            self.update_ema()
-        return {**out, "ema_updates": self.ema_updates}
-
     def sampling_policy(self) -> AbstractContextManager[None]:
-        """The weights rollouts sample with: NFT's old policy, else the trained one."""
-        return self.old.swapped(list(self.policy.trainable_parameters())) if self.old is not None else nullcontext()
-
-    def update_nft(self, b: NFTBatch, progress: Progress | None = None) -> dict[str, Any]:
-        """One iteration's NFT update; then the old policy trails the trained one (nft.decay)."""
-        self.ema_updates = 0
-        cfg, params = self.cfg, list(self.policy.trainable_parameters())
-        sync = (lambda ps: dist.sum_gradients(ps, self.d)) if self.d.active else None
-        gather = (lambda x: torch.cat(dist.gather(x, self.d))) if self.d.active else None
-        out = nft_update(
-            self.policy,
-            cast(OldPolicy, self.old),
-            self.opt,
-            self.sde.sigmas,
-            b,
-            cfg.nft,
-            kl_beta=cfg.train.kl_beta,
-            max_grad_norm=cfg.train.max_grad_norm,
-            seed=mix_seed(cfg.seed, 0x4EF7),
-            max_batch=cfg.rollout.max_batch,
-            ref=self.ref,
-            after_step=self.after_step,
-            sync=sync,
-            gather=gather,
-            progress=progress,
-        )
-        if cfg.train.ema_every == 0:
-            self.update_ema()
-        decay = decay_at(self.opt_steps, cfg.nft.decay)
-        cast(OldPolicy, self.old).follow(params, decay)
-        return {**out, "ema_updates": self.ema_updates, "old_decay": decay}
+        """The weights rollouts sample with: the update's (NFT's old policy), else the trained ones."""
+        return self.update.sampling(list(self.policy.trainable_parameters()))
 
     def checkpoint(self, extra: dict[str, Any]) -> Checkpoint:
         """The run's state (a sharded run's tensors are its shards: save_checkpoint gathers them)."""
+        state = {"step": self.step, "seed": self.cfg.seed, "optimizer_steps": self.opt_steps, **self._stats(), **extra}
         return Checkpoint(
-            self.step,
-            self.policy.trainable_state(),
-            self.ema,
-            self.opt.state_dict(),
-            rng_states(),
-            {"step": self.step, "seed": self.cfg.seed, "optimizer_steps": self.opt_steps, **self._stats(), **extra},
-            old=self.old_state(),
+            step=self.step,
+            model=self.policy.trainable_state(),
+            ema=self.ema,
+            optimizer=self.opt.state_dict(),
+            rng=rng_states(),
+            state=state,
+            update_state=self.update.state(list(self.policy.trainable_state())),
         )
 
     def _stats(self) -> dict[str, Any]:
         """The per-prompt estimates a resumed run plans from (engine/budgets.py), when the config keeps them."""
         return {"prompt_stats": self.prompt_stats.to_json()} if self.prompt_stats is not None else {}
-
-    def old_state(self) -> dict[str, torch.Tensor] | None:
-        """The NFT sampling policy's tensors under the trainable state's names (None: not an NFT run)."""
-        if self.old is None:
-            return None
-        return dict(zip(self.policy.trainable_state(), self.old.tensors, strict=True))
 
     def restore(self, ck: Checkpoint) -> None:
         """Load a checkpoint (whole tensors, written by any number of processes, sharded or not)."""
@@ -205,11 +144,7 @@ class Trainer:
         self.opt.load_state_dict(opt)
         if self.ema is not None and ema is not None:
             self.ema = {k: v.clone() for k, v in ema.items()}
-        if self.old is not None:
-            if ck.old is None:
-                raise TreegrpoError(f"checkpoint step-{ck.step} holds no NFT sampling policy (old-*.safetensors)")
-            pairs = zip(self.policy.trainable_state(), self.old.tensors, strict=True)  # NFT runs unsharded
-            self.old.tensors = [ck.old[k].to(t.device, t.dtype).clone() for k, t in pairs]
+        self.update.load(ck.update_state, list(self.policy.trainable_state()), ck.step)
         set_rng_states(ck.rng)
         if self.prompt_stats is not None and "prompt_stats" in ck.state:
             self.prompt_stats = PromptStats.from_json(ck.state["prompt_stats"])
@@ -247,7 +182,10 @@ class Trainer:
             self.prompt_stats.update(whole.group()[whole.leaves()], weighted_sum(scores, self.weights), plan.skipped)
         adv, trained = credit(cfg, whole, scores, it)
         nfe = sum(dist.gather(out.nfe, d))
-        c = Credited(tree, whole, starts, scores, self.weights, adv.edge, trained, adv.leaf, nfe, plan.tree.sde_steps)
+        c = Credited(
+            tree=tree, whole=whole, starts=starts, scores=scores, weights=self.weights, edge=adv.edge, trained=trained,
+            leaf=adv.leaf, nfe=nfe, sde_steps=plan.tree.sde_steps,
+        )  # fmt: skip
         t2 = time.perf_counter()
         row = self.learn(c, [prompts[int(p)] for p in tree.tree_prompt], it, progress)
         t3 = time.perf_counter()
@@ -266,20 +204,28 @@ class Trainer:
     def learn(self, c: Credited, prompts: list[str], it: int, progress: Progress | None = None) -> MetricsRow:
         """Iteration `it`'s update of credited trees (`prompts`: this process's, one per tree): NFT on every leaf's
         advantage, or GRPO on the trained edges (every process's batch planned together); then its metrics row."""
-        cfg, d = self.cfg, self.d
+        cfg = self.cfg
         lr = lr_at(cfg.train, it)  # the iteration's rate (train.lr_schedule), set before its first step
         set_lr(self.opt, lr)
         cond = self.policy.encode(prompts)
-        if self.old is not None:
-            upd = self.update_nft(nft_batch(cfg, it, c, d.rank, cond), progress)
-            credited = c.leaf[c.whole.is_leaf()]  # NFT trains every leaf, on its advantage
-        else:
-            own = slice(c.starts[d.rank], c.starts[d.rank] + c.tree.num_nodes)
-            batch = Batch(c.tree, c.trained[own], c.edge[own], cond)
-            whole_plan = Batch(c.whole, c.trained, c.edge, {})
-            par = parallel_plan(whole_plan, cfg, it, c.starts, d, self.sharded) if d.active else None
-            upd = self.update(batch, update_generator(cfg, it), par, progress)
-            credited = c.edge[c.trained]
+        self.ema_updates = 0
+        ctx = Context(
+            policy=self.policy,
+            opt=self.opt,
+            sde=self.sde,
+            ref=self.ref,
+            ranks=self.ranks,
+            gen=update_generator(cfg, it),
+            max_batch=cfg.rollout.max_batch,
+            after_step=self.after_step,
+            optimizer_steps=lambda: self.opt_steps,
+            progress=progress,
+        )
+        out, credited = self.update.learn(c, cond, it, ctx)
+        if cfg.train.ema_every == 0:  # once per iteration, after its last step (DanceGRPO's code)
+            self.update_ema()
+        after = self.update.follow(list(self.policy.trainable_parameters()), ctx)
+        upd = {**out, "ema_updates": self.ema_updates, **after}
         return metrics_row(c, it, credited, upd, lr)
 
     def save(self, run: Path, main: bool = True) -> Path | None:

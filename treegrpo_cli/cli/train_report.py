@@ -1,0 +1,96 @@
+"""What `treegrpo train` prints: the run's first lines, each iteration's line and the closing summary."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rich.table import Table
+
+from .common import device_notes, duration, err, number, out, print_json
+
+if TYPE_CHECKING:
+    from ..training.runlog import MetricsRow
+
+
+def run_header(cfg, device: str, new: bool, given: set[str] | frozenset[str] = frozenset()) -> list[str]:
+    """The run's first lines: what it trains, on what, where, and where each choice came from (`given`: the keys
+    the command line set)."""
+    from ..models.hub import KNOWN
+
+    p, n = cfg.policy, cfg.train.iterations
+
+    def source(key: str, release: str) -> str:
+        if not new:
+            return "the run's"
+        if key in given:
+            return "given"
+        return release if cfg.model in KNOWN else "the model's default"
+
+    weights = f" ({p.weights} weights, {p.size} size)" if p.weights == "random" else ""
+    lines = [
+        f"{'starting' if new else 'resuming'} {cfg.name}: model {cfg.model}{weights}; "
+        f"reward {', '.join(cfg.reward.names)} ({source('reward.names', 'the paper reward of the preset')}); "
+        f"prompts {cfg.rollout.prompts} (held out: {held_out(cfg.rollout)}; "
+        f"{source('rollout.prompts', 'the shipped general prompts')}); {n} iteration{'s' * (n != 1)}"
+    ]
+    return lines + device_notes(device, cfg.model, p.weights, p.size)
+
+
+def iteration_line(row: MetricsRow) -> str:
+    """An iteration's line: its reward, the share of prompt groups that tied (no advantage), what a dynamic rollout
+    stopped and saved, and its seconds."""
+    parts = [f"iteration {row['iteration']}: reward {row['reward_mean']:.4f} ± {row['reward_std']:.4f}"]
+    if "zero_std_ratio" in row:
+        parts.append(f"{row['zero_std_ratio']:.0%} of groups tied")
+    if row.get("early_stops"):
+        saved = row.get("evals_saved", 0) / max(row.get("evals_saved", 0) + row.get("rollout_evals", 0), 1)
+        parts.append(f"{row['early_stops']} early stops" + (f" ({saved:.0%} of the forwards saved)" if saved else ""))
+    if row.get("replaced"):
+        parts.append(f"{row['replaced']} tied prompts replaced")
+    return ", ".join([*parts, f"{row['seconds']['total']:.1f}s"])
+
+
+DURATIONS = {"minutes": 60.0, "wall": 1.0}
+
+
+def summary_value(key: str, v: object) -> str:
+    """One value of the summary table: durations as a person reads them (57 s, 3.2 min), other floats to four
+    significant digits (an lr of 3e-05 is not 0.0000); --json keeps the numbers."""
+    if key in DURATIONS and isinstance(v, (int, float)) and not isinstance(v, bool):
+        return duration(v * DURATIONS[key])
+    if key == "seconds" and isinstance(v, dict):
+        return ", ".join(f"{k} {duration(s) if isinstance(s, (int, float)) else s}" for k, s in v.items())
+    return number(v) if isinstance(v, float) else str(v)
+
+
+def report_summary(summary: dict, as_json: bool) -> None:
+    if as_json:
+        print_json(summary)
+        return
+    table = Table(title="training summary", show_header=False)
+    for k, v in summary.items():
+        table.add_row("training time" if k == "minutes" else k, summary_value(k, v))
+    out.print(table)
+    if "reward_first_tenth" in summary:
+        out.print(
+            f"mean reward, first tenth of the iterations: {number(summary['reward_first_tenth'])}; "
+            f"last tenth: {number(summary['reward_last_tenth'])}"
+        )
+    for first, last in summary.get("stalled_iterations", []):
+        err.print(
+            f"warning: iterations {first}-{last} trained nothing (every group's leaves scored the same)",
+            highlight=False,
+        )
+    if "heldout_after" in summary:
+        out.print(
+            f"held-out reward (ODE samples of the eval prompts): {number(summary['heldout_before'])} before, "
+            f"{number(summary['heldout_after'])} after ({summary['heldout_gain']:+.4g})"
+        )
+
+
+def held_out(rollout) -> str:
+    """Where a run's held-out prompts come from: their list, or the share of the training list split off."""
+    split = rollout.eval_split
+    if not split:
+        return str(rollout.eval_prompts)
+    return f"{split:g} {'of them' if split >= 1 else 'share of them'}, drawn with the seed"
