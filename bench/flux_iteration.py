@@ -59,7 +59,7 @@ PRESETS = ("dance-grpo", "branch", "branch-mix", "tree-grpo", "tree-grpo-mean", 
 PEAK_TFLOPS = {"H100": 989.4, "H200": 989.4, "A100": 312.0, "L40S": 362.1, "A10G": 70.0}  # dense bf16
 
 
-STUB = "bench-random"  # the stub reward (stub_reward), registered in this process only
+STUB = "bench-random"  # the stub reward (StubReward), registered in this process only
 
 
 def peak_flops(args: argparse.Namespace, device: torch.device) -> float | None:
@@ -201,11 +201,15 @@ def iteration(trainer: Trainer, args: argparse.Namespace, device: torch.device) 
     }
 
 
-def stub_reward(images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+class StubReward:
     """Random leaf rewards (seeded by the batch's size and first pixel): a reward that costs nothing, so the
     timings are the model's."""
-    g = torch.Generator().manual_seed(len(prompts) * 7919 + int(images.flatten()[0].item() * 1e6))
-    return torch.rand(len(prompts), generator=g)
+
+    name = "bench-random"
+
+    def __call__(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+        g = torch.Generator().manual_seed(len(prompts) * 7919 + int(images.flatten()[0].item() * 1e6))
+        return torch.rand(len(prompts), generator=g)
 
 
 def run_case(preset: str, mode: str, args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> dict:
@@ -222,7 +226,7 @@ def run_case(preset: str, mode: str, args: argparse.Namespace, device: torch.dev
         trainer = Trainer(cfg, str(device))
         params = trainer.policy.trainable_parameters()
         case["trainable_params"] = sum(p.numel() for p in params)
-        case["total_params"] = sum(p.numel() for p in trainer.policy.denoiser.parameters())
+        case["total_params"] = sum(p.numel() for p in getattr(trainer.policy, "denoiser").parameters())  # noqa: B009
         for _ in range(args.iterations):
             case["iterations"].append(iteration(trainer, args, device))
     except torch.OutOfMemoryError as e:
@@ -267,7 +271,7 @@ def print_table(results: list[dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    register(STUB, lambda: stub_reward, summary="random leaf rewards (bench/flux_iteration.py)")
+    register(STUB, StubReward, summary="random leaf rewards (bench/flux_iteration.py)")
     args = parse(argv)
     if not args.tiny and not torch.cuda.is_available():
         print(

@@ -7,7 +7,7 @@ import pytest
 import torch
 from clitools import run
 
-from treegrpo_cli.cli.common import device_notes
+from treegrpo_cli.training.run import device_notes
 from treegrpo_cli.preflight import resolve_device
 
 COMPUTING = ("train", "rollout", "score", "eval", "diversity", "export", "serve-reward")

@@ -95,7 +95,7 @@ def test_one_vocabulary_across_commands(tmp_path):
 
 
 def test_rollout_and_train_share_their_default_preset():
-    from treegrpo_cli.cli.train_cmd import DEFAULT_PRESET
+    from treegrpo_cli.cli.train_options import DEFAULT_PRESET
 
     flat = " ".join(run("rollout", "--help").output.replace("│", " ").split())
     assert f"[default: {DEFAULT_PRESET}]" in flat

@@ -140,7 +140,7 @@ def test_a_run_keeps_each_iterations_extremes_and_its_band_inside_them(trained):
 
 
 def test_config_show_labels_the_options_and_takes_trains_options():
-    from treegrpo_cli.cli.train_cmd import DEFAULT_PRESET
+    from treegrpo_cli.cli.train_options import DEFAULT_PRESET
 
     args = ["--model", "flux-dev", "--reward", "shapes,hps", "--prompts", "shapes-train", "--iterations", 7]
     r = run("config", "show", *args, "--set", "train.lr=3e-5", "--explain")

@@ -155,7 +155,7 @@ def _dataset_rows(path: Path) -> list[Any]:
         splits = sorted(p.name for p in path.iterdir() if (p / "state.json").is_file())
         raise TreegrpoError(f"{path}: a dataset of splits ({', '.join(splits)}); give one, e.g. {path / splits[0]}")
     if not (path / "state.json").is_file():
-        raise TreegrpoError(f"{path} is a folder, not a prompts file; use {FORMATS}")
+        raise TreegrpoError(f"{path} is not a regular file nor a saved dataset (no state.json); use {FORMATS}")
     try:
         import datasets
     except ImportError:

@@ -242,23 +242,6 @@ def on_stop_signals(handler: Any) -> Iterator[None]:
             signal.signal(s, h)
 
 
-def device_notes(device: str, model: str | None = None, weights: str = "pretrained", size: str = "full") -> list[str]:
-    """Lines a run prints before it starts: where it computes, and a warning when a released model of billions
-    of parameters is about to be built on the CPU."""
-    notes = [f"device: {device}" + (" (no GPU seen by torch)" if device == "cpu" else "")]
-    if device == "cpu" and model and size == "full":
-        from ..models.releases import releases
-
-        spec = releases().get(model)
-        if spec is not None and spec.denoiser_b >= 1:
-            notes.append(
-                f"warning: {model} has {spec.denoiser_b:g} billion denoiser parameters and is about to be built on "
-                "the CPU (hours an iteration, fp32 memory); pass --device cuda on a GPU machine"
-                + (', or --set policy.size="tiny" to try the path' if weights == "random" else "")
-            )
-    return notes
-
-
 def duration(seconds: float) -> str:
     """Seconds as a person reads them: 0.9 s, 57 s, 3.2 min, 1 h 05 min."""
     if not math.isfinite(seconds):

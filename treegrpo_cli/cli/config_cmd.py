@@ -37,7 +37,7 @@ def show(
       treegrpo config show --set train.lr=3e-5 --json
     """
     from ..config import config_layers, load_config, user_warnings
-    from .train_cmd import DEFAULT_PRESET, option_sets
+    from .train_options import DEFAULT_PRESET, option_sets
 
     with guarded():
         # the --set items train makes of the same options, after the user's own (so the options win, as in train)

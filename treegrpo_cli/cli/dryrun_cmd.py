@@ -13,9 +13,17 @@ from .common import one_line, out, print_json
 
 
 def dry_run(
-    preset: str, config: Path | None, sets: list[str], prompts: str | None, resume: Path | None, trees: Path | None,
-    nproc: int, as_json: bool,
-) -> None:  # fmt: skip
+    preset: str,
+    config: Path | None,
+    sets: list[str],
+    prompts: str | None,
+    resume: Path | None,
+    trees: Path | None,
+    nproc: int,
+    as_json: bool,
+) -> None:
+    """Print the dry run's report of `train`'s options (sets: its --set items and the options made into them) and
+    exit: 2 when something is missing, else 0."""
     from ..training.dryrun import dry_run as plan
     from ..training.dryrun import lines
 

@@ -22,8 +22,12 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import NoReturn
 
-from .common import on_stop_signals
+import typer
+
+from ..errors import TreegrpoError
+from .common import error_line, fail, internal_error, on_stop_signals
 
 GRACE_S = 3.0
 STOPPED = {130, 143}  # a run stopped by Ctrl-C or SIGTERM after a checkpoint (train_cmd.STOP_CODES)
@@ -145,3 +149,30 @@ def _wait(procs: list[subprocess.Popen]) -> list[int]:
                 p.wait()
             return failed
         time.sleep(0.02)
+
+
+def relaunch(nproc: int) -> NoReturn:
+    """Run this same command (its arguments less --nproc-per-node) in nproc processes, and exit with their outcome."""
+    argv, skip = [], False
+    for a in sys.argv[1:]:
+        if skip:
+            skip = False
+        elif a == "--nproc-per-node":
+            skip = True
+        elif not a.startswith("--nproc-per-node="):
+            argv.append(a)
+    code, line = run(nproc, argv)
+    if line:
+        fail(line, code)
+    raise typer.Exit(code)
+
+
+def say_fatal(e: BaseException) -> None:
+    """One rank's error of a data-parallel run, as one line (a peer's failure named as such)."""
+    if isinstance(e, TreegrpoError):
+        error_line(str(e))
+    elif isinstance(e, KeyboardInterrupt):
+        error_line("interrupted")
+    else:  # a peer failed (closed connection) or this rank did (a bug)
+        first = (str(e).strip().splitlines() or [""])[0]
+        error_line(f"{type(e).__name__}: {first}" if PEER_FAILURE.search(first) else internal_error(e))

@@ -17,7 +17,7 @@ from .common import (
     print_json,
     progress_bar,
 )
-from .train_cmd import DEFAULT_PRESET, policy_sets
+from .train_options import DEFAULT_PRESET, policy_sets
 
 
 def rollout(

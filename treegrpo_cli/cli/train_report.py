@@ -6,34 +6,19 @@ from typing import TYPE_CHECKING
 
 from rich.table import Table
 
-from .common import device_notes, duration, err, number, out, print_json
+from .common import duration, err, number, out, print_json
 
 if TYPE_CHECKING:
-    from ..training.runlog import MetricsRow
+    from ..training.runlog import EvalRow, MetricsRow
 
 
-def run_header(cfg, device: str, new: bool, given: set[str] | frozenset[str] = frozenset()) -> list[str]:
-    """The run's first lines: what it trains, on what, where, and where each choice came from (`given`: the keys
-    the command line set)."""
-    from ..models.hub import KNOWN
-
-    p, n = cfg.policy, cfg.train.iterations
-
-    def source(key: str, release: str) -> str:
-        if not new:
-            return "the run's"
-        if key in given:
-            return "given"
-        return release if cfg.model in KNOWN else "the model's default"
-
-    weights = f" ({p.weights} weights, {p.size} size)" if p.weights == "random" else ""
-    lines = [
-        f"{'starting' if new else 'resuming'} {cfg.name}: model {cfg.model}{weights}; "
-        f"reward {', '.join(cfg.reward.names)} ({source('reward.names', 'the paper reward of the preset')}); "
-        f"prompts {cfg.rollout.prompts} (held out: {held_out(cfg.rollout)}; "
-        f"{source('rollout.prompts', 'the shipped general prompts')}); {n} iteration{'s' * (n != 1)}"
-    ]
-    return lines + device_notes(device, cfg.model, p.weights, p.size)
+def eval_line(row: EvalRow) -> str:
+    """A held-out evaluation's line."""
+    n = f"{row['prompts']} prompts x {row['samples']}"
+    return (
+        f"held-out reward at iteration {row['iteration']}: {row['reward_mean']:.4f} "
+        f"± {row['reward_sem']:.4f} (sem; {n}, {row['weights']} weights)"
+    )
 
 
 def iteration_line(row: MetricsRow) -> str:
@@ -86,11 +71,3 @@ def report_summary(summary: dict, as_json: bool) -> None:
             f"held-out reward (ODE samples of the eval prompts): {number(summary['heldout_before'])} before, "
             f"{number(summary['heldout_after'])} after ({summary['heldout_gain']:+.4g})"
         )
-
-
-def held_out(rollout) -> str:
-    """Where a run's held-out prompts come from: their list, or the share of the training list split off."""
-    split = rollout.eval_split
-    if not split:
-        return str(rollout.eval_prompts)
-    return f"{split:g} {'of them' if split >= 1 else 'share of them'}, drawn with the seed"
