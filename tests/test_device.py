@@ -7,8 +7,8 @@ import pytest
 import torch
 from clitools import run
 
-from treegrpo_cli.training.run import device_notes
 from treegrpo_cli.preflight import resolve_device
+from treegrpo_cli.training.run import device_notes
 
 COMPUTING = ("train", "rollout", "score", "eval", "diversity", "export", "serve-reward")
 

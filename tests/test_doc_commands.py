@@ -5,6 +5,7 @@ the process counts they name (8, 32) through the same function the run uses."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -85,6 +86,21 @@ def _sets_of(args: list[str]) -> list[str]:
     if (model := _option(args, "--model")) is not None:
         sets.append(f'model="{model}"')
     return sets
+
+
+@pytest.mark.parametrize("doc, procs, args", doc_lines(), ids=lambda x: str(x)[:60] if isinstance(x, list) else None)
+def test_every_printed_line_passes_the_dry_run_on_its_own_process_count(doc, procs, args, tmp_path):
+    """The line as printed (stand-ins appended) through `train --dry-run` on the processes it names: nothing
+    loaded, nothing missing, the prompts an iteration a multiple of them, one or more each."""
+    (tmp_path / "prompts.txt").write_text("a red fox in the snow\na lighthouse at dusk\n")
+    extra = RANDOM_WEIGHTS + OFFLINE_REWARD if "--model" in args or "--reward" in args else []
+    cmd = [sys.executable, "-m", "treegrpo_cli", "train", *args, *extra, "--dry-run", "--json"]
+    cmd += ["--nproc-per-node", str(procs)]
+    r = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, (shlex.join(cmd), r.stderr[-3000:])
+    plan = json.loads(r.stdout)
+    assert plan["processes"] == procs and plan["prompts"]["per_process"] >= 1
+    assert plan["prompts"]["per_iteration"] == plan["prompts"]["per_process"] * procs
 
 
 @pytest.mark.slow

@@ -11,11 +11,11 @@ read here. Adding a diffusers model is one adapter file in models/ with its card
 from __future__ import annotations
 
 import ast
-import re
-import textwrap
+import importlib
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 FOLDER = Path(__file__).resolve().parent
 
@@ -42,6 +42,9 @@ class AdapterCard:
     # releases whose hub repository is gated: the hub serves their files only to a logged-in account (a token) that
     # accepted the release's terms on its page
     gated: tuple[str, ...] = ()
+    # docs/models.md's table of adapters (bench/model_memory.py writes it): what the denoiser predicts, how it samples
+    predicts: str = "velocity"
+    sampling: str = ""
 
 
 @dataclass(frozen=True)
@@ -53,57 +56,75 @@ class Entry:
     card: AdapterCard
 
 
-CARD = re.compile(r"^[ \t]+card = AdapterCard\(", re.M)  # in a class body
-CLASS = re.compile(r"^class (\w+)\b", re.M)
-
-
 def read_cards(folder: Path = FOLDER) -> dict[str, Entry]:
     """adapter name -> its Entry, from every `card = AdapterCard(...)` in a class body of folder/*.py (files in
-    name order). Only the card statements are parsed (the CLI reads them at start-up). A card that is not literal,
-    or a name declared twice, is a programming error: ValueError."""
+    name order, classes in file order), read from the parsed source: nothing is imported (the CLI reads the cards
+    at start-up, without torch). A card that is not literal, one outside a class body, or a name or a release
+    declared twice is a programming error: ValueError naming the file and line."""
     out: dict[str, Entry] = {}
+    served: dict[str, str] = {}
     for path in sorted(folder.glob("*.py")):
         text = path.read_text(encoding="utf-8")
-        for match in CARD.finditer(text):
-            classes = CLASS.findall(text, 0, match.start())
-            line = text.count("\n", 0, match.start()) + 1
-            where = f"{path.name}:{line}"
-            if not classes:
-                raise ValueError(f"{where}: an AdapterCard belongs in an adapter's class body")
-            card = _literal_card(_statement(text[match.start() :], where), where)
+        if "AdapterCard(" not in text:  # the quick test: most files in models/ declare none
+            continue
+        for cls, call in _card_calls(ast.parse(text, str(path)), path.name):
+            where = f"{path.name}:{call.lineno}"
+            card = _literal_card(call, where)
             if card.name in out:
                 raise ValueError(f"{where}: adapter {card.name!r} is declared twice")
-            out[card.name] = Entry(path.stem, classes[-1], card)
+            for release in card.releases:
+                if release in served:
+                    raise ValueError(f"{where}: release {release!r} is served by {served[release]!r} already")
+                served[release] = card.name
+            out[card.name] = Entry(path.stem, cls, card)
     return out
 
 
-def _statement(text: str, where: str) -> ast.Call:
-    """The `card = AdapterCard(...)` call that starts `text`: its lines up to the first that completes it."""
-    lines = text.splitlines(keepends=True)
-    for n in range(1, len(lines) + 1):
-        try:
-            node = ast.parse(textwrap.dedent("".join(lines[:n]))).body[0]
-        except SyntaxError:
+def _card_calls(tree: ast.Module, file: str) -> list[tuple[str, ast.Call]]:
+    """(class name, its `AdapterCard(...)` call) of each `card = AdapterCard(...)` statement, in file order; one
+    outside a top-level class body is an error."""
+    owners = {id(s): c.name for c in tree.body if isinstance(c, ast.ClassDef) for s in c.body}
+    found = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Assign) and [getattr(t, "id", "") for t in node.targets] == ["card"]):
             continue
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
-            return node.value
-        break
-    raise ValueError(f"{where}: not a `card = AdapterCard(...)` statement")
+        call = node.value
+        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "AdapterCard"):
+            continue
+        if id(node) not in owners:
+            raise ValueError(f"{file}:{node.lineno}: an AdapterCard belongs in an adapter's class body")
+        found.append((owners[id(node)], call))
+    return sorted(found, key=lambda f: f[1].lineno)
 
 
 def _literal_card(call: ast.Call, where: str) -> AdapterCard:
     if call.args or any(k.arg is None for k in call.keywords):
         raise ValueError(f"{where}: AdapterCard takes keyword arguments only")
+    values: dict[str, object] = {}
+    for k in call.keywords:
+        try:
+            values[str(k.arg)] = ast.literal_eval(k.value)
+        except (ValueError, TypeError, SyntaxError):
+            raise ValueError(
+                f"{where}: AdapterCard's {k.arg} must be a literal (strings, numbers, tuples, lists, dicts), "
+                f"not `{ast.unparse(k.value)}`: the CLI reads cards without importing their module"
+            ) from None
     try:
-        return AdapterCard(**{k.arg: ast.literal_eval(k.value) for k in call.keywords if k.arg})
-    except (ValueError, TypeError, SyntaxError) as e:
-        raise ValueError(f"{where}: an AdapterCard's arguments must be literals ({e})") from None
+        return AdapterCard(**values)  # type: ignore[arg-type]
+    except TypeError as e:
+        raise ValueError(f"{where}: {e}") from None
 
 
 @cache
 def entries() -> dict[str, Entry]:
     """The package's adapters, read once per process."""
     return read_cards()
+
+
+def adapter_class(name: str) -> Any:
+    """The adapter class of an adapter name, imported (its module loads torch)."""
+    entry = entries()[name]
+    return getattr(importlib.import_module(f".{entry.module}", __package__), entry.cls)
 
 
 def known() -> dict[str, tuple[str, str]]:

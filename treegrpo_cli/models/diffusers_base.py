@@ -5,7 +5,8 @@ peft or full fine-tuning of the denoiser, gradient checkpointing, the prompt-emb
 optionally disk) with freeable text encoders, the KL reference (the adapter disabled, no copy) and
 export in diffusers' own format, and the one guided forward (`model_output`: classifier-free guidance's batch
 doubling and combine). An adapter subclass declares its card (models/catalog.py) and adds its conditioning,
-latent layout, one batched denoiser call (`denoise`) and VAE scaling.
+latent layout, one batched denoiser call (`denoise`) and VAE scaling; its file also holds its releases' configs
+(`RELEASES`, models/releases.py) and the tests' tiny pipelines (`TINY_PIPELINES`, models/tiny.py).
 """
 
 from __future__ import annotations
@@ -54,13 +55,14 @@ def quiet_diffusers() -> None:
     transformers.utils.logging.disable_progress_bar()
 
 
-def load_pipeline(folder: Path, pipeline_cls: Any, dtype: torch.dtype, text_encoders: bool = True) -> Any:
-    """pipeline_cls.from_pretrained(folder) with local files only; without text encoders for export.
-    (pipeline_cls: a diffusers pipeline class; diffusers' own hints name placeholder classes for them.)"""
+def load_pipeline(
+    folder: Path, pipeline_cls: Any, dtype: torch.dtype, text_encoders: bool = True, options: dict | None = None
+) -> Any:
+    """pipeline_cls.from_pretrained(folder, **options) with local files only (options: the adapter's
+    `load_options`); without text encoders for export. (pipeline_cls: a diffusers pipeline class; diffusers' own
+    hints name placeholder classes for them.)"""
     quiet_diffusers()
-    skip: dict[str, Any] = {p: None for p in TEXT_PARTS if not text_encoders}
-    if pipeline_cls.__name__ == "StableDiffusionPipeline":
-        skip.update(safety_checker=None, feature_extractor=None, requires_safety_checker=False)
+    skip: dict[str, Any] = {p: None for p in TEXT_PARTS if not text_encoders} | (options or {})
     import warnings
 
     try:
@@ -97,6 +99,8 @@ class DiffusersPolicy(ABC):
     weights = "pretrained"  # "random (full size)" / "random (tiny size)": built by models/releases.py
     # prompts -> {key: [n, ...]} embeddings in place of the text encoders (random weights: releases.RandomText)
     text_stand_in: Any = None
+    load_options: dict[str, Any] = {}  # from_pretrained's arguments beyond the dtype (SD1.5: no safety checker)
+    no_random_weights = ""  # why policy.weights = "random" cannot build its releases ("" : it can)
 
     def __init__(self, pipe: Any, opts: PolicyConfig, name: str, source: str = "", device: str | torch.device = "cpu"):
         opts.validate()

@@ -125,7 +125,7 @@ def _load_diffusers(name: str, device: str | torch.device, opts: PolicyConfig, t
     quiet_diffusers()  # the torchvision guard first: transformers imports it
     pipeline_cls = getattr(importlib.import_module("diffusers"), _class_name(folder))  # checked by pipeline_kind
     adapter = adapter_class(kind)
-    pipe = load_pipeline(folder, pipeline_cls, torch_dtype(opts.dtype, device), text_encoders)
+    pipe = load_pipeline(folder, pipeline_cls, torch_dtype(opts.dtype, device), text_encoders, adapter.load_options)
     shown = name if name in hub.KNOWN or hub.local_dir(name) is None else Path(name).expanduser().name
     return adapter(pipe, opts, name=shown, source=str(folder), device=device)
 

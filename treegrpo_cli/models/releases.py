@@ -1,14 +1,14 @@
 """The released models at their real sizes with seeded random weights: `policy.weights = "random"`.
 
-Each release an adapter's card names (models/catalog.py: its --model name and hub id) has an entry in releases.json
-with its denoiser's config (transformer/config.json or unet/config.json), its autoencoder's and scheduler's, its
-pipeline class, the shapes of its cached text embeddings and a tiny variant of the same architectures
-(`policy.size = "tiny"`, what the adapter tests run on the CPU). From these a real diffusers pipeline is assembled
-with no text encoder and nothing downloaded: the denoiser and the autoencoder are built on the meta device, then
-filled on the target device from a seeded normal, and each prompt gets a deterministic random embedding of the
-text encoder's real shape (a hash of the prompt seeds it). The whole CLI path (train, resume, rollout, eval,
-export) then runs at the release's size: the GPU check uses it, and users can size memory and time before
-fetching any weights.
+Each release an adapter's card names (models/catalog.py: its --model name and hub id) has a ReleaseSpec in its
+adapter file's `RELEASES` (release name -> spec): its denoiser's config (transformer/config.json or
+unet/config.json), its autoencoder's and scheduler's, its pipeline class, the shapes of its cached text embeddings
+and a tiny variant of the same architectures (`policy.size = "tiny"`, what the adapter tests run on the CPU). From
+these a real diffusers pipeline is assembled with no text encoder and nothing downloaded: the denoiser and the
+autoencoder are built on the meta device, then filled on the target device from a seeded normal, and each prompt
+gets a deterministic random embedding of the text encoder's real shape (a hash of the prompt seeds it). The whole
+CLI path (train, resume, rollout, eval, export) then runs at the release's size: the GPU check uses it, and users
+can size memory and time before fetching any weights.
 
 Random weights are the same for the same seed, release, size, dtype and device type (CUDA's and the CPU's
 random streams differ).
@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
-from dataclasses import dataclass
+import importlib
+from dataclasses import dataclass, field, fields
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -30,37 +29,53 @@ from torch import Tensor, nn
 from ..errors import ConfigError
 from . import catalog
 
-SPECS = Path(__file__).with_name("releases.json")
 SEED = 0  # of the random weights (the run's seed drives sampling, not the weights)
 TINY_TEXT_TOKENS = 8  # text tokens of a tiny model's prompts (SD3: 77 CLIP tokens before them)
 TINY_FRAMES = 5  # video frames at the tiny size (2 latent frames)
 
 
-@dataclass(frozen=True)
-class Release:
-    hub_id: str  # from the card of the adapter that serves it
-    adapter: str  # that adapter's name
+@dataclass(frozen=True, kw_only=True)
+class ReleaseSpec:
+    """One release's configs, as its adapter file declares them (`RELEASES`)."""
+
     transformer: str  # the denoiser's diffusers class
     config: dict[str, Any]  # its release config
-    tiny: dict[str, Any]  # the same architecture at test sizes (empty: none)
     embeds: dict[str, list[int]]  # one prompt's cached embeddings: key -> shape without the batch
     resolution: int  # the references' resolution
-    guidance: str
-    text_encoders: dict[str, float]  # billions of parameters
+    guidance: str  # how the release is guided, in words (docs/models.md's memory table)
+    text_encoders: dict[str, float]  # billions of parameters (their model cards')
     pipeline: str  # the diffusers pipeline class
-    pipeline_config: dict[str, Any]  # its own registered settings (FLUX.2 [klein]: is_distilled)
     vae: dict[str, Any]  # {"class", "config" (the release's; {}: the class defaults are it), "tiny"}
     scheduler: dict[str, Any]  # {"class", "config"}
-    tiny_resolution: int
     denoiser_b: float  # billions of denoiser parameters
+    tiny: dict[str, Any] = field(default_factory=dict)  # the same architecture at test sizes (empty: none)
+    pipeline_config: dict[str, Any] = field(default_factory=dict)  # its own registered settings (is_distilled)
+    tiny_resolution: int = 32
+    # text tokens ahead of the ones max_sequence_length counts (SD3: CLIP's 77 before the T5 ones)
+    text_prefix: int = 0
+    text_fixed: bool = False  # the embeddings' length is the encoder's, whatever max_sequence_length (SD1.5)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Release(ReleaseSpec):
+    """A release's spec with what its adapter's card says of it."""
+
+    hub_id: str  # from the card of the adapter that serves it
+    adapter: str  # that adapter's name
 
 
 @cache
 def releases() -> dict[str, Release]:
-    """Every release's spec, in releases.json's order (tests/test_models_catalog.py: the names the cards serve)."""
-    models = json.loads(SPECS.read_text())["models"]
-    served = catalog.known()
-    return {k: Release(*served[k], **v) for k, v in models.items()}
+    """Every release with a spec, in the cards' order: each adapter file's `RELEASES` for the releases its cards
+    serve (imports the adapter modules)."""
+    out: dict[str, Release] = {}
+    for name, entry in catalog.entries().items():
+        specs = getattr(importlib.import_module(f".{entry.module}", __package__), "RELEASES", {})
+        for release, hub_id in entry.card.releases.items():
+            if release in specs:
+                spec = {f.name: getattr(specs[release], f.name) for f in fields(ReleaseSpec)}
+                out[release] = Release(hub_id=hub_id, adapter=name, **spec)
+    return out
 
 
 def release(name: str) -> Release:
@@ -75,12 +90,11 @@ def release(name: str) -> Release:
 
 
 def check_random(name: str, size: str) -> None:
-    """policy.weights = "random" names a release (and one with a tiny variant at policy.size = "tiny")."""
-    if release(name).adapter == "wan-i2v":
-        raise ConfigError(
-            f"{name} is image-to-video: it conditions on its image encoder's features of real first frames, which "
-            "random weights do not provide; use a text-to-video release (wan2.1-t2v-1.3b, wan2.1-t2v-14b)"
-        )
+    """policy.weights = "random" names a release whose adapter random weights can stand in for (its class's
+    `no_random_weights` says why not), and one with a tiny variant at policy.size = "tiny"."""
+    refused = catalog.adapter_class(release(name).adapter).no_random_weights
+    if refused:
+        raise ConfigError(f"{name} {refused}")
     if size == "tiny" and not release(name).tiny:
         raise ConfigError(f'{name} has no tiny variant (policy.size = "tiny"); use the full size')
 
@@ -147,9 +161,9 @@ def random_pipeline(
 
 
 def text_shapes(spec: Release, tiny: bool, tokens: int | None) -> dict[str, tuple[int, ...]]:
-    """One prompt's embedding shapes: the text encoder's real ones, at `tokens` text tokens when given (SD3: 77
-    CLIP tokens before the T5 ones; SD1.5: always CLIP's 77); tiny: the tiny denoiser's widths."""
-    clip = 77 if spec.adapter == "sd3" else 0
+    """One prompt's embedding shapes: the text encoder's real ones, at `tokens` text tokens when given (after the
+    spec's text_prefix ones; none with text_fixed); tiny: the tiny denoiser's widths."""
+    pre = spec.text_prefix
     out: dict[str, tuple[int, ...]] = {}
     for key, shape in spec.embeds.items():
         if key == "pooled":
@@ -158,7 +172,7 @@ def text_shapes(spec: Release, tiny: bool, tokens: int | None) -> dict[str, tupl
             continue
         c = spec.tiny
         width = c.get("joint_attention_dim", c.get("text_dim", c.get("cross_attention_dim", 32))) if tiny else shape[1]
-        length = shape[0] if spec.adapter == "sd" else clip + (tokens or shape[0] - clip)
+        length = shape[0] if spec.text_fixed else pre + (tokens or shape[0] - pre)
         out[key] = (length, width)
     return out
 
