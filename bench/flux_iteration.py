@@ -5,7 +5,8 @@
         [--no-gradient-checkpointing] [--out bench/results/flux_iteration[-MODEL].json]
     python bench/flux_iteration.py --tiny [...]     # the same code path on the CPU, tiny sizes
 
---model is a release of treegrpo_cli/models/releases.json: flux-dev (FLUX.1-dev, 11.9B; the default), flux-schnell,
+--model is a release an adapter lists in its RELEASES (treegrpo_cli/models/): flux-dev (FLUX.1-dev, 11.9B; the
+default), flux-schnell,
 sd3.5-medium, sd3.5-large, qwen-image (20B), flux2-dev (32B), flux2-klein-4b, -9b, flux2-klein-base-4b, -9b,
 sd1.5, wan2.1-t2v-1.3b, wan2.1-t2v-14b (videos of policy.frames, 33). The policy is what
 `--set policy.weights="random"` builds (models/releases.py): the release's architecture from its configs with

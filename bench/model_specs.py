@@ -1,6 +1,6 @@
 """The released models for the benchmarks (flux_iteration.py --model NAME, model_memory.py, paper_costs.py): the
-package's own table, treegrpo_cli/models/releases.json (models/releases.py), which `policy.weights = "random"`
-builds from. No weights: each denoiser is built from its release's config, on the meta device or with random
+package's own table (models/releases.py: each adapter file's RELEASES), which `policy.weights = "random"` builds
+from. No weights: each denoiser is built from its release's config, on the meta device or with random
 weights."""
 
 from __future__ import annotations

@@ -142,3 +142,111 @@ def test_a_key_the_estimator_ignores_warns_unless_a_preset_set_it():
     assert r.stderr.splitlines() == ["warning: advantage.beta set, but advantage.estimator = 'treegrpo' ignores it"], (
         r.stderr
     )
+
+
+# -- a diffusers model is one adapter file -------------------------------------------------------------------------
+
+TOY_MODEL = '''"""A throwaway model: SD1.5's plumbing under another name, with its card, its release's configs (a
+narrower UNet) and its tiny pipeline, all in this one file."""
+
+from dataclasses import replace
+
+from .catalog import AdapterCard
+from .sd import RELEASES as SD_RELEASES
+from .sd import SDPolicy, tiny_sd
+
+_SD15 = SD_RELEASES["sd1.5"]
+
+
+class ToyPolicy(SDPolicy):
+    card = AdapterCard(
+        name="toy",
+        family="Toy-1",
+        pipelines=("ToyPipeline",),
+        releases={"toy-1": "toy-org/Toy-1"},
+        defaults={"rollout.max_batch": 2},
+        release_defaults={"toy-1": {"policy.guidance": 2.0}},
+        predicts="noise (epsilon)",
+        sampling="DDIM, as SD1.5",
+    )
+
+
+NARROW = {**_SD15.config, "block_out_channels": [32, 64, 128, 128]}
+RELEASES = {"toy-1": replace(_SD15, config=NARROW, guidance="true CFG 2.0", denoiser_b=0.03)}
+TINY_PIPELINES = {"toy": tiny_sd}
+'''
+
+TOY_CHECKS = """
+import sys
+from pathlib import Path
+
+import pytest
+import treegrpo_cli
+
+root, copy, tmp = map(Path, sys.argv[1:4])
+assert Path(treegrpo_cli.__file__).is_relative_to(copy), treegrpo_cli.__file__  # the copy, not the checkout
+
+# 1. the catalog checks, on the package with the toy in it
+assert pytest.main(["-q", "-n", "0", "-p", "no:cacheprovider", str(root / "tests" / "test_models_catalog.py")]) == 0
+from treegrpo_cli.models import catalog, hub, registry, releases
+from treegrpo_cli.cli.common import MODEL_PANEL
+from tinypipes import TINY
+
+assert hub.KNOWN["toy-1"] == ("toy-org/Toy-1", "toy") and hub.PIPELINES["ToyPipeline"] == "toy"
+assert registry.model_defaults("toy-1") == {"rollout.max_batch": 2, "policy.guidance": 2.0}
+assert "Toy-1" in MODEL_PANEL and releases.release("toy-1").adapter == "toy" and TINY["toy"] is TINY["sd"]
+
+# 2. the command line: a dry run, then one iteration, of the toy release with random weights at the tiny size
+from clitools import run
+
+random = ["--set", 'policy.weights="random"', "--set", 'policy.size="tiny"', "--reward", "jpeg-compressibility"]
+r = run("train", "--model", "toy-1", *random, "--dry-run")
+assert r.exit_code == 0 and "model toy-1 (random weights, tiny size)" in r.output, r.output
+small = ["--set", "rollout.num_prompts=2", "--set", "sampler.steps=4", "--set", "train.eval_samples=0"]
+r = run("train", "--model", "toy-1", *random, *small, "--iterations", 1, "--run-dir", tmp / "run")
+assert r.exit_code == 0 and (tmp / "run" / "run.json").is_file(), r.output
+assert '"adapter": "toy"' in (tmp / "run" / "run.json").read_text()
+
+# 3. docs/models.md's tables, generated: a row of the toy in each (its memory counted from its configs), the rest
+# of the page as it is
+sys.path.insert(0, str(root / "bench"))
+import model_memory
+
+text = (root / "docs" / "models.md").read_text()
+page = model_memory.page(text, model_memory.rows(model_memory.recorded()))
+added = [line for line in page.splitlines() if line not in text.splitlines()]
+assert len(added) == 2, added
+assert added[0].startswith("| Toy-1 | `toy-1` | `ToyPipeline` | `models/toy.py` `ToyPolicy` | UNet2DConditionModel")
+assert added[1].startswith("| `toy-1` | toy-org/Toy-1 | 0.") and "| true CFG 2.0 |" in added[1], added[1]
+print("ok")
+"""
+
+
+@pytest.mark.slow
+def test_a_throwaway_model_added_in_one_file_passes_the_checks(tmp_path):
+    """A copy of the package with models/toy.py added (a subclass of an adapter with its own card, release configs
+    and tiny pipeline) and nothing else edited: the catalog tests pass on it, `train --dry-run` and a 1-iteration
+    `train` run it with random weights, and docs/models.md's generated tables have its rows."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import treegrpo_cli
+    from treegrpo_cli.models import catalog
+
+    root = Path(__file__).resolve().parents[1]
+    copy = tmp_path / "pkg" / "treegrpo_cli"
+    shutil.copytree(Path(treegrpo_cli.__file__).parent, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(root / "presets", copy / "presets")  # where an installed package has them
+    (copy / "models" / "toy.py").write_text(TOY_MODEL)
+    env = {
+        "PYTHONPATH": f"{copy.parent}:{root / 'tests'}",
+        "HF_HOME": str(tmp_path / "hf"),
+        "HOME": str(tmp_path),
+        "PATH": "/usr/bin:/bin",
+    }
+    args = [sys.executable, "-c", TOY_CHECKS, str(root), str(copy), str(tmp_path)]
+    r = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), (r.stdout[-3000:], r.stderr[-3000:])
+    assert "toy" not in catalog.entries()  # the checkout's package is as it was

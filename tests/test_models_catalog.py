@@ -1,71 +1,93 @@
-"""The diffusers adapters declare their details on their classes (models/catalog.py cards) and everything else is
-derived: the hub and registry tables, the config defaults, the CLI's help. A new adapter is one file. And the one
+"""The diffusers adapters declare their details in their own files (models/catalog.py cards, read from the source;
+each file's RELEASES and TINY_PIPELINES) and everything else is derived: the hub and registry tables, the config
+defaults, the CLI's help, the random-weight releases. A new adapter is one file: every check here reads the
+adapters it finds (tests/test_extension_points.py runs them on a package with a throwaway one added). And the one
 guided forward of the diffusers base: classifier-free guidance's batch doubling and combine, by hand."""
 
 import importlib
 import inspect
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+import treegrpo_cli
 from treegrpo_cli.errors import TreegrpoError
 from treegrpo_cli.models import catalog, hub, registry, releases
 from treegrpo_cli.models.base import PolicyConfig
 from treegrpo_cli.models.catalog import AdapterCard, Entry, read_cards
 from treegrpo_cli.models.diffusers_base import DiffusersPolicy
 
-PACKAGE = Path(__file__).resolve().parents[1] / "treegrpo_cli"
+PACKAGE = Path(treegrpo_cli.__file__).resolve().parent  # the package imported (a copy under test, or the checkout)
 
 
 def adapter_classes() -> dict[type, str]:
-    """Every concrete DiffusersPolicy subclass defined in a models/ module, by import (not by the catalog)."""
+    """Every concrete DiffusersPolicy subclass defined in a models/ module, by import (not by the catalog), in
+    file and line order."""
     found = {}
     for path in sorted((PACKAGE / "models").glob("*.py")):
         module = importlib.import_module(f"treegrpo_cli.models.{path.stem}")
-        for obj in vars(module).values():
-            if inspect.isclass(obj) and issubclass(obj, DiffusersPolicy) and obj.__module__ == module.__name__:
-                if not inspect.isabstract(obj):
-                    found[obj] = path.stem
+        classes = [o for o in vars(module).values() if inspect.isclass(o) and o.__module__ == module.__name__]
+        for obj in sorted(classes, key=lambda c: inspect.getsourcelines(c)[1]):
+            if issubclass(obj, DiffusersPolicy) and not inspect.isabstract(obj):
+                found[obj] = path.stem
     return found
 
 
 def test_every_adapter_class_declares_its_own_card_as_the_catalog_reads_it():
     classes = adapter_classes()
-    assert len(classes) == 7  # flux, flux2, qwenimage, sd, sd3, wan, wan-i2v
+    assert {"flux", "flux2", "qwenimage", "sd", "sd3", "wan", "wan-i2v"} <= {c.card.name for c in classes}
     for cls, module in classes.items():
         assert "card" in cls.__dict__, f"{cls.__name__} inherits its card"
         assert catalog.entries()[cls.card.name] == Entry(module, cls.__name__, cls.card)
         assert "model_output" not in cls.__dict__, f"{cls.__name__} writes its own guided forward"
-    assert len(catalog.entries()) == len(classes)
+    assert list(catalog.entries()) == [c.card.name for c in classes]  # the files' order, then the classes'
 
 
 def test_the_tables_are_the_cards():
+    cards = [c.card for c in adapter_classes()]
+    assert hub.KNOWN == {r: (h, c.name) for c in cards for r, h in c.releases.items()}
+    assert len(hub.KNOWN) == sum(len(c.releases) for c in cards)  # no release served twice
+    assert hub.PIPELINES == {p: c.name for c in cards for p in c.pipelines}
+    assert len(hub.PIPELINES) == sum(len(c.pipelines) for c in cards)
+    assert hub.RELEASE_DEFAULTS == {c.releases[r]: v for c in cards for r, v in c.release_defaults.items()}
+    assert hub.GATED == {c.releases[r] for c in cards for r in c.gated}
+    assert catalog.families() == list(dict.fromkeys(c.family for c in cards))
+    assert registry.ADAPTERS == {e.card.name: (e.module, e.cls) for e in catalog.entries().values()}
+    assert all(registry.adapter_class(c.name).card is c for c in cards)
+    # spot checks of what the cards say
     assert hub.KNOWN["sd3.5-large"] == ("stabilityai/stable-diffusion-3.5-large", "sd3")
     assert hub.KNOWN["wan2.1-i2v-14b-720p"] == ("Wan-AI/Wan2.1-I2V-14B-720P-Diffusers", "wan-i2v")
-    assert len(hub.KNOWN) == 15
     assert hub.PIPELINES["Flux2KleinPipeline"] == "flux2" and hub.PIPELINES["WanImageToVideoPipeline"] == "wan-i2v"
-    assert len(hub.PIPELINES) == 8
-    assert hub.RELEASE_DEFAULTS == {
-        "stabilityai/stable-diffusion-3.5-large": {"policy.guidance": 3.5},
-        "Wan-AI/Wan2.1-I2V-14B-720P-Diffusers": {"policy.resolution": 720},
-    }
+    assert hub.RELEASE_DEFAULTS["stabilityai/stable-diffusion-3.5-large"] == {"policy.guidance": 3.5}
     assert registry.ADAPTERS["wan-i2v"] == ("wan", "WanI2VPolicy")
-    assert registry.adapter_class("qwenimage").__name__ == "QwenImagePolicy"
-    assert catalog.families() == ["FLUX.1", "FLUX.2", "Qwen-Image", "SD1.5", "SD3.5", "Wan2.1"]
 
 
-def test_every_release_config_belongs_to_a_release_a_card_serves():
-    """releases.json holds configs only; which adapter serves a release, and its hub id, come from the cards."""
-    specs = json.loads((PACKAGE / "models" / "releases.json").read_text())["models"]
-    assert set(specs) <= set(hub.KNOWN)
-    assert not any({"hub_id", "adapter"} & set(v) for v in specs.values())
+def test_every_release_has_its_configs_in_its_adapters_file():
+    """Each adapter file's RELEASES holds configs for the releases its cards serve, and every release has one:
+    random weights, the memory estimate and docs/models.md's tables build on them."""
+    for module in dict.fromkeys(e.module for e in catalog.entries().values()):
+        specs = importlib.import_module(f"treegrpo_cli.models.{module}").RELEASES
+        served = {r for e in catalog.entries().values() if e.module == module for r in e.card.releases}
+        assert set(specs) <= served, f"models/{module}.py: configs of releases no card of its serves"
+        assert all(isinstance(s, releases.ReleaseSpec) for s in specs.values())
+    assert list(releases.releases()) == list(hub.KNOWN)
     klein = releases.release("flux2-klein-4b")
-    assert (klein.hub_id, klein.adapter) == ("black-forest-labs/FLUX.2-klein-4B", "flux2")
+    assert (klein.hub_id, klein.adapter, klein.pipeline) == (
+        "black-forest-labs/FLUX.2-klein-4B",
+        "flux2",
+        "Flux2KleinPipeline",
+    )
+
+
+def test_every_adapter_file_has_a_tiny_pipeline():
+    from tinypipes import TINY
+
+    for e in catalog.entries().values():
+        assert importlib.import_module(f"treegrpo_cli.models.{e.module}").TINY_PIPELINES, e.module
+    assert {"flux", "sd3", "sd", "qwenimage", "flux2-dev", "wan", "wan-i2v"} <= set(TINY)
 
 
 @pytest.fixture
@@ -129,68 +151,44 @@ def test_the_cli_help_names_the_cards_models():
 
     from treegrpo_cli.cli.common import MODEL_PANEL, model_help
 
-    assert MODEL_PANEL == "Model (diffusers: FLUX.1, FLUX.2, Qwen-Image, SD1.5, SD3.5, Wan2.1)"
+    assert MODEL_PANEL == f"Model (diffusers: {', '.join(catalog.families())})"
+    assert {"FLUX.1", "FLUX.2", "Qwen-Image", "SD1.5", "SD3.5", "Wan2.1"} <= set(catalog.families())
     assert all(name in model_help("x") for name in hub.KNOWN)
     r = run("train", "--help")
-    assert r.exit_code == 0 and "Qwen-Image, SD1.5, SD3.5, Wan2.1" in r.output and "qwen-image" in r.output
-
-
-TOY = '''"""A toy adapter: SD1.5's plumbing under another name, to show that one file is all a new adapter needs."""
-
-from .catalog import AdapterCard
-from .sd import SDPolicy
-
-
-class ToyPolicy(SDPolicy):
-    card = AdapterCard(
-        name="toy",
-        family="Toy-1",
-        pipelines=("ToyPipeline",),
-        releases={"toy-1": "toy-org/Toy-1"},  # a release (not in releases.json: no random weights)
-        defaults={"rollout.max_batch": 2},
-        grid="model",
-        release_defaults={"toy-1": {"policy.guidance": 2.0}},
-    )
-'''
-
-CHECK = """
-from treegrpo_cli.models import hub, registry
-from treegrpo_cli.cli.common import MODEL_PANEL, model_help
-assert hub.KNOWN["toy-1"] == ("toy-org/Toy-1", "toy"), hub.KNOWN
-assert hub.PIPELINES["ToyPipeline"] == "toy"
-assert registry.adapter_class("toy").__name__ == "ToyPolicy" and registry.adapter_class("toy").card.name == "toy"
-assert registry.model_defaults("toy-1") == {"rollout.max_batch": 2, "sampler.grid": "model", "policy.guidance": 2.0}
-assert "Toy-1" in MODEL_PANEL and "toy-1" in model_help("x")
-print("ok")
-"""
-
-
-@pytest.mark.slow
-def test_a_new_adapter_is_one_file(tmp_path):
-    """A copy of the package with models/toy.py added and nothing else edited: the hub, the registry, the
-    defaults and the CLI's help know the toy model."""
-    copy = tmp_path / "treegrpo_cli"
-    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__", "*.safetensors"))
-    (copy / "models" / "toy.py").write_text(TOY)
-    env = {"PYTHONPATH": str(tmp_path), "HF_HOME": str(tmp_path / "hf"), "PATH": "/usr/bin:/bin"}
-    r = subprocess.run([sys.executable, "-c", CHECK], cwd=tmp_path, env=env, capture_output=True, text=True)
-    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
-    assert "toy" in read_cards(copy / "models") and "toy" not in catalog.entries()
+    said = " ".join(r.output.replace("│", " ").split())
+    assert r.exit_code == 0 and ", ".join(catalog.families()) in said and "qwen-image" in said
 
 
 @pytest.mark.parametrize(
     ("card", "needle"),
     [
-        ('card = AdapterCard(name="x", family=FAMILY, pipelines=())', "must be literals"),
-        ('card = AdapterCard("x", "X", ())', "keyword arguments only"),
-        ('card = AdapterCard(name="flux", family="X", pipelines=())', "declared twice"),
+        (
+            'card = AdapterCard(name="x", family=FAMILY, pipelines=())',
+            "zz.py:2: AdapterCard's family must be a literal",
+        ),
+        ('card = AdapterCard(name="x", family="X", pipelines=(), defaults=dict(a=1))', "not `dict\\(a=1\\)`"),
+        ('card = AdapterCard("x", "X", ())', "zz.py:2: AdapterCard takes keyword arguments only"),
+        ('card = AdapterCard(name="flux", family="X", pipelines=())', "adapter 'flux' is declared twice"),
+        ('card = AdapterCard(name="x", family="X", pipelines=(), releases={"flux-dev": "a/b"})', "served by 'flux'"),
+        ('card = AdapterCard(name="x", family="X", pipelines=(), colour="red")', "unexpected keyword argument"),
+        ('card = AdapterCard(name="x", family="X", pipelines=(), gated=("x-1",))', "x-1 gated .* not a release"),
     ],
 )
-def test_a_card_that_cannot_be_read_is_a_programming_error(tmp_path, card, needle):
+def test_a_card_that_cannot_be_read_is_one_error_naming_its_file(tmp_path, card, needle):
+    """Cards are read from the parsed source (ast, no import, no pattern matching): a value that is not a literal
+    or a card that does not fit is a programming error naming the file and line."""
     shutil.copy(PACKAGE / "models" / "flux.py", tmp_path / "flux.py")
     (tmp_path / "zz.py").write_text(f"class Z:\n    {card}\n")
     with pytest.raises(ValueError, match=needle):
         read_cards(tmp_path)
+
+
+def test_a_card_outside_a_class_body_is_refused_and_other_calls_are_not_cards(tmp_path):
+    (tmp_path / "a.py").write_text('card = AdapterCard(name="x", family="X", pipelines=())\n')
+    with pytest.raises(ValueError, match="a.py:1: an AdapterCard belongs in an adapter's class body"):
+        read_cards(tmp_path)
+    (tmp_path / "a.py").write_text('def f():\n    return AdapterCard(name="x", family="X", pipelines=())\n')
+    assert read_cards(tmp_path) == {}
 
 
 # -- the guided forward ---------------------------------------------------------------------------

@@ -40,10 +40,12 @@ def test_every_results_file_has_a_reader():
     sources_of_read = {n for n in files if n.endswith(".json") and n[:-5] + ".md" in read}
     elsewhere = {
         "study-runs.tsv",  # bench/check_runs.py: the raw runs' hashes
-        "model_memory.md",  # docs/models.md's memory table (tests/test_repo.py)
+        "model_memory.md",  # docs/models.md's memory table (tests/bench/test_model_memory.py)
         "model_memory.json",  # its source
         "ocr_reward.md",  # docs/rewards.md's OCR table (tests/test_ocr_reward.py)
         "ocr_reward.json",  # its source
+        "faults.md",  # bench/faults.py's crash campaign (docs/training.md shows it)
+        "faults.json",  # its source
     }
     device_checks = {n for n in files if n.startswith("gpu_check-")}  # bench/gpu_check.py: a machine's record
     assert files - read - tables_of_read - sources_of_read - elsewhere - device_checks == set()

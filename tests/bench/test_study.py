@@ -1,6 +1,6 @@
-"""The benchmarks under bench/: the study's plans, tables and kept runs, the world probes, the model table."""
+"""The benchmarks under bench/: the study's plans, tables and kept runs, the world probes (the model tables:
+test_model_memory.py)."""
 
-import re
 from pathlib import Path
 
 import pytest
@@ -84,16 +84,6 @@ def test_world_base_order_sensitivity_tells_a_bag_of_words_from_an_ordered_reade
 
 
 # Backticked repository paths that name what a command writes, not a file kept in the repository.
-def test_the_model_table_is_the_memory_benchmarks():
-    """docs/models.md's table of real models is bench/model_memory.py's output (bench/results/model_memory.md), and it
-    lists every name `--model` knows besides the built-in ones."""
-    from treegrpo_cli.models.hub import KNOWN
-
-    table = (ROOT / "bench" / "results" / "model_memory.md").read_text()
-    assert table in (ROOT / "docs" / "models.md").read_text()
-    assert {re.search(r"`([^`]+)`", line).group(1) for line in table.splitlines()[2:]} == set(KNOWN)
-
-
 def test_the_learning_rate_sweep_names_each_variants_best_rate():
     """bench/study.py --plan lr: a row per variant, a column per rate, the best final eval-weights gain chosen
     (not the trained weights'); a rate not run is '-'."""

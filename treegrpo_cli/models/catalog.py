@@ -1,11 +1,15 @@
 """The diffusers adapters' cards: what each adapter class declares about itself (`card = AdapterCard(...)` in its
 class body), and every table derived from them (models/hub.py's `KNOWN` and `PIPELINES`, models/registry.py's
-`ADAPTERS`, the CLI's model help).
+`ADAPTERS`, the CLI's model help, docs/models.md's adapters table).
 
-The cards are read from the adapter modules' source, not imported: an adapter module loads torch, and the CLI's
-help and the config layer list the models without it. A card's arguments are therefore literals (strings,
-numbers, tuples, dicts); tests/test_models_catalog.py checks that each imported adapter's card equals the one
-read here. Adding a diffusers model is one adapter file in models/ with its card; nothing here changes.
+The cards are read from the adapter modules' parsed source (`ast`), not imported: an adapter module loads torch,
+and the CLI's help and the config layer list the models without it. A card's arguments are therefore literals
+(strings, numbers, tuples, lists, dicts); one that is not is a ValueError naming its file, line and field.
+tests/test_models_catalog.py checks that each imported adapter's card equals the one read here.
+
+A diffusers model is one adapter file in models/: its class or classes with their cards (what the CLI and the
+config layer need before torch), `RELEASES` (each release's configs: models/releases.py, random weights and the
+memory table) and `TINY_PIPELINES` (the tests' tiny pipelines, tests/tinypipes.py). Nothing here changes.
 """
 
 from __future__ import annotations
@@ -72,6 +76,9 @@ def read_cards(folder: Path = FOLDER) -> dict[str, Entry]:
             card = _literal_card(call, where)
             if card.name in out:
                 raise ValueError(f"{where}: adapter {card.name!r} is declared twice")
+            stray = sorted((set(card.gated) | set(card.release_defaults)) - set(card.releases))
+            if stray:
+                raise ValueError(f"{where}: {', '.join(stray)} gated or with release defaults, but not a release")
             for release in card.releases:
                 if release in served:
                     raise ValueError(f"{where}: release {release!r} is served by {served[release]!r} already")

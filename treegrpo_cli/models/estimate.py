@@ -5,11 +5,11 @@ the text encoders'), the latent shape, network rows per latent row and the FLOPs
 * The embedded models (tiny-shapes, tiny-shapes-video, a weights file of either kind): from the file's safetensors
   header (the DiT config and every tensor's shape; no tensor is read), FLOPs by `dit_flops`, the count the training
   logs (DiTPolicy.flops_per_row).
-* A released diffusers model (a name of models/releases.json or its hub id; pretrained, or policy.weights =
-  "random" at either size): its adapter is built over the release's pipeline with every parameter on the meta
-  device (models/releases.py, the release's own configs: no memory, no file, no download), so the adapter's own code
-  gives the latent shape, the LoRA or full trained parameters, CFG's rows and its FLOP formula. Text encoders count
-  at their model cards' sizes (releases.json) unless random weights stand in for them.
+* A released diffusers model (a release with configs in its adapter file, or its hub id; pretrained, or
+  policy.weights = "random" at either size): its adapter is built over the release's pipeline with every parameter
+  on the meta device (models/releases.py, the release's own configs: no memory, no file, no download), so the
+  adapter's own code gives the latent shape, the LoRA or full trained parameters, CFG's rows and its FLOP formula.
+  Text encoders count at their model cards' sizes (the release's spec) unless random weights stand in for them.
 * Anything else (the pixel networks, a local diffusers folder, another hub id) is not estimated: None.
 """
 
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import TreegrpoError
-from . import hub
+from . import catalog, hub
 from .base import PolicyConfig
 
 
@@ -107,6 +107,7 @@ def _release_cost(name: str, opts: PolicyConfig) -> Cost:
     trained = sum(p.numel() for p in policy.trainable_parameters())
     full = opts.finetune == "full"
     every = sum(p.numel() for p in policy.denoiser.parameters())
+    module = catalog.entries()[spec.adapter].module  # the adapter file that holds the release's configs
     return Cost(
         denoiser=every if full else every - trained,
         trained=trained,
@@ -116,7 +117,7 @@ def _release_cost(name: str, opts: PolicyConfig) -> Cost:
         evals_per_row=int(policy.evals_per_row),
         row_flops=policy.flops_per_row() if policy.flop_formula() is not None else None,
         full=full,
-        source=f"{name}'s release configs (models/releases.json{', tiny size' if tiny else ''})",
+        source=f"{name}'s release configs (models/{module}.py{', tiny size' if tiny else ''})",
     )
 
 

@@ -15,16 +15,19 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from . import tiny
 from .base import Conditions
 from .catalog import AdapterCard
 from .diffusers_base import DiffusersPolicy
 from .flops import TIME_FEATURES, Formula, Ledger, formula
 from .lora import LoraDefaults
+from .releases import ReleaseSpec
 
 # flow_grpo scripts/train_flux.py: r 64, alpha 128, Gaussian init, attention and feed-forward projections
 FLUX_LORA = LoraDefaults(
@@ -77,6 +80,7 @@ class FluxPolicy(DiffusersPolicy):
         releases={"flux-dev": "black-forest-labs/FLUX.1-dev", "flux-schnell": "black-forest-labs/FLUX.1-schnell"},
         gated=("flux-dev",),  # FLUX.1 [dev] non-commercial license: accepted on the hub; schnell (Apache 2.0) is open
         defaults={"rollout.max_batch": 8, "policy.gradient_checkpointing": True},
+        sampling="FlowSDE on the presets' shifted grid (s = 3)",
     )
     denoiser_attr = "transformer"
     text_encoder_attrs = ("text_encoder", "text_encoder_2")
@@ -217,3 +221,126 @@ def _flux_single(led: Ledger, pre: str, S: int, D: int, M: int, h: bool, c: bool
 # count(config, image_tokens, text_tokens, rank=None, targets=None, recompute=False) -> (forward, backward) of one
 # row of FLUX.1 (dev, schnell); LoRA on FLUX_LORA's targets unless told
 flux_flops = formula(FLUX_DEFAULTS, FLUX_LORA.targets, _flux)
+
+
+# -- releases (models/releases.py: policy.weights = "random"; bench/model_memory.py: the memory table) -------------
+_BLOCKS = {"down_block_types": ["DownEncoderBlock2D"] * 4, "up_block_types": ["UpDecoderBlock2D"] * 4}
+_TINY_BLOCKS = {"down_block_types": ["DownEncoderBlock2D"] * 2, "up_block_types": ["UpDecoderBlock2D"] * 2}
+_FACTORS = {"scaling_factor": 0.3611, "shift_factor": 0.1159, "use_quant_conv": False, "use_post_quant_conv": False}
+_FLUX_DEV = ReleaseSpec(
+    transformer="FluxTransformer2DModel",
+    config={
+        "patch_size": 1,
+        "in_channels": 64,
+        "num_layers": 19,
+        "num_single_layers": 38,
+        "attention_head_dim": 128,
+        "num_attention_heads": 24,
+        "joint_attention_dim": 4096,
+        "pooled_projection_dim": 768,
+        "guidance_embeds": True,
+        "axes_dims_rope": [16, 56, 56],
+    },
+    tiny={
+        "patch_size": 1,
+        "in_channels": 64,
+        "num_layers": 1,
+        "num_single_layers": 1,
+        "attention_head_dim": 16,
+        "num_attention_heads": 2,
+        "joint_attention_dim": 32,
+        "pooled_projection_dim": 32,
+        "guidance_embeds": True,
+        "axes_dims_rope": [4, 4, 8],
+    },
+    embeds={"prompt_embeds": [512, 4096], "pooled": [768]},
+    resolution=720,
+    guidance="embedded 3.5",
+    text_encoders={"T5-XXL": 4.76, "CLIP-L": 0.12},
+    pipeline="FluxPipeline",
+    vae={
+        "class": "AutoencoderKL",
+        "config": {
+            "in_channels": 3,
+            "out_channels": 3,
+            **_BLOCKS,
+            "block_out_channels": [128, 256, 512, 512],
+            "layers_per_block": 2,
+            "act_fn": "silu",
+            "norm_num_groups": 32,
+            "latent_channels": 16,
+            "sample_size": 1024,
+            **_FACTORS,
+            "force_upcast": True,
+        },
+        "tiny": {
+            **_TINY_BLOCKS,
+            "block_out_channels": [8, 16],
+            "layers_per_block": 1,
+            "norm_num_groups": 4,
+            "latent_channels": 16,
+            "sample_size": 32,
+            **_FACTORS,
+        },
+    },
+    scheduler={
+        "class": "FlowMatchEulerDiscreteScheduler",
+        "config": {
+            "num_train_timesteps": 1000,
+            "shift": 3.0,
+            "use_dynamic_shifting": True,
+            "base_shift": 0.5,
+            "max_shift": 1.15,
+            "base_image_seq_len": 256,
+            "max_image_seq_len": 4096,
+        },
+    },
+    denoiser_b=11.9,
+)
+RELEASES = {
+    "flux-dev": _FLUX_DEV,
+    "flux-schnell": replace(  # no guidance embedding, 256 T5 tokens, a fixed shift of 1
+        _FLUX_DEV,
+        config={**_FLUX_DEV.config, "guidance_embeds": False},
+        tiny={**_FLUX_DEV.tiny, "guidance_embeds": False},
+        embeds={"prompt_embeds": [256, 4096], "pooled": [768]},
+        guidance="none (4-step distilled)",
+        scheduler={
+            "class": "FlowMatchEulerDiscreteScheduler",
+            "config": {"num_train_timesteps": 1000, "shift": 1.0, "use_dynamic_shifting": False},
+        },
+        denoiser_b=11.89,
+    ),
+}
+
+
+# -- the tests' tiny pipeline (models/tiny.py; tests/tinypipes.py collects it) -----------------------------------
+def tiny_flux() -> Any:
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+    from transformers import CLIPTextModel
+
+    ct, tt = tiny.clip_tokenizer(), tiny.t5_tokenizer()
+    tr = FluxTransformer2DModel(
+        patch_size=1,
+        in_channels=16,
+        num_layers=1,
+        num_single_layers=1,
+        attention_head_dim=16,
+        num_attention_heads=2,
+        joint_attention_dim=tiny.H,
+        pooled_projection_dim=tiny.H,
+        guidance_embeds=True,
+        axes_dims_rope=[4, 4, 8],
+    )
+    return FluxPipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=True),
+        vae=tiny.vae(1.5035, 0.0609),
+        text_encoder=CLIPTextModel(tiny.clip_config(ct)),
+        tokenizer=ct,
+        text_encoder_2=tiny.t5(tt, tiny.H),
+        tokenizer_2=tt,
+        transformer=tr,
+    )
+
+
+TINY_PIPELINES = {"flux": tiny_flux}

@@ -17,16 +17,20 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from . import tiny
 from .base import Conditions
 from .catalog import AdapterCard
 from .diffusers_base import DiffusersPolicy
 from .flops import Formula, Ledger, formula
 from .lora import LoraDefaults
+from .releases import ReleaseSpec
 
 # DiffSynth-Studio's FLUX.2 LoRA recipe (examples/flux2/model_training/lora): rank 32, alpha = rank, every
 # attention projection and feed-forward layer of the double-stream blocks, and the single-stream blocks' fused
@@ -85,6 +89,7 @@ class Flux2Policy(DiffusersPolicy):
         grid="model",
         # the FLUX non-commercial license's releases are gated on the hub; [klein] 4B (Apache 2.0) is open
         gated=("flux2-dev", "flux2-klein-9b", "flux2-klein-base-9b"),
+        sampling='FlowSDE on FLUX.2\'s empirical-shift grid (`sampler.grid = "model"`)',
     )
     text_encoder_attrs = ("text_encoder",)
     lora_defaults = FLUX2_LORA
@@ -219,3 +224,168 @@ def _flux2(led: Ledger, cfg: dict[str, Any], N: int, T: int) -> int:
 # count(config, image_tokens, text_tokens, rank=None, targets=None, recompute=False) -> (forward, backward) of one
 # row of FLUX.2 ([dev], [klein]); LoRA on FLUX2_LORA's targets unless told
 flux2_flops = formula(FLUX2_DEFAULTS, FLUX2_LORA.targets, _flux2)
+
+
+# -- releases (models/releases.py: policy.weights = "random"; bench/model_memory.py: the memory table) -------------
+_DEV = ReleaseSpec(
+    transformer="Flux2Transformer2DModel",
+    config={
+        "patch_size": 1,
+        "in_channels": 128,
+        "num_layers": 8,
+        "num_single_layers": 48,
+        "attention_head_dim": 128,
+        "num_attention_heads": 48,
+        "joint_attention_dim": 15360,
+        "timestep_guidance_channels": 256,
+        "mlp_ratio": 3.0,
+        "axes_dims_rope": [32, 32, 32, 32],
+        "guidance_embeds": True,
+    },
+    tiny={
+        "patch_size": 1,
+        "in_channels": 128,
+        "num_layers": 1,
+        "num_single_layers": 1,
+        "attention_head_dim": 16,
+        "num_attention_heads": 2,
+        "joint_attention_dim": 48,
+        "timestep_guidance_channels": 16,
+        "mlp_ratio": 3.0,
+        "axes_dims_rope": [4, 4, 4, 4],
+        "guidance_embeds": True,
+    },
+    embeds={"prompt_embeds": [512, 15360]},  # three of the text encoder's layers, concatenated per token
+    resolution=1024,
+    guidance="embedded 4.0",
+    text_encoders={"Mistral-Small-3.1-24B": 24.0},
+    pipeline="Flux2Pipeline",
+    vae={
+        "class": "AutoencoderKLFlux2",
+        "config": {},
+        "tiny": {
+            "down_block_types": ["DownEncoderBlock2D"] * 2,
+            "up_block_types": ["UpDecoderBlock2D"] * 2,
+            "block_out_channels": [8, 16],
+            "layers_per_block": 1,
+            "norm_num_groups": 4,
+            "latent_channels": 32,
+            "sample_size": 32,
+        },
+    },
+    scheduler={
+        "class": "FlowMatchEulerDiscreteScheduler",
+        "config": {
+            "num_train_timesteps": 1000,
+            "shift": 3.0,
+            "use_dynamic_shifting": True,
+            "base_shift": 0.5,
+            "max_shift": 1.15,
+            "base_image_seq_len": 256,
+            "max_image_seq_len": 4096,
+            "time_shift_type": "exponential",
+        },
+    },
+    denoiser_b=32.22,
+)
+_KLEIN_4B = replace(  # Qwen3-4B's text, no guidance embedding, step-distilled
+    _DEV,
+    config={
+        **_DEV.config,
+        "num_layers": 5,
+        "num_single_layers": 20,
+        "num_attention_heads": 24,
+        "joint_attention_dim": 7680,
+        "guidance_embeds": False,
+    },
+    tiny={**_DEV.tiny, "guidance_embeds": False},
+    embeds={"prompt_embeds": [512, 7680]},
+    guidance="none (4-step distilled)",
+    text_encoders={"Qwen3-4B": 4.02},
+    pipeline="Flux2KleinPipeline",
+    pipeline_config={"is_distilled": True},
+    denoiser_b=3.88,
+)
+_KLEIN_9B = replace(  # Qwen3-8B's text
+    _KLEIN_4B,
+    config={
+        **_KLEIN_4B.config,
+        "num_layers": 8,
+        "num_single_layers": 24,
+        "num_attention_heads": 32,
+        "joint_attention_dim": 12288,
+    },
+    embeds={"prompt_embeds": [512, 12288]},
+    text_encoders={"Qwen3-8B": 8.19},
+    denoiser_b=9.08,
+)
+RELEASES = {
+    "flux2-dev": _DEV,
+    "flux2-klein-4b": _KLEIN_4B,
+    "flux2-klein-9b": _KLEIN_9B,
+    # the undistilled [klein] bases: true CFG
+    "flux2-klein-base-4b": replace(_KLEIN_4B, guidance="true CFG 4.0", pipeline_config={"is_distilled": False}),
+    "flux2-klein-base-9b": replace(_KLEIN_9B, guidance="true CFG 4.0", pipeline_config={"is_distilled": False}),
+}
+
+
+# -- the tests' tiny pipelines (models/tiny.py; tests/tinypipes.py collects them) --------------------------------
+def flux2_vae() -> Any:
+    from diffusers import AutoencoderKLFlux2
+
+    vae = AutoencoderKLFlux2(**tiny.VAE_BLOCKS)
+    g = torch.Generator().manual_seed(8)  # batch-norm statistics that are not the identity
+    vae.bn.running_mean.copy_(torch.randn(16, generator=g) * 0.3)
+    vae.bn.running_var.copy_(1 + torch.rand(16, generator=g))
+    return vae
+
+
+def flux2_transformer(text_dim: int, guidance: bool) -> Any:
+    from diffusers import Flux2Transformer2DModel
+
+    shape = dict(patch_size=1, in_channels=16, num_layers=1, num_single_layers=2, attention_head_dim=16)
+    width = dict(num_attention_heads=2, joint_attention_dim=text_dim, timestep_guidance_channels=16)
+    return Flux2Transformer2DModel(**shape, **width, axes_dims_rope=(4, 4, 4, 4), guidance_embeds=guidance)
+
+
+def tiny_flux2_klein(distilled: bool = False) -> Any:
+    """Qwen3 with 28 layers: [klein] reads its hidden layers 9, 18 and 27."""
+    from diffusers import Flux2KleinPipeline
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    tok = tiny.qwen_tokenizer()
+    te = Qwen3ForCausalLM(Qwen3Config(**tiny.lm(tok, 28)))
+    return Flux2KleinPipeline(
+        scheduler=tiny.flow_scheduler(),
+        vae=flux2_vae(),
+        text_encoder=te,
+        tokenizer=tok,
+        transformer=flux2_transformer(3 * tiny.W, guidance=False),
+        is_distilled=distilled,
+    )
+
+
+def tiny_flux2_dev() -> Any:
+    """Mistral with 30 layers: [dev] reads its hidden layers 10, 20 and 30."""
+    from diffusers import Flux2Pipeline
+    from transformers import Mistral3Config, Mistral3ForConditionalGeneration
+
+    tok = tiny.plain_tokenizer()
+    vision = dict(
+        model_type="pixtral", hidden_size=16, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2
+    )
+    cfg = Mistral3Config(text_config=tiny.lm(tok, 30, model_type="mistral"), vision_config=vision)
+    return Flux2Pipeline(
+        scheduler=tiny.flow_scheduler(),
+        vae=flux2_vae(),
+        text_encoder=Mistral3ForConditionalGeneration(cfg),
+        tokenizer=tok,
+        transformer=flux2_transformer(3 * tiny.W, guidance=True),
+    )
+
+
+TINY_PIPELINES = {
+    "flux2-dev": tiny_flux2_dev,
+    "flux2-klein": tiny_flux2_klein,
+    "flux2-klein-distilled": partial(tiny_flux2_klein, distilled=True),
+}

@@ -24,12 +24,14 @@ import torch
 from torch import Tensor
 
 from ..errors import TreegrpoError
+from . import tiny
 from .base import Conditions
 from .catalog import AdapterCard
 from .diffusers_base import DiffusersPolicy
 from .flops import TIME_FEATURES, Formula, Ledger, formula
 from .flux import pack, unpack
 from .lora import LoraDefaults
+from .releases import ReleaseSpec
 
 # VeRL's Qwen-Image Flow-GRPO recipe (examples/flowgrpo_trainer): r 64, alpha 128, the joint attention's
 # projections and both streams' feed-forward layers
@@ -69,6 +71,7 @@ class QwenImagePolicy(DiffusersPolicy):
         releases={"qwen-image": "Qwen/Qwen-Image"},
         defaults={"rollout.max_batch": 8, "policy.gradient_checkpointing": True},
         grid="model",
+        sampling='FlowSDE on the pipeline\'s dynamic-shift grid (`sampler.grid = "model"`)',
     )
     uses_negative = True  # true CFG against the model card's negative prompt
     negative_prompt = " "
@@ -215,3 +218,96 @@ def _qwen(led: Ledger, cfg: dict[str, Any], N: int, T: int) -> int:
 # count(config, image_tokens, text_tokens, rank=None, targets=None, recompute=False) -> (forward, backward) of one
 # row of Qwen-Image; LoRA on QWEN_LORA's targets unless told
 qwen_image_flops = formula(QWEN_DEFAULTS, QWEN_LORA.targets, _qwen)
+
+
+# -- releases (models/releases.py: policy.weights = "random"; bench/model_memory.py: the memory table) -------------
+RELEASES = {
+    "qwen-image": ReleaseSpec(
+        transformer="QwenImageTransformer2DModel",
+        config={
+            "patch_size": 2,
+            "in_channels": 64,
+            "out_channels": 16,
+            "num_layers": 60,
+            "attention_head_dim": 128,
+            "num_attention_heads": 24,
+            "joint_attention_dim": 3584,
+            "axes_dims_rope": [16, 56, 56],
+        },
+        tiny={
+            "patch_size": 2,
+            "in_channels": 64,
+            "out_channels": 16,
+            "num_layers": 2,
+            "attention_head_dim": 16,
+            "num_attention_heads": 2,
+            "joint_attention_dim": 32,
+            "axes_dims_rope": [4, 6, 6],
+        },
+        embeds={"prompt_embeds": [64, 3584]},
+        resolution=1024,
+        guidance="true CFG 4.0, renormalised",
+        text_encoders={"Qwen2.5-VL-7B": 8.29},
+        pipeline="QwenImagePipeline",
+        vae={
+            "class": "AutoencoderKLQwenImage",
+            "config": {},
+            "tiny": {
+                "base_dim": 8,
+                "z_dim": 16,
+                "dim_mult": [1, 2],
+                "num_res_blocks": 1,
+                "temperal_downsample": [False],
+            },
+        },
+        scheduler={
+            "class": "FlowMatchEulerDiscreteScheduler",
+            "config": {
+                "num_train_timesteps": 1000,
+                "shift": 1.0,
+                "use_dynamic_shifting": True,
+                "base_shift": 0.5,
+                "max_shift": 0.9,
+                "base_image_seq_len": 256,
+                "max_image_seq_len": 8192,
+                "shift_terminal": 0.02,
+                "time_shift_type": "exponential",
+            },
+        },
+        denoiser_b=20.43,
+    )
+}
+
+
+# -- the tests' tiny pipeline (models/tiny.py; tests/tinypipes.py collects it) -----------------------------------
+def tiny_qwen_image() -> Any:
+    from diffusers import AutoencoderKLQwenImage, QwenImagePipeline, QwenImageTransformer2DModel
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    tok = tiny.qwen_tokenizer()
+    mrope = {"type": "mrope", "mrope_section": [1, 1, 2]}
+    vision = dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=tiny.W)
+    text = Qwen2_5_VLConfig(text_config=tiny.lm(tok, 2, rope_scaling=mrope), vision_config=vision)
+    z = 4
+    g = torch.Generator().manual_seed(7)
+    shape = dict(
+        patch_size=2, in_channels=4 * z, out_channels=z, num_layers=2, attention_head_dim=16, num_attention_heads=2
+    )
+    return QwenImagePipeline(
+        scheduler=tiny.flow_scheduler(base_shift=0.5, max_shift=0.9, max_image_seq_len=8192, shift_terminal=0.02),
+        vae=AutoencoderKLQwenImage(
+            base_dim=8,
+            z_dim=z,
+            dim_mult=[1, 2],
+            num_res_blocks=1,
+            temperal_downsample=[False],
+            latents_mean=(torch.randn(z, generator=g) * 0.3).tolist(),
+            latents_std=(1 + torch.rand(z, generator=g)).tolist(),
+        ),
+        text_encoder=Qwen2_5_VLForConditionalGeneration(text),
+        tokenizer=tok,
+        transformer=QwenImageTransformer2DModel(**shape, joint_attention_dim=tiny.W, axes_dims_rope=(4, 6, 6)),
+    )
+
+
+TINY_PIPELINES = {"qwenimage": tiny_qwen_image}

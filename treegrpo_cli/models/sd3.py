@@ -17,15 +17,18 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from torch import Tensor
 
+from . import tiny
 from .base import Conditions
 from .catalog import AdapterCard
 from .diffusers_base import DiffusersPolicy
 from .flops import TIME_FEATURES, Formula, Ledger, formula
 from .lora import LoraDefaults
+from .releases import ReleaseSpec
 
 # flow_grpo scripts/train_sd3.py: r 32, alpha 64, Gaussian init, the joint attention projections
 SD3_LORA = LoraDefaults(
@@ -59,6 +62,7 @@ class SD3Policy(DiffusersPolicy):
         # SD3.5 Large's model card samples at guidance 3.5 (Medium 4.5, the adapter's default, as Flow-GRPO trains it)
         release_defaults={"sd3.5-large": {"policy.guidance": 3.5}},
         gated=("sd3.5-medium", "sd3.5-large"),  # the Stability AI Community License, accepted on the hub
+        sampling="FlowSDE on diffusers' FlowMatchEuler grid at the scheduler's shift (3.0)",
     )
     denoiser_attr = "transformer"
     text_encoder_attrs = ("text_encoder", "text_encoder_2", "text_encoder_3")
@@ -177,3 +181,150 @@ def _sd3_block(
 # count(config, image_tokens, text_tokens, rank=None, targets=None, recompute=False) -> (forward, backward) of one
 # row of SD3 / SD3.5; LoRA on SD3_LORA's targets unless told
 sd3_flops = formula(SD3_DEFAULTS, SD3_LORA.targets, _sd3)
+
+
+# -- releases (models/releases.py: policy.weights = "random"; bench/model_memory.py: the memory table) -------------
+_BLOCKS = {"down_block_types": ["DownEncoderBlock2D"] * 4, "up_block_types": ["UpDecoderBlock2D"] * 4}
+_TINY_BLOCKS = {"down_block_types": ["DownEncoderBlock2D"] * 2, "up_block_types": ["UpDecoderBlock2D"] * 2}
+_FACTORS = {"scaling_factor": 1.5305, "shift_factor": 0.0609, "use_quant_conv": False, "use_post_quant_conv": False}
+_MEDIUM = ReleaseSpec(
+    transformer="SD3Transformer2DModel",
+    config={
+        "sample_size": 128,
+        "patch_size": 2,
+        "in_channels": 16,
+        "num_layers": 24,
+        "attention_head_dim": 64,
+        "num_attention_heads": 24,
+        "joint_attention_dim": 4096,
+        "caption_projection_dim": 1536,
+        "pooled_projection_dim": 2048,
+        "out_channels": 16,
+        "pos_embed_max_size": 384,
+        "dual_attention_layers": list(range(13)),
+        "qk_norm": "rms_norm",
+    },
+    tiny={
+        "sample_size": 8,
+        "patch_size": 2,
+        "in_channels": 16,
+        "num_layers": 2,
+        "attention_head_dim": 8,
+        "num_attention_heads": 2,
+        "joint_attention_dim": 32,
+        "caption_projection_dim": 16,
+        "pooled_projection_dim": 32,
+        "out_channels": 16,
+        "pos_embed_max_size": 16,
+        "dual_attention_layers": [0],
+        "qk_norm": "rms_norm",
+    },
+    embeds={"prompt_embeds": [333, 4096], "pooled": [2048]},  # 77 CLIP tokens, then 256 T5 ones
+    text_prefix=77,  # max_sequence_length counts the T5 tokens
+    resolution=512,
+    guidance="true CFG 4.5",
+    text_encoders={"T5-XXL": 4.76, "CLIP-L": 0.12, "CLIP-G": 0.69},
+    pipeline="StableDiffusion3Pipeline",
+    vae={
+        "class": "AutoencoderKL",
+        "config": {
+            "in_channels": 3,
+            "out_channels": 3,
+            **_BLOCKS,
+            "block_out_channels": [128, 256, 512, 512],
+            "layers_per_block": 2,
+            "act_fn": "silu",
+            "norm_num_groups": 32,
+            "latent_channels": 16,
+            "sample_size": 1024,
+            **_FACTORS,
+            "force_upcast": True,
+        },
+        "tiny": {
+            **_TINY_BLOCKS,
+            "block_out_channels": [8, 16],
+            "layers_per_block": 1,
+            "norm_num_groups": 4,
+            "latent_channels": 16,
+            "sample_size": 32,
+            **_FACTORS,
+        },
+    },
+    scheduler={"class": "FlowMatchEulerDiscreteScheduler", "config": {"num_train_timesteps": 1000, "shift": 3.0}},
+    denoiser_b=2.24,
+)
+_LARGE = {"num_layers": 38, "num_attention_heads": 38, "caption_projection_dim": 2432, "pos_embed_max_size": 192}
+RELEASES = {
+    "sd3.5-medium": _MEDIUM,
+    "sd3.5-large": replace(  # 38 blocks, no dual attention
+        _MEDIUM,
+        config={**_MEDIUM.config, **_LARGE, "dual_attention_layers": []},
+        tiny={**_MEDIUM.tiny, "dual_attention_layers": []},
+        guidance="true CFG 3.5",
+        denoiser_b=8.06,
+    ),
+}
+
+
+# -- the tests' tiny pipelines (models/tiny.py; tests/tinypipes.py collects them) --------------------------------
+def tiny_sd3() -> Any:
+    from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
+    from transformers import CLIPTextModelWithProjection
+
+    ct, tt = tiny.clip_tokenizer(), tiny.t5_tokenizer()
+    # two CLIPs of width 32 concatenate to 64 = the T5 width = joint_attention_dim; pooled 2 x 32
+    tr = SD3Transformer2DModel(
+        sample_size=8,
+        patch_size=2,
+        in_channels=4,
+        num_layers=1,
+        attention_head_dim=8,
+        num_attention_heads=2,
+        joint_attention_dim=2 * tiny.H,
+        caption_projection_dim=16,
+        pooled_projection_dim=2 * tiny.H,
+        out_channels=4,
+        pos_embed_max_size=16,
+    )
+    return StableDiffusion3Pipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
+        vae=tiny.vae(1.5035, 0.0609),
+        transformer=tr,
+        text_encoder=CLIPTextModelWithProjection(tiny.clip_config(ct)),
+        tokenizer=ct,
+        text_encoder_2=CLIPTextModelWithProjection(tiny.clip_config(ct)),
+        tokenizer_2=tiny.clip_tokenizer(),
+        text_encoder_3=tiny.t5(tt, 2 * tiny.H),
+        tokenizer_3=tt,
+    )
+
+
+def tiny_sd3_transformer(dual: tuple[int, ...]) -> Any:
+    """An SD3 transformer of tiny_sd3's widths, two blocks with RMS-normed q and k: `dual` (0,) has SD3.5
+    Medium's dual-attention block first, () is SD3.5 Large's layout."""
+    from diffusers import SD3Transformer2DModel
+
+    return SD3Transformer2DModel(
+        sample_size=8,
+        patch_size=2,
+        in_channels=4,
+        num_layers=2,
+        attention_head_dim=8,
+        num_attention_heads=2,
+        joint_attention_dim=2 * tiny.H,
+        caption_projection_dim=16,
+        pooled_projection_dim=2 * tiny.H,
+        out_channels=4,
+        pos_embed_max_size=16,
+        qk_norm="rms_norm",
+        dual_attention_layers=dual,
+    )
+
+
+def sd3_large_shaped() -> Any:
+    pipe = tiny_sd3()
+    pipe.transformer = tiny_sd3_transformer(())
+    return pipe
+
+
+TINY_PIPELINES = {"sd3": tiny_sd3, "sd3-large": sd3_large_shaped}

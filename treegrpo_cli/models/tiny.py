@@ -89,7 +89,7 @@ def clip_tokenizer() -> Any:
     from tokenizers.pre_tokenizers import ByteLevel
     from transformers import CLIPTokenizer
 
-    syms, vocab = sorted(ByteLevel.alphabet()), {}
+    syms, vocab = sorted(ByteLevel.alphabet()), dict[str, int]()
     for s in syms:
         vocab.setdefault(s, len(vocab))
     for s in syms:

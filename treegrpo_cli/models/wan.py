@@ -23,6 +23,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -32,11 +33,13 @@ from torch import Tensor
 from ..errors import ConfigError, TreegrpoError
 from ..preflight import check_image
 from ..store.safeio import contained, loads_json, read_text
+from . import tiny
 from .base import Conditions
 from .catalog import AdapterCard
 from .diffusers_base import DiffusersPolicy
 from .flops import Formula, Ledger, formula
 from .lora import LoraDefaults
+from .releases import ReleaseSpec
 
 # DiffSynth-Studio's Wan LoRA recipe (q, k, v, o and the feed-forward of every block): rank 32, alpha = rank,
 # the self- and cross-attention projections and both feed-forward layers
@@ -56,6 +59,7 @@ class WanPolicy(DiffusersPolicy):
         # the presets' shifted grid at the model's flow shift (UniPC's flow_shift, else shift)
         scheduler={"sampler.shift": ("flow_shift", "shift", 3.0)},
         video=True,
+        sampling="FlowSDE on the presets' shifted grid at the scheduler's flow shift (3.0 at 480p)",
     )
     uses_negative = True
     default_guidance = 5.0
@@ -144,6 +148,11 @@ class WanI2VPolicy(WanPolicy):
         scheduler={"sampler.shift": ("flow_shift", "shift", 3.0)},
         release_defaults={"wan2.1-i2v-14b-720p": {"policy.resolution": 720}},
         video=True,
+        sampling="FlowSDE on the presets' shifted grid at the scheduler's flow shift (3.0 at 480p)",
+    )
+    no_random_weights = (
+        "is image-to-video: it conditions on its image encoder's features of real first frames, which random "
+        "weights do not provide; use a text-to-video release (wan2.1-t2v-1.3b, wan2.1-t2v-14b)"
     )
     text_encoder_attrs = ("text_encoder", "image_encoder")
     default_text_tokens = 512  # the I2V transformer tells image from text tokens by counting 512 text ones
@@ -320,3 +329,129 @@ def _wan_image_tokens(led: Ledger, cfg: dict[str, Any], D: int, full: bool) -> b
 # count(config, image_tokens, text_tokens, rank=None, targets=None, recompute=False) -> (forward, backward) of one
 # row of Wan2.1 (text- and image-to-video); LoRA on WAN_LORA's targets unless told
 wan_flops = formula(WAN_DEFAULTS, WAN_LORA.targets, _wan)
+
+
+# -- releases (models/releases.py: policy.weights = "random"; bench/model_memory.py: the memory table) -------------
+_T2V_1_3B = ReleaseSpec(
+    transformer="WanTransformer3DModel",
+    config={
+        "patch_size": [1, 2, 2],
+        "num_attention_heads": 12,
+        "attention_head_dim": 128,
+        "in_channels": 16,
+        "out_channels": 16,
+        "text_dim": 4096,
+        "freq_dim": 256,
+        "ffn_dim": 8960,
+        "num_layers": 30,
+        "cross_attn_norm": True,
+        "qk_norm": "rms_norm_across_heads",
+        "eps": 1e-06,
+        "rope_max_seq_len": 1024,
+    },
+    tiny={
+        "patch_size": [1, 2, 2],
+        "num_attention_heads": 2,
+        "attention_head_dim": 8,
+        "in_channels": 16,
+        "out_channels": 16,
+        "text_dim": 32,
+        "freq_dim": 16,
+        "ffn_dim": 32,
+        "num_layers": 1,
+        "cross_attn_norm": True,
+        "qk_norm": "rms_norm_across_heads",
+        "eps": 1e-06,
+        "rope_max_seq_len": 32,
+    },
+    embeds={"prompt_embeds": [226, 4096]},
+    resolution=480,
+    guidance="true CFG 5.0",
+    text_encoders={"UMT5-XXL": 5.68},
+    pipeline="WanPipeline",
+    vae={
+        "class": "AutoencoderKLWan",
+        "config": {},
+        "tiny": {"base_dim": 4, "z_dim": 16, "dim_mult": [1, 1, 1, 1], "num_res_blocks": 1},
+    },
+    scheduler={
+        "class": "UniPCMultistepScheduler",
+        "config": {
+            "num_train_timesteps": 1000,
+            "prediction_type": "flow_prediction",
+            "use_flow_sigmas": True,
+            "flow_shift": 3.0,
+        },
+    },
+    denoiser_b=1.42,
+)
+_14B = {"num_attention_heads": 40, "ffn_dim": 13824, "num_layers": 40}
+_I2V_480P = replace(  # CLIP image tokens beside the text, the condition latent on channels; no tiny size
+    _T2V_1_3B,
+    config={**_T2V_1_3B.config, **_14B, "in_channels": 36, "image_dim": 1280, "added_kv_proj_dim": 5120},
+    tiny={},
+    embeds={"prompt_embeds": [512, 4096], "image_embeds": [257, 1280]},
+    text_encoders={"UMT5-XXL": 5.68, "CLIP ViT-H/14 vision tower": 0.63},
+    pipeline="WanImageToVideoPipeline",
+    denoiser_b=16.39,
+)
+RELEASES = {
+    "wan2.1-t2v-1.3b": _T2V_1_3B,
+    "wan2.1-t2v-14b": replace(_T2V_1_3B, config={**_T2V_1_3B.config, **_14B}, denoiser_b=14.29),
+    "wan2.1-i2v-14b-480p": _I2V_480P,
+    "wan2.1-i2v-14b-720p": replace(_I2V_480P, resolution=720),
+}
+
+
+# -- the tests' tiny pipelines (models/tiny.py; tests/tinypipes.py collects them) --------------------------------
+_ATTN = dict(num_attention_heads=2, attention_head_dim=8, qk_norm="rms_norm_across_heads", cross_attn_norm=True)
+
+
+def tiny_wan() -> Any:
+    """Wan2.1-shaped: UMT5 text encoder, the causal video VAE (8x spatial, 4x temporal), a one-block
+    WanTransformer3DModel; the pipeline sampled with FlowMatchEuler at shift 3 (the engine's Euler grid)."""
+    from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanPipeline, WanTransformer3DModel
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    tok, z, w = tiny.t5_tokenizer(), 4, tiny.W
+    text = UMT5Config(vocab_size=len(tok), d_model=w, d_kv=8, d_ff=32, num_layers=1, num_heads=2)
+    g = torch.Generator().manual_seed(9)
+    stats = dict(
+        latents_mean=(torch.randn(z, generator=g) * 0.3).tolist(), latents_std=(1 + torch.rand(z, generator=g)).tolist()
+    )
+    vae = AutoencoderKLWan(base_dim=4, z_dim=z, dim_mult=[1, 1, 1, 1], num_res_blocks=1, **stats)
+    net = WanTransformer3DModel(
+        **_ATTN, in_channels=z, out_channels=z, text_dim=w, freq_dim=16, ffn_dim=32, num_layers=1, rope_max_seq_len=32
+    )
+    sched = FlowMatchEulerDiscreteScheduler(shift=3.0)
+    return WanPipeline(tokenizer=tok, text_encoder=UMT5EncoderModel(text), vae=vae, scheduler=sched, transformer=net)
+
+
+def tiny_wan_i2v() -> Any:
+    """Wan2.1 I2V-shaped: tiny_wan's text encoder and VAE, a 2-layer CLIP vision tower on 28 px crops (5 image
+    tokens of width 16), a one-block transformer on [latent 4 + mask 4 + condition 4] channels whose
+    cross-attention also reads the image tokens (added K/V projections)."""
+    from diffusers import WanImageToVideoPipeline, WanTransformer3DModel
+    from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModel
+
+    t2v, z, w = tiny_wan(), 4, tiny.W
+    vision = CLIPVisionConfig(
+        hidden_size=w, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2, image_size=28, patch_size=14
+    )
+    prep = CLIPImageProcessor(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28})
+    net = WanTransformer3DModel(
+        **_ATTN, in_channels=3 * z, out_channels=z, text_dim=w, freq_dim=16, ffn_dim=32, num_layers=1,
+        rope_max_seq_len=32, image_dim=w, added_kv_proj_dim=16,
+    )  # fmt: skip
+    return WanImageToVideoPipeline(
+        tokenizer=t2v.tokenizer,
+        text_encoder=t2v.text_encoder,
+        vae=t2v.vae,
+        scheduler=t2v.scheduler,
+        transformer=net,
+        image_processor=prep,
+        image_encoder=CLIPVisionModel(vision),
+    )
+
+
+TINY_PIPELINES = {"wan": tiny_wan, "wan-i2v": tiny_wan_i2v}
