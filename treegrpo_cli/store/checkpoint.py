@@ -42,10 +42,10 @@ import torch
 from safetensors.torch import load_file, save_file
 from safetensors.torch import save as st_save
 
-from ..errors import CorruptFileError, TreegrpoError, disk_full, no_space
+from ..errors import CorruptFileError, TreegrpoError, disk_full, no_space, shown
 from . import faults
 from .safeio import loads_json
-from .shards import SHA256_HEX, atomic_write, check_file_name, file_sha256, kind_of, shown
+from .shards import SHA256_HEX, atomic_write, check_file_name, file_sha256, kind_of
 
 MANIFEST = "manifest.json"
 OWN_STEMS = ("model", "optimizer", "ema")  # the run's tensor groups; any other STEM.index.json is the update's

@@ -27,7 +27,7 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from ..errors import CorruptFileError, TreegrpoError, disk_full, no_space
+from ..errors import CorruptFileError, TreegrpoError, disk_full, no_space, shown
 from .safeio import contained, loads_json
 
 FORMAT = "treegrpo"
@@ -98,12 +98,6 @@ def file_sha256(path: Path, chunk: int = 1 << 23) -> str:
         for block in iter(lambda: f.read(chunk), b""):
             h.update(block)
     return h.hexdigest()
-
-
-def shown(value: Any, limit: int = 200) -> str:
-    """A value read from a damaged file, for an error line: its repr, cut short."""
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def kind_of(value: Any) -> str:

@@ -31,8 +31,8 @@ from torch import Tensor
 
 from ..engine.prompt import Prompt, prompt_meta
 from ..engine.tree import Tree
-from ..errors import CorruptFileError, TreegrpoError
-from .shards import INDEX, ShardStore, kind_of, shown
+from ..errors import CorruptFileError, TreegrpoError, shown
+from .shards import INDEX, ShardStore, kind_of
 
 KIND = "trees"
 SCORES = ("rewards", "advantages")  # written by `score` beside the trees shard of the same number

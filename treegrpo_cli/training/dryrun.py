@@ -26,12 +26,13 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
 
 from ..config import Config
+from ..engine.protocols import Policy
 from ..errors import TreegrpoError
 from ..models.estimate import Cost
 
@@ -115,7 +116,9 @@ def _iteration_flops(row: tuple[int, int] | None, rollout_evals: int, train_eval
 
 class Shadow:
     """A policy of no cost with a model's network rows per latent row: a one-number latent and zero velocity, so
-    that the engine's rollout builds an iteration's trees (their shape, not their values) in no time."""
+    that the engine's rollout builds an iteration's trees (their shape, not their values) in no time. It has what
+    `engine.rollout.rollout` reads of a policy (latent_shape, trainable_parameters, encode, velocity,
+    evals_per_row), nothing more."""
 
     name = "shadow"
     latent_shape = (1, 1, 1)
@@ -133,21 +136,6 @@ class Shadow:
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [self.p]
 
-    def decode(self, latents: Tensor) -> Tensor:  # the rest of the Policy protocol: never called by a rollout
-        raise NotImplementedError
-
-    def describe(self) -> dict[str, Any]:
-        return {"name": self.name}
-
-    def trainable_state(self) -> dict[str, Tensor]:
-        return {"p": self.p.detach()}
-
-    def load_trainable_state(self, state: dict[str, Tensor]) -> None:
-        raise NotImplementedError
-
-    def reference(self) -> Shadow:
-        return self
-
 
 def iteration_ledger(cfg: Config, available: int, num_prompts: int, evals_per_row: int, it: int = 0) -> dict[str, Any]:
     """Iteration `it`'s counts over every process: rollout forwards (model evaluations), leaves, trained edges and
@@ -162,7 +150,9 @@ def iteration_ledger(cfg: Config, available: int, num_prompts: int, evals_per_ro
     names = [f"prompt {i}" for i in plan.prompt_ids]
     sde = FlowSDE(cfg.sampler)
     shadow = Shadow(evals_per_row)
-    tree, nfe = rollout(shadow, names, plan.prompt_ids, sde, plan.tree, plan.seed, shapes=plan.shapes, judge=judge)
+    tree, nfe = rollout(
+        cast(Policy, shadow), names, plan.prompt_ids, sde, plan.tree, plan.seed, shapes=plan.shapes, judge=judge
+    )
     leaves = int(tree.is_leaf().sum())
     scores = {name: torch.rand(leaves, generator=gen) for name in cfg.reward.names}  # untied: no group is dropped
     adv, trained = credit(cfg, tree, scores, it)

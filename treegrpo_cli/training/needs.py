@@ -46,16 +46,14 @@ def missing(
 
 
 def _reward_problems(names: list[str], options: dict[str, dict[str, str]]) -> list[TreegrpoError]:
-    from ..rewards.base import check_rewards, spec
-    from ..rewards.weights import resolve
+    from ..rewards.base import check_rewards, check_weights
 
     found: list[TreegrpoError] = []
     for name in names:
+        own = {name: options.get(name, {})}
         try:
-            check_rewards([name], {name: options.get(name, {})})  # the name and its options
-            s = spec(name)
-            if s.needs is not None:
-                resolve(name, s.needs(**options.get(name, {})))
+            check_rewards([name], own)  # the name and its options
+            check_weights([name], own)  # its model's weight files
         except TreegrpoError as e:
             found.append(e)
     stray = sorted(set(options) - set(names))
