@@ -6,6 +6,7 @@ from treegrpo_cli.config import config_from_dict, load_config, preset_names
 from treegrpo_cli.errors import ConfigError
 
 ALL = [
+    "awm",
     "branch",
     "branch-deppru",
     "branch-late",
@@ -15,9 +16,13 @@ ALL = [
     "branch-mix-flow-moving-splits",
     "branch-widpru",
     "dance-grpo",
+    "dgpo",
     "flow-grpo",
+    "flow-grpo-guard",
     "mix-grpo",
     "nft",
+    "tree-awm",
+    "tree-dgpo",
     "tree-grpo",
     "tree-grpo-mean",
     "tree-nft",

@@ -203,6 +203,7 @@ def test_dry_run_of_the_default_reports_and_loads_nothing(nothing_loads, tmp_pat
     [
         ([], True),
         (["--preset", "nft"], True),
+        (["--preset", "tree-awm"], True),
         (["--model", "flux-dev", *RANDOM_TINY, "--reward", "jpeg-compressibility"], True),
         (["--preset", "branch-mix-flow"], False),  # the shapes reward ties some groups: they train nothing
     ],

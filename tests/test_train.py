@@ -38,8 +38,10 @@ def test_every_preset_trains_two_iterations(tmp_path, preset):
     assert [undeclared(row, MetricsRow) for row in rows] == [[], []]  # every field typed for its readers
     assert all(undeclared(e, EvalRow) == [] for e in read_evals(tmp_path / "run"))
     assert all(row["trained_edges"] > 0 and row["train_evals"] > 0 for row in rows)
-    if preset.endswith("nft"):  # DiffusionNFT: no likelihood ratio; the old policy's decay instead
+    if preset.endswith(("nft", "dgpo")):  # DiffusionNFT, DGPO: no likelihood ratio; the old policy's decay instead
         assert all(0 <= row["old_decay"] <= 1 and "ratio_first_dev" not in row for row in rows)
+    elif preset.endswith("awm"):  # AWM: no likelihood ratio; its anchor's decay instead
+        assert all(0 <= row["anchor_decay"] <= 1 and "ratio_first_dev" not in row for row in rows)
     else:
         assert all(row["ratio_first_dev"] < 1e-5 for row in rows)  # on-policy before each iteration's first step
     assert [p.name for p in list_checkpoints(tmp_path / "run" / "checkpoints")] == ["step-2"]

@@ -153,6 +153,8 @@ SECTION_DOCS = {
     "train": "The update, its optimizer and schedule, the EMA, checkpoints, held-out evaluation and budgets "
     "(engine/grpo.py).",
     "nft": 'DiffusionNFT, used when train.objective = "nft" (engine/nft.py).',
+    "awm": 'Advantage Weighted Matching, used when train.objective = "awm" (engine/awm.py).',
+    "dgpo": 'Direct Group Preference Optimization, used when train.objective = "dgpo" (engine/dgpo.py).',
     "policy": "How a diffusers model is loaded and trained; the built-in models ignore it (models/base.py).",
 }
 

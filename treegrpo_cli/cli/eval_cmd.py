@@ -22,6 +22,9 @@ def eval_(
         Path | None,
         typer.Option(help="A training checkpoint: a step-N folder, or a run folder (its newest checkpoint)."),
     ] = None,
+    best: Annotated[
+        bool, typer.Option("--best", help="With --checkpoint RUN: the run's best checkpoint by its guard (RUN/best).")
+    ] = False,
     ema: Annotated[
         bool, typer.Option("--ema/--no-ema", help="Use the checkpoint's EMA weights when it has them.")
     ] = True,
@@ -105,6 +108,8 @@ def eval_(
 
       treegrpo eval --checkpoint runs/my-run --baseline tiny-shapes --num-images 4
 
+      treegrpo eval --checkpoint runs/my-run --best      # the guard's best held-out evaluation (RUN/best)
+
       treegrpo eval --model flux-dev --preset branch-mix-flow --reward hps,pick --prompts prompts.txt
 
       treegrpo eval --images generated/ --metric clip --out runs/eval
@@ -115,6 +120,13 @@ def eval_(
     from ..rewards.base import parse_reward_options
 
     with guarded():
+        if best:
+            from ..errors import ConfigError
+            from ..training.rundir import best_checkpoint
+
+            if checkpoint is None:
+                raise ConfigError("--best picks a run's best checkpoint: give the run with --checkpoint RUN")
+            checkpoint = best_checkpoint(checkpoint)
         device = resolve_device(device)
         if out is not None:
             check_writable_dir(out, "--out")  # before anything is generated

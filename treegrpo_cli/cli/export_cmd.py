@@ -15,6 +15,9 @@ def export(
     ema: Annotated[
         bool, typer.Option("--ema/--no-ema", help="Export the EMA weights when the checkpoint has them.")
     ] = True,
+    best: Annotated[
+        bool, typer.Option("--best", help="The run's best checkpoint by its guard (RUN/best, guard.best).")
+    ] = False,
     overwrite: Annotated[bool, typer.Option(help="Write into a folder that is not empty.")] = False,
     device: Annotated[str, typer.Option(help=DEVICE_HELP + " (the model is loaded there).")] = "auto",
     dtype: Annotated[
@@ -33,6 +36,8 @@ def export(
       treegrpo export runs/flux-branch --out exports/flux-branch-lora
 
       treegrpo export runs/flux-branch --step 200 --no-ema --out exports/step-200
+
+      treegrpo export runs/flux-branch --best --out exports/best   # the guard's best held-out evaluation
     """
     from ..errors import ConfigError, shown
     from ..models.base import DTYPE_NAMES, DTYPES
@@ -47,7 +52,7 @@ def export(
                 raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}; got {shown(dtype)}")
         check_writable_dir(out, "--out")
         say = (lambda m: None) if json_ else (lambda m: err.print(m, highlight=False, markup=False, soft_wrap=True))
-        summary = export_checkpoint(ExportRequest(run, out, step, ema, overwrite, device, dtype), say)
+        summary = export_checkpoint(ExportRequest(run, out, step, ema, overwrite, device, dtype, best), say)
     if json_:
         print_json(summary)
     else:

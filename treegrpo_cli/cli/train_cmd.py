@@ -27,7 +27,7 @@ from .common import (
 )
 from .dryrun_cmd import dry_run as dry_run_report
 from .launch import relaunch, say_fatal
-from .train_options import DEFAULT_PRESET, log_sets, policy_sets, train_sets
+from .train_options import DEFAULT_PRESET, log_sets, monitor_sets, policy_sets, train_sets
 from .train_report import eval_line, iteration_line, report_summary
 
 if TYPE_CHECKING:
@@ -54,6 +54,13 @@ def train(
     reward_opt: Annotated[
         list[str] | None,
         typer.Option("--reward-opt", help="A reward option NAME.KEY=VALUE, e.g. shapes.kind=soft (repeatable)."),
+    ] = None,
+    monitor: Annotated[
+        str | None,
+        typer.Option(
+            help="Gold reward(s) the guard watches on the held-out images and never trains on, comma separated "
+            "(guard.rewards; docs/rewards.md, Reward hacking)."
+        ),
     ] = None,
     prompts: Annotated[
         str | None,
@@ -192,7 +199,7 @@ def train(
             sets += [f"rollout.eval_prompts={json.dumps(eval_prompts)}"] if eval_prompts else []
             sets += [f"rollout.eval_split={eval_split}"] if eval_split is not None else []
             sets += policy_sets(revision, finetune, lora_rank, lora_alpha, lora_targets, dtype, gradient_checkpointing)
-            sets += log_sets(log)
+            sets += log_sets(log) + monitor_sets(monitor)
             if dry_run:
                 dry_run_report(preset or DEFAULT_PRESET, config, sets, prompts, resume, trees, nproc_per_node, json_)
             if trees is not None:
@@ -248,6 +255,13 @@ def _ending(summary: dict, flag: StopFlag) -> None:
     if late and summary and not summary.get("stopped_early"):
         name = signal.Signals(late).name
         err.print(f"{name} came too late to stop the run before its last iteration: it is complete, every file written")
+    if summary.get("guard_stop"):
+        from ..config.guard import GUARD_EXIT
+
+        _say(f"stopped by the guard at iteration {summary['iterations']}: {summary['guard_stop']}; "
+             f"best checkpoint: {summary.get('best_checkpoint', 'none')}; continue with: {summary['resume_command']} "
+             "--set guard.action=warn")  # fmt: skip
+        raise typer.Exit(GUARD_EXIT)
     if summary.get("stopped_early"):
         _say(f"stopped early after {summary['iterations']} iterations (saved in the last checkpoint); "
              f"continue with: {summary['resume_command']}")  # fmt: skip

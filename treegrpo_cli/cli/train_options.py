@@ -29,6 +29,16 @@ def option_sets(model: str | None = None, reward: str | None = None, iterations:
     return train_sets(None, model, reward, None, iterations, None, None)
 
 
+def monitor_sets(monitor: str | None) -> list[str]:
+    """--monitor's gold rewards as guard.rewards."""
+    if monitor is None:
+        return []
+    names = [n.strip() for n in monitor.split(",") if n.strip()]
+    if not names:
+        raise TreegrpoError("--monitor takes reward names, comma separated (e.g. --monitor pick,imagereward)")
+    return ["guard.rewards=[" + ", ".join(json.dumps(n) for n in names) + "]"]
+
+
 def log_sets(log: str | None) -> list[str]:
     if log is None:
         return []

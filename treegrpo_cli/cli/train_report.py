@@ -15,10 +15,14 @@ if TYPE_CHECKING:
 def eval_line(row: EvalRow) -> str:
     """A held-out evaluation's line."""
     n = f"{row['prompts']} prompts x {row['samples']}"
-    return (
+    line = (
         f"held-out reward at iteration {row['iteration']}: {row['reward_mean']:.4f} "
         f"± {row['reward_sem']:.4f} (sem; {n}, {row['weights']} weights)"
     )
+    gold = {k[len("monitor/gold/") :]: v for k, v in row.items() if k.startswith("monitor/gold/") and "/std" not in k}
+    if gold:
+        line += "; gold " + ", ".join(f"{k} {v:.4f}" for k, v in gold.items())
+    return line + ("; best so far (RUN/best)" if row.get("guard/best") and row["iteration"] else "")
 
 
 def iteration_line(row: MetricsRow) -> str:
@@ -32,7 +36,10 @@ def iteration_line(row: MetricsRow) -> str:
         parts.append(f"{row['early_stops']} early stops" + (f" ({saved:.0%} of the forwards saved)" if saved else ""))
     if row.get("replaced"):
         parts.append(f"{row['replaced']} tied prompts replaced")
-    return ", ".join([*parts, f"{row['seconds']['total']:.1f}s"])
+    parts.append(f"{row['seconds']['total']:.1f}s")
+    if row.get("guard"):  # the rules the last held-out evaluation fired
+        parts.append(f"GUARD: {', '.join(row['guard'])}")  # type: ignore[typeddict-item]
+    return ", ".join(parts)
 
 
 DURATIONS = {"minutes": 60.0, "wall": 1.0}
@@ -54,6 +61,8 @@ def report_summary(summary: dict, as_json: bool) -> None:
         return
     table = Table(title="training summary", show_header=False)
     for k, v in summary.items():
+        if k in ("guard", "guard_stop"):  # lines of their own below
+            continue
         table.add_row("training time" if k == "minutes" else k, summary_value(k, v))
     out.print(table)
     if "reward_first_tenth" in summary:
@@ -66,6 +75,8 @@ def report_summary(summary: dict, as_json: bool) -> None:
             f"warning: iterations {first}-{last} trained nothing (every group's leaves scored the same)",
             highlight=False,
         )
+    for line in summary.get("guard", []):
+        err.print(f"guard fired at {line}", highlight=False, markup=False, soft_wrap=True)
     if "heldout_after" in summary:
         out.print(
             f"held-out reward (ODE samples of the eval prompts): {number(summary['heldout_before'])} before, "

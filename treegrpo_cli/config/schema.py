@@ -9,7 +9,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..engine.advantages import AdvantageConfig
+from ..engine.awm import AWMConfig
 from ..engine.budgets import BudgetConfig
+from ..engine.dgpo import DGPOConfig
 from ..engine.dynamic import Inherited, never
 from ..engine.grpo import TrainConfig
 from ..engine.nft import NFTConfig
@@ -19,6 +21,7 @@ from ..engine.schedules import ScheduleConfig
 from ..engine.sde import MAX_STEPS, SamplerConfig
 from ..engine.splits import SplitConfig, check_adaptive, densest_steps, sampled_tree
 from ..errors import ConfigError, shown
+from .guard import GuardConfig
 from ..models.base import PolicyConfig
 
 COMBINES = ("rewards", "advantages")
@@ -165,7 +168,10 @@ SECTIONS: dict[str, type] = {
     "budget": BudgetConfig,
     "train": TrainSection,
     "nft": NFTConfig,
+    "awm": AWMConfig,
+    "dgpo": DGPOConfig,
     "policy": PolicyConfig,
+    "guard": GuardConfig,
 }
 TOP_LEVEL = {"name": str, "description": str, "model": str, "seed": int}
 
@@ -187,7 +193,10 @@ class Config:
     budget: BudgetConfig = field(default_factory=BudgetConfig)  # per-prompt leaf budgets (engine/budgets.py)
     train: TrainSection = field(default_factory=TrainSection)
     nft: NFTConfig = field(default_factory=NFTConfig)  # train.objective = "nft" only (engine/nft.py)
+    awm: AWMConfig = field(default_factory=AWMConfig)  # train.objective = "awm" only (engine/awm.py)
+    dgpo: DGPOConfig = field(default_factory=DGPOConfig)  # train.objective = "dgpo" only (engine/dgpo.py)
     policy: PolicyConfig = field(default_factory=PolicyConfig)  # diffusers models only (models/base.py)
+    guard: GuardConfig = field(default_factory=GuardConfig)  # reward-hacking monitors and rules (training/guard.py)
 
     def validate(self) -> Config:
         check_run_name(self.name)
@@ -208,6 +217,14 @@ class Config:
         self.nft.validate()
         if self.train.objective == "nft" and self.train.parallel == "fsdp":
             raise ConfigError("train.objective = nft runs with train.parallel = replicate (FSDP2 is not supported yet)")
+        self.dgpo.validate()
+        if self.train.objective == "dgpo" and self.train.parallel == "fsdp":
+            raise ConfigError("train.objective = dgpo runs with train.parallel = replicate (FSDP2 is not supported)")
+        self.awm.validate()
+        if self.train.objective == "awm":
+            self.awm.grid(self.sampler.steps)
+            if self.train.parallel == "fsdp":
+                raise ConfigError("train.objective = awm runs with train.parallel = replicate (FSDP2 is not supported)")
         if self.sampler.eta == 0 and any_sde:
             raise ConfigError(
                 "sampler.eta = 0 makes the SDE steps deterministic (their log-probs are undefined); "
@@ -220,12 +237,17 @@ class Config:
                 f"identical children; take step {last} out of tree.split_steps"
             )
         self.train.validate()
+        if self.train.ratio_norm != "none" and self.sampler.log_prob_form != "gaussian":
+            raise ConfigError(
+                "train.ratio_norm normalises a Gaussian step's log-ratio: it needs sampler.log_prob_form = gaussian"
+            )
         if self.train.eval_samples > MAX_IMAGES:
             raise ConfigError(
                 f"train.eval_samples = {self.train.eval_samples:,} is more than the maximum of {MAX_IMAGES:,} "
                 "images per prompt"
             )
         self.policy.validate()
+        self.guard.validate(self.reward.names)
         if self.policy.weights == "random":
             from ..models.releases import check_random
 

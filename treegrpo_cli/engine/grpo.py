@@ -12,6 +12,10 @@ mean for all of its children, so every child edge's ratio comes from that one fo
 amortisation). Parents go through the model in chunks of max_batch, like the rollout's frontier.
 
 Optional KL to a reference policy (Flow-GRPO): beta * ||mu_theta - mu_ref||^2 / (2 std^2), per edge.
+
+GRPO-Guard (engine/ratio_guard.py): `ratio_norm` replaces rho_e by the step-normalised ratio (RatioNorm), which
+needs the behaviour policy's SDE mean of each parent trained after the first optimizer step (a forward without
+gradient before that step), and `step_reweight` multiplies L_e by 1 / (sigma_t - sigma_t+1).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import torch
 from torch import Tensor
 
 from ..errors import ConfigError, shown
+from . import ratio_guard as rg
 from .protocols import Conditions, Kernel, Policy, select
 from .sde import gaussian_log_prob
 from .tree import Tree
@@ -65,6 +70,13 @@ class TrainConfig:
     # released BranchGRPO code | "accum": / accum_edges only
     kl_beta: float = 0.0  # KL to the reference (initial) policy, Flow-GRPO form; 0 = off
     kl_form: str = "paper"  # "paper": |mu - mu_ref|^2 / (2 std^2), std = g sqrt(-dsigma) | "code": / (2 g^2)
+    # GRPO-Guard (arXiv 2510.22319; engine/ratio_guard.py, methods.md 17), for every GRPO preset:
+    ratio_norm: str = "none"  # RatioNorm: "none" | "paper": each edge's log-ratio (l - l_old + |mu - mu_old|^2 /
+    # (2 s^2)) s, s the step's std, mu_old the behaviour mean | "code": |mu - mu_old|^2 is its mean over the optimizer
+    # step's edges of the step (the flow_grpo script). Costs a forward without gradient of each parent trained after
+    # the first optimizer step ("code": one more). Needs sampler.log_prob_form = "gaussian"
+    step_reweight: str = "none"  # gradient reweighting: "none" | "dt": each edge's clipped loss x 1 / (sigma_t -
+    # sigma_t+1), its step's size (the paper, the flow_grpo script; not Flow-Factory); the KL term keeps its weight
     ema_decay: float = 0.0  # EMA of the weights used by eval; 0 = off
     ema_every: int = 1  # an EMA update after optimizer step s (counted over the run) when (s + 1) % ema_every == 0, as
     # Flow-GRPO's EMAModuleWrapper (its code: 8); 0 = once per iteration, after its last step (DanceGRPO's code)
@@ -84,6 +96,9 @@ class TrainConfig:
             raise ConfigError(f"train.objective must be one of {', '.join(UPDATES)}; got {shown(self.objective)}")
         if self.kl_form not in KL_FORMS:
             raise ConfigError(f"train.kl_form must be one of {', '.join(KL_FORMS)}; got {shown(self.kl_form)}")
+        for name, allowed in (("ratio_norm", rg.RATIO_NORMS), ("step_reweight", rg.STEP_REWEIGHTS)):
+            if getattr(self, name) not in allowed:
+                raise ConfigError(f"train.{name} must be one of {', '.join(allowed)}; got {shown(getattr(self, name))}")
         if not isinstance(self.ema_every, int) or self.ema_every < 0:
             raise ConfigError(
                 f"train.ema_every must be an integer >= 0 (0 = once per iteration); got {shown(self.ema_every)}"
@@ -125,6 +140,9 @@ class TrainConfig:
             )
         if self.lr_schedule == "constant" and self.lr_min_ratio != TrainConfig.lr_min_ratio:
             out.append('warning: train.lr_min_ratio set, but train.lr_schedule = "constant" ignores it')
+        keys = [f"train.{k}" for k in ("ratio_norm", "step_reweight") if getattr(self, k) != "none"]
+        if keys and self.objective != "grpo":
+            out.append(f"warning: {', '.join(keys)} set, but train.objective = {self.objective} ignores it")
         return out
 
 
@@ -153,10 +171,15 @@ def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
         group["lr"] = lr
 
 
+def clip_objective(ratio: Tensor, adv: Tensor, clip: float) -> Tensor:
+    """[E] the pessimistic PPO loss max(-A r, -A clip(r, 1 - eps, 1 + eps)) of the ratios r [E]."""
+    return torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - clip, 1 + clip))
+
+
 def clipped_loss(new_lp: Tensor, old_lp: Tensor, adv: Tensor, clip: float) -> tuple[Tensor, Tensor]:
     """[E] per-edge pessimistic PPO loss and ratio."""
     ratio = torch.exp(new_lp - old_lp)
-    return torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - clip, 1 + clip)), ratio
+    return clip_objective(ratio, adv, clip), ratio
 
 
 @dataclass
@@ -224,10 +247,32 @@ def kl_to_reference(mean: Tensor, ref_mean: Tensor, std: Tensor, dsigma: Tensor,
     return ((mean.float() - ref_mean.float()) ** 2).flatten(1).mean(1) / (2 * var)
 
 
+@dataclass
+class EdgeTerms:
+    """One chunk's forward: per edge [E] the new log-prob (with grad), the KL and the parent's slot; per parent [P]
+    the SDE mean [P, C, H, W] (with grad), its std and its step (on the CPU); the model evaluations it took."""
+
+    new_lp: Tensor
+    kl: Tensor | None
+    evals: int
+    mean: Tensor
+    std: Tensor
+    step: Tensor
+    slot: Tensor
+
+
 def _edge_terms(
     policy: Policy, sde: Kernel, b: Batch, edges: Tensor, ref: Policy | None, kl_form: str = "paper"
 ) -> tuple[Tensor, Tensor | None, int]:
     """New log-probs [E] (with grad) and KL [E] of a chunk of edges, from one forward per parent."""
+    e = _edge_step(policy, sde, b, edges, ref, kl_form)
+    return e.new_lp, e.kl, e.evals
+
+
+def _edge_step(
+    policy: Policy, sde: Kernel, b: Batch, edges: Tensor, ref: Policy | None, kl_form: str = "paper"
+) -> EdgeTerms:
+    """A chunk of edges through the model: one forward per parent gives every child edge's terms."""
     t = b.tree
     parents, slot = torch.unique(t.parent[edges], return_inverse=True)  # [P], [E]
     dev = next(iter(policy.trainable_parameters())).device
@@ -244,7 +289,7 @@ def _edge_terms(
             ref_mean = sde.step(x, ref.velocity(x, sigma, cond), step, torch.ones(len(parents), dtype=torch.bool)).mean
         dsigma = (sde.sigmas[step + 1] - sde.sigmas[step]).to(dev)  # [P], < 0
         kl = kl_to_reference(res.mean, ref_mean, res.std.to(dev), dsigma, kl_form)[slot]
-    return new_lp, kl, len(parents) * policy.evals_per_row
+    return EdgeTerms(new_lp, kl, len(parents) * policy.evals_per_row, res.mean, res.std.to(dev), step, slot)
 
 
 UpdateHook = Callable[[], None]
@@ -288,17 +333,23 @@ def grpo_update(
     plan = parallel.minibatches if parallel else minibatches(b, cfg, gen)
     denoms = parallel.denominators if parallel else loss_denominators(b, cfg, plan)
     edges, done = sum(len(mb) for mb in plan), 0
-    for k, (mb, denom) in enumerate(zip(plan, denoms, strict=True)):
+    plan_chunks = [_parent_chunks(b.tree.parent, mb, max_batch) for mb in plan]
+    ratio_guard = _ratio_guard(policy, sde, b, cfg, plan_chunks, parallel)
+    for k, (chunks, denom) in enumerate(zip(plan_chunks, denoms, strict=True)):
         opt.zero_grad(set_to_none=True)
-        chunks = _parent_chunks(b.tree.parent, mb, max_batch)
-        for chunk in chunks:
-            new_lp, kl, n = _edge_terms(policy, sde, b, chunk, ref, cfg.kl_form)
+        bias = ratio_guard.step_bias(k, chunks, b.tree.log_prob, b.advantage) if ratio_guard else None
+        for j, chunk in enumerate(chunks):
+            e = _edge_step(policy, sde, b, chunk, ref, cfg.kl_form)
+            new_lp, kl, n = e.new_lp, e.kl, e.evals
             adv, old = b.advantage[chunk].to(new_lp.device), b.tree.log_prob[chunk].to(new_lp.device)
-            loss_e, ratio = clipped_loss(new_lp, old, adv, cfg.clip_range)
+            if ratio_guard:
+                loss_e, ratio, carry = ratio_guard.loss(e, k, j, old, adv, bias)
+            else:
+                (loss_e, ratio), carry = clipped_loss(new_lp, old, adv, cfg.clip_range), None
             if kl is not None:
                 loss_e = loss_e + cfg.kl_beta * kl
                 kls.append(kl.detach().cpu())
-            (loss_e.sum() / denom).backward()
+            ((loss_e if carry is None else loss_e + carry).sum() / denom).backward()
             ratios.append(ratio.detach().cpu())
             if k == 0:
                 first.append(ratio.detach().cpu())
@@ -325,6 +376,35 @@ def grpo_update(
     out = _metrics(ratios, losses, norms, kls, evals, first, cfg)
     if parallel and parallel.chunks is not None:  # sharded: zero-weight chunks run to keep the ranks in step
         out["pad_chunks"] = int(parallel.gather(torch.tensor([pads])).sum())
+    return out
+
+
+def _ratio_guard(
+    policy: Policy, sde: Kernel, b: Batch, cfg: TrainConfig, chunks: list[list[Tensor]], parallel: Parallel | None
+) -> rg.RatioGuard | None:
+    """GRPO-Guard for this update (None when train.ratio_norm and train.step_reweight are "none"), holding the
+    behaviour means of the parents trained after the first optimizer step (forwards without gradient, now)."""
+    if cfg.ratio_norm == "none" and cfg.step_reweight == "none":
+        return None
+
+    def total(x: Tensor) -> Tensor:  # [T] this process's sums -> every process's
+        return parallel.gather(x.cpu()).view(-1, sde.cfg.steps).sum(0).to(x.device) if parallel else x
+
+    def pad(k: int, have: int) -> None:  # a sharded model's forwards, in step with the ranks that run more chunks
+        edge = torch.nonzero(b.tree.parent >= 0).flatten()[:1]
+        for _ in range((parallel.chunks[k] if parallel and parallel.chunks else 0) - have):
+            _edge_step(policy, sde, b, edge, None)
+
+    out = rg.RatioGuard(
+        cfg.ratio_norm,
+        cfg.step_reweight,
+        sde,
+        forward=lambda edges: _edge_step(policy, sde, b, edges, None),
+        pad=pad,
+        objective=lambda ratio, adv: clip_objective(ratio, adv, cfg.clip_range),
+        total=total,
+    )
+    out.keep_behaviour(chunks)
     return out
 
 

@@ -146,6 +146,37 @@ class NFTBatch:
     denominators: list[float]  # per optimizer step: samples in it over every process
 
 
+@dataclass
+class LeafPlan:
+    """This process's leaves of one iteration and the global step plan of an update that trains every leaf (NFT,
+    AWM): the whole batch's leaves, ordered by their canonical key (tree, position in it: the same in one process
+    or several), drawn at random into equal parts, each one optimizer step."""
+
+    ids: Tensor  # [L] this process's leaves as node ids of c.whole, ascending (the rows of c.tree.image_latent)
+    keys: Tensor  # [L] int64 their canonical keys, the same whatever the process layout
+    groups: list[Tensor]  # per optimizer step: this process's leaf indices (into ids) in it
+    denominators: list[float]  # per optimizer step: leaves in it over every process
+
+
+def leaf_plan(c: Credited, rank: int, gen: torch.Generator, steps: int) -> LeafPlan:
+    """The leaves of process `rank` and the plan of `steps` optimizer steps (gen draws the parts)."""
+    leaves = c.whole.leaves()  # [L_all] global node ids, ascending
+    keys = canonical_key(c.whole)[leaves]
+    order = torch.argsort(keys)
+    perm = torch.randperm(len(order), generator=gen)
+    parts = [keys[order[p]] for p in torch.tensor_split(perm, steps)]
+    own = (leaves >= c.starts[rank]) & (leaves < c.starts[rank + 1])
+    own_keys = keys[own]  # in the order of c.tree.leaves(): local ids ascending
+    groups = [torch.nonzero(torch.isin(own_keys, p)).flatten() for p in parts]
+    return LeafPlan(ids=leaves[own], keys=own_keys, groups=groups, denominators=[float(len(p)) for p in parts])
+
+
+def leaf_conditions(c: Credited, cond: Conditions) -> Conditions:
+    """Rows [L] of this process's trees' conditions cond (rows [B]), one per leaf of c.tree."""
+    trees = c.tree.tree[c.tree.leaves()]
+    return {k: v[trees.to(v.device)] for k, v in cond.items()}
+
+
 def sample_draws(key: int, seed: int, sigmas: Tensor, levels: int, shape: tuple[int, ...]) -> tuple[Tensor, Tensor]:
     """One sample's noise levels [levels] (a random subset of the grid's sigmas but 0, in random order, as the
     code shuffles its timesteps per sample) and its fresh noises [levels, *shape], from the sample's own seed."""
@@ -296,25 +327,16 @@ class NFTUpdate(Update):
 
     def batch(self, c: Credited, cond: Conditions, it: int, ctx: Context) -> NFTBatch:
         """This process's leaves (rows of c.tree.image_latent) with their r (from c.leaf: every leaf's advantage,
-        NaN elsewhere) and seeds, and the global step plan: the whole batch's leaves, ordered by their canonical
-        key (tree, position in it: the same in one process or several), drawn at random into nft.steps parts of
-        equal size, each one optimizer step."""
-        tree, whole, starts, rank = c.tree, c.whole, c.starts, ctx.ranks.rank
-        leaves = whole.leaves()  # [L_all] global node ids, ascending
-        keys = canonical_key(whole)[leaves]
-        order = torch.argsort(keys)
-        perm = torch.randperm(len(order), generator=ctx.gen)
-        parts = [keys[order[p]] for p in torch.tensor_split(perm, self.cfg.nft.steps)]
-        own = (leaves >= starts[rank]) & (leaves < starts[rank + 1])
-        own_keys = keys[own]  # in the order of tree.leaves(): local ids ascending
-        local_leaves = tree.leaves()
+        NaN elsewhere) and seeds, and the global step plan (leaf_plan, nft.steps parts)."""
+        plan = leaf_plan(c, ctx.ranks.rank, ctx.gen, self.cfg.nft.steps)
+        latent = c.tree.image_latent
         return NFTBatch(
-            x0=tree.image_latent.float(),
-            cond={k: v[tree.tree[local_leaves].to(v.device)] for k, v in cond.items()},
-            r=optimality(c.leaf[leaves[own]], self.cfg.nft).to(tree.image_latent.device),
-            keys=own_keys * 1_000_003 + it,  # a sample's noise seed: its key and the iteration (drawn anew)
-            groups=[torch.nonzero(torch.isin(own_keys, p)).flatten() for p in parts],
-            denominators=[float(len(p)) for p in parts],
+            x0=latent.float(),
+            cond=leaf_conditions(c, cond),
+            r=optimality(c.leaf[plan.ids], self.cfg.nft).to(latent.device),
+            keys=plan.keys * 1_000_003 + it,  # a sample's noise seed: its key and the iteration (drawn anew)
+            groups=plan.groups,
+            denominators=plan.denominators,
         )
 
     def follow(self, params: list[nn.Parameter], ctx: Context) -> dict[str, Any]:

@@ -96,7 +96,7 @@ class Update(ABC):
     """One method family's update. `cfg` is the run's config (its sections: train, nft, ..., seed)."""
 
     objective: ClassVar[str]
-    extra_forwards: ClassVar[int] = 0  # forwards of the update's own beside each trained one
+    extra_forwards: int = 0  # forwards of the update's own beside each trained one (a class or an instance sets it)
 
     def __init__(self, cfg: Any, policy: Policy, sde: Kernel):
         self.cfg = cfg

@@ -151,8 +151,11 @@ def drift(now: Mapping[str, Tensor], base: Mapping[str, Tensor]) -> dict[str, fl
         if len(b) == 0:
             out[key] = math.nan
             continue
-        diff = float(a.mean() - b.mean())
-        std = float(b.std(correction=0))
-        flat = std <= FLAT_STD * max(abs(float(b.mean())), 1.0)
-        out[key] = diff if flat else diff / std
+        out[key] = standardised(float(a.mean() - b.mean()), float(b.std(correction=0)), float(b.mean()))
     return out
+
+
+def standardised(diff: float, std: float, mean: float) -> float:
+    """A difference of means in units of the base's spread std; the raw difference where the base does not vary
+    (std within FLAT_STD of 0, relative to the base mean or 1)."""
+    return diff if std <= FLAT_STD * max(abs(mean), 1.0) else diff / std

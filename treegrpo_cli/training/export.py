@@ -40,9 +40,14 @@ class ExportRequest:
     overwrite: bool = False
     device: str = "cpu"
     dtype: str | None = None  # the base model's weights (auto, bf16, fp32); None: the run's policy.dtype
+    best: bool = False  # RUN/best/step-N (the guard's best held-out evaluation) instead of checkpoints/
 
 
-def pick_checkpoint(run_dir: Path, step: int | None) -> Path:
+def pick_checkpoint(run_dir: Path, step: int | None, best: bool = False) -> Path:
+    if best:
+        if step is not None:
+            raise TreegrpoError("--best and --step both pick the checkpoint; give one")
+        return rundir.best_checkpoint(run_dir)
     done = list_checkpoints(run_dir / "checkpoints")
     if not done:
         raise TreegrpoError(f"{run_dir}: no complete checkpoint under checkpoints/")
@@ -62,7 +67,7 @@ def export_checkpoint(req: ExportRequest, note: Callable[[str], None] = lambda m
         raise TreegrpoError(f"{req.out} exists and is not a folder")
     if req.out.exists() and any(req.out.iterdir()) and not req.overwrite:
         raise TreegrpoError(f"{req.out} is not empty; pass --overwrite or choose another --out")
-    path = pick_checkpoint(req.run_dir, req.step)
+    path = pick_checkpoint(req.run_dir, req.step, req.best)
     note(f"reading {path}")
     ck = load_checkpoint(path)
     use_ema = req.ema and ck.ema is not None

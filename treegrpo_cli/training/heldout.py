@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -12,6 +12,7 @@ from ..engine.protocols import Kernel
 from ..engine.rollout import Progress
 from ..models.base import Policy
 from ..rewards.base import Reward, weighted_sum
+from .guard import Watch
 from .sampling import sample_scores
 
 
@@ -26,11 +27,14 @@ def heldout_reward(
     seed: int,
     max_batch: int = 64,
     progress: Progress | None = None,
+    watch: Watch | None = None,
 ) -> dict[str, Any]:
     """Mean (and standard error) of the weighted reward over prompts x samples ODE draws; `seed` is the
-    stream's (sampling.stream_seed(run seed, "heldout")): `treegrpo eval` draws the same images."""
+    stream's (sampling.stream_seed(run seed, "heldout")): `treegrpo eval` draws the same images. With a `watch`,
+    the guard's monitors of the same images (monitor/... fields)."""
+    see = watch.see if watch is not None else None
     scores = sample_scores(
-        policy, sde, prompts, rewards, seed, samples=samples, max_batch=max_batch, progress=progress
+        policy, sde, prompts, rewards, seed, samples=samples, max_batch=max_batch, progress=progress, see=see
     )  # {name: [samples * P]}
     total = weighted_sum(scores, weights)
     n = total.numel()
@@ -41,6 +45,8 @@ def heldout_reward(
         "samples": samples,
     }
     out.update({f"rewards/{k}/mean": float(v.mean()) for k, v in scores.items()})
+    if watch is not None:
+        out.update(watch.row())
     return out
 
 
@@ -56,16 +62,19 @@ def heldout_row(
     seed: int,
     max_batch: int = 64,
     progress: Progress | None = None,
+    watch: Callable[[], Watch] | None = None,
 ) -> dict[str, Any]:
     """The held-out reward of the weights `eval` and `export` use by default: the EMA where the run keeps one
-    (then `raw/` fields score the trained weights), else the trained weights; `weights` says which."""
+    (then `raw/` fields score the trained weights), else the trained weights; `weights` says which. `watch` makes
+    the guard's monitors, which watch the weights `eval` uses."""
     args = (policy, sde, prompts, rewards, weights)
     how: dict[str, Any] = {"samples": samples, "seed": seed, "max_batch": max_batch, "progress": progress}
-    row = heldout_reward(*args, **how)
-    if ema is not None:
-        raw = {f"raw/{k}": v for k, v in row.items() if k.startswith(("reward_", "rewards/"))}
+    if ema is None:
+        row = heldout_reward(*args, **how, watch=watch() if watch else None)
+    else:
+        raw = {f"raw/{k}": v for k, v in heldout_reward(*args, **how).items() if k.startswith(("reward_", "rewards/"))}
         with swapped_in(policy, ema):
-            row = {**heldout_reward(*args, **how), **raw}
+            row = {**heldout_reward(*args, **how, watch=watch() if watch else None), **raw}
     row["weights"] = "ema" if ema is not None else "trained"
     return row
 

@@ -20,9 +20,10 @@ from ..config import Config
 from ..engine.rollout import Progress
 from ..errors import DiskFullError, TreegrpoError, disk_full, no_space
 from ..store import faults
-from ..store.checkpoint import list_checkpoints, load_checkpoint, tidy
+from ..store.checkpoint import list_checkpoints, load_checkpoint, retire, tidy
 from . import dist, grids, resumecheck, rundir, runlock, runlog, runplots, tracking
 from .dist import SINGLE, Dist
+from .guard import Features, Watch, drift_fields, is_best, judge
 from .heldout import heldout_row
 from .runlog import EvalRow, MetricsRow
 from .sampling import stream_seed
@@ -39,6 +40,7 @@ class TrainRequest:
     device: str = "cpu"
     command: str = ""
     dist: Dist = SINGLE  # this process's rank in a data-parallel run (dist.py)
+    features: Features | None = None  # the guard's diversity features (guard.features; None: pixels)
 
 
 @dataclass
@@ -105,7 +107,8 @@ def _train(req: TrainRequest, hooks: Hooks, held: ExitStack) -> dict[str, Any]:
     wall0, budget = time.perf_counter() - wall, cfg.train.max_minutes * 60
     spent = lambda: bool(cfg.train.max_tflops and trainer.totals["flops_total"] >= cfg.train.max_tflops * 1e12)  # noqa: E731
     finished = trainer.step >= cfg.train.iterations or bool(budget and wall >= budget) or spent()
-    stopped, stall, works = False, 0, d.main or trainer.sharded
+    stopped, stall, works, halted = False, 0, d.main or trainer.sharded, ""
+    alarm = _alarm(req)  # the rules the last held-out evaluation fired: flagged on every iteration's row
     while not finished:
         row = trainer.iteration(req.prompts, hooks.progress)  # phases rollout, score, update
         row["wall"], last_wall = time.perf_counter() - wall0, wall
@@ -116,8 +119,11 @@ def _train(req: TrainRequest, hooks: Hooks, held: ExitStack) -> dict[str, Any]:
         votes = dist.gather((hooks.should_stop(), bool(budget and wall >= budget)), d)
         stopped = any(v[0] for v in votes)
         finished = trainer.step == cfg.train.iterations or votes[0][1] or spent()  # rank 0's clock decides the budget
+        if alarm:
+            row["guard"] = alarm  # type: ignore[typeddict-unknown-key]
         if d.main:  # the other ranks go on; the next iteration's gather waits for rank 0
             stall = _record(req, hooks, row, stall)
+        fired: list[tuple[str, str]] = []  # the rules a held-out evaluation after this iteration fires
         if works:
             _outputs(trainer, req, stopped, finished, hooks)
             due = (
@@ -127,12 +133,19 @@ def _train(req: TrainRequest, hooks: Hooks, held: ExitStack) -> dict[str, Any]:
             )
             if not (finished or stopped) and due:
                 t = time.perf_counter()
-                _heldout(trainer, req, hooks, wall)
+                fired = _heldout(trainer, req, hooks, wall)
+                alarm = [rule for rule, _ in fired]
                 wall0 += time.perf_counter() - t  # held-out evaluations do not count as training time
+        halt = cfg.guard.action == "stop" and bool(dist.gather(bool(fired) if d.main else False, d)[0])
+        if halt and not stopped and not finished:  # the guard stops the run here: its checkpoint first
+            stopped, halted = True, _why(fired)
+            if works and trainer.step % cfg.train.save_every:
+                _save(trainer, req)
         if stopped:
             break
 
-    return _close(trainer, req, hooks, start, wall, stopped, finished)
+    summary = _close(trainer, req, hooks, start, wall, stopped, finished)
+    return {**summary, "guard_stop": halted} if halted and summary else summary
 
 
 def _open(trainer: Trainer, req: TrainRequest, hooks: Hooks, held: ExitStack) -> Hooks:
@@ -253,6 +266,7 @@ def _resume(trainer: Trainer, req: TrainRequest, hooks: Hooks) -> None:
         hooks.note(change)
     if req.dist.main:  # under the run's lock: a killed save's or retirement's leftovers go, keep-last holds
         tidy(run / rundir.CHECKPOINTS, trainer.cfg.train.keep_last)
+        tidy(run / rundir.BEST, 1)
     dist.barrier(req.dist)
     good, other = rundir.scan_checkpoints(run)
     for name, why in other:
@@ -282,6 +296,9 @@ def _resume(trainer: Trainer, req: TrainRequest, hooks: Hooks) -> None:
     if req.dist.main:
         runlog.truncate_metrics(run, trainer.step)
         runlog.truncate_evals(run, trainer.step)
+        for path in list_checkpoints(run / rundir.BEST):  # the best of evaluations after it: found again
+            if int(path.name[len('step-') :]) > trainer.step:
+                retire(path)
 
 
 def _check_finite(row: MetricsRow, run: Path) -> None:
@@ -297,10 +314,11 @@ def _check_finite(row: MetricsRow, run: Path) -> None:
         )
 
 
-def _heldout(trainer: Trainer, req: TrainRequest, hooks: Hooks, wall: float) -> None:
+def _heldout(trainer: Trainer, req: TrainRequest, hooks: Hooks, wall: float) -> list[tuple[str, str]]:
     """The held-out evaluation of the weights `eval` and `export` use (heldout.py) -> eval.jsonl, with the
-    seconds of training so far."""
-    cfg = trainer.cfg
+    seconds of training so far, the guard's monitors and the rules they fire (returned; rank 0's), and RUN/best
+    when it is the best evaluation by guard.best."""
+    cfg, guard = trainer.cfg, trainer.cfg.guard
     if req.dist.main:
         n = f"{len(req.eval_prompts)} prompts x {cfg.train.eval_samples}"
         hooks.note(f"held-out evaluation at iteration {trainer.step}: {n}, ODE samples ...")
@@ -315,12 +333,39 @@ def _heldout(trainer: Trainer, req: TrainRequest, hooks: Hooks, wall: float) -> 
         seed=stream_seed(cfg.seed, "heldout"),
         max_batch=cfg.rollout.max_batch,
         progress=lambda ph, d, t: hooks.progress("eval", d, t),
+        watch=(lambda: Watch(guard, trainer.gold, req.features)) if guard.enabled else None,
     )
+    fired: list[tuple[str, str]] = []
+    best = False
     if req.dist.main:
         stamped = cast(EvalRow, {"iteration": trainer.step, "wall": wall, **trainer.totals, **row})
+        earlier = runlog.read_evals(req.run_dir)
+        if guard.enabled and earlier:  # the first evaluation is the base the others drift from
+            runlog.add_fields(cast(Any, stamped), drift_fields(stamped, earlier[0]))
+            fired = judge(guard, stamped)
+        if fired:
+            runlog.add_fields(cast(Any, stamped), {"guard/fired": [r for r, _ in fired], "guard/why": _why(fired)})
+        best = guard.enabled and is_best(stamped, cast(Any, earlier), guard.best_monitor())
+        if best:
+            runlog.add_fields(cast(Any, stamped), {"guard/best": True})
         runlog.append_eval(req.run_dir, stamped)
         runplots.reward_plot(req.run_dir)  # with its held-out curve
         hooks.on_eval(stamped)
+        if fired:
+            hooks.note(f"guard ({guard.action}) at iteration {trainer.step}: {_why(fired)}")
+    if _main_says(lambda: best, trainer, req.dist):
+        trainer.save(req.run_dir, req.dist.main, folder=rundir.BEST)
+    return fired
+
+
+def _why(fired: list[tuple[str, str]]) -> str:
+    return "; ".join(why for _, why in fired)
+
+
+def _alarm(req: TrainRequest) -> list[str]:
+    """The rules the run's last held-out evaluation fired (a resume goes on flagging them)."""
+    evals = runlog.read_evals(req.run_dir) if req.resume and req.dist.main else []
+    return list(evals[-1].get("guard/fired", [])) if evals else []
 
 
 def _save(trainer: Trainer, req: TrainRequest) -> None:

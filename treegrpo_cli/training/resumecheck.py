@@ -4,12 +4,14 @@ started under (a warning)."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
 from ..config import Config, config_from_dict
+from ..config.guard import GuardConfig
 from ..errors import ConfigError, TreegrpoError
 from ..rewards.plugins import RECORD, check_file_record
 from ..store.safeio import loads_json
@@ -38,7 +40,7 @@ RESUMABLE = {
     "policy.attention",
     "policy.compile",
     "policy.checkpoint_blocks",
-}
+} | {f"guard.{f.name}" for f in dataclasses.fields(GuardConfig)}  # the guard watches; it changes nothing learnt
 
 
 def resume_config(run: Path, sets: list[str]) -> Config:

@@ -7,6 +7,7 @@ RUN/reward.png        reward against iteration and against wall time (runplots.p
 RUN/samples/step-N.png  captioned ODE samples of the eval prompts (step-0: the base model; grids.py)
 RUN/before_after.png  the same eval prompts and noises: base model left, trained model right (grids.py)
 RUN/checkpoints/step-N/ see store/checkpoint.py
+RUN/best/step-N/      the checkpoint of the best held-out evaluation by guard.best (training/guard.py)
 RUN/.lock             held (flock) by the one process that writes the run; the OS drops it when that process dies
 RUN/error-*.txt       the traceback of an internal error (a bug), named by the error line
 
@@ -28,7 +29,7 @@ from ..config import Config, config_from_dict
 from ..engine.prompt import prompt_meta
 from ..errors import ConfigError, TreegrpoError
 from ..rewards.plugins import RECORD, file_record
-from ..store.checkpoint import problem
+from ..store.checkpoint import list_checkpoints, problem
 from ..store.safeio import contained, loads_json
 from ..store.shards import atomic_write
 from .provenance import code_version
@@ -49,6 +50,7 @@ FORMAT = "treegrpo-run"
 VERSION = 1
 RUN_JSON = "run.json"
 CHECKPOINTS = "checkpoints"
+BEST = "best"  # RUN/best/step-N: the checkpoint of the best held-out evaluation by guard.best
 
 
 def check_new(run: Path) -> None:
@@ -217,7 +219,7 @@ def scan_checkpoints(run: Path) -> tuple[list[Path], list[tuple[str, str]]]:
 
 
 def summary(run: Path, started_at: int, stopped: bool) -> dict[str, Any]:
-    rows = read_metrics(run)
+    rows, evals = read_metrics(run), read_evals(run)
     first, last = tenth_means(rows)
     return {
         "run_dir": str(run),
@@ -230,9 +232,33 @@ def summary(run: Path, started_at: int, stopped: bool) -> dict[str, Any]:
         "minutes": (rows[-1].get("wall", 0.0) / 60) if rows else 0.0,
         "rollout_evals_per_leaf": rows[-1].get("rollout_evals_per_leaf", 0.0) if rows else 0.0,
         "train_evals_per_leaf": rows[-1].get("train_evals_per_leaf", 0.0) if rows else 0.0,
-        **heldout_summary(read_evals(run)),
+        **heldout_summary(evals),
+        **guard_summary(run, evals),
         **({"resume_command": resume_command(run)} if stopped else {}),
     }
+
+
+def guard_summary(run: Path, evals: list[Any]) -> dict[str, Any]:
+    """guard: each held-out evaluation where a rule fired ("iteration N: reason"); best: RUN/best/step-N."""
+    out: dict[str, Any] = {}
+    fired = [f"iteration {r['iteration']}: {r['guard/why']}" for r in evals if r.get("guard/why")]
+    if fired:
+        out["guard"] = fired
+    best = list_checkpoints(run / BEST)
+    if best:
+        out["best_checkpoint"] = str(best[-1])
+    return out
+
+
+def best_checkpoint(run: Path) -> Path:
+    """RUN/best/step-N: the checkpoint of the run's best held-out evaluation by guard.best."""
+    done = list_checkpoints(Path(run) / BEST)
+    if not done:
+        raise TreegrpoError(
+            f"{run}: no best checkpoint ({BEST}/step-N is kept when guard.best names a monitor: --monitor NAME, or "
+            "--set guard.best=reward)"
+        )
+    return done[-1]
 
 
 def resume_command(run: Path) -> str:

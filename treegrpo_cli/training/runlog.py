@@ -83,7 +83,8 @@ class MetricsRow(TypedDict, total=False):
     train_evals_per_leaf: float
     lr: float
     sde_steps: list[int] | str  # the stochastic steps, or "all"
-    # the update's (engine/grpo.py: edges ... approx_kl; engine/nft.py: loss, grad_norm, kl_ref; both the rest)
+    # the update's (engine/grpo.py: edges ... approx_kl; engine/nft.py, engine/awm.py: loss, grad_norm, kl_ref; all the
+    # rest)
     edges: int
     loss: float
     ratio_mean: float
@@ -102,6 +103,8 @@ class MetricsRow(TypedDict, total=False):
     pad_chunks: int
     ema_updates: int
     old_decay: float
+    kl_anchor: float  # AWM: mean |v - v_anchor|^2 over the trained rows
+    anchor_decay: float  # AWM: the anchor's decay after the iteration
     # adaptive trees (docs/methods.md 16): the dynamic rollout's stops, fallbacks and x0-predictions scored, the
     # forwards and FLOPs its stops saved against the same trees undisturbed, prompts the budget replaced
     early_stops: int
@@ -142,7 +145,7 @@ EvalRow = TypedDict(
     total=False,
 )
 
-NUMBER_PREFIXES = ("rewards/", "raw/", "ms_per_image/", "mfu/")  # the rows' numbers under per-name keys
+NUMBER_PREFIXES = ("rewards/", "raw/", "ms_per_image/", "mfu/", "monitor/", "drift/")  # the rows' numbers under per-name keys
 
 
 def _numbers(row_type: Any) -> set[str]:

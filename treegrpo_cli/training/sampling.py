@@ -11,7 +11,7 @@ run's seed, and a model and its baseline see the same noises (a paired compariso
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -132,13 +132,17 @@ def sample_scores(
     batch: int = BATCH,
     max_batch: int = 64,
     progress: Progress | None = None,
+    see: Callable[[Chunk], None] | None = None,
 ) -> dict[str, Tensor]:
-    """{name: [samples * P]}: every reward of every ODE sample (sample_chunks' order: sample-major)."""
+    """{name: [samples * P]}: every reward of every ODE sample (sample_chunks' order: sample-major); `see` is shown
+    each chunk of images once scored (the guard's monitors)."""
     out: dict[str, list[Tensor]] = {n: [] for n in rewards}
     total, done = samples * len(prompts), 0
     for chunk in sample_chunks(policy, sde, prompts, seed, samples=samples, batch=batch, max_batch=max_batch):
         for n, v in score(rewards, chunk).items():
             out[n].append(v)
+        if see is not None:
+            see(chunk)
         done += len(chunk.prompts)
         if progress:
             progress("sample", done, total)

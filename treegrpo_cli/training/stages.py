@@ -320,7 +320,7 @@ def train_from_trees(req: StagedRequest, progress: Progress = _noop) -> dict[str
     return {"run_dir": str(req.run_dir), "checkpoint": str(path), **row}
 
 
-TRAIN_SECTIONS = ("train", "nft", "policy")
+TRAIN_SECTIONS = ("train", "nft", "awm", "dgpo", "policy")
 TRAIN_KEYS = ("rollout.max_batch", "name", "description")
 
 

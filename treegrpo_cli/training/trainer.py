@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from ..config import Config
+from ..engine import awm as _awm  # noqa: F401  (registers the AWM update)
 from ..engine import nft as _nft  # noqa: F401  (registers the NFT update)
 from ..engine.budgets import PromptStats
 from ..engine.grpo import lr_at, make_optimizer, set_lr
@@ -71,6 +72,8 @@ class Trainer:
             else None
         )
         self.rewards = build_rewards(cfg.reward, device)
+        gold = cfg.guard.rewards if cfg.guard.enabled else ()
+        self.gold = build_rewards(cfg.reward, device, names=gold) if gold else {}  # the guard's, never trained on
         self.weights = cfg.reward.weight_map()
         self.judge = make_judge(cfg.tree, cfg.reward, self.policy, self.rewards)  # tree.dynamic = "reward"
         self.prompt_stats = new_stats(cfg)  # per-prompt reward estimates ([budget], adaptive [splits])
@@ -228,12 +231,14 @@ class Trainer:
         upd = {**out, "ema_updates": self.ema_updates, **after}
         return metrics_row(c, it, credited, upd, lr)
 
-    def save(self, run: Path, main: bool = True) -> Path | None:
-        """The checkpoint of the run so far under run/checkpoints/step-N, written by the main process (a sharded
-        model's other ranks take part in gathering each tensor as it is written); its path there."""
+    def save(self, run: Path, main: bool = True, folder: str = rundir.CHECKPOINTS) -> Path | None:
+        """The checkpoint of the run so far under run/checkpoints/step-N (keep-last rotation) or run/best/step-N
+        (the one best held-out evaluation), written by the main process (a sharded model's other ranks take part in
+        gathering each tensor as it is written); its path there."""
         ck = self.checkpoint({"config": self.cfg.to_dict()})
         if main:
-            return save_checkpoint(run / rundir.CHECKPOINTS, ck, self.cfg.train.keep_last)
+            keep = 1 if folder == rundir.BEST else self.cfg.train.keep_last
+            return save_checkpoint(run / folder, ck, keep)
         if self.sharded:
             follow_checkpoint_gathers(ck)
         return None
