@@ -295,7 +295,12 @@ def test_two_processes_match_one(tmp_path):
     assert one.returncode == 0, one.stderr
     two = treegrpo(*args, "--run-dir", tmp_path / "two", nproc=2, timeout=600)
     assert two.returncode == 0, two.stderr
-    close(read_metrics(tmp_path / "two"), read_metrics(tmp_path / "one"))
+    rows = [[{k: v for k, v in r.items() if not k.startswith(NOT_SMOOTH)} for r in read_metrics(tmp_path / x)]
+            for x in ("two", "one")]  # fmt: skip
+    close(*rows)
+
+
+NOT_SMOOTH = ("monitor/jpeg",)  # JPEG sizes of the images, whole bytes: a last-bit change of the weights moves them
 
 
 def test_the_update_does_not_depend_on_its_chunks():

@@ -156,6 +156,8 @@ SECTION_DOCS = {
     "awm": 'Advantage Weighted Matching, used when train.objective = "awm" (engine/awm.py).',
     "dgpo": 'Direct Group Preference Optimization, used when train.objective = "dgpo" (engine/dgpo.py).',
     "policy": "How a diffusers model is loaded and trained; the built-in models ignore it (models/base.py).",
+    "guard": "Reward hacking watched at each held-out evaluation: gold rewards, image statistics and diversity as "
+    "drift from the base model; rules that warn or stop; the best checkpoint (training/guard.py, docs/rewards.md).",
 }
 
 

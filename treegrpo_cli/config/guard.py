@@ -50,7 +50,9 @@ class GuardConfig:
             if not (isinstance(value, int | float) and value >= 0 and value == value and value != float("inf")):
                 raise ConfigError(f"guard.{name} must be a finite number >= 0 (0 = off), got {shown(value)}")
         if self.diversity_share >= 1:
-            raise ConfigError(f"guard.diversity_share must be below 1 (a share of the base's), got {self.diversity_share}")
+            raise ConfigError(
+                f"guard.diversity_share must be below 1 (a share of the base's), got {self.diversity_share}"
+            )
         twice = sorted({n for n in self.rewards if self.rewards.count(n) > 1})
         if twice:
             raise ConfigError(f"guard.rewards names {shown(twice[0])} twice")
@@ -62,7 +64,7 @@ class GuardConfig:
             )
         if self.best not in ("", "auto", "reward", *self.rewards):
             names = ", ".join(("reward", "auto", *self.rewards))
-            raise ConfigError(f"guard.best must be one of {names} or \"\"; got {shown(self.best)}")
+            raise ConfigError(f'guard.best must be one of {names} or ""; got {shown(self.best)}')
 
     def best_monitor(self) -> str:
         """The monitor RUN/best follows: "reward", a gold reward's name, or "" (none)."""

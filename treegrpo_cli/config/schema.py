@@ -21,8 +21,8 @@ from ..engine.schedules import ScheduleConfig
 from ..engine.sde import MAX_STEPS, SamplerConfig
 from ..engine.splits import SplitConfig, check_adaptive, densest_steps, sampled_tree
 from ..errors import ConfigError, shown
-from .guard import GuardConfig
 from ..models.base import PolicyConfig
+from .guard import GuardConfig
 
 COMBINES = ("rewards", "advantages")
 

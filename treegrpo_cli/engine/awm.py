@@ -61,12 +61,14 @@ class AWMConfig:
     timestep_fraction: float = 0.9  # the strata end before grid step int(steps x this): 14 steps, 0.9 -> steps 1..11
     time_sampling: str = "discrete_wo_init"  # strata from grid step 1 (the GenEval and OCR configs) | "discrete": from
     # step 0, the pure-noise level (the PickScore config)
-    kl_weight: str = "uniform"  # both velocity penalties: "uniform" mean |u - v|^2 | "elbo": / (2 s_t^2) (the code's
-    # kl_weight, kl_ema_weight)
+    kl_weight: str = "uniform"  # both velocity penalties: "uniform": mean |u - v|^2 | "elbo": over 2 s_t^2,
+    # s_t = 0.7 sqrt(t / (1 - min(t, 0.99))) (the code's kl_weight and kl_ema_weight)
     anchor_beta: float = 1.0  # coefficient of mean |v - v_anchor|^2, the anchor an EMA of the trained weights (the
     # code's ema_beta); 0 = no anchor
-    anchor_decay: float = 0.3  # the anchor's decay d, at most (the code's kl_ema_decay)
-    anchor_ramp: str = "linear"  # "linear": d = min(anchor_decay, 0.001 s) after s optimizer steps | "constant"
+    anchor_decay: float = 0.3  # the anchor's decay d at most: anchor <- d anchor + (1 - d) theta after each
+    # iteration (the code's kl_ema_decay)
+    anchor_ramp: str = "linear"  # "linear": d = min(anchor_decay, 0.001 s) after s optimizer steps | "constant":
+    # d = anchor_decay (the code's kl_ema_decay_type)
     credit: str = "leaf"  # "leaf": every level takes the sample's advantage (AWM) | "path": a level takes the
     # advantage of the tree edge that made the denoising step at that level (new here, docs/methods.md)
     steps: int = 1  # optimizer steps per iteration (the code: 1, its gradients accumulated over the whole epoch)
@@ -246,8 +248,8 @@ def awm_update(
         for chunk in torch.split(group, max_batch):
             terms = _chunk_terms(policy, anchor, params, sigmas, b, chunk, cfg=cfg, kl_beta=kl_beta, seed=seed, ref=ref)
             (terms["loss"].sum() / (denom * cfg.levels)).backward()
-            for k, v in terms.items():
-                parts[k].append(v.detach().cpu())
+            for k, x in terms.items():
+                parts[k].append(x.detach().cpu())
             evals += len(chunk) * cfg.levels
             done += len(chunk)
             if progress:
@@ -265,9 +267,9 @@ def awm_update(
         "train_evals": float(every(torch.tensor([evals])).sum()),
     }
     on = {"loss": True, "kl_ref": ref is not None and kl_beta > 0, "kl_anchor": anchor is not None}
-    for k, v in parts.items():
+    for k, got in parts.items():
         if on[k]:
-            x = every(torch.cat(v) if v else torch.zeros(0))
+            x = every(torch.cat(got) if got else torch.zeros(0))
             out[k] = float(x.mean()) if len(x) else 0.0
     return out
 
@@ -300,13 +302,13 @@ def _chunk_terms(
         tb = t.view((-1,) + (1,) * (x0.dim() - 1))
         x_t = (1 - tb) * x0 + tb * eps
         a = scaled_advantage(adv[torch.arange(len(step)), step], cfg).to(dev)
-        v = policy.velocity(x_t, t, cond)
         with torch.no_grad():
             v_ref = ref.velocity(x_t, t, cond) if ref is not None and kl_beta > 0 else None
         v_anchor = None
         if anchor is not None:
-            with anchor.swapped(params):  # no gradient inside
+            with anchor.swapped(params):  # no gradient inside; before the trained forward, as NFT's old one
                 v_anchor = policy.velocity(x_t, t, cond)
+        v = policy.velocity(x_t, t, cond)
         loss, k_ref, k_anchor = awm_loss(v, x0, eps, t, a, cfg, kl_beta=kl_beta, v_ref=v_ref, v_anchor=v_anchor)
         for k, x in (("loss", loss), ("kl_ref", k_ref), ("kl_anchor", k_anchor)):
             if x is not None:

@@ -82,7 +82,8 @@ class TrainConfig:
     # Flow-GRPO's EMAModuleWrapper (its code: 8); 0 = once per iteration, after its last step (DanceGRPO's code)
     ema_warmup: bool = False  # decay min((1 + s) / (10 + s), ema_decay) at optimizer step s (Flow-GRPO's code)
     objective: str = "grpo"  # "grpo": the clipped policy gradient on SDE edges | "nft": DiffusionNFT on the leaves
-    # (engine/nft.py, the [nft] section)
+    # (engine/nft.py, the [nft] section) | "awm": Advantage Weighted Matching on the leaves (engine/awm.py, [awm])
+    # | "dgpo": DGPO, a prompt's leaves one group (engine/dgpo.py, [dgpo])
 
     def validate(self) -> None:
         if self.loss_norm not in LOSS_NORMS:

@@ -172,7 +172,8 @@ def load_run(run: Path, label: str | None = None, axis: str = "time", raw: bool 
             f"{run}: its metrics have no flops_total (a run of an older treegrpo, or a model that "
             "cannot count its FLOPs); compare it with --x time or --x iterations"
         )
-    curve = heldout_curve(metrics, runlog.read_evals(run), axis, raw)
+    evals = runlog.read_evals(run)
+    curve = heldout_curve(metrics, evals, axis, raw)
     peaks = [x for x in (_number(r.get("peak_mib")) for r in metrics) if x is not None]
     sample = latest_sample(run)
     return RunStats(
@@ -197,7 +198,18 @@ def load_run(run: Path, label: str | None = None, axis: str = "time", raw: bool 
         rewards=list(cfg.reward.names),
         images_per_second=_mean([r.get("images_per_second") for r in metrics]),
         sample_grid=str(sample) if sample else None,
+        monitors=monitor_curves(evals),
     )
+
+
+def monitor_curves(evals: list[EvalRow]) -> dict[str, list[tuple[float, float]]]:
+    """The guard's drift/ fields of a run's held-out evaluations, each against the iteration."""
+    out: dict[str, list[tuple[float, float]]] = {}
+    for e in evals:
+        for k, v in e.items():
+            if k.startswith("drift/") and (x := _number(v)) is not None:
+                out.setdefault(k[len("drift/") :], []).append((float(e["iteration"]), x))
+    return out
 
 
 def time_to_target(curve: list[tuple[float, float]], target: float) -> float | None:

@@ -41,6 +41,7 @@ class RunStats:
     images_per_second: float | None = None  # mean over iterations
     to_target: float | None = None  # None: never reaches the target (or no target)
     sample_grid: str | None = None  # the latest samples/step-N.png
+    monitors: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # drift/KEY: (iteration, value)
 
 
 def what_was_run(cfg: Config) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """The comparison drawn and written: reward-against-axis and Pareto plots, the table, the self-contained page.
 
-OUT/compare.json, OUT/reward_vs_X.png, OUT/pareto.png, OUT/zero_std.png, OUT/index.html (see compare.py)
+OUT/compare.json, OUT/reward_vs_X.png, OUT/pareto.png, OUT/zero_std.png, OUT/monitors.png (the guard's monitors,
+where the runs kept them), OUT/index.html (see compare.py)
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ import json
 import math
 from pathlib import Path
 
-from ..plots import band_chart, line_chart, point_chart, save_png
+from ..plots import band_chart, line_chart, point_chart, save_png, side_by_side
+from ..rewards.monitors import STATS
 from ..store.shards import atomic_write
 from .compare import AXES, GRID_POINTS, PHASES, Comparison, GroupStats, Stat, interp, measured, to_dict
 
@@ -72,6 +74,37 @@ def zero_std_plot(cmp: Comparison):
         integer_x=True,
         y_span=(0.0, 1.0),
     )
+
+
+MONITOR_CHARTS = (  # title, y label, which drift/ curve of a run a line draws
+    ("gold rewards: drift from the base (base spreads)", "base spreads", lambda k: k.startswith("gold/")),
+    ("image statistics: the largest drift from the base", "base spreads", None),
+    ("within-prompt diversity: share of the base's", "share", lambda k: k == "diversity/within"),
+)
+
+
+def monitor_plots(cmp: Comparison) -> list:
+    """The guard's monitors, one line per run (and gold reward): what the runs' rewards do not show."""
+    charts = []
+    for title, ylabel, wanted in MONITOR_CHARTS:
+        series: dict[str, tuple[list[float], list[float]]] = {}
+        for r in cmp.runs:
+            name = f"{r.label} · seed {r.seed}"
+            if wanted is None:  # |drift| of the statistic that moved most at each evaluation
+                stats = [c for k, c in r.monitors.items() if k in STATS]
+                if stats:
+                    xs = [x for x, _ in stats[0]]
+                    series[name] = (xs, [max(abs(c[i][1]) for c in stats) for i in range(len(xs))])
+                continue
+            for k, c in r.monitors.items():
+                if wanted(k):
+                    series[name + (f" · {k[5:]}" if k.startswith("gold/") else "")] = (
+                        [x for x, _ in c],
+                        [y for _, y in c],
+                    )
+        if series:
+            charts.append(line_chart(series, title, "iteration", ylabel, size=(560, 360), integer_x=True))
+    return charts
 
 
 def pareto_plot(cmp: Comparison):
@@ -255,6 +288,11 @@ def write_report(cmp: Comparison, out: Path) -> list[str]:
         plots.append(("zero_std.png", z))
     else:  # not one an earlier comparison of other runs left in this folder
         (out / "zero_std.png").unlink(missing_ok=True)
+    monitors = monitor_plots(cmp)
+    if monitors:
+        plots.append(("monitors.png", side_by_side(monitors)))
+    else:
+        (out / "monitors.png").unlink(missing_ok=True)
     for name, image in plots:
         save_png(image, out / name)
         pngs[name] = (out / name).read_bytes()

@@ -102,7 +102,7 @@ def _costs(cfg: Config, n: int, world: int, available: int) -> dict[str, Any]:
     if c is None:
         return {"model_cost": None, "iteration": None, "memory": None}
     ledger = iteration_ledger(cfg, available, n, c.evals_per_row)
-    extra = int(cfg.train.kl_beta > 0) + _own_forwards(cfg)  # the reference's, the update's (NFT, AWM)
+    extra = int(cfg.train.kl_beta > 0) + _own_forwards(cfg) + _dgpo_forwards(cfg)  # the reference's, the update's
     flops = _iteration_flops(c.row_flops, ledger["rollout_evals"], ledger["train_evals"], extra)
     ledger.update(flops=flops, denoiser_tflops=None if flops is None else flops / 1e12)
     return {"model_cost": describe(c), "iteration": ledger, "memory": memory(cfg, c, world, n)}
@@ -110,8 +110,19 @@ def _costs(cfg: Config, n: int, world: int, available: int) -> dict[str, Any]:
 
 def _own_forwards(cfg: Config) -> int:
     """Forwards of the update's own beside each trained one, each of a copy of the trained weights: NFT's old
-    policy, AWM's anchor (engine/update.py Update.extra_forwards)."""
-    return int(cfg.train.objective == "nft" or (cfg.train.objective == "awm" and cfg.awm.anchor_beta > 0))
+    policy, AWM's anchor, DGPO's old policy (engine/update.py Update.extra_forwards; DGPO's no-gradient forward of
+    the trained weights and its own initial policy's are in _dgpo_forwards)."""
+    d = cfg.dgpo
+    dgpo = cfg.train.objective == "dgpo" and (d.clip_range > 0 or d.reference == "old")
+    return int(cfg.train.objective == "nft" or (cfg.train.objective == "awm" and cfg.awm.anchor_beta > 0) or dgpo)
+
+
+def _dgpo_forwards(cfg: Config) -> int:
+    """DGPO's forwards beside each trained one that are not of a copy (engine/dgpo.py DGPOUpdate.extra_forwards): the
+    trained weights' without gradients, and its own initial policy's when no KL reference is kept."""
+    if cfg.train.objective != "dgpo":
+        return 0
+    return 1 + int(cfg.dgpo.reference == "initial" and cfg.train.kl_beta <= 0)
 
 
 def _iteration_flops(row: tuple[int, int] | None, rollout_evals: int, train_evals: int, extra: int) -> int | None:
@@ -166,6 +177,8 @@ def iteration_ledger(cfg: Config, available: int, num_prompts: int, evals_per_ro
         edges, train_evals = leaves, leaves * cfg.nft.trained_levels(cfg.sampler.steps)
     elif cfg.train.objective == "awm":  # every leaf at awm.levels noise levels (engine/awm.py)
         edges, train_evals = leaves, leaves * cfg.awm.levels
+    elif cfg.train.objective == "dgpo":  # every leaf at dgpo.levels noise levels (engine/dgpo.py)
+        edges, train_evals = leaves, leaves * cfg.dgpo.levels
     else:
         edges, train_evals = int(trained.sum()), _update_evals(cfg, tree, trained, adv.edge, it) * evals_per_row
     ledger: dict[str, Any] = {"iteration": it, "rollout_evals": nfe, "leaves": leaves}
@@ -175,7 +188,7 @@ def iteration_ledger(cfg: Config, available: int, num_prompts: int, evals_per_ro
 def _lowered_by(cfg: Config, plan: Any) -> list[str]:
     """What the rewards of a real iteration can lower these counts by (none: they are exact)."""
     out = ["tree.dynamic = reward stops trees early"] if plan.tree.dynamic == "reward" else []
-    if cfg.train.objective not in ("nft", "awm") and cfg.pruning.skip_zero_advantage:
+    if cfg.train.objective not in ("nft", "awm", "dgpo") and cfg.pruning.skip_zero_advantage:
         out.append("edges of zero advantage (a tied prompt group) are not trained")
     return out
 
@@ -197,9 +210,11 @@ def memory(cfg: Config, c: Cost, world: int, num_prompts: int) -> dict[str, Any]
     b = 4 if dtype == "fp32" else 2
     sharded = cfg.train.parallel == "fsdp" and world > 1
     parts: dict[str, float] = {"frozen weights": (0 if c.full else c.denoiser * b) + c.autoencoder * b}
-    state = 16 + 4 * (cfg.train.ema_decay > 0) + 4 * _own_forwards(cfg)  # NFT's old policy, AWM's anchor
+    copy = max(_own_forwards(cfg), int(cfg.train.objective == "dgpo"))  # NFT's, DGPO's old policy, AWM's anchor
+    state = 16 + 4 * (cfg.train.ema_decay > 0) + 4 * copy
     parts["trained weights and optimizer"] = c.trained * state / (world if sharded and c.full else 1)
-    parts["KL reference"] = c.denoiser * b if c.full and cfg.train.kl_beta > 0 else 0
+    own_ref = cfg.train.objective == "dgpo" and cfg.dgpo.reference == "initial"  # DGPO keeps one without KL too
+    parts["KL reference"] = c.denoiser * b if c.full and (cfg.train.kl_beta > 0 or own_ref) else 0
     parts["text encoders"] = c.text_encoders * b
     gb = {k: v / GB for k, v in parts.items()}
     rest = gb["frozen weights"] + gb["KL reference"]

@@ -106,11 +106,11 @@ def judge(cfg: GuardConfig, row: Mapping[str, Any]) -> list[tuple[str, str]]:
             continue
         if k.startswith("gold/") and cfg.gold_drop and rose and d < -cfg.gold_drop:
             name = k[len("gold/") :]
-            why = f"gold reward {name} {-d:.2f} base spreads below the base ({_was(row, k)}) while the trained reward rose"
+            why = f"gold reward {name} {-d:.2f} base spreads below the base ({_was(row, k)}) while the trained one rose"
             fired.append((f"gold:{name}", why))
         elif k in STATS and cfg.stat_sigmas and abs(d) > cfg.stat_sigmas:
             way = "above" if d > 0 else "below"
-            fired.append((f"stat:{k}", f"{k} {abs(d):.1f} base spreads {way} the base ({_was(row, k)})"))
+            fired.append((f"stat:{k}", f"{k} {abs(d):.2g} base spreads {way} the base ({_was(row, k)})"))
     share = row.get(DRIFT + "diversity/within")
     if cfg.diversity_share and share is not None and share < cfg.diversity_share:
         fired.append(("diversity", f"within-prompt diversity at {share:.0%} of the base's"))

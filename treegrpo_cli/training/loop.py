@@ -297,7 +297,7 @@ def _resume(trainer: Trainer, req: TrainRequest, hooks: Hooks) -> None:
         runlog.truncate_metrics(run, trainer.step)
         runlog.truncate_evals(run, trainer.step)
         for path in list_checkpoints(run / rundir.BEST):  # the best of evaluations after it: found again
-            if int(path.name[len('step-') :]) > trainer.step:
+            if int(path.name[len("step-") :]) > trainer.step:
                 retire(path)
 
 
@@ -365,7 +365,7 @@ def _why(fired: list[tuple[str, str]]) -> str:
 def _alarm(req: TrainRequest) -> list[str]:
     """The rules the run's last held-out evaluation fired (a resume goes on flagging them)."""
     evals = runlog.read_evals(req.run_dir) if req.resume and req.dist.main else []
-    return list(evals[-1].get("guard/fired", [])) if evals else []
+    return list(cast(dict[str, Any], evals[-1]).get("guard/fired", [])) if evals else []
 
 
 def _save(trainer: Trainer, req: TrainRequest) -> None:

@@ -91,7 +91,8 @@ def train_missing(cfg) -> list[TreegrpoError]:
         options = parse_reward_options(cfg.reward.options)
     except TreegrpoError as e:  # an option of an unknown reward: named with the rest
         return [e, *missing([ModelNeed(cfg.model, cfg.policy)], [])]
-    return missing([ModelNeed(cfg.model, cfg.policy)], cfg.reward.names, options)
+    gold = cfg.guard.rewards if cfg.guard.enabled else ()  # the guard's gold rewards load with the run's
+    return missing([ModelNeed(cfg.model, cfg.policy)], (*cfg.reward.names, *gold), options)
 
 
 def check_train(cfg) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -24,6 +25,9 @@ from ..engine.rollout import Progress, TreeConfig, rollout
 from ..engine.tree import Tree, cat_trees
 from ..rewards.base import score_leaves
 from .sampling import leaf_images
+
+MONITOR = "monitor/"  # a per-leaf monitor among the scores (trainer.py takes them out before credit)
+Watch = Callable[[torch.Tensor], dict[str, torch.Tensor]]  # leaf images [L, 3, (F,) H, W] uint8 -> {name: [L]}
 
 
 @dataclass
@@ -68,10 +72,16 @@ class ScoreTicks:
 
 
 def _timed_score(
-    rewards: dict[str, Any], images: torch.Tensor, prompts: list[str], progress: Progress | None = None
+    rewards: dict[str, Any],
+    images: torch.Tensor,
+    prompts: list[str],
+    progress: Progress | None = None,
+    watch: Watch | None = None,
 ) -> tuple[dict, float]:
     t = time.perf_counter()
     out = score_leaves(rewards, images, prompts, progress=progress)
+    if watch is not None:  # the guard's image statistics of the same leaves, beside their scores
+        out.update({MONITOR + k: v for k, v in watch(images).items()})
     return out, time.perf_counter() - t
 
 
@@ -90,6 +100,7 @@ def rollout_and_score(
     progress: Progress | None = None,
     shapes: list[Shape] | None = None,  # per prompt of `mine` (engine/dynamic.py); None: the config's tree
     judge: Judge | None = None,  # tree.dynamic = "reward": scores x0-predictions
+    watch: Watch | None = None,  # per-leaf monitors, returned among the scores as monitor/NAME
 ) -> Scored:
     size = max(1, -(-len(mine) // max(chunks, 1)))  # prompts per chunk
     starts = list(range(0, len(mine), size)) or [0]
@@ -123,10 +134,10 @@ def rollout_and_score(
             images = leaf_images(policy, tree)
             tick = ticks.chunk(len(leaf_prompts), len(rewards))
             if len(starts) == 1:  # no overlap: score here, as the plain sequence does
-                pending.append(_done(_timed_score(rewards, images, leaf_prompts, tick)))
+                pending.append(_done(_timed_score(rewards, images, leaf_prompts, tick, watch)))
             else:
                 _raise_failed(pending)
-                pending.append(pool.submit(_timed_score, rewards, images, leaf_prompts, tick))
+                pending.append(pool.submit(_timed_score, rewards, images, leaf_prompts, tick, watch))
         t1 = time.perf_counter()
         results = [f.result() for f in pending]  # in order; the first error surfaces here
     finally:

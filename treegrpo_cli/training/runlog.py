@@ -145,7 +145,14 @@ EvalRow = TypedDict(
     total=False,
 )
 
-NUMBER_PREFIXES = ("rewards/", "raw/", "ms_per_image/", "mfu/", "monitor/", "drift/")  # the rows' numbers under per-name keys
+NUMBER_PREFIXES = (
+    "rewards/",
+    "raw/",
+    "ms_per_image/",
+    "mfu/",
+    "monitor/",
+    "drift/",
+)  # the rows' numbers under per-name keys
 
 
 def _numbers(row_type: Any) -> set[str]:

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
-from ..plots import band_chart, save_png, side_by_side
+from PIL import Image
+
+from ..plots import band_chart, line_chart, save_png, side_by_side
+from ..rewards.monitors import STATS
 from .runlog import EvalRow, MetricsRow, is_number, read_evals, read_metrics
 
 
@@ -20,7 +24,41 @@ def reward_plot(run: Path) -> None:
         _reward_panel(rows, evals, False, "reward by iteration", "iteration (weights after N updates)"),
         _reward_panel(rows, evals, True, "reward by wall-clock time", "minutes of training"),
     ]
-    save_png(side_by_side(panels), run / "reward.png")
+    image = side_by_side(panels)
+    if any(k.startswith("drift/") for e in evals for k in e):  # the guard's monitors: a row of panels below
+        image = _below(image, side_by_side(_monitor_panels(evals)))
+    save_png(image, run / "reward.png")
+
+
+MONITOR_PANELS = (
+    ("trained and gold rewards: drift from the base", "base spreads", ("drift/reward", "drift/gold/"), 0.0),
+    ("image statistics: drift from the base", "base spreads", tuple(f"drift/{k}" for k in STATS), 0.0),
+    ("diversity: share of the base's", "share", ("drift/diversity/",), 1.0),
+)  # title, y label, the fields drawn (a prefix: every field under it), the base's own value
+
+
+def _monitor_panels(evals: list[EvalRow]):
+    """The guard's monitors against the iteration: the trained reward beside the gold ones, the image statistics
+    (both in the base's spreads) and diversity (a share of the base's); a ring at each evaluation."""
+    panels = []
+    keys = list(dict.fromkeys(k for e in evals for k in e if k.startswith("drift/")))
+    base = [(float(evals[0]["iteration"]), True)] if evals and not any(k.startswith("drift/") for k in evals[0]) else []
+    for title, ylabel, wanted, own in MONITOR_PANELS:
+        series = {}
+        for key in (k for k in keys if any(k == w or (w.endswith("/") and k.startswith(w)) for w in wanted)):
+            pts = [(x, own) for x, _ in base]  # the base drifts nowhere from itself
+            pts += [(float(e["iteration"]), float(v)) for e in evals if is_number(v := cast(dict, e).get(key))]
+            series[key[len("drift/") :]] = ([x for x, _ in pts], [y for _, y in pts])
+        if series:
+            panels.append(line_chart(series, title, "iteration", ylabel, size=(480, 320), integer_x=True))
+    return panels
+
+
+def _below(top: Image.Image, bottom: Image.Image) -> Image.Image:
+    out = Image.new("RGB", (max(top.width, bottom.width), top.height + bottom.height), "white")
+    out.paste(top, (0, 0))
+    out.paste(bottom, (0, top.height))
+    return out
 
 
 def reward_band(rows: list[MetricsRow]) -> tuple[list[float], list[float]]:

@@ -23,10 +23,11 @@ from ..models.base import Policy
 from ..models.flops import device_peak_flops
 from ..models.registry import load_policy
 from ..rewards.base import weighted_sum
+from ..rewards.monitors import image_stats
 from ..store.checkpoint import Checkpoint, follow_checkpoint_gathers, save_checkpoint
 from . import dist, rundir, runlog
 from .dist import SINGLE, Dist
-from .overlap import chunk_count, rollout_and_score
+from .overlap import MONITOR, chunk_count, rollout_and_score
 from .parallel import Processes, shard_policy, whole_batch
 from .runlog import MetricsRow
 from .sampling import build_rewards, make_judge
@@ -177,10 +178,12 @@ class Trainer:
                 progress=progress,
                 shapes=plan.shapes[part] if plan.shapes else None,
                 judge=self.judge,
+                watch=image_stats if cfg.guard.enabled and cfg.guard.stats else None,
             )
         tree = out.tree
         t1 = t0 + out.seconds["rollout"]
         whole, scores, starts = whole_batch(tree, out.scores, d)
+        leaf_monitors = {k: scores.pop(k) for k in list(scores) if k.startswith(MONITOR)}  # not rewards
         if self.prompt_stats is not None:  # from the whole batch: the same estimates on every rank
             self.prompt_stats.update(whole.group()[whole.leaves()], weighted_sum(scores, self.weights), plan.skipped)
         adv, trained = credit(cfg, whole, scores, it)
@@ -197,6 +200,7 @@ class Trainer:
         row["seconds"] = {"rollout": t1 - t0, "score": t2 - t1, "update": t3 - t2, "total": t3 - t0}
         row["seconds"]["score_hidden"] = hidden
         row["peak_mib"] = peak_memory_mib(self.device)
+        runlog.add_fields(row, {k: float(v.double().mean()) for k, v in leaf_monitors.items()})
         if plan.tree.budgeted() or plan.shapes is not None:  # what the adaptive trees did, over every rank's
             dyn = dynamic_row({k: sum(dist.gather(v, d)) for k, v in out.dynamic.items()}, self.flops_row)
             runlog.add_fields(row, {**dyn, "replaced": len(plan.skipped)})
