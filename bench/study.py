@@ -494,5 +494,34 @@ def main() -> None:
 
 PLANS["adaptive"], PLANS["adaptive-video"] = adaptive_plan(False), adaptive_plan(True)  # the sweeps' rates, if run
 
+# The methods users pick in 2026 (docs/methods.md 17-19: AWM, DGPO, GRPO-Guard), flat and on trees, against
+# DiffusionNFT and branch-mix-flow (their rates: the world's, as their own sweeps chose). Each new variant trains at
+# its best rate of a 3-value sweep at seed 100 (the trained weights' final gain), read from the sweep's results;
+# runs are timed to +0.25 (trained weights) with a held-out evaluation every TFLOP.
+#   python bench/study.py --plan methods-2026-lr --seeds 100 --work runs/study-methods-2026 --tflops 10
+#   python bench/study.py --plan methods-2026 --seeds 0 1 2 3 4 --work runs/study-methods-2026 --tflops 10 --eval-every 1
+METHODS_2026 = {label: (label, ()) for label in ("awm", "tree-awm", "dgpo", "tree-dgpo", "flow-grpo-guard")}
+METHODS_2026_FIXED = {label: (label, ()) for label in ("nft", "branch-mix-flow")}
+PLANS["methods-2026-lr"] = {
+    f"{label}@lr{lr}": (preset, (*sets, f"train.lr={lr}"))
+    for label, (preset, sets) in METHODS_2026.items()
+    for lr in ADAPTIVE_RATES
+}
+
+
+def methods_2026_plan() -> dict[str, tuple[str, tuple[str, ...]]]:
+    """The new methods at their swept rates (before the sweep: the world's), beside the fixed-rate baselines."""
+    sweep = RESULTS / "study-methods-2026-lr.json.gz"
+    best = best_rates(json.loads(gzip.decompress(sweep.read_bytes()))["runs"], trained=True) if sweep.exists() else {}
+    plan = {label: (preset, (*sets, f"train.lr={WORLD_LR}")) for label, (preset, sets) in METHODS_2026_FIXED.items()}
+    for label, (preset, sets) in METHODS_2026.items():
+        plan[label] = (preset, (*sets, f"train.lr={best.get(label, WORLD_LR)}"))
+    return plan
+
+
+PLANS["methods-2026"] = methods_2026_plan()
+PLAN_DEFAULTS["methods-2026"] = ("branch-mix-flow", 0.25)
+SWEEP_BASELINES["methods-2026-lr"] = f"awm@lr{WORLD_LR}"
+
 if __name__ == "__main__":
     main()

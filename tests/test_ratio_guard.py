@@ -297,3 +297,19 @@ def test_two_processes_match_one(preset, extra, tmp_path):
     two = treegrpo(*args, "--run-dir", tmp_path / "two", nproc=2, timeout=600)
     assert two.returncode == 0, two.stderr
     close(read_metrics(tmp_path / "two"), read_metrics(tmp_path / "one"))
+
+
+@pytest.mark.slow
+def test_a_sharded_model_keeps_its_ranks_in_step_through_the_extra_forwards(tmp_path):
+    """FSDP2: the behaviour means and the "code" shifts are forwards too; chunks of 3 parents give the ranks unequal
+    chunk counts, and the padding forwards keep their collectives in step (without them: a hang)."""
+    sets = ['model="pixel-tiny"', "rollout.num_prompts=4", "train.eval_samples=0", "train.sample_every=0"]
+    sets += ["rollout.max_batch=3", 'train.ratio_norm="code"', 'train.step_reweight="dt"']
+    args = ["--preset", "tree-grpo", "--iterations", 2, "--seed", 3, *_sets(sets)]
+    one = treegrpo(*args, "--run-dir", tmp_path / "one", timeout=600)
+    assert one.returncode == 0, one.stderr
+    two = treegrpo(*args, *_sets(['train.parallel="fsdp"']), "--run-dir", tmp_path / "two", nproc=2, timeout=600)
+    assert two.returncode == 0, two.stderr
+    rows = read_metrics(tmp_path / "two")
+    assert sum(r.pop("pad_chunks") for r in rows) > 0
+    close(rows, read_metrics(tmp_path / "one"))

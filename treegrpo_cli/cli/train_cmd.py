@@ -207,7 +207,8 @@ def train(
             else:
                 summary = _online(
                     RunRequest(
-                        preset or DEFAULT_PRESET, config, sets, prompts, run_dir, resume, device, command_line()
+                        preset or DEFAULT_PRESET, config, sets, prompts, run_dir, resume, device, command_line(),
+                        features=_feature_space,
                     ),
                     flag,
                 )
@@ -236,6 +237,14 @@ def _online(req: RunRequest, flag: StopFlag) -> dict:
             return start(req, voice, flag)
         except RunAborted as e:  # said already, the process group gone
             raise typer.Exit(e.exit_code) from None
+
+
+def _feature_space(name: str, device: str):
+    """guard.features' extractor (efficientnet, clip): the diversity command's (diversity/features.py)."""
+    from ..diversity.features import check_available, get_extractor
+
+    check_available(name)
+    return get_extractor(name, device)
 
 
 def _say(message: str) -> None:

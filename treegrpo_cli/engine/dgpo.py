@@ -1,4 +1,4 @@
-"""DGPO, Direct Group Preference Optimization (Luo, Hu and Tang, ICLR 2026, arXiv 2510.08425; methods.md 17).
+"""DGPO, Direct Group Preference Optimization (Luo, Hu and Tang, ICLR 2026, arXiv 2510.08425; methods.md 18).
 
 DPO between the two halves of a prompt's group instead of between two samples. No log-probabilities and no SDE:
 the data are the clean samples x0 of a prompt's group G and their advantages A (centred in the group, so the

@@ -13,9 +13,8 @@ amortisation). Parents go through the model in chunks of max_batch, like the rol
 
 Optional KL to a reference policy (Flow-GRPO): beta * ||mu_theta - mu_ref||^2 / (2 std^2), per edge.
 
-GRPO-Guard (engine/ratio_guard.py): `ratio_norm` replaces rho_e by the step-normalised ratio (RatioNorm), which
-needs the behaviour policy's SDE mean of each parent trained after the first optimizer step (a forward without
-gradient before that step), and `step_reweight` multiplies L_e by 1 / (sigma_t - sigma_t+1).
+GRPO-Guard (engine/ratio_guard.py): `ratio_norm` replaces rho_e by RatioNorm's step-normalised ratio (the behaviour
+means it needs come from forwards without gradient), `step_reweight` multiplies L_e by 1 / (sigma_t - sigma_t+1).
 """
 
 from __future__ import annotations
@@ -70,13 +69,13 @@ class TrainConfig:
     # released BranchGRPO code | "accum": / accum_edges only
     kl_beta: float = 0.0  # KL to the reference (initial) policy, Flow-GRPO form; 0 = off
     kl_form: str = "paper"  # "paper": |mu - mu_ref|^2 / (2 std^2), std = g sqrt(-dsigma) | "code": / (2 g^2)
-    # GRPO-Guard (arXiv 2510.22319; engine/ratio_guard.py, methods.md 17), for every GRPO preset:
-    ratio_norm: str = "none"  # RatioNorm: "none" | "paper": each edge's log-ratio (l - l_old + |mu - mu_old|^2 /
-    # (2 s^2)) s, s the step's std, mu_old the behaviour mean | "code": |mu - mu_old|^2 is its mean over the optimizer
-    # step's edges of the step (the flow_grpo script). Costs a forward without gradient of each parent trained after
-    # the first optimizer step ("code": one more). Needs sampler.log_prob_form = "gaussian"
-    step_reweight: str = "none"  # gradient reweighting: "none" | "dt": each edge's clipped loss x 1 / (sigma_t -
-    # sigma_t+1), its step's size (the paper, the flow_grpo script; not Flow-Factory); the KL term keeps its weight
+    ratio_norm: str = "none"  # GRPO-Guard's RatioNorm (arXiv 2510.22319; engine/ratio_guard.py, methods.md 19), any
+    # GRPO preset: "none" | "paper": each edge's log-ratio (l - l_old + |mu - mu_old|^2 / (2 s^2)) s, s the step's std,
+    # mu_old the behaviour mean | "code": |mu - mu_old|^2 is its mean over the optimizer step's edges of the step (the
+    # flow_grpo script). Costs a forward without gradient of each parent trained after the first optimizer step
+    # ("code": one more). Needs sampler.log_prob_form = "gaussian"
+    step_reweight: str = "none"  # GRPO-Guard's gradient reweighting: "none" | "dt": each edge's clipped loss x 1 /
+    # (sigma_t - sigma_t+1), its step's size (the paper, the flow_grpo script; not Flow-Factory); KL keeps its weight
     ema_decay: float = 0.0  # EMA of the weights used by eval; 0 = off
     ema_every: int = 1  # an EMA update after optimizer step s (counted over the run) when (s + 1) % ema_every == 0, as
     # Flow-GRPO's EMAModuleWrapper (its code: 8); 0 = once per iteration, after its last step (DanceGRPO's code)

@@ -1,4 +1,4 @@
-"""GRPO-Guard's regulated clipping (Wang et al., CVPR 2026, arXiv 2510.22319; methods.md 17): the importance
+"""GRPO-Guard's regulated clipping (Wang et al., CVPR 2026, arXiv 2510.22319; methods.md 19): the importance
 ratio of an SDE edge normalised per denoising step (RatioNorm), and a per-step weight of the edge's loss
 (gradient reweighting). `train.ratio_norm` and `train.step_reweight` switch them on in engine/grpo.py.
 

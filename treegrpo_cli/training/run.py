@@ -31,6 +31,7 @@ from ..errors import TreegrpoError
 from ..prompts import run_prompts
 from . import dist, resumecheck, rundir
 from .dist import Dist
+from .guard import Features
 from .loop import Hooks, TrainRequest
 from .loop import train as train_loop
 from .needs import check_train
@@ -49,6 +50,7 @@ class RunRequest:
     resume: Path | None = None
     device: str = "cpu"
     command: str = ""
+    features: Callable[[str, str], Features] | None = None  # guard.features' extractor (name, device); None: pixels
 
 
 @dataclass
@@ -162,7 +164,12 @@ def _prepare(req: RunRequest, voice: Voice, d: Dist) -> _Prepared:
     if req.resume is not None:
         resumecheck.check_prompts(run, "train", train_prompts)
         resumecheck.check_prompts(run, "eval", eval_prompts)
-    request = TrainRequest(cfg, train_prompts, eval_prompts, run, req.resume is not None, req.device, req.command, d)
+    g = cfg.guard
+    space = g.features if g.enabled and g.diversity and g.features != "pixels" else None
+    features = req.features(space, req.device) if space and req.features else None  # its weights: before any write
+    request = TrainRequest(
+        cfg, train_prompts, eval_prompts, run, req.resume is not None, req.device, req.command, d, features
+    )
     given = {item.split("=", 1)[0].strip() for item in sets}
     header = [*run_header(cfg, req.device, req.resume is None, given), *scaled, f"run folder: {run}"]
     return _Prepared(request, header)
