@@ -500,8 +500,9 @@ PLANS["adaptive"], PLANS["adaptive-video"] = adaptive_plan(False), adaptive_plan
 # runs are timed to +0.25 (trained weights) with a held-out evaluation every TFLOP.
 #   python bench/study.py --plan methods-2026-lr --seeds 100 --work runs/study-methods-2026 --tflops 10
 #   python bench/study.py --plan methods-2026 --seeds 0 1 2 3 4 --work runs/study-methods-2026 --tflops 10 --eval-every 1
-METHODS_2026 = {label: (label, ()) for label in ("awm", "tree-awm", "dgpo", "tree-dgpo", "flow-grpo-guard")}
-METHODS_2026_FIXED = {label: (label, ()) for label in ("nft", "branch-mix-flow")}
+Plan = dict[str, tuple[str, tuple[str, ...]]]
+METHODS_2026: Plan = {label: (label, ()) for label in ("awm", "tree-awm", "dgpo", "tree-dgpo", "flow-grpo-guard")}
+METHODS_2026_FIXED: Plan = {label: (label, ()) for label in ("nft", "branch-mix-flow")}
 PLANS["methods-2026-lr"] = {
     f"{label}@lr{lr}": (preset, (*sets, f"train.lr={lr}"))
     for label, (preset, sets) in METHODS_2026.items()
@@ -513,7 +514,7 @@ def methods_2026_plan() -> dict[str, tuple[str, tuple[str, ...]]]:
     """The new methods at their swept rates (before the sweep: the world's), beside the fixed-rate baselines."""
     sweep = RESULTS / "study-methods-2026-lr.json.gz"
     best = best_rates(json.loads(gzip.decompress(sweep.read_bytes()))["runs"], trained=True) if sweep.exists() else {}
-    plan = {label: (preset, (*sets, f"train.lr={WORLD_LR}")) for label, (preset, sets) in METHODS_2026_FIXED.items()}
+    plan: Plan = {label: (p, (*sets, f"train.lr={WORLD_LR}")) for label, (p, sets) in METHODS_2026_FIXED.items()}
     for label, (preset, sets) in METHODS_2026.items():
         plan[label] = (preset, (*sets, f"train.lr={best.get(label, WORLD_LR)}"))
     return plan

@@ -32,6 +32,7 @@ _UPSTREAM_PATHS = {
     "scripts/preprocess/preprocess_flux_rl_embeddings.sh",
     "scripts/visualization/vis_flux.py",
     "scripts/train_sd3.py",
+    "scripts/train_sd3_GRPO_Guard.py",
     "scripts/train_sd3_pr.py",
     "scripts/train_flux.py",
 }

@@ -20,7 +20,7 @@ over the step's trained edges of the optimizer step (its micro-batch), with the 
 mean (`code_bias`). Gradient reweighting multiplies an edge's clipped loss by 1 / (sigma_t - sigma_t+1), the
 inverse step size: d log r^ / d v = eps (d mu / d v) / D and d mu / d v is proportional to the step size.
 
-Shapes: E edges, P parents, T denoising steps, latents [P, C, H, W]. All arithmetic fp32.
+Shapes: E edges, P parents, T denoising steps, latents [P, C, H, W]. Arithmetic in fp32, sums over edges in fp64.
 """
 
 from __future__ import annotations
