@@ -15,6 +15,10 @@
     python bench/study.py --plan ablation --labels X       # trains X only; the table is still the whole plan's
     python bench/study.py --plan adaptive --seeds 0 1 2 3 4 # adaptive trees against branch-mix-flow, after the
                                                            # sweep --plan adaptive-lr --seeds 100 (adaptive-video)
+    python bench/study.py --plan methods-2026-lr --seeds 100 --work runs/study-methods-2026 --tflops 10
+    python bench/study.py --plan methods-2026 --seeds 0 1 2 3 4 --work runs/study-methods-2026 --tflops 10 \
+        --eval-every 1                                     # AWM, DGPO, GRPO-Guard (flat and trees) against
+                                                           # nft and branch-mix-flow, each at its swept rate
     python bench/study.py --rerun dance-grpo --seeds 0     # one run again in a fresh folder: its metrics rows
                                                            # must equal the first one's (timings aside) on
                                                            # the same CPU (another instruction set moves the
@@ -499,7 +503,8 @@ PLANS["adaptive"], PLANS["adaptive-video"] = adaptive_plan(False), adaptive_plan
 # its best rate of a 3-value sweep at seed 100 (the trained weights' final gain), read from the sweep's results;
 # runs are timed to +0.25 (trained weights) with a held-out evaluation every TFLOP.
 #   python bench/study.py --plan methods-2026-lr --seeds 100 --work runs/study-methods-2026 --tflops 10
-#   python bench/study.py --plan methods-2026 --seeds 0 1 2 3 4 --work runs/study-methods-2026 --tflops 10 --eval-every 1
+#   python bench/study.py --plan methods-2026 --seeds 0 1 2 3 4 --work runs/study-methods-2026 --tflops 10 \
+#       --eval-every 1
 Plan = dict[str, tuple[str, tuple[str, ...]]]
 METHODS_2026: Plan = {label: (label, ()) for label in ("awm", "tree-awm", "dgpo", "tree-dgpo", "flow-grpo-guard")}
 METHODS_2026_FIXED: Plan = {label: (label, ()) for label in ("nft", "branch-mix-flow")}

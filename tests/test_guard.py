@@ -182,3 +182,25 @@ def test_export_and_eval_take_the_best_checkpoint(tmp_path):
     bare = tmp_path / "bare"
     assert run("train", *TINY, "--iterations", 1, "--out", bare).exit_code == 0
     one_line_error(run("export", bare, "--best", "--out", tmp_path / "y"), "no best checkpoint")
+
+
+@pytest.mark.slow
+def test_reward_png_and_compare_draw_the_monitors_only_where_a_run_has_them(tmp_path):
+    from PIL import Image
+
+    watched, bare = tmp_path / "watched", tmp_path / "bare"
+    assert run("train", *WATCHED, "--iterations", 2, "--out", watched).exit_code == 0
+    off = ["--set", "guard.enabled=false", "--set", "train.eval_every=1"]
+    assert run("train", *TINY, "--reward", "jpeg-compressibility", *off, "--iterations", 2, "--out", bare).exit_code == 0
+    assert not any(k.startswith(("monitor/", "drift/")) for e in read_evals(bare) for k in e)
+    assert not any(k.startswith("monitor/") for r in read_metrics(bare) for k in r)
+    with Image.open(watched / "reward.png") as a, Image.open(bare / "reward.png") as b:
+        assert a.height > b.height  # a row of monitor panels below the reward panels
+    r = run("compare", watched, bare, "--x", "iterations", "--out", tmp_path / "cmp")
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "cmp" / "monitors.png").is_file()
+    other = tmp_path / "other"
+    assert run("train", *TINY, "--reward", "jpeg-compressibility", *off, "--iterations", 1, "--out", other).exit_code == 0
+    r = run("compare", bare, other, "--x", "iterations", "--out", tmp_path / "cmp")
+    assert r.exit_code == 0, r.output
+    assert not (tmp_path / "cmp" / "monitors.png").exists()  # not the earlier comparison's
