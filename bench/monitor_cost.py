@@ -84,11 +84,27 @@ def heldout() -> tuple[float, float]:
     return time.process_time() - start, see.seconds
 
 
+def table(out: dict[str, Any]) -> str:
+    """The results file as a markdown table (bench/results_page.py draws it too)."""
+    med = statistics.median
+    it, leaf = med(out["iteration_cpu_seconds"]), med(out["leaf_stats_cpu_seconds"])
+    ev, mon = med(out["heldout_cpu_seconds"]), med(out["heldout_monitor_cpu_seconds"])
+    lines = [
+        f"| what (the world, `{out['preset']}`) | CPU seconds, median of {out['repeats']} | share |",
+        "|---|---|---|",
+        f"| an iteration (16 prompts, 432 leaves), guard on | {it:.3f} | |",
+        f"| its leaves' image statistics | {leaf:.4f} | {leaf / it:.2%} of the iteration |",
+        f"| a held-out evaluation (56 prompts x 4 ODE samples) | {ev:.3f} | |",
+        f"| its monitors (statistics, pixel diversity, `shapes` as gold) | {mon:.4f} | {mon / ev:.2%} of it |",
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     torch.set_num_threads(1)
     its = [iteration() for _ in range(REPEATS)]
     evals = [heldout() for _ in range(REPEATS)]
-    med = lambda xs: statistics.median(xs)  # noqa: E731
+    med = statistics.median
     it, leaf = med([a for a, _ in its]), med([b for _, b in its])
     ev, mon = med([a for a, _ in evals]), med([b for _, b in evals])
     out = {
@@ -105,16 +121,9 @@ def main() -> None:
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "monitor_cost.json").write_text(json.dumps(out, indent=1) + "\n")
-    md = [
-        f"| what (the world, `{PRESET}`) | CPU seconds, median of {REPEATS} | share |",
-        "|---|---|---|",
-        f"| an iteration (16 prompts, 432 leaves), guard on | {it:.3f} | |",
-        f"| its leaves' image statistics | {leaf:.4f} | {leaf / it:.2%} of the iteration |",
-        f"| a held-out evaluation (56 prompts x 4 ODE samples) | {ev:.3f} | |",
-        f"| its monitors (statistics, pixel diversity, `shapes` as gold) | {mon:.4f} | {mon / ev:.2%} of it |",
-    ]
-    (RESULTS / "monitor_cost.md").write_text("\n".join(md) + "\n")
-    print("\n".join(md))
+    md = table(out)
+    (RESULTS / "monitor_cost.md").write_text(md)
+    print(md)
 
 
 if __name__ == "__main__":

@@ -172,7 +172,26 @@ def reruns(src: Sources, images: dict) -> str:
     )
 
 
-SECTIONS = (default_job, flop_study, ablation, nft, long_runs, wall_clock, video, adaptive, gpu, world, engine, reruns)
+def hacking(src: Sources, images: dict) -> str:
+    """The reward-hacking demonstration and what the guard's monitors cost."""
+    import monitor_cost
+    import reward_hacking
+
+    return (
+        "## Reward hacking and the guard\n\n`python bench/reward_hacking.py`: the world's model trained on "
+        "`jpeg-compressibility` with `shapes` as the gold reward (`--monitor shapes`) and the default guard, a "
+        "held-out evaluation every few iterations; `stop` ends at the first fired rule; the healthy runs must fire "
+        "none "
+        "([rewards.md](rewards.md#reward-hacking)).\n\n"
+        + reward_hacking.markdown(src.json("reward_hacking.json"))
+        + "\n`python bench/monitor_cost.py`: what the monitors cost, in CPU seconds.\n\n"
+        + monitor_cost.table(src.json("monitor_cost.json"))
+    )
+
+
+SECTIONS = (
+    default_job, flop_study, ablation, nft, long_runs, wall_clock, video, adaptive, gpu, world, engine, hacking, reruns
+)  # fmt: skip
 
 
 def page() -> tuple[str, dict, set[str]]:

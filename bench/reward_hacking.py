@@ -131,15 +131,19 @@ def report(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
 def markdown(res: dict[str, Any]) -> str:
     lines = [
         "| run | iterations | exit | held-out reward, first -> last | gold (shapes), first -> last "
-        "| rules fired (first iteration) |",
-        "|---|---|---|---|---|---|",
+        "| largest statistic drift | lowest diversity share | rules fired (first iteration) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, r in res["runs"].items():
         rows = r["rows"]
         g = f"{r['gold_before']:.3f} -> {r['gold_last']:.3f}" if "gold_before" in r else "(none)"
         fired = ", ".join(f"{k} ({v})" for k, v in sorted(r["fired"].items(), key=lambda kv: kv[1])) or "none"
         rew = f"{rows[0]['reward_mean']:.3f} -> {rows[-1]['reward_mean']:.3f}"
-        lines.append(f"| {name} | {r['iterations']} | {r['exit']} | {rew} | {g} | {fired} |")
+        drift = max((abs(v) for row in rows for k, v in row.items() if k[6:] in STATS), default=float("nan"))
+        share = min((row["drift/diversity/within"] for row in rows if "drift/diversity/within" in row), default=1.0)
+        lines.append(
+            f"| {name} | {r['iterations']} | {r['exit']} | {rew} | {g} | {drift:.2f} | {share:.2f} | {fired} |"
+        )
     v = res.get("verdict")
     if v:
         lines += [

@@ -191,7 +191,8 @@ def test_reward_png_and_compare_draw_the_monitors_only_where_a_run_has_them(tmp_
     watched, bare = tmp_path / "watched", tmp_path / "bare"
     assert run("train", *WATCHED, "--iterations", 2, "--out", watched).exit_code == 0
     off = ["--set", "guard.enabled=false", "--set", "train.eval_every=1"]
-    assert run("train", *TINY, "--reward", "jpeg-compressibility", *off, "--iterations", 2, "--out", bare).exit_code == 0
+    jpeg = ["--reward", "jpeg-compressibility"]
+    assert run("train", *TINY, *jpeg, *off, "--iterations", 2, "--out", bare).exit_code == 0
     assert not any(k.startswith(("monitor/", "drift/")) for e in read_evals(bare) for k in e)
     assert not any(k.startswith("monitor/") for r in read_metrics(bare) for k in r)
     with Image.open(watched / "reward.png") as a, Image.open(bare / "reward.png") as b:
@@ -200,7 +201,20 @@ def test_reward_png_and_compare_draw_the_monitors_only_where_a_run_has_them(tmp_
     assert r.exit_code == 0, r.output
     assert (tmp_path / "cmp" / "monitors.png").is_file()
     other = tmp_path / "other"
-    assert run("train", *TINY, "--reward", "jpeg-compressibility", *off, "--iterations", 1, "--out", other).exit_code == 0
+    assert run("train", *TINY, *jpeg, *off, "--iterations", 1, "--out", other).exit_code == 0
     r = run("compare", bare, other, "--x", "iterations", "--out", tmp_path / "cmp")
     assert r.exit_code == 0, r.output
     assert not (tmp_path / "cmp" / "monitors.png").exists()  # not the earlier comparison's
+
+
+@pytest.mark.slow
+def test_two_processes_stop_together_with_the_guards_code(tmp_path):
+    from clitools import treegrpo
+
+    out = tmp_path / "r"
+    stop = ["--set", "guard.stat_sigmas=1e-6", "--set", 'guard.action="stop"', "--set", "train.save_every=10"]
+    r = treegrpo(*WATCHED, *stop, "--iterations", 4, "--out", out, nproc=2)
+    assert r.returncode == GUARD_EXIT, r.stderr
+    assert "stopped by the guard at iteration 1" in r.stderr and "Error" not in r.stderr
+    assert [p.name for p in list_checkpoints(out / "checkpoints")] == ["step-1"]
+    assert len(read_metrics(out)) == 1

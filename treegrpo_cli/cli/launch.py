@@ -30,7 +30,8 @@ from ..errors import TreegrpoError
 from .common import error_line, fail, internal_error, on_stop_signals
 
 GRACE_S = 3.0
-STOPPED = {130, 143}  # a run stopped by Ctrl-C or SIGTERM after a checkpoint (training/run.py STOP_CODES)
+STOPPED = {130, 143, 3}  # a run stopped after a checkpoint: by Ctrl-C or SIGTERM (training/run.py STOP_CODES), or by
+# the reward-hacking guard (config/guard.py GUARD_EXIT)
 # Errors that only say a peer went away: the cause is another process's error.
 PEER_FAILURE = re.compile(r"terminate called|connection|socket|broken pipe|gloo|nccl|timed? ?out|exit code -", re.I)
 
