@@ -143,6 +143,10 @@ def test_stop_exits_with_its_code_after_a_checkpoint_and_resumes(tmp_path):
     assert "stopped by the guard at iteration 1: " in r.stderr and "--set guard.action=warn" in r.stderr
     assert [p.name for p in list_checkpoints(out / "checkpoints")] == ["step-1"]  # written before it stopped
     assert len(read_metrics(out)) == 1
+    assert "guard: stat:jpeg_kb first at iteration 1" in r.stderr  # the summary's last lines: which rule, when
+    shown = run("inspect", out)
+    assert shown.exit_code == 0 and "stat:jpeg_kb first at iteration 1" in shown.stdout
+    assert f"best checkpoint: {out / 'best'}" in shown.stdout.replace("\n", "")
     r = run("train", "--resume", out, "--set", 'guard.action="warn"')
     assert r.exit_code == 0, r.output
     assert len(read_metrics(out)) == 4 and [e["iteration"] for e in read_evals(out)] == [0, 1, 2, 3, 4]

@@ -113,6 +113,10 @@ def _render_run(run: dict) -> None:
         rows["held-out reward"] = f"{number(run['heldout_before'])} at iteration {run['heldout_before_iteration']}"
     else:
         rows["held-out reward"] = "not evaluated"
+    if run.get("guard"):
+        rows["guard"] = "; ".join(run["guard"])
+    if run.get("best_checkpoint"):
+        rows["best checkpoint"] = run["best_checkpoint"]
     quoted = shlex.quote(folder)
     rows["more"] = (
         f"treegrpo compare {quoted} (its curves), treegrpo eval --checkpoint {quoted} (its samples' rewards), "

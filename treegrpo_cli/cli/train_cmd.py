@@ -207,7 +207,14 @@ def train(
             else:
                 summary = _online(
                     RunRequest(
-                        preset or DEFAULT_PRESET, config, sets, prompts, run_dir, resume, device, command_line(),
+                        preset or DEFAULT_PRESET,
+                        config,
+                        sets,
+                        prompts,
+                        run_dir,
+                        resume,
+                        device,
+                        command_line(),
                         features=_feature_space,
                     ),
                     flag,

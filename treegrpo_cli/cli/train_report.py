@@ -76,7 +76,7 @@ def report_summary(summary: dict, as_json: bool) -> None:
             highlight=False,
         )
     for line in summary.get("guard", []):
-        err.print(f"guard fired at {line}", highlight=False, markup=False, soft_wrap=True)
+        err.print(f"guard: {line}", highlight=False, markup=False, soft_wrap=True)
     if "heldout_after" in summary:
         out.print(
             f"held-out reward (ODE samples of the eval prompts): {number(summary['heldout_before'])} before, "

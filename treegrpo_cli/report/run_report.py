@@ -18,8 +18,8 @@ def is_run_folder(path: Path) -> bool:
 def inspect_run(run: Path) -> dict[str, Any]:
     """{"run_dir", "command", "config", "model", "rewards", "iterations" (done), "planned_iterations",
     "last_checkpoint" (None when none is complete), "checkpoint_step", "minutes" (of training), heldout_before /
-    heldout_after / heldout_gain (where evaluated)}; run.json, metrics.jsonl and eval.jsonl checked as `train
-    --resume` checks them."""
+    heldout_after / heldout_gain (where evaluated), guard / best_checkpoint (where the guard fired or kept one)};
+    run.json, metrics.jsonl and eval.jsonl checked as `train --resume` checks them."""
     run = Path(run)
     info = rundir.read_info(run)
     cfg = rundir.load_config(run)
@@ -39,4 +39,5 @@ def inspect_run(run: Path) -> dict[str, Any]:
         "checkpoint_step": int(good[-1].name[5:]) if good else None,
         "minutes": float(wall) / 60 if is_number(wall) else None,
         **heldout_summary(evals),
+        **rundir.guard_summary(run, evals),  # guard: where a rule fired; best_checkpoint: RUN/best/step-N
     }
