@@ -34,7 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import ConfigError, TreegrpoError, shown
-from .nft import OldPolicy, leaf_conditions, leaf_plan
+from .nft import LeafSteps, OldPolicy, leaf_conditions, leaf_plan
 from .protocols import Conditions, Kernel, Policy, select
 from .rollout import mix_seed
 from .sde import FlowSDE
@@ -241,37 +241,13 @@ def awm_update(
     averaged over samples and levels (over every process with `sync`: a gradient sum; `gather` concatenates a per-row
     tensor over the processes, for the metrics; progress("update", samples done, samples in all))."""
     params = list(policy.trainable_parameters())
-    parts: dict[str, list[Tensor]] = {"loss": [], "kl_ref": [], "kl_anchor": []}
-    norms, evals, rows, done = [], 0, sum(len(g) for g in b.groups), 0
-    for group, denom in zip(b.groups, b.denominators, strict=True):
-        opt.zero_grad(set_to_none=True)
-        for chunk in torch.split(group, max_batch):
-            terms = _chunk_terms(policy, anchor, params, sigmas, b, chunk, cfg=cfg, kl_beta=kl_beta, seed=seed, ref=ref)
-            (terms["loss"].sum() / (denom * cfg.levels)).backward()
-            for k, x in terms.items():
-                parts[k].append(x.detach().cpu())
-            evals += len(chunk) * cfg.levels
-            done += len(chunk)
-            if progress:
-                progress("update", done, rows)
-        if sync:
-            sync(params)
-        norms.append(float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm)))
-        opt.step()
-        if after_step:
-            after_step()
-    every = gather or (lambda x: x)
-    out = {
-        "grad_norm": sum(norms) / len(norms),
-        "optimizer_steps": float(len(b.groups)),
-        "train_evals": float(every(torch.tensor([evals])).sum()),
-    }
+
+    def terms(chunk: Tensor) -> dict[str, Tensor]:
+        return _chunk_terms(policy, anchor, params, sigmas, b, chunk, cfg=cfg, kl_beta=kl_beta, seed=seed, ref=ref)
+
     on = {"loss": True, "kl_ref": ref is not None and kl_beta > 0, "kl_anchor": anchor is not None}
-    for k, got in parts.items():
-        if on[k]:
-            x = every(torch.cat(got) if got else torch.zeros(0))
-            out[k] = float(x.mean()) if len(x) else 0.0
-    return out
+    steps = LeafSteps(opt, params, max_batch, max_grad_norm, sync, after_step, progress, gather)
+    return steps.run(b.groups, b.denominators, cfg.levels, terms, on)
 
 
 def _chunk_terms(

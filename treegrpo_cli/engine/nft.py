@@ -209,39 +209,71 @@ def nft_update(
     samples in all) after each chunk's backward)."""
     params = list(policy.trainable_parameters())
     levels = cfg.trained_levels(len(sigmas) - 1)
-    losses, kls, norms, evals = [], [], [], 0
-    rows, done = sum(len(g) for g in b.groups), 0
-    for group, denom in zip(b.groups, b.denominators, strict=True):
-        opt.zero_grad(set_to_none=True)
-        for chunk in torch.split(group, max_batch):
-            loss, kl = _chunk_terms(
-                policy, old, params, sigmas, b, chunk, cfg=cfg, kl_beta=kl_beta, seed=seed, levels=levels, ref=ref
-            )
-            (loss.sum() / (denom * levels)).backward()
-            losses.append(loss.detach().cpu())
-            kls += [kl.detach().cpu()] if kl is not None else []
-            evals += len(chunk) * levels
-            done += len(chunk)
-            if progress:
-                progress("update", done, rows)
-        if sync:
-            sync(params)
-        norms.append(float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm)))
-        opt.step()
-        if after_step:
-            after_step()
-    every = gather or (lambda x: x)
-    loss_all = every(torch.cat(losses) if losses else torch.zeros(0))
-    out = {
-        "loss": float(loss_all.mean()) if len(loss_all) else 0.0,
-        "grad_norm": sum(norms) / len(norms),
-        "optimizer_steps": float(len(b.groups)),
-        "train_evals": float(every(torch.tensor([evals])).sum()),
-    }
-    if ref is not None and kl_beta > 0:
-        kl_all = every(torch.cat(kls) if kls else torch.zeros(0))
-        out["kl_ref"] = float(kl_all.mean()) if len(kl_all) else 0.0
-    return out
+
+    def terms(chunk: Tensor) -> dict[str, Tensor]:
+        loss, kl = _chunk_terms(
+            policy, old, params, sigmas, b, chunk, cfg=cfg, kl_beta=kl_beta, seed=seed, levels=levels, ref=ref
+        )
+        return {"loss": loss} if kl is None else {"loss": loss, "kl_ref": kl}
+
+    steps = LeafSteps(opt, params, max_batch, max_grad_norm, sync, after_step, progress, gather)
+    return steps.run(b.groups, b.denominators, levels, terms, {"loss": True, "kl_ref": ref is not None and kl_beta > 0})
+
+
+@dataclass
+class LeafSteps:
+    """The step loop of an update on leaves (NFT, AWM): per optimizer step (a group of rows), every chunk's
+    [rows x levels] loss backpropagated divided by the step's rows x levels, the gradients summed over the
+    processes (`sync`), clipped, stepped; then the metrics over every process (`gather` concatenates a per-row
+    tensor): each term's mean, the mean gradient norm, the steps and the model evaluations."""
+
+    opt: torch.optim.Optimizer
+    params: list[nn.Parameter]
+    max_batch: int
+    max_grad_norm: float
+    sync: Callable[[list[nn.Parameter]], None] | None = None
+    after_step: Callable[[], None] | None = None
+    progress: Callable[[str, int, int], None] | None = None  # ("update", rows done, rows in all) after each chunk
+    gather: Callable[[Tensor], Tensor] | None = None
+
+    def run(
+        self,
+        groups: list[Tensor],
+        denominators: list[float],
+        levels: int,
+        terms: Callable[[Tensor], dict[str, Tensor]],
+        on: dict[str, bool],
+    ) -> dict[str, float]:
+        """terms(chunk) -> {"loss": [c x levels] with gradients, other terms: [rows] logged}; `on`: the terms
+        a metrics row reports (in its order), 0.0 where none were measured."""
+        parts: dict[str, list[Tensor]] = {k: [] for k in on}
+        norms, evals, rows, done = [], 0, sum(len(g) for g in groups), 0
+        for group, denom in zip(groups, denominators, strict=True):
+            self.opt.zero_grad(set_to_none=True)
+            for chunk in torch.split(group, self.max_batch):
+                got = terms(chunk)
+                (got["loss"].sum() / (denom * levels)).backward()
+                for k, x in got.items():
+                    parts[k].append(x.detach().cpu())
+                evals += len(chunk) * levels
+                done += len(chunk)
+                if self.progress:
+                    self.progress("update", done, rows)
+            if self.sync:
+                self.sync(self.params)
+            norms.append(float(torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)))
+            self.opt.step()
+            if self.after_step:
+                self.after_step()
+        every = self.gather or (lambda x: x)
+        means = {k: every(torch.cat(parts[k]) if parts[k] else torch.zeros(0)) for k, wanted in on.items() if wanted}
+        out = {"loss": float(means["loss"].mean()) if len(means["loss"]) else 0.0}
+        out |= {
+            "grad_norm": sum(norms) / len(norms),
+            "optimizer_steps": float(len(groups)),
+            "train_evals": float(every(torch.tensor([evals])).sum()),
+        }
+        return out | {k: float(x.mean()) if len(x) else 0.0 for k, x in means.items() if k != "loss"}
 
 
 def _chunk_terms(
