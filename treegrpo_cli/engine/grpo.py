@@ -15,6 +15,7 @@ Optional KL to a reference policy (Flow-GRPO): beta * ||mu_theta - mu_ref||^2 / 
 
 GRPO-Guard (engine/ratio_guard.py): `ratio_norm` replaces rho_e by RatioNorm's step-normalised ratio (the behaviour
 means it needs come from forwards without gradient), `step_reweight` multiplies L_e by 1 / (sigma_t - sigma_t+1).
+Flow-DPPO (engine/kl_mask.py): `trust = "kl-mask"` replaces the clip by -A*rho_e, zeroed past a KL to the behaviour.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ import torch
 from torch import Tensor
 
 from ..errors import ConfigError, shown
+from . import kl_mask as km
 from . import ratio_guard as rg
+from .kl_mask import kl_to_reference
 from .protocols import Conditions, Kernel, Policy, select
 from .sde import gaussian_log_prob
 from .tree import Tree
@@ -76,6 +79,10 @@ class TrainConfig:
     # ("code": one more). Needs sampler.log_prob_form = "gaussian"
     step_reweight: str = "none"  # GRPO-Guard's gradient reweighting: "none" | "dt": each edge's clipped loss x 1 /
     # (sigma_t - sigma_t+1), its step's size (the paper, the flow_grpo script; not Flow-Factory); KL keeps its weight
+    trust: str = "clip"  # the trust region: "clip" the ratio | "kl-mask": Flow-DPPO (arXiv 2606.11025; methods.md 20),
+    # -A rho, zeroed where KL(behaviour || new) of the edge's step >= kl_mask_threshold and the move goes away from it
+    kl_mask_threshold: float = 1e-5  # kl-mask's delta (the released recipe's 1e-5 is for kl_mask_reduction = "mean")
+    kl_mask_reduction: str = "sum"  # "sum" over latent elements, the exact KL (paper) | "mean": / D (UniRL's code)
     ema_decay: float = 0.0  # EMA of the weights used by eval; 0 = off
     ema_every: int = 1  # an EMA update after optimizer step s (counted over the run) when (s + 1) % ema_every == 0, as
     # Flow-GRPO's EMAModuleWrapper (its code: 8); 0 = once per iteration, after its last step (DanceGRPO's code)
@@ -99,6 +106,7 @@ class TrainConfig:
         for name, allowed in (("ratio_norm", rg.RATIO_NORMS), ("step_reweight", rg.STEP_REWEIGHTS)):
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"train.{name} must be one of {', '.join(allowed)}; got {shown(getattr(self, name))}")
+        km.validate(self)
         if not isinstance(self.ema_every, int) or self.ema_every < 0:
             raise ConfigError(
                 f"train.ema_every must be an integer >= 0 (0 = once per iteration); got {shown(self.ema_every)}"
@@ -140,10 +148,10 @@ class TrainConfig:
             )
         if self.lr_schedule == "constant" and self.lr_min_ratio != TrainConfig.lr_min_ratio:
             out.append('warning: train.lr_min_ratio set, but train.lr_schedule = "constant" ignores it')
-        keys = [f"train.{k}" for k in ("ratio_norm", "step_reweight") if getattr(self, k) != "none"]
+        keys = [f"train.{k}" for k in ("ratio_norm", "step_reweight", "trust") if getattr(self, k) not in km.OFF]
         if keys and self.objective != "grpo":
             out.append(f"warning: {', '.join(keys)} set, but train.objective = {self.objective} ignores it")
-        return out
+        return out + km.warnings(self, TrainConfig())
 
 
 def lr_at(cfg: TrainConfig, iteration: int) -> float:
@@ -234,17 +242,6 @@ def minibatches(b: Batch, cfg: TrainConfig, gen: torch.Generator) -> list[Tensor
     groups = parents.tensor_split(min(cfg.minibatches, max(len(parents), 1)))
     owner = b.tree.parent[edges]
     return [edges[torch.isin(owner, g)] for g in groups if len(g)]
-
-
-def kl_to_reference(mean: Tensor, ref_mean: Tensor, std: Tensor, dsigma: Tensor, form: str = "paper") -> Tensor:
-    """[P] Flow-GRPO's KL of a transition to the reference policy's: the mean over latent elements of
-    (mean - ref_mean)^2 / (2 var). "paper": var = std^2, the transition's variance g^2 (-dsigma);
-    "code" (flow_grpo's released train_sd3.py): var = g^2 = std^2 / (-dsigma), without the step factor,
-    so its value is (-dsigma) times the paper's (methods.md 1.3)."""
-    var = std.float() ** 2
-    if form == "code":
-        var = var / (-dsigma.float())
-    return ((mean.float() - ref_mean.float()) ** 2).flatten(1).mean(1) / (2 * var)
 
 
 @dataclass
@@ -374,6 +371,7 @@ def grpo_update(
         first = _all(first, parallel)
         evals = int(parallel.gather(torch.tensor([evals])).sum())
     out = _metrics(ratios, losses, norms, kls, evals, first, cfg)
+    out.update(ratio_guard.mask_metrics(parallel.gather if parallel else None) if ratio_guard else {})
     if parallel and parallel.chunks is not None:  # sharded: zero-weight chunks run to keep the ranks in step
         out["pad_chunks"] = int(parallel.gather(torch.tensor([pads])).sum())
     return out
@@ -382,9 +380,9 @@ def grpo_update(
 def _ratio_guard(
     policy: Policy, sde: Kernel, b: Batch, cfg: TrainConfig, chunks: list[list[Tensor]], parallel: Parallel | None
 ) -> rg.RatioGuard | None:
-    """GRPO-Guard for this update (None when train.ratio_norm and train.step_reweight are "none"), holding the
-    behaviour means of the parents trained after the first optimizer step (forwards without gradient, now)."""
-    if cfg.ratio_norm == "none" and cfg.step_reweight == "none":
+    """GRPO-Guard or Flow-DPPO's KL mask for this update (None when all three are off), holding the behaviour means
+    of the parents trained after the first optimizer step (forwards without gradient, now)."""
+    if cfg.ratio_norm == "none" and cfg.step_reweight == "none" and cfg.trust == "clip":
         return None
 
     def total(x: Tensor) -> Tensor:  # [T] this process's sums -> every process's
@@ -403,6 +401,7 @@ def _ratio_guard(
         pad=pad,
         objective=lambda ratio, adv: clip_objective(ratio, adv, cfg.clip_range),
         total=total,
+        kl_mask=km.from_config(cfg),
     )
     out.keep_behaviour(chunks)
     return out

@@ -1,6 +1,7 @@
 """GRPO-Guard's regulated clipping (Wang et al., CVPR 2026, arXiv 2510.22319; methods.md 19): the importance
 ratio of an SDE edge normalised per denoising step (RatioNorm), and a per-step weight of the edge's loss
-(gradient reweighting). `train.ratio_norm` and `train.step_reweight` switch them on in engine/grpo.py.
+(gradient reweighting). `train.ratio_norm` and `train.step_reweight` switch them on in engine/grpo.py. RatioGuard
+also carries Flow-DPPO's KL mask (engine/kl_mask.py, `train.trust = "kl-mask"`), which needs the same behaviour means.
 
 An SDE edge is one Gaussian step x' ~ N(mu, s^2 I), s the step's std (g sqrt(-dsigma)). The behaviour policy drew
 x' = mu_old + s eps; the trained policy moved the mean by delta = mu - mu_old. With log-probs reduced by the
@@ -115,13 +116,15 @@ class RatioGuard:
     pad: Callable[[int, int], None]  # (optimizer step k, chunks run) -> a sharded model's padding forwards
     objective: Callable[[Tensor, Tensor], Tensor]  # (ratios [E], advantages [E]) -> the clipped loss [E]
     total: Total | None = None  # [T] this process's sums -> every process's
+    kl_mask: Any = None  # train.trust = "kl-mask": a kl_mask.KLMask, whose masked loss replaces `objective`
     behaviour: list[list[Tensor]] = field(default_factory=list)  # per optimizer step, per chunk: means [P, ...]
+    dropped: list[Tensor] = field(default_factory=list)  # kl_mask: each chunk's dropped edges [E] float, on the CPU
 
     def keep_behaviour(self, chunks: list[list[Tensor]]) -> None:
         """Before the first optimizer step, every later step's chunks' parents' means under the weights that sampled
         the trees (the first step's are its own forward's: the weights have not moved)."""
         self.behaviour = [[] for _ in chunks]
-        if self.ratio_norm == "none":
+        if self.ratio_norm == "none" and self.kl_mask is None:
             return
         with torch.no_grad():
             for k in range(1, len(chunks)):
@@ -162,7 +165,20 @@ class RatioGuard:
             log_ratio = normalized_log_ratio(e.new_lp, old_lp, used, e.std[e.slot])
             carry = None if bias is None else bias[1][step] * shift
         ratio = torch.exp(log_ratio)
-        return self.objective(ratio, adv) * weight, ratio, carry
+        if self.kl_mask is None:
+            return self.objective(ratio, adv) * weight, ratio, carry
+        loss, drop = self.kl_mask.objective(ratio, adv, e.mean, self._prior(e, k, j), e.std, e.slot)
+        self.dropped.append(drop.float().cpu())
+        return loss * weight, ratio, carry
+
+    def mask_metrics(self, gather: Callable[[Tensor], Tensor] | None = None) -> dict[str, float]:
+        """kl_mask: the share of the update's edges it dropped (`kl_mask_frac`), over every process when `gather`
+        concatenates their [E] tensors; nothing without the mask."""
+        if self.kl_mask is None:
+            return {}
+        drop = torch.cat(self.dropped) if self.dropped else torch.zeros(0)
+        drop = gather(drop) if gather is not None else drop
+        return {"kl_mask_frac": float(drop.mean()) if drop.numel() else 0.0}
 
     def _terms(self, e: Any, k: int, j: int) -> tuple[Tensor, Tensor, Tensor]:
         """Each edge's shift [E] (with the gradient of the new mean; 0 when ratio_norm is "none"), step [E] and
@@ -171,5 +187,9 @@ class RatioGuard:
         weight = step_weight(self.kernel.sigmas, step) if self.step_reweight == "dt" else torch.ones_like(e.new_lp)
         if self.ratio_norm == "none":
             return torch.zeros_like(e.new_lp), step, weight
-        prior = self.behaviour[k][j].to(e.mean.device) if k else e.mean.detach()
-        return mean_shift(e.mean, prior, self.kernel.cfg.log_prob_reduction)[e.slot], step, weight
+        return mean_shift(e.mean, self._prior(e, k, j), self.kernel.cfg.log_prob_reduction)[e.slot], step, weight
+
+    def _prior(self, e: Any, k: int, j: int) -> Tensor:
+        """[P] the behaviour means of chunk j of optimizer step k: kept before the first step, or the first step's
+        own forward's (its weights sampled the trees)."""
+        return self.behaviour[k][j].to(e.mean.device) if k else e.mean.detach()

@@ -96,6 +96,7 @@ class MetricsRow(TypedDict, total=False):
     clip_frac_high: float
     clip_frac_low: float
     approx_kl: float
+    kl_mask_frac: float  # train.trust = "kl-mask": the share of the edges its KL mask dropped (engine/kl_mask.py)
     kl_ref: float
     grad_norm: float
     optimizer_steps: float
