@@ -69,7 +69,7 @@ def test_golden_values():
 @pytest.mark.parametrize("preset", ["tree-grpo", "flow-grpo"])
 def test_the_defaults_leave_the_update_bitwise_as_it_was(preset):
     cfg, policy, sde, batch, _ = scored_batch(preset, sets=["train.minibatches=2"])
-    assert (cfg.train.trust, cfg.train.kl_mask_reduction, cfg.train.kl_mask_threshold) == ("clip", "sum", 1e-5)
+    assert (cfg.train.trust, cfg.train.kl_mask_reduction, cfg.train.kl_mask_threshold) == ("clip", "sum", 0.0)
     w0 = {k: v.clone() for k, v in policy.trainable_state().items()}
     weights = []
     for update in (grpo_update, _old_update):
@@ -99,8 +99,8 @@ def test_the_mask_moves_the_update_and_drops_only_after_the_first_step():
     [
         (['train.trust="kl"'], "train.trust must be one of clip, kl-mask"),
         (['train.kl_mask_reduction="max"'], "train.kl_mask_reduction must be one of sum, mean"),
-        (["train.kl_mask_threshold=0"], "train.kl_mask_threshold must be a number > 0"),
-        (["train.kl_mask_threshold=-1e-5"], "train.kl_mask_threshold must be a number > 0"),
+        (["train.kl_mask_threshold=-1e-5"], "train.kl_mask_threshold must be a number >= 0"),
+        (['train.kl_mask_threshold="1e-5"'], "train.kl_mask_threshold must be a number"),
         (['train.trust="kl-mask"', 'train.ratio_norm="code"'], 'does not combine with train.ratio_norm = "code"'),
     ],
 )
@@ -134,3 +134,18 @@ def test_a_flat_and_a_tree_preset_train_two_iterations_with_the_mask(preset, ext
     assert all(0.0 <= row["kl_mask_frac"] <= 1.0 for row in rows)
     cfg = json.loads((tmp_path / "r" / "run.json").read_text())["config"]["train"]
     assert cfg["trust"] == "kl-mask"
+
+
+def test_the_default_threshold_is_the_recipes_per_element_in_either_reduction():
+    from treegrpo_cli.engine.kl_mask import RECIPE_DELTA, KLMask, gaussian_kl
+
+    torch.manual_seed(0)
+    mean, old = torch.randn(6, 4, 8, 8), torch.randn(6, 4, 8, 8)
+    mean = old + 1e-4 * (mean - old) * torch.arange(1, 7).view(6, 1, 1, 1)  # KLs spread around the threshold
+    std = torch.full((6,), 0.1)
+    ratio, adv, slot = torch.full((6,), 1.1), torch.ones(6), torch.arange(6)
+    drops = [KLMask(0.0, r).objective(ratio, adv, mean, old, std, slot)[1] for r in ("sum", "mean")]
+    assert torch.equal(drops[0], drops[1]) and 0 < int(drops[0].sum()) < 6
+    per_element = gaussian_kl(mean, old, std, "mean")
+    assert torch.equal(drops[1], per_element >= RECIPE_DELTA)  # |mu - mu_old|^2 / (2 s^2), meaned, at 1e-5
+    assert KLMask(0.0, "sum").delta(256) == pytest.approx(256 * 1e-5) and KLMask(3e-4, "sum").delta(256) == 3e-4

@@ -81,7 +81,8 @@ class TrainConfig:
     # (sigma_t - sigma_t+1), its step's size (the paper, the flow_grpo script; not Flow-Factory); KL keeps its weight
     trust: str = "clip"  # the trust region: "clip" the ratio | "kl-mask": Flow-DPPO (arXiv 2606.11025; methods.md 20),
     # -A rho, zeroed where KL(behaviour || new) of the edge's step >= kl_mask_threshold and the move goes away from it
-    kl_mask_threshold: float = 1e-5  # kl-mask's delta (the released recipe's 1e-5 is for kl_mask_reduction = "mean")
+    kl_mask_threshold: float = 0.0  # kl-mask's delta, in the reduction's units (0: the released recipe's 1e-5 per
+    # latent element, x D with "sum": the same mask either way)
     kl_mask_reduction: str = "sum"  # "sum" over latent elements, the exact KL (paper) | "mean": / D (UniRL's code)
     ema_decay: float = 0.0  # EMA of the weights used by eval; 0 = off
     ema_every: int = 1  # an EMA update after optimizer step s (counted over the run) when (s + 1) % ema_every == 0, as

@@ -30,6 +30,7 @@ from ..errors import ConfigError, shown
 
 TRUSTS = ("clip", "kl-mask")
 REDUCTIONS = ("sum", "mean")
+RECIPE_DELTA = 1e-5  # the released recipe's threshold, of the KL per latent element (its "mean" reduction)
 OFF = ("none", "clip")  # the values of train.ratio_norm, train.step_reweight and train.trust that change nothing
 
 
@@ -69,8 +70,14 @@ def masked_objective(ratio: Tensor, adv: Tensor, drop: Tensor) -> Tensor:
 class KLMask:
     """Flow-DPPO's trust region in one GRPO update: the loss of a chunk's edges and which of them it dropped."""
 
-    threshold: float
+    threshold: float  # 0: the released recipe's RECIPE_DELTA per latent element, in the reduction's units
     reduction: str
+
+    def delta(self, elements: int) -> float:
+        """The threshold the KL of a latent of `elements` elements is held to."""
+        if self.threshold:
+            return self.threshold
+        return RECIPE_DELTA * (elements if self.reduction == "sum" else 1)
 
     def objective(
         self, ratio: Tensor, adv: Tensor, mean: Tensor, old_mean: Tensor, std: Tensor, slot: Tensor
@@ -78,7 +85,7 @@ class KLMask:
         """The masked loss [E] and the drop mask [E] of edges with ratios and advantages [E], from their parents' new
         means [P, ...] (the mask takes no gradient), behaviour means [P, ...] and std [P]; slot [E]: each parent."""
         kl = gaussian_kl(mean.detach(), old_mean, std, self.reduction)[slot]
-        drop = drop_mask(kl.to(ratio.device), ratio.detach(), adv, self.threshold)
+        drop = drop_mask(kl.to(ratio.device), ratio.detach(), adv, self.delta(mean[0].numel()))
         return masked_objective(ratio, adv, drop), drop
 
 
@@ -96,8 +103,10 @@ def validate(cfg: Any) -> None:
             f"train.kl_mask_reduction must be one of {', '.join(REDUCTIONS)}; got {shown(cfg.kl_mask_reduction)}"
         )
     t = cfg.kl_mask_threshold
-    if isinstance(t, bool) or not isinstance(t, int | float) or not 0 < t < math.inf:
-        raise ConfigError(f"train.kl_mask_threshold must be a number > 0; got {shown(t)}")
+    if isinstance(t, bool) or not isinstance(t, int | float) or not 0 <= t < math.inf:
+        raise ConfigError(
+            f"train.kl_mask_threshold must be a number >= 0 (0: the released recipe's 1e-5 per element); got {shown(t)}"
+        )
     if cfg.trust == "kl-mask" and cfg.ratio_norm == "code":
         raise ConfigError('train.trust = "kl-mask" does not combine with train.ratio_norm = "code" (use "paper")')
 
