@@ -26,7 +26,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import study  # noqa: E402  (bench/ is not a package)
 import study_tables as tables  # noqa: E402
 from results_common import Sources, control_table, fmt, pm, world_rl_table  # noqa: E402
-from results_study import README_PLOT, ablation, adaptive, flop_study, long_runs, nft, video, wall_clock  # noqa: E402
+from results_study import (  # noqa: E402
+    README_PLOT,
+    ablation,
+    adaptive,
+    flop_study,
+    long_runs,
+    methods_2026,
+    nft,
+    video,
+    wall_clock,
+)
 
 # --- the sections --------------------------------------------------------------------------------
 
@@ -190,7 +200,8 @@ def hacking(src: Sources, images: dict) -> str:
 
 
 SECTIONS = (
-    default_job, flop_study, ablation, nft, long_runs, wall_clock, video, adaptive, gpu, world, engine, hacking, reruns
+    default_job, flop_study, ablation, nft, long_runs, wall_clock, video, adaptive, methods_2026, gpu, world, engine,
+    hacking, reruns,
 )  # fmt: skip
 
 

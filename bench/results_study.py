@@ -213,6 +213,31 @@ def adaptive(src: Sources, images: dict) -> str:
     return "".join(parts)
 
 
+def methods_2026(src: Sources, images: dict) -> str:
+    """The methods users pick in 2026 (bench/study.py --plan methods-2026[-lr]), those whose results files exist."""
+    parts, have = ["## The 2026 methods\n"], set(src.names("study-methods-2026*.json.gz"))
+    if "study-methods-2026-lr.json.gz" in have:
+        r = src.json("study-methods-2026-lr.json.gz")
+        parts.append(
+            f"\nAWM, DGPO and GRPO-Guard, flat and on trees: the learning-rate sweep (`{r['command']}`, "
+            f"{r['tflops_per_run']:g} denoiser TFLOPs a run):\n" + tables.sweep_table(r["runs"], trained=True)
+        )
+    if "study-methods-2026.json.gz" in have:
+        r = src.json("study-methods-2026.json.gz")
+        parts.append(
+            f"\nEach at its swept rate, {r['tflops_per_run']:g} denoiser TFLOPs a run, timed to "
+            f"{r['target_gain']:+.2f} against `{r['baseline']}` (`{r['command']}`):\n\n"
+            + study_tables(r)
+            + "\n"
+            + plot(
+                images, "methods-2026-flops-raw.png", r["flops-raw"], "held-out gain (trained weights) against TFLOPs"
+            )
+        )
+    if len(parts) == 1:
+        parts.append("\nNo runs yet: `--plan methods-2026-lr`, then `--plan methods-2026` (bench/study.py).\n")
+    return "".join(parts)
+
+
 def against(r: dict) -> str:
     """A plan's runs timed against another of its labels (--baseline): the speed-up table only, the rest is the
     plan's own."""
