@@ -500,7 +500,7 @@ PLANS["adaptive"], PLANS["adaptive-video"] = adaptive_plan(False), adaptive_plan
 
 # The methods users pick in 2026 (docs/methods.md 17-19: AWM, DGPO, GRPO-Guard), flat and on trees, against
 # DiffusionNFT and branch-mix-flow (their rates: the world's, as their own sweeps chose). Each new variant trains at
-# its best rate of a 3-value sweep at seed 100 (the trained weights' final gain), read from the sweep's results;
+# its best rate of a 4-value sweep at seed 100 (the trained weights' final gain), read from the sweep's results;
 # runs are timed to +0.25 (trained weights) with a held-out evaluation every TFLOP.
 #   python bench/study.py --plan methods-2026-lr --seeds 100 --work runs/study-methods-2026 --tflops 10
 #   python bench/study.py --plan methods-2026 --seeds 0 1 2 3 4 --work runs/study-methods-2026 --tflops 10 \
@@ -508,10 +508,11 @@ PLANS["adaptive"], PLANS["adaptive-video"] = adaptive_plan(False), adaptive_plan
 Plan = dict[str, tuple[str, tuple[str, ...]]]
 METHODS_2026: Plan = {label: (label, ()) for label in ("awm", "tree-awm", "dgpo", "tree-dgpo", "flow-grpo-guard")}
 METHODS_2026_FIXED: Plan = {label: (label, ()) for label in ("nft", "branch-mix-flow")}
+METHODS_2026_RATES = (*ADAPTIVE_RATES, "1e-3")  # the forward-process methods' best sat at 3e-4: one rate above it
 PLANS["methods-2026-lr"] = {
     f"{label}@lr{lr}": (preset, (*sets, f"train.lr={lr}"))
     for label, (preset, sets) in METHODS_2026.items()
-    for lr in ADAPTIVE_RATES
+    for lr in METHODS_2026_RATES
 }
 
 
