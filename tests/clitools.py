@@ -1,8 +1,9 @@
 """Helpers the tests share: invoke `treegrpo` in-process or as processes, check one-line errors and refusals
 that leave their inputs as they were, snapshot a folder, write small image folders (and a decompression bomb's
-header), compare metrics rows."""
+header), compare metrics rows, load a bench/ script as a module."""
 
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -14,6 +15,7 @@ import sys
 import zlib
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 from typer.testing import CliRunner
 
@@ -177,3 +179,13 @@ def undeclared(row, row_type):
 
     declared = row_type.__required_keys__ | row_type.__optional_keys__
     return [k for k in row if k not in declared and not k.startswith(NUMBER_PREFIXES)]
+
+
+def bench_module(name: str) -> ModuleType:
+    """bench/NAME.py as a module (bench/ is not a package)."""
+    path = Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None, f"no bench/{name}.py"
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from clitools import close, one_line_error, run, treegrpo, undeclared
+from clitools import bench_module, close, one_line_error, run, treegrpo, undeclared
 
 from treegrpo_cli.config import load_config
 from treegrpo_cli.engine.awm import (
@@ -35,12 +35,7 @@ ORACLE = json.loads((ROOT / "bench" / "results" / "oracle_awm.json").read_text()
 
 @functools.cache
 def _oracle_inputs() -> dict[str, torch.Tensor]:
-    import sys
-
-    sys.path.insert(0, str(ROOT / "tests" / "bench"))
-    from benchmods import load
-
-    return load("oracle_awm").inputs(ORACLE["inputs"]["seed"])
+    return bench_module("oracle_awm").inputs(ORACLE["inputs"]["seed"])
 
 
 # --- against the released code ------------------------------------------------------------------------------

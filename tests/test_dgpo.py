@@ -3,14 +3,13 @@
 group weights against the loss's gradient, and the training loop end to end (the old policy sampling past its
 switch, two iterations of each preset, exact resume, staged equal to online, one process against two)."""
 
-import importlib.util
 import json
 import math
 from pathlib import Path
 
 import pytest
 import torch
-from clitools import close, one_line_error, run, treegrpo, undeclared
+from clitools import bench_module, close, one_line_error, run, treegrpo, undeclared
 
 from treegrpo_cli.config import load_config
 from treegrpo_cli.engine.dgpo import (
@@ -37,10 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _oracle():
-    spec = importlib.util.spec_from_file_location("oracle_dgpo", ROOT / "bench" / "oracle_dgpo.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod, json.loads((ROOT / "bench" / "results" / "oracle_dgpo.json").read_text())
+    return bench_module("oracle_dgpo"), json.loads((ROOT / "bench" / "results" / "oracle_dgpo.json").read_text())
 
 
 def test_the_loss_gives_the_released_codes_loss_gradient_and_clipped_rows():

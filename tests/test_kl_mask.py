@@ -2,7 +2,6 @@
 bench/oracle_kl_mask.py, golden values of the formulas, the defaults' update bitwise as before, a flat and a tree
 preset through the CLI with the mask on, and bad values refused in one line."""
 
-import importlib.util
 import json
 import math
 from dataclasses import replace
@@ -10,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from clitools import run, undeclared
+from clitools import bench_module, run, undeclared
 from test_grpo import scored_batch
 from test_ratio_guard import _old_update
 
@@ -26,11 +25,7 @@ SMALL = ['model="pixel-tiny"', "rollout.num_prompts=2", "train.eval_samples=0", 
 
 
 def _oracle():
-    spec = importlib.util.spec_from_file_location("oracle_kl_mask", ROOT / "bench" / "oracle_kl_mask.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return bench_module("oracle_kl_mask")
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum"])

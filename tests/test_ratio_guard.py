@@ -3,7 +3,6 @@ bench/oracle_ratio_guard.py, golden values of the formulas, the normalised ratio
 plain one is not, the "code" shift's gradient, the defaults' update bitwise as before, and the options end to end:
 a flat and a tree preset through the CLI, a resume, the staged pipeline and two processes."""
 
-import importlib.util
 import json
 import math
 from dataclasses import replace
@@ -11,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from clitools import close, run, treegrpo, undeclared
+from clitools import bench_module, close, run, treegrpo, undeclared
 from test_grpo import scored_batch
 from test_staged import online, staged
 
@@ -47,11 +46,7 @@ def _sets(sets):
 
 
 def _oracle():
-    spec = importlib.util.spec_from_file_location("oracle_ratio_guard", ROOT / "bench" / "oracle_ratio_guard.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return bench_module("oracle_ratio_guard")
 
 
 # --- the released codes' outputs -------------------------------------------------------------------------------------
