@@ -27,7 +27,7 @@ from ..rewards.base import score_leaves
 from .sampling import leaf_images
 
 MONITOR = "monitor/"  # a per-leaf monitor among the scores (trainer.py takes them out before credit)
-Watch = Callable[[torch.Tensor], dict[str, torch.Tensor]]  # leaf images [L, 3, (F,) H, W] uint8 -> {name: [L]}
+LeafWatch = Callable[[torch.Tensor], dict[str, torch.Tensor]]  # leaf images [L, 3, (F,) H, W] uint8 -> {name: [L]}
 
 
 @dataclass
@@ -76,7 +76,7 @@ def _timed_score(
     images: torch.Tensor,
     prompts: list[str],
     progress: Progress | None = None,
-    watch: Watch | None = None,
+    watch: LeafWatch | None = None,
 ) -> tuple[dict, float]:
     t = time.perf_counter()
     out = score_leaves(rewards, images, prompts, progress=progress)
@@ -100,7 +100,7 @@ def rollout_and_score(
     progress: Progress | None = None,
     shapes: list[Shape] | None = None,  # per prompt of `mine` (engine/dynamic.py); None: the config's tree
     judge: Judge | None = None,  # tree.dynamic = "reward": scores x0-predictions
-    watch: Watch | None = None,  # per-leaf monitors, returned among the scores as monitor/NAME
+    watch: LeafWatch | None = None,  # per-leaf monitors, returned among the scores as monitor/NAME
 ) -> Scored:
     size = max(1, -(-len(mine) // max(chunks, 1)))  # prompts per chunk
     starts = list(range(0, len(mine), size)) or [0]
