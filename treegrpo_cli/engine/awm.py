@@ -361,13 +361,9 @@ class AWMUpdate(Update):
         return {"anchor_decay": decay}
 
     def state(self, names: list[str]) -> dict[str, dict[str, Tensor]]:
-        return {"anchor": dict(zip(names, self.anchor.tensors, strict=True))} if self.anchor is not None else {}
+        return {"anchor": self.anchor.named(names)} if self.anchor is not None else {}
 
     def load(self, groups: dict[str, dict[str, Tensor]], names: list[str], step: int) -> None:
-        if self.anchor is None:
-            return
-        saved = groups.get("anchor")
-        if saved is None:
-            raise TreegrpoError(f"checkpoint step-{step} holds no AWM anchor (anchor-*.safetensors)")
-        pairs = zip(names, self.anchor.tensors, strict=True)  # AWM runs unsharded
-        self.anchor.tensors = [saved[k].to(t.device, t.dtype).clone() for k, t in pairs]
+        if self.anchor is not None:
+            missing = f"checkpoint step-{step} holds no AWM anchor (anchor-*.safetensors)"
+            self.anchor.restore(groups.get("anchor"), names, missing)

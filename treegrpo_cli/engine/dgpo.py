@@ -375,12 +375,10 @@ class DGPOUpdate(Update):
         return {"old_decay": self.cfg.dgpo.decay_at(max(ctx.optimizer_steps() - 1, 0))}
 
     def state(self, names: list[str]) -> dict[str, dict[str, Tensor]]:
-        return {"old": dict(zip(names, self.old.tensors, strict=True))}
+        return {"old": self.old.named(names)}
 
     def load(self, groups: dict[str, dict[str, Tensor]], names: list[str], step: int) -> None:
-        old = groups.get("old")
-        if old is None:
-            raise TreegrpoError(f"checkpoint step-{step} holds no DGPO old policy (old-*.safetensors)")
-        pairs = zip(names, self.old.tensors, strict=True)  # DGPO runs unsharded
-        self.old.tensors = [old[k].to(t.device, t.dtype).clone() for k, t in pairs]
+        self.old.restore(
+            groups.get("old"), names, f"checkpoint step-{step} holds no DGPO old policy (old-*.safetensors)"
+        )
         self.done = step

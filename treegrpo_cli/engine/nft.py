@@ -133,6 +133,18 @@ class OldPolicy:
             for o, p in zip(self.tensors, params, strict=True):
                 o.mul_(decay).add_(p.detach().to(o.dtype), alpha=1 - decay)
 
+    def named(self, names: list[str]) -> dict[str, Tensor]:
+        """{trainable tensor name: tensor}: a checkpoint's tensor group of these weights."""
+        return dict(zip(names, self.tensors, strict=True))
+
+    def restore(self, group: dict[str, Tensor] | None, names: list[str], missing: str) -> None:
+        """These weights from a checkpoint's tensor group (None: the error `missing`); updates on leaves run
+        unsharded, so the group holds whole tensors."""
+        if group is None:
+            raise TreegrpoError(missing)
+        pairs = zip(names, self.tensors, strict=True)
+        self.tensors = [group[k].to(t.device, t.dtype).clone() for k, t in pairs]
+
 
 @dataclass
 class NFTBatch:
@@ -377,11 +389,9 @@ class NFTUpdate(Update):
         return {"old_decay": decay}
 
     def state(self, names: list[str]) -> dict[str, dict[str, Tensor]]:
-        return {"old": dict(zip(names, self.old.tensors, strict=True))}
+        return {"old": self.old.named(names)}
 
     def load(self, groups: dict[str, dict[str, Tensor]], names: list[str], step: int) -> None:
-        old = groups.get("old")
-        if old is None:
-            raise TreegrpoError(f"checkpoint step-{step} holds no NFT sampling policy (old-*.safetensors)")
-        pairs = zip(names, self.old.tensors, strict=True)  # NFT runs unsharded
-        self.old.tensors = [old[k].to(t.device, t.dtype).clone() for k, t in pairs]
+        self.old.restore(
+            groups.get("old"), names, f"checkpoint step-{step} holds no NFT sampling policy (old-*.safetensors)"
+        )
