@@ -247,6 +247,42 @@ def readme_block() -> str:
         "| variant | seeds | held-out gain | gain, trained weights | speed-up, FLOPs | speed-up, trained weights |\n"
         "|---|---|---|---|---|---|\n" + rows + "\n\n"
         f"![held-out gain of the trained weights against denoiser TFLOPs](docs/results/{README_PLOT})\n"
+        + methods_2026_block(Sources())
+    )
+
+
+def is_tree(preset: str, sets: list[str]) -> bool:
+    """A recipe samples trees when its resolved config splits somewhere (shared prefixes), flat otherwise."""
+    from treegrpo_cli.config.layers import load_config
+
+    return bool(load_config(preset=preset, sets=sets).tree.split_steps)
+
+
+def methods_2026_block(src: Sources) -> str:
+    """README's lines on the 2026 methods' study, where its results file exists: every recipe's TFLOPs to the
+    target (trained weights), fastest first, and which method and which tree recipe get there first."""
+    if "study-methods-2026.json.gz" not in src.names("study-methods-2026*.json.gz"):
+        return ""
+    r = src.json("study-methods-2026.json.gz")
+    tree = {label: is_tree(v["preset"], v["sets"]) for label, v in r["plan"].items()}
+    groups = sorted(r["flops-raw"]["groups"], key=lambda g: (g["curve_to_target"] is None, g["curve_to_target"]))
+    rows = "\n".join(
+        f"| `{g['label']}` | {'tree' if tree[g['label']] else 'flat'} | {len(g['runs'])} | {pm(g['gain'], '+.3f')} "
+        f"| {tables._tflops(g['curve_to_target'])} | {tables.speedup_cell(g)} |"
+        for g in groups
+    )
+    first = next(g for g in groups if g["curve_to_target"] is not None)
+    best_tree = next((g for g in groups if tree[g["label"]] and g["curve_to_target"] is not None), None)
+    named = f"the fastest method is `{first['label']}`" + (
+        f", the fastest tree recipe `{best_tree['label']}`" if best_tree else ", and no tree recipe gets there"
+    )
+    return (
+        f"\nThe 2026 methods at their swept rates, {r['tflops_per_run']:g} denoiser TFLOPs, seeds "
+        f"{min(r['seeds'])}-{max(r['seeds'])} (`{r['command']}`), timed to a held-out gain of "
+        f"{r['target_gain']:+.2f} with the trained weights against `{r['baseline']}`: {named} "
+        "([docs/results.md](docs/results.md#the-2026-methods)).\n\n"
+        f"| variant | sampling | seeds | gain, trained weights | TFLOPs to {r['target_gain']:+.2f} "
+        f"| speed-up over `{r['baseline']}` |\n|---|---|---|---|---|---|\n" + rows + "\n"
     )
 
 

@@ -228,6 +228,8 @@ def methods_2026(src: Sources, images: dict) -> str:
             f"\nEach at its swept rate, {r['tflops_per_run']:g} denoiser TFLOPs a run, timed to "
             f"{r['target_gain']:+.2f} against `{r['baseline']}` (`{r['command']}`):\n\n"
             + study_tables(r)
+            + tables.signal_table(r)
+            + tables.flop_split_table(r)
             + "\n"
             + plot(
                 images, "methods-2026-flops-raw.png", r["flops-raw"], "held-out gain (trained weights) against TFLOPs"

@@ -63,6 +63,7 @@ from study_tables import (  # noqa: E402
     best_rates,
     cost_table,
     factor_table,
+    flop_split_table,
     run_metrics,
     savings_table,
     signal_table,
@@ -338,12 +339,16 @@ def run_one(
     label: str, preset: str, sets: tuple[str, ...], seed: int, work: Path, tflops: tuple[float, float], log
 ) -> dict:
     """tflops: (the run's budget, TFLOPs between held-out evaluations)."""
-    if (kept(work, label, seed) / "summary.json").exists():
-        return json.loads((kept(work, label, seed) / "summary.json").read_text())
     run = work / folder(label, seed)
-    done = run / "summary.json"
-    if done.exists():
-        return keep(json.loads(done.read_text()), work)
+    for done in (kept(work, label, seed) / "summary.json", run / "summary.json"):
+        if done.exists():
+            row = json.loads(done.read_text())
+            if row.get("preset", preset) != preset or row.get("sets", list(sets)) != list(sets):
+                raise RuntimeError(
+                    f"{done.parent} was trained as {row.get('preset')} {row.get('sets')}, not as "
+                    f"{preset} {list(sets)}: remove it (and its work folder) to train it again"
+                )
+            return keep(row, work)
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     t0 = time.perf_counter()
     out = subprocess.run(
@@ -383,6 +388,11 @@ def report(rows: list[dict], work: Path, args: argparse.Namespace) -> dict:
     name = f"study-{args.plan}" + ("" if args.baseline == own_base else f"-vs-{args.baseline}")
     name += "" if args.target is None or args.target == own_target else f"-target{args.target:g}"
     folders, labels = [Path(r["run_dir"]) for r in rows], [r["label"] for r in rows]
+    # a run kept before run_metrics had a key: read again from its raw rows, where they are here
+    rows = [
+        dict(r, metrics=run_metrics(f)) if (f / "metrics.jsonl").exists() else r
+        for r, f in zip(rows, folders, strict=True)
+    ]
     result = {
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "commit": commit(),
@@ -410,7 +420,7 @@ def report(rows: list[dict], work: Path, args: argparse.Namespace) -> dict:
     md += sweep_table(rows) if args.plan == "lr" else ""
     md += sweep_table(rows, trained=True) if args.plan in SWEEP_BASELINES else ""
     md += factor_table(rows) + signal_table(result) if args.plan == "ablation" else ""
-    md += signal_table(result) + savings_table(result) if args.plan in PLAN_DEFAULTS else ""
+    md += signal_table(result) + savings_table(result) + flop_split_table(result) if args.plan in PLAN_DEFAULTS else ""
     (RESULTS / f"{name}.md").write_text(md)
     return result
 
@@ -499,31 +509,32 @@ def main() -> None:
 PLANS["adaptive"], PLANS["adaptive-video"] = adaptive_plan(False), adaptive_plan(True)  # the sweeps' rates, if run
 
 # The methods users pick in 2026 (docs/methods.md 17-19: AWM, DGPO, GRPO-Guard), flat and on trees, against
-# DiffusionNFT and branch-mix-flow (their rates: the world's, as their own sweeps chose). Each new variant trains at
-# its best rate of a 4-value sweep at seed 100 (the trained weights' final gain), read from the sweep's results;
-# runs are timed to +0.25 (trained weights) with a held-out evaluation every TFLOP.
+# DiffusionNFT and branch-mix-flow. Every variant, the two baselines included, trains at its best rate of a 4-value
+# sweep at seed 100 (the trained weights' final gain), read from the sweep's results: equal terms, since nft was
+# never swept on the world and branch-mix-flow only as branch-mix. Runs are timed to +0.25 (trained weights) with a
+# held-out evaluation every TFLOP.
 #   python bench/study.py --plan methods-2026-lr --seeds 100 --work runs/study-methods-2026 --tflops 10
 #   python bench/study.py --plan methods-2026 --seeds 0 1 2 3 4 --work runs/study-methods-2026 --tflops 10 \
 #       --eval-every 1
 Plan = dict[str, tuple[str, tuple[str, ...]]]
 METHODS_2026: Plan = {label: (label, ()) for label in ("awm", "tree-awm", "dgpo", "tree-dgpo", "flow-grpo-guard")}
-METHODS_2026_FIXED: Plan = {label: (label, ()) for label in ("nft", "branch-mix-flow")}
+METHODS_2026_BASES: Plan = {label: (label, ()) for label in ("nft", "branch-mix-flow")}
 METHODS_2026_RATES = (*ADAPTIVE_RATES, "1e-3")  # the forward-process methods' best sat at 3e-4: one rate above it
 PLANS["methods-2026-lr"] = {
     f"{label}@lr{lr}": (preset, (*sets, f"train.lr={lr}"))
-    for label, (preset, sets) in METHODS_2026.items()
+    for label, (preset, sets) in {**METHODS_2026_BASES, **METHODS_2026}.items()
     for lr in METHODS_2026_RATES
 }
 
 
 def methods_2026_plan() -> dict[str, tuple[str, tuple[str, ...]]]:
-    """The new methods at their swept rates (before the sweep: the world's), beside the fixed-rate baselines."""
+    """Every variant at its swept rate (before the sweep: the world's), the baselines first."""
     sweep = RESULTS / "study-methods-2026-lr.json.gz"
     best = best_rates(json.loads(gzip.decompress(sweep.read_bytes()))["runs"], trained=True) if sweep.exists() else {}
-    plan: Plan = {label: (p, (*sets, f"train.lr={WORLD_LR}")) for label, (p, sets) in METHODS_2026_FIXED.items()}
-    for label, (preset, sets) in METHODS_2026.items():
-        plan[label] = (preset, (*sets, f"train.lr={best.get(label, WORLD_LR)}"))
-    return plan
+    return {
+        label: (preset, (*sets, f"train.lr={best.get(label, WORLD_LR)}"))
+        for label, (preset, sets) in {**METHODS_2026_BASES, **METHODS_2026}.items()
+    }
 
 
 PLANS["methods-2026"] = methods_2026_plan()

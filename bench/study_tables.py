@@ -34,6 +34,10 @@ def run_metrics(run: Path) -> dict[str, float]:
         **adaptive,
         "run/flops_saved_share": saved / max(spent + saved, 1),
         "run/rollout_share": sum(rollout) / max(spent, 1),
+        # what flop_split reads: its own fit of a forward's FLOPs (nan where this run cannot tell), and the sums
+        "run/rollout_forward_flops": forward,
+        "run/rollout_evals": float(sum(x.get("rollout_evals", 0) for x in rows)),
+        "run/flops": float(spent),
         # the rollouts of tied groups (by their leaves), which no update learns from: what a rule that foresaw
         # every tie and skipped its rollout for free could save at most (their edges are already not trained)
         "run/tied_rollout_share": (
@@ -289,6 +293,40 @@ def savings_table(result: dict) -> str:
             f"| {avg['run/fallbacks'][label]:.1f} | {100 * avg['run/flops_saved_share'][label]:.1f}% "
             f"| {avg['run/replaced'][label]:.2f} | {scored:.2f} "
             f"| {'n/a' if math.isnan(waste) else f'{100 * waste:.0f}% ({1 / (1 - waste):.2f}x)'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plan_forward_flops(result: dict, tol: float = 1e-3) -> float:
+    """FLOPs of one rollout evaluation, for every run of a plan (one model, one batch row): the median of the
+    runs' own fits (run_metrics' rollout_forward_flops). A run whose rollout and training evaluations keep one
+    proportion cannot fit it alone; a run that skips tied groups' training can. nan where no run fits, or where the
+    fits disagree by more than `tol` (not one model)."""
+    fits = sorted(f for fs in per_label(result, "run/rollout_forward_flops").values() for f in fs if f == f)
+    if not fits or fits[-1] - fits[0] > tol * abs(fits[0]):
+        return math.nan
+    return fits[len(fits) // 2]
+
+
+def flop_split_table(result: dict) -> str:
+    """Where each variant's denoiser FLOPs go (mean over seeds): the rollout's forwards and the update's forwards
+    and backwards. The rollout share bounds what any saving in sampling can give, trees' shared prefixes
+    included: an iteration at most 1 / (1 - rollout share) times cheaper, at the same learning per iteration."""
+    forward = plan_forward_flops(result)
+    if forward != forward:
+        return "\nNo run of the plan fits a rollout forward's FLOPs: no FLOP split.\n"
+    evals, spent = per_label(result, "run/rollout_evals"), per_label(result, "run/flops")
+    cost = per_label(result, "tflops_per_iteration")
+    lines = [
+        f"\nWhere the FLOPs go (mean over seeds; a rollout forward: {forward / 1e6:.2f} MFLOPs):\n",
+        "| variant | TFLOPs / iteration | rollout share | update share | iteration speed-up if rollouts cost nothing |"
+        "\n|---|---|---|---|---|",
+    ]
+    for label, runs in evals.items():
+        share = sum(forward * e / s for e, s in zip(runs, spent[label], strict=True)) / len(runs)
+        lines.append(
+            f"| {label} | {sum(cost[label]) / len(cost[label]):.3f} | {100 * share:.0f}% | {100 * (1 - share):.0f}% "
+            f"| {1 / (1 - share):.2f}x |"
         )
     return "\n".join(lines) + "\n"
 

@@ -388,6 +388,9 @@ def test_a_kept_run_carries_what_the_tables_read_and_its_files_hashes(tmp_path, 
             "run/rollout_share": 1080 / 2040,
             # tied rollouts by their leaves: (100 x 0.5 + 110 x 0.3 + 120 x 0.9 + 130 x 0.9 + 620) / 2 GFLOPs of 2040
             "run/tied_rollout_share": 464 / 2040,
+            "run/rollout_forward_flops": 1e9,  # the rows' proportions vary: the fit tells a forward from the rest
+            "run/rollout_evals": 1080.0,
+            "run/flops": 2040e9,
         }
     )
     data = (run / "metrics.jsonl").read_bytes()
@@ -506,3 +509,67 @@ def test_a_comparison_saved_without_the_lower_bound_gets_it_from_its_baseline_ru
     TABLES.fill_bounds(cmp)
     assert cmp["groups"][1]["speedup_above"] == 3.0 and "speedup_above" not in cmp["groups"][0]
     assert TABLES.speedup_cell({"speedup": None, **cmp["groups"][1]}) == "> 3.00x"
+
+
+def test_the_flop_split_gives_every_run_the_plans_rollout_forward():
+    """A run whose rollout and training evaluations keep one proportion cannot fit a forward's FLOPs alone; the
+    plan's other runs (one model) can. Golden: a forward 2 GFLOPs; the fixed run spends 100 rollout forwards and
+    50 training evaluations of 6 GFLOPs (forward, backward, one more forward) an iteration: 200 / 500 = 40% rollout,
+    so free rollouts would make its iteration 1 / 0.6 = 1.67x cheaper."""
+    fixed = {"run/rollout_forward_flops": float("nan"), "run/rollout_evals": 300.0, "run/flops": 1500e9}
+    fixed |= {"tflops_per_iteration": 0.5}
+    fitted = {"run/rollout_forward_flops": 2e9, "run/rollout_evals": 100.0, "run/flops": 800e9}
+    fitted |= {"tflops_per_iteration": 0.8}
+    result = {"runs": [{"label": "awm", "metrics": fixed}, {"label": "grpo", "metrics": fitted}]}
+    assert TABLES.plan_forward_flops(result) == 2e9
+    md = TABLES.flop_split_table(result)
+    assert "| awm | 0.500 | 40% | 60% | 1.67x |" in md
+    assert "| grpo | 0.800 | 25% | 75% | 1.33x |" in md
+    # fits that disagree are not one model: no split rather than a wrong one
+    other = dict(fitted, **{"run/rollout_forward_flops": 3e9})
+    result["runs"].append({"label": "other", "metrics": other})
+    assert TABLES.plan_forward_flops(result) != TABLES.plan_forward_flops(result)  # nan
+    assert "no FLOP split" in TABLES.flop_split_table(result)
+
+
+def test_a_kept_run_made_with_other_settings_is_not_taken_for_the_plans(tmp_path, monkeypatch):
+    """A plan whose rate changed (a new sweep) names the same folder: the run kept there at the old rate is refused
+    with a line naming it, not reported as the new rate's; a run with the plan's settings is taken as it is."""
+    import json
+
+    study = _bench("study")
+    monkeypatch.setattr(study, "RUNS", tmp_path / "study-runs")
+    work = tmp_path / "w"
+    kept = study.kept(work, "nft", 0)
+    kept.mkdir(parents=True)
+    row = {"label": "nft", "preset": "nft", "sets": ["train.lr=1e-4"], "seed": 0, "run_dir": str(kept)}
+    (kept / "summary.json").write_text(json.dumps(row))
+    assert study.run_one("nft", "nft", ("train.lr=1e-4",), 0, work, (10, 1), print) == row
+    with pytest.raises(RuntimeError, match=r"study-runs/w/nft-seed0 was trained as nft \['train.lr=1e-4'\]"):
+        study.run_one("nft", "nft", ("train.lr=3e-4",), 0, work, (10, 1), print)
+
+
+def test_the_2026_methods_and_their_baselines_each_train_at_their_swept_rate(tmp_path, monkeypatch):
+    """Equal terms: nft and branch-mix-flow are swept beside the new methods, and the seeds plan runs every variant,
+    the baselines included, at the rate whose trained weights gained most at seed 100."""
+    import gzip
+    import json
+
+    study = _bench("study")
+    sweep = study.PLANS["methods-2026-lr"]
+    assert {k.split("@lr")[0] for k in sweep} == {
+        "nft", "branch-mix-flow", "awm", "tree-awm", "dgpo", "tree-dgpo", "flow-grpo-guard"
+    }  # fmt: skip
+    assert sweep["nft@lr1e-3"] == ("nft", ("train.lr=1e-3",))
+    runs = [
+        {"label": f"{v}@lr{lr}", "seed": 100, "heldout": [{"reward_mean": 0.5}, {"reward_mean": 0.5 + g}]}
+        for v, gains in (("nft", (0.1, 0.2, 0.4, 0.3)), ("awm", (0.1, 0.3, 0.2, 0.0)))
+        for lr, g in zip(("3e-5", "1e-4", "3e-4", "1e-3"), gains, strict=True)
+    ]
+    monkeypatch.setattr(study, "RESULTS", tmp_path)
+    (tmp_path / "study-methods-2026-lr.json.gz").write_bytes(gzip.compress(json.dumps({"runs": runs}).encode()))
+    plan = study.methods_2026_plan()
+    assert plan["nft"] == ("nft", ("train.lr=3e-4",))
+    assert plan["awm"] == ("awm", ("train.lr=1e-4",))
+    assert plan["tree-dgpo"] == ("tree-dgpo", ("train.lr=1e-4",))  # not in this sweep: the world's rate
+    assert list(plan)[:2] == ["nft", "branch-mix-flow"]
