@@ -254,8 +254,9 @@ def test_both_presets_train_two_iterations(preset, tmp_path):
 
 
 @pytest.mark.slow
-def test_awm_resume_repeats_the_run_bitwise_and_keeps_the_anchor(tmp_path):
-    args = ["--preset", "awm", *(x for s in SMALL for x in ("--set", s)), "--set", "train.save_every=1"]
+@pytest.mark.parametrize("preset,sets", [("awm", SMALL), ("tree-awm", TREE)])
+def test_awm_resume_repeats_the_run_bitwise_and_keeps_the_anchor(preset, sets, tmp_path):
+    args = ["--preset", preset, *(x for s in sets for x in ("--set", s)), "--set", "train.save_every=1"]
     assert run("train", *args, "--iterations", 3, "--run-dir", tmp_path / "a").exit_code == 0
     assert run("train", *args, "--iterations", 2, "--run-dir", tmp_path / "b").exit_code == 0
     r = run("train", "--resume", tmp_path / "b", "--iterations", 3)

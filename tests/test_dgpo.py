@@ -241,10 +241,12 @@ def test_each_preset_trains_two_iterations(preset, tmp_path):
 
 
 @pytest.mark.slow
-def test_resume_repeats_the_run_bitwise(tmp_path):
+@pytest.mark.parametrize("preset", ["dgpo", "tree-dgpo"])
+def test_resume_repeats_the_run_bitwise(preset, tmp_path):
     """The switch to the old policy (after iteration 1), its clip and the code's ramp cross the resume."""
-    sets = [*SMALL, "train.save_every=1", "dgpo.sample_old_after=1", "dgpo.clip_range=0.01", "dgpo.old_ramp=0.1"]
-    args = ["--preset", "dgpo", *(x for s in sets for x in ("--set", s))]
+    small = SMALL if preset == "dgpo" else [*SMALL[:1], "tree.split_steps=[0, 4]", *SMALL[2:]]
+    sets = [*small, "train.save_every=1", "dgpo.sample_old_after=1", "dgpo.clip_range=0.01", "dgpo.old_ramp=0.1"]
+    args = ["--preset", preset, *(x for s in sets for x in ("--set", s))]
     assert run("train", *args, "--iterations", 3, "--run-dir", tmp_path / "a").exit_code == 0
     assert run("train", *args, "--iterations", 2, "--run-dir", tmp_path / "b").exit_code == 0
     r = run("train", "--resume", tmp_path / "b", "--iterations", 3)
