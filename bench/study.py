@@ -528,13 +528,21 @@ PLANS["methods-2026-lr"] = {
 
 
 def methods_2026_plan() -> dict[str, tuple[str, tuple[str, ...]]]:
-    """Every variant at its swept rate (before the sweep: the world's), the baselines first."""
+    """Every variant at its swept rate (before the sweep: the world's), the baselines first. A tree recipe whose rate
+    is not its flat method's brings two controls, so that the tree's gain on the flat method is not the rate's: the
+    flat method at the tree's rate and the tree at the flat method's (labels METHOD@lrRATE)."""
     sweep = RESULTS / "study-methods-2026-lr.json.gz"
     best = best_rates(json.loads(gzip.decompress(sweep.read_bytes()))["runs"], trained=True) if sweep.exists() else {}
-    return {
-        label: (preset, (*sets, f"train.lr={best.get(label, WORLD_LR)}"))
-        for label, (preset, sets) in {**METHODS_2026_BASES, **METHODS_2026}.items()
-    }
+    variants = {**METHODS_2026_BASES, **METHODS_2026}
+    rate = {label: best.get(label, WORLD_LR) for label in variants}
+    plan: Plan = {}
+    for label, (preset, sets) in variants.items():
+        plan[label] = (preset, (*sets, f"train.lr={rate[label]}"))
+        flat = label.removeprefix("tree-")
+        if flat != label and flat in variants and rate[flat] != rate[label]:
+            for a, b in ((flat, label), (label, flat)):
+                plan[f"{a}@lr{rate[b]}"] = (variants[a][0], (*variants[a][1], f"train.lr={rate[b]}"))
+    return plan
 
 
 PLANS["methods-2026"] = methods_2026_plan()

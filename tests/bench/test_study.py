@@ -563,7 +563,7 @@ def test_the_2026_methods_and_their_baselines_each_train_at_their_swept_rate(tmp
     assert sweep["nft@lr1e-3"] == ("nft", ("train.lr=1e-3",))
     runs = [
         {"label": f"{v}@lr{lr}", "seed": 100, "heldout": [{"reward_mean": 0.5}, {"reward_mean": 0.5 + g}]}
-        for v, gains in (("nft", (0.1, 0.2, 0.4, 0.3)), ("awm", (0.1, 0.3, 0.2, 0.0)))
+        for v, gains in (("nft", (0.1, 0.2, 0.4, 0.3)), ("awm", (0.1, 0.3, 0.2, 0.0)), ("tree-awm", (0, 0, 0.1, 0.2)))
         for lr, g in zip(("3e-5", "1e-4", "3e-4", "1e-3"), gains, strict=True)
     ]
     monkeypatch.setattr(study, "RESULTS", tmp_path)
@@ -573,3 +573,9 @@ def test_the_2026_methods_and_their_baselines_each_train_at_their_swept_rate(tmp
     assert plan["awm"] == ("awm", ("train.lr=1e-4",))
     assert plan["tree-dgpo"] == ("tree-dgpo", ("train.lr=1e-4",))  # not in this sweep: the world's rate
     assert list(plan)[:2] == ["nft", "branch-mix-flow"]
+    # tree-awm away from awm's rate: awm at the tree's rate and the tree at awm's, as controls; tree-dgpo and dgpo
+    # share a rate (neither swept): none
+    assert plan["tree-awm"] == ("tree-awm", ("train.lr=1e-3",))
+    assert plan["awm@lr1e-3"] == ("awm", ("train.lr=1e-3",))
+    assert plan["tree-awm@lr1e-4"] == ("tree-awm", ("train.lr=1e-4",))
+    assert [k for k in plan if "@" in k] == ["awm@lr1e-3", "tree-awm@lr1e-4"]
