@@ -271,11 +271,19 @@ def methods_2026_block(src: Sources) -> str:
         f"| {tables._tflops(g['curve_to_target'])} | {tables.speedup_cell(g)} |"
         for g in groups
     )
-    first = next(g for g in groups if g["curve_to_target"] is not None)
-    best_tree = next((g for g in groups if tree[g["label"]] and g["curve_to_target"] is not None), None)
-    named = f"the fastest method is `{first['label']}`" + (
-        f", the fastest tree recipe `{best_tree['label']}`" if best_tree else ", and no tree recipe gets there"
+    reached = [g for g in groups if g["curve_to_target"] is not None]
+    best = {kind: next((g["label"] for g in reached if tree[g["label"]] == kind), None) for kind in (True, False)}
+    first = reached[0]["label"]
+    other = best[not tree[first]]
+    named = f"the fastest method is the {'tree recipe' if tree[first] else 'flat method'} `{first}`, " + (
+        f"the fastest {'flat method' if tree[first] else 'tree recipe'} `{other}`"
+        if other
+        else f"and no {'flat method' if tree[first] else 'tree recipe'} gets there"
     )
+    vs = f"study-methods-2026-vs-{best[False]}.json.gz"
+    if best[True] and vs in src.names("study-methods-2026-vs-*.json.gz"):  # the goal: the best tree over best flat
+        g = next(g for g in src.json(vs)["flops-raw"]["groups"] if g["label"] == best[True])
+        named += f"; `{best[True]}`'s speed-up over `{best[False]}`: {tables.speedup_cell(g)}"
     return (
         f"\nThe 2026 methods at their swept rates, {r['tflops_per_run']:g} denoiser TFLOPs, seeds "
         f"{min(r['seeds'])}-{max(r['seeds'])} (`{r['command']}`), timed to a held-out gain of "

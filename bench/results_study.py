@@ -235,6 +235,7 @@ def methods_2026(src: Sources, images: dict) -> str:
                 images, "methods-2026-flops-raw.png", r["flops-raw"], "held-out gain (trained weights) against TFLOPs"
             )
         )
+    parts += [against(src.json(n)) for n in sorted(have) if n.startswith("study-methods-2026-vs-")]
     if len(parts) == 1:
         parts.append("\nNo runs yet: `--plan methods-2026-lr`, then `--plan methods-2026` (bench/study.py).\n")
     return "".join(parts)
