@@ -285,7 +285,8 @@ def methods_2026_block(src: Sources) -> str:
         g = next(g for g in src.json(vs)["flops-raw"]["groups"] if g["label"] == best[True])
         named += f"; `{best[True]}`'s speed-up over `{best[False]}`: {tables.speedup_cell(g)}"
     return (
-        f"\nThe 2026 methods at their swept rates, {r['tflops_per_run']:g} denoiser TFLOPs, seeds "
+        "\nThe 2026 methods, each at its swept rate (`@lr`: a tree recipe and its flat method each at the other's "
+        f"rate, the controls), {r['tflops_per_run']:g} denoiser TFLOPs, seeds "
         f"{min(r['seeds'])}-{max(r['seeds'])} (`{r['command']}`), timed to a held-out gain of "
         f"{r['target_gain']:+.2f} with the trained weights against `{r['baseline']}`: {named} "
         "([docs/results.md](docs/results.md#the-2026-methods)).\n\n"
