@@ -229,7 +229,8 @@ def anchor(title: str) -> str:
 
 def readme_block() -> str:
     """README's results table and plot: each method at its best rate on the FLOP budget."""
-    r = Sources().json("study-best-lr.json.gz")
+    src = Sources()
+    r = src.json("study-best-lr.json.gz")
     raw = {g["label"]: g for g in r["flops-raw"]["groups"]}
     rows = "\n".join(
         f"| `{g['label']}` | {len(g['runs'])} | {pm(g['gain'], '+.3f')} | {pm(raw[g['label']]['gain'], '+.3f')} "
@@ -247,7 +248,7 @@ def readme_block() -> str:
         "| variant | seeds | held-out gain | gain, trained weights | speed-up, FLOPs | speed-up, trained weights |\n"
         "|---|---|---|---|---|---|\n" + rows + "\n\n"
         f"![held-out gain of the trained weights against denoiser TFLOPs](docs/results/{README_PLOT})\n"
-        + methods_2026_block(Sources())
+        + methods_2026_block(src)
     )
 
 
@@ -268,18 +269,20 @@ def methods_2026_block(src: Sources) -> str:
     groups = sorted(r["flops-raw"]["groups"], key=lambda g: (g["curve_to_target"] is None, g["curve_to_target"]))
     rows = "\n".join(
         f"| `{g['label']}` | {'tree' if tree[g['label']] else 'flat'} | {len(g['runs'])} | {pm(g['gain'], '+.3f')} "
-        f"| {tables._tflops(g['curve_to_target'])} | {tables.speedup_cell(g)} |"
+        f"| {tables.tflops_cell(g['curve_to_target'])} | {tables.speedup_cell(g)} |"
         for g in groups
     )
     reached = [g for g in groups if g["curve_to_target"] is not None]
     best = {kind: next((g["label"] for g in reached if tree[g["label"]] == kind), None) for kind in (True, False)}
-    first = reached[0]["label"]
-    other = best[not tree[first]]
-    named = f"the fastest method is the {'tree recipe' if tree[first] else 'flat method'} `{first}`, " + (
-        f"the fastest {'flat method' if tree[first] else 'tree recipe'} `{other}`"
-        if other
-        else f"and no {'flat method' if tree[first] else 'tree recipe'} gets there"
-    )
+    named = "no recipe gets there"
+    if reached:
+        first = reached[0]["label"]
+        other = best[not tree[first]]
+        named = f"the fastest method is the {'tree recipe' if tree[first] else 'flat method'} `{first}`, " + (
+            f"the fastest {'flat method' if tree[first] else 'tree recipe'} `{other}`"
+            if other
+            else f"and no {'flat method' if tree[first] else 'tree recipe'} gets there"
+        )
     vs = f"study-methods-2026-vs-{best[False]}.json.gz"
     if best[True] and vs in src.names("study-methods-2026-vs-*.json.gz"):  # the goal: the best tree over best flat
         g = next(g for g in src.json(vs)["flops-raw"]["groups"] if g["label"] == best[True])

@@ -214,7 +214,7 @@ def table(result: dict) -> str:
             f"| {speedup_cell(g)} "
             f"| {speedup_cell(by['flops-raw'])} | {speedup_cell(by['time'])} | {speedup_cell(by['time-raw'])} "
             f"| {sum(st) / len(st):.1f} | {_pm(g['seconds_per_iteration'], '.1f')} "
-            f"| {_tflops(g['curve_to_target'])} | {g['reached_target']} of {len(g['runs'])} |"
+            f"| {tflops_cell(g['curve_to_target'])} | {g['reached_target']} of {len(g['runs'])} |"
         )
     targets = ", ".join(
         f"{k}: {result[k]['target']:+.3f}" for k in ("flops", "flops-raw") if result[k]["target"] is not None
@@ -244,7 +244,7 @@ def cost_table(result: dict, raw: bool = False) -> str:
         n = "never" if it["curve_to_target"] is None else f"{it['curve_to_target']:.0f}"
         lines.append(
             f"| {g['label']} | {c:.3f} | {cost[base] / c:.2f}x | {n} | {speedup_cell(it)} "
-            f"| {_tflops(g['curve_to_target'])} | {speedup_cell(g)} |"
+            f"| {tflops_cell(g['curve_to_target'])} | {speedup_cell(g)} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -331,7 +331,7 @@ def flop_split_table(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _tflops(value: float | None) -> str:
+def tflops_cell(value: float | None) -> str:
     """The mean curve's denoiser TFLOPs to the target (eval weights), or never."""
     return "never" if value is None else f"{value:.1f}"
 
